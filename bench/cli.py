@@ -1,0 +1,118 @@
+"""The `parbench` command: run | report | compare | list."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from bench import UserError, __version__
+
+
+def _add_run(sub) -> None:
+    p = sub.add_parser("run", help="run a benchmark matrix and write results/<run-id>/")
+    p.add_argument("--config", help="TOML file with any of the settings below (flags win)")
+    p.add_argument("--workloads", help="comma list: mlp, convnet, gpt-tiny..gpt-200m, name[dim=N,...], "
+                                       "or package.module:factory")
+    p.add_argument("--strategies", help="comma list of strategies, or 'all' (default)")
+    p.add_argument("--backends", help="comma list: nccl, gloo")
+    p.add_argument("--world-sizes", help="comma list of world sizes, e.g. 1,2,4")
+    p.add_argument("--device", help="cpu or cuda (default: cuda when GPUs are visible)")
+    p.add_argument("--steps", type=int, help="timed steps per cell")
+    p.add_argument("--warmup", type=int, help="untimed warm-up steps per cell")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--precision", help="auto (bf16 on cuda, fp32 on cpu), fp32 or bf16")
+    p.add_argument("--global-batch", type=int, help="override every workload's global batch")
+    p.add_argument("--cell-timeout", dest="cell_timeout_s", type=float, help="seconds before a cell is a timeout")
+    p.add_argument("--out", help="results folder (default: results)")
+    p.add_argument("--report", action="store_true", help="also write the HTML report into the run folder")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def cmd_run(args) -> int:
+    from bench import launch
+    from bench.config import build_config, load_toml
+    from bench.hardware import gpu_count
+
+    gpus = gpu_count()
+    flags = {k: getattr(args, k) for k in ("workloads", "strategies", "backends", "world_sizes", "device",
+                                           "steps", "warmup", "seed", "precision", "global_batch",
+                                           "cell_timeout_s", "out")}
+    cfg = build_config(toml=load_toml(args.config) if args.config else None, flags=flags, gpus=gpus)
+    try:
+        run_dir = launch.run(cfg, gpus, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print("interrupted: the cells that finished are in the run folder", file=sys.stderr)
+        return 130
+    from bench.summary import print_summary
+
+    print_summary(run_dir)
+    if args.report:
+        from reports import build_report
+
+        print(f"report: {build_report(run_dir)}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from reports import build_report
+
+    out = build_report(Path(args.run_dir), Path(args.output) if args.output else None)
+    print(out)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from bench.regress import compare, failed, parse_threshold
+    from bench.results import load_run
+    from bench.summary import print_compare
+
+    thr = parse_threshold(args.threshold)
+    base, _, _ = load_run(args.base)
+    cur, _, _ = load_run(args.current)
+    table = compare(base, cur, thr)
+    print_compare(table, thr)
+    return 1 if failed(table) else 0
+
+
+def cmd_list(args) -> int:
+    import strategies
+    from bench import workloads
+
+    print("workloads:")
+    for n in workloads.names():
+        print(f"  {n:<20} {workloads.resolve(n).description}")
+    print("  package.module:factory  your own: a factory returning bench.workloads.Workload")
+    print("strategies:")
+    for n, cls in strategies.REGISTRY.items():
+        print(f"  {n:<20} {cls.summary}\n  {'':<20} needs: {cls.needs}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="parbench", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"parbench {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    _add_run(sub)
+    p = sub.add_parser("report", help="HTML + PNG report of a run folder")
+    p.add_argument("run_dir")
+    p.add_argument("-o", "--output", help="output folder (default: RUN_DIR/report)")
+    p = sub.add_parser("compare", help="per-cell changes; exit 1 on a regression past the threshold")
+    p.add_argument("base")
+    p.add_argument("current")
+    p.add_argument("--threshold", default="5%", help="throughput drop that fails, e.g. 5%%")
+    sub.add_parser("list", help="workloads and strategies, with what each needs")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    handlers = {"run": cmd_run, "report": cmd_report, "compare": cmd_compare, "list": cmd_list}
+    try:
+        return handlers[args.cmd](args)
+    except UserError as e:
+        print(f"parbench: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Run configuration: a TOML file and/or flags, validated before anything launches.
+
+The default matrix adapts to the machine: with no GPU, Gloo on the CPU at world sizes 1 and 2 with
+small workloads; with GPUs, NCCL and Gloo over every visible GPU.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from bench import UserError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+BACKENDS = ("nccl", "gloo")
+DEVICES = ("cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    workloads: list[str]
+    strategies: list[str]
+    backends: list[str]
+    world_sizes: list[int]
+    device: str
+    steps: int
+    warmup: int
+    seed: int = 0
+    precision: str = "auto"
+    lr: float = 1e-2
+    out: str = "results"
+    cell_timeout_s: float = 300.0
+    global_batch: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def effective_precision(self) -> str:
+        if self.precision != "auto":
+            return self.precision
+        return "bf16" if self.device == "cuda" else "fp32"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def default_config(gpus: int) -> RunConfig:
+    """The matrix `parbench run` with no arguments runs on a machine with ``gpus`` GPUs."""
+    if gpus == 0:
+        return RunConfig(workloads=["mlp", "gpt-tiny", "convnet"], strategies=["all"], backends=["gloo"],
+                         world_sizes=[1, 2], device="cpu", steps=20, warmup=3, cell_timeout_s=120.0)
+    sizes = sorted({1, gpus} | {2**k for k in range(1, 4) if 2**k <= gpus})
+    return RunConfig(workloads=["mlp", "convnet", "gpt-200m"], strategies=["all"], backends=["nccl", "gloo"],
+                     world_sizes=sizes, device="cuda", steps=30, warmup=5)
+
+
+def split_list(text: str) -> list[str]:
+    """Split a comma list, keeping commas inside [...] (workload dimensions) together."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return [p.strip() for p in parts if p.strip()]
+
+
+_DIMS = re.compile(r"^(?P<name>[^\[\]]+)\[(?P<dims>[^\]]*)\]$")
+
+
+def parse_workload(spec: str) -> tuple[str, dict[str, int]]:
+    """``gpt-small[d_model=512,n_layer=8]`` -> ("gpt-small", {"d_model": 512, "n_layer": 8})."""
+    m = _DIMS.match(spec)
+    if not m:
+        if "[" in spec or "]" in spec:
+            raise UserError(f"workload {spec!r}: write dimensions as name[key=value,...]")
+        return spec, {}
+    dims: dict[str, int] = {}
+    for item in split_list(m["dims"]):
+        key, eq, val = item.partition("=")
+        if not eq or not val.strip().isdigit():
+            raise UserError(f"workload {spec!r}: dimension {item!r} must be key=<integer>")
+        dims[key.strip()] = int(val)
+    return m["name"].strip(), dims
+
+
+def _int_list(values: list[Any] | str, what: str) -> list[int]:
+    items = split_list(values) if isinstance(values, str) else list(values)
+    out = []
+    for v in items:
+        try:
+            n = int(v)
+        except (TypeError, ValueError):
+            raise UserError(f"{what}: {v!r} is not an integer; e.g. --world-sizes 1,2") from None
+        if n < 1:
+            raise UserError(f"{what}: {n} must be >= 1")
+        out.append(n)
+    return out
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"config {path!r} not found; pass a TOML file (see configs/)")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"config {path!r} is not valid TOML: {e}") from None
+    return data
+
+
+def build_config(*, toml: dict[str, Any] | None, flags: dict[str, Any], gpus: int) -> RunConfig:
+    """Defaults for this machine, then the TOML file, then the flags; validated."""
+    base = asdict(default_config(gpus))
+    known = set(base)
+    merged: dict[str, Any] = dict(base)
+    for source, values in (("config file", toml or {}), ("flags", flags)):
+        for key, val in values.items():
+            key = key.replace("-", "_")
+            if key not in known:
+                raise UserError(f"{source}: unknown setting {key!r}; known: {', '.join(sorted(known))}")
+            if val is not None:
+                merged[key] = val
+    # A device given without its own backends/world sizes gets that device's defaults.
+    given = {k.replace("-", "_") for src in (toml or {}, flags) for k, v in src.items() if v is not None}
+    if "device" in given and merged["device"] != base["device"]:
+        dev_default = asdict(default_config(0 if merged["device"] == "cpu" else max(gpus, 1)))
+        for key in ("backends", "world_sizes", "workloads", "steps", "warmup", "cell_timeout_s"):
+            if key not in given:
+                merged[key] = dev_default[key]
+    for key in ("workloads", "strategies", "backends"):
+        if isinstance(merged[key], str):
+            merged[key] = split_list(merged[key])
+    merged["world_sizes"] = _int_list(merged["world_sizes"], "world sizes")
+    cfg = RunConfig(**merged)
+    return validate(cfg)
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    if not cfg.workloads:
+        raise UserError("no workloads given; e.g. --workloads mlp,gpt-tiny")
+    for w in cfg.workloads:
+        parse_workload(w)
+    if not cfg.strategies:
+        raise UserError("no strategies given; e.g. --strategies all")
+    bad = [b for b in cfg.backends if b not in BACKENDS]
+    if bad or not cfg.backends:
+        raise UserError(f"backend {bad[0] if bad else '(none)'!r} unknown; use nccl and/or gloo")
+    if cfg.device not in DEVICES:
+        raise UserError(f"device {cfg.device!r} unknown; use cpu or cuda")
+    if cfg.precision not in PRECISIONS:
+        raise UserError(f"precision {cfg.precision!r} unknown; use auto, fp32 or bf16")
+    if cfg.precision == "bf16" and cfg.device == "cpu":
+        raise UserError("precision 'bf16' is for CUDA here; use --precision fp32 on cpu")
+    if int(cfg.steps) < 1:
+        raise UserError(f"steps={cfg.steps} must be >= 1; e.g. --steps 20")
+    if int(cfg.warmup) < 0:
+        raise UserError(f"warmup={cfg.warmup} must be >= 0; e.g. --warmup 3")
+    if float(cfg.cell_timeout_s) <= 0:
+        raise UserError(f"cell_timeout_s={cfg.cell_timeout_s} must be > 0")
+    if cfg.global_batch is not None and int(cfg.global_batch) < 1:
+        raise UserError(f"global batch {cfg.global_batch} must be >= 1")
+    if not isinstance(cfg.options, dict):
+        raise UserError("options must be a TOML table, e.g. [options] bucket_mb = 25")
+    return replace(cfg, steps=int(cfg.steps), warmup=int(cfg.warmup), lr=float(cfg.lr))

@@ -1,0 +1,45 @@
+"""What the machine has, and the peak rates MFU is computed against.
+
+Peaks are dense (no sparsity) vendor datasheet figures, matched on the CUDA device name. A GPU not
+in the table gets no MFU: an empty cell, never a guess.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+# (name substring, dense bf16 TFLOP/s, fp32 TFLOP/s without tensor cores). Order matters: the
+# first substring found in the device name wins.
+PEAK_TFLOPS: list[tuple[str, float, float]] = [
+    ("H200", 989.4, 66.9),  # H200 SXM: same SMs and clocks as H100 SXM
+    ("H100 80GB HBM3", 989.4, 66.9),  # H100 SXM5
+    ("H100 PCIe", 756.0, 51.2),
+    ("H100 NVL", 835.0, 60.0),
+    ("A100", 312.0, 19.5),  # SXM and PCIe share the dense tensor-core peak
+]
+
+
+def peak_flops(device_name: str, precision: str) -> float | None:
+    """Peak FLOP/s for ``precision`` ('bf16' or 'fp32') on the named GPU, or None if unknown."""
+    for key, bf16, fp32 in PEAK_TFLOPS:
+        if key in device_name:
+            return (bf16 if precision == "bf16" else fp32) * 1e12
+    return None
+
+
+def gpu_count() -> int:
+    """Visible CUDA devices (0 where CUDA is absent or broken)."""
+    try:
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - a broken driver means no GPU for us
+        return 0
+
+
+def gpu_names() -> list[str]:
+    return [torch.cuda.get_device_name(i) for i in range(gpu_count())]
+
+
+def cpu_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -1,0 +1,166 @@
+"""Inside one rank: one process group, the group's cells one after another, each isolated.
+
+Started by ``bench.launch`` through torchrun as ``python -m bench.worker PLAN.json``. Rank 0 reports
+each cell's start and its finished row as JSON lines; any rank that raises reports its error, so
+the launcher can tell a failed cell from a hung one.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import strategies
+from bench.hardware import peak_flops
+from bench.timing import StepTimer, summarize
+from bench.workloads import resolve
+from strategies.base import Context
+
+
+class Events:
+    """Append-only JSON lines, flushed per line so the launcher sees progress as it happens."""
+
+    def __init__(self, path: Path):
+        self.f = open(path, "a", buffering=1)
+
+    def emit(self, kind: str, **data: Any) -> None:
+        self.f.write(json.dumps({"event": kind, "t": time.time(), **data}, default=str) + "\n")
+        self.f.flush()
+
+
+def one_line(e: BaseException) -> str:
+    msg = " ".join(str(e).split())
+    return f"{type(e).__name__}: {msg}"[:500]
+
+
+def run_cell(cell: dict[str, Any], plan: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Build, warm up, time; returns this rank's measurements (never raises)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out: dict[str, Any] = {"status": "ok", "reason": "", "times": [], "losses": [], "loss_weight": 0.0,
+                           "peak_mem": None, "extra": {}}
+    step = None
+    try:
+        wl = resolve(cell["workload_spec"], seed=plan["seed"], global_batch=plan.get("global_batch"),
+                     **cell.get("dims", {}))
+        strat = strategies.get(cell["strategy_spec"])
+        ctx = Context(rank=rank, world_size=world, local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+                      device=device, backend=plan["backend"], seed=plan["seed"], precision=plan["precision"],
+                      lr=plan["lr"], options={**plan.get("options", {}), "world_size": cell["world_size"]})
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        n_warm, n_steps = plan["warmup"], plan["steps"]
+        # Every strategy gets the same global batches, staged on the device before timing starts.
+        batches = [ctx.to_device(wl.batch(s)) for s in range(n_warm + n_steps)]
+        step = strat.prepare(wl, ctx)
+        out["loss_weight"] = step.loss_weight
+        losses = [step.run(batches[s]) for s in range(n_warm)]
+        timer = StepTimer(device, barrier=True)
+        for s in range(n_warm, n_warm + n_steps):
+            losses.append(timer.time(lambda: step.run(batches[s])))  # noqa: B023 - called at once
+        out["times"] = timer.times()
+        out["losses"] = [float("nan") if x is None else float(x) for x in losses]
+        if step.finish is not None:
+            out["extra"].update(step.finish())
+        out["extra"].update(step.extra)
+        if device.type == "cuda":
+            out["peak_mem"] = float(torch.cuda.max_memory_allocated(device))
+    except Exception as e:  # noqa: BLE001 - a failing cell is a row, not a crash
+        out.update(status="failed", reason=one_line(e))
+        if os.environ.get("PARBENCH_DEBUG"):
+            traceback.print_exc()
+    finally:
+        step = None  # drop the model before the next cell is built
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+def row_from(cell: dict[str, Any], plan: dict[str, Any], per_rank: list[dict[str, Any]],
+             wall: float, device: torch.device) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Rank 0: merge every rank's measurements into the cell row and its step rows."""
+    failed = [r for r in per_rank if r["status"] != "ok"]
+    row: dict[str, Any] = {k: cell[k] for k in ("cell_id", "workload", "strategy", "backend", "device",
+                                                "world_size", "nproc", "role")}
+    row.update(steps=plan["steps"], warmup=plan["warmup"], precision=plan["precision"])
+    if failed:
+        row.update(status="failed", reason=failed[0]["reason"], cell_wall_s=wall)
+        return row, []
+    n_warm = plan["warmup"]
+    timed = torch.tensor([r["times"] for r in per_rank], dtype=torch.float64)  # ranks x steps
+    per_step = timed.max(dim=0).values.numpy()
+    stats = summarize(per_step)
+    wl = resolve(cell["workload_spec"], seed=plan["seed"], global_batch=plan.get("global_batch"),
+                 **cell.get("dims", {}))
+    tput = wl.global_batch / stats["step_time_median_s"]
+    gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    peak = peak_flops(gpu_name, plan["precision"]) if gpu_name else None
+    mfu = (wl.flops_per_sample * tput / (peak * cell["world_size"])) if (peak and wl.flops_per_sample) else None
+    final = sum(r["losses"][-1] * r["loss_weight"] for r in per_rank if r["loss_weight"])
+    mems = [r["peak_mem"] for r in per_rank if r["peak_mem"] is not None]
+    extra: dict[str, Any] = {}
+    for r in per_rank:  # strategies report per-rank extras; numeric ones are maxed over ranks
+        for k, v in r["extra"].items():
+            extra[k] = max(extra[k], v) if isinstance(v, (int, float)) and k in extra else extra.get(k, v)
+    row.update(status="ok", reason="", global_batch=wl.global_batch, **stats, throughput_samples_s=tput,
+               mfu=mfu, peak_mem_bytes=max(mems) if mems else None, loss_final=final, params=wl.params,
+               flops_per_sample=wl.flops_per_sample, gpu_name=gpu_name, cell_wall_s=wall,
+               overhead_s=wall - float(per_step.sum()), **extra)
+    steps = []
+    for rank, r in enumerate(per_rank):
+        for s, loss in enumerate(r["losses"]):
+            timed_i = s - n_warm
+            steps.append(dict(rank=rank, step=s, phase="warmup" if timed_i < 0 else "timed",
+                              step_time_s=r["times"][timed_i] if timed_i >= 0 else None,
+                              loss=loss if r["loss_weight"] else None, loss_weight=r["loss_weight"]))
+    return row, steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    plan_path = Path((argv or sys.argv[1:])[0])
+    plan = json.loads(plan_path.read_text())
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    if plan["device"] == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 cells are fp32, for parity
+        torch.backends.cudnn.allow_tf32 = False
+    else:
+        device = torch.device("cpu")
+    kw: dict[str, Any] = {"timeout": timedelta(seconds=plan["pg_timeout_s"])}
+    if plan["backend"] == "nccl":
+        kw["device_id"] = device
+    dist.init_process_group(plan["backend"], **kw)
+    events = Events(Path(plan["events_prefix"] + f"-r{rank}.jsonl"))
+    try:
+        for cell in plan["cells"]:
+            if rank == 0:
+                events.emit("start", cell_id=cell["cell_id"])
+            t0 = time.perf_counter()
+            mine = run_cell(cell, plan, device)
+            if mine["status"] != "ok":
+                events.emit("error", cell_id=cell["cell_id"], reason=mine["reason"])
+            per_rank: list[dict[str, Any]] = [None] * dist.get_world_size()  # type: ignore[list-item]
+            dist.all_gather_object(per_rank, mine)
+            if rank == 0:
+                row, steps = row_from(cell, plan, per_rank, time.perf_counter() - t0, device)
+                events.emit("done", cell_id=cell["cell_id"], row=row, steps=steps)
+    finally:
+        # Without this, gloo can abort at interpreter exit (see shared/NOTES-torch.md).
+        dist.destroy_process_group()
+        gc.collect()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

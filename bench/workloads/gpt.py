@@ -1,0 +1,165 @@
+"""A GPT-style decoder-only transformer in named sizes, trained on synthetic next-token data."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bench.workloads import Workload, build_on, seeded
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPTConfig:
+    vocab: int
+    seq_len: int
+    d_model: int
+    n_layer: int
+    n_head: int
+    global_batch: int
+
+    @property
+    def d_ff(self) -> int:
+        return 4 * self.d_model
+
+
+SIZES: dict[str, GPTConfig] = {
+    "gpt-tiny": GPTConfig(vocab=256, seq_len=32, d_model=64, n_layer=2, n_head=4, global_batch=8),
+    "gpt-small": GPTConfig(vocab=4096, seq_len=128, d_model=256, n_layer=4, n_head=8, global_batch=16),
+    "gpt-50m": GPTConfig(vocab=16384, seq_len=512, d_model=512, n_layer=12, n_head=8, global_batch=16),
+    # 16 layers of d=1024: 201.4M in blocks, 235M with embeddings and head.
+    "gpt-200m": GPTConfig(vocab=16384, seq_len=1024, d_model=1024, n_layer=16, n_head=16,
+                          global_batch=16),
+}
+
+
+class Attention(nn.Module):
+    """Causal self-attention. The head count is read off the projection width at run time, so a
+    tensor-parallel shard of the projections (fewer local heads) runs unchanged."""
+
+    def __init__(self, d: int, n_head: int):
+        super().__init__()
+        self.head_dim = d // n_head
+        self.q = nn.Linear(d, d)
+        self.k = nn.Linear(d, d)
+        self.v = nn.Linear(d, d)
+        self.o = nn.Linear(d, d)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        q, k, v = (p(x).view(b, t, -1, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int, d_ff: int):
+        super().__init__()
+        self.up = nn.Linear(d, d_ff)
+        self.down = nn.Linear(d_ff, d)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.gelu(self.up(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = Attention(cfg.d_model, cfg.n_head)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = MLP(cfg.d_model, cfg.d_ff)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Embed(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
+        self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.tok(idx) + self.pos(pos)
+
+
+class Head(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln = nn.LayerNorm(cfg.d_model)
+        self.out = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out(self.ln(x))
+
+
+class GPT(nn.Sequential):
+    """Embed, n_layer blocks, head: a sequence, so pipeline strategies can cut it anywhere."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__(Embed(cfg), *[Block(cfg) for _ in range(cfg.n_layer)], Head(cfg))
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * cfg.n_layer) if name.endswith(("o.weight", "down.weight")) else 0.02
+                nn.init.normal_(p, 0.0, std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+
+def matmul_params(cfg: GPTConfig) -> int:
+    """Parameters that take part in matrix products (all Linear weights, the head included)."""
+    d, f = cfg.d_model, cfg.d_ff
+    return cfg.n_layer * (4 * d * d + 2 * d * f) + d * cfg.vocab
+
+
+def flops_per_sample(cfg: GPTConfig) -> float:
+    """Training FLOPs per sequence: 6N per token over the matmul weights, plus the attention term
+    (QK^T and AV: 2 matmuls of 2*T*d flops a token each forward, x3 for forward+backward).
+    Causal masking is not discounted, as in the PaLM paper's MFU convention."""
+    t = cfg.seq_len
+    per_token = 6 * matmul_params(cfg) + 12 * cfg.n_layer * cfg.d_model * t
+    return float(per_token * t)
+
+
+def make(*, size: str = "gpt-tiny", seed: int = 0, **dims: int) -> Workload:
+    """A GPT workload; ``dims`` override fields of the named size (vocab, seq_len, d_model,
+    n_layer, n_head, global_batch)."""
+    base = SIZES[size]
+    unknown = set(dims) - set(GPTConfig.__dataclass_fields__)
+    if unknown:
+        raise TypeError(f"unknown GPT dimension(s) {sorted(unknown)}; "
+                        f"known: {sorted(GPTConfig.__dataclass_fields__)}")
+    cfg = GPTConfig(**{**base.__dict__, **dims})
+    if cfg.d_model % cfg.n_head:
+        raise TypeError(f"d_model={cfg.d_model} does not divide by n_head={cfg.n_head}")
+
+    def batch(step: int):
+        tokens = torch.randint(0, cfg.vocab, (cfg.global_batch, cfg.seq_len + 1), generator=seeded(seed, step))
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    def loss(logits: Tensor, target: Tensor) -> Tensor:
+        return F.cross_entropy(logits.float().flatten(0, 1), target.flatten())
+
+    n_params = (matmul_params(cfg) + cfg.vocab * cfg.d_model + cfg.seq_len * cfg.d_model
+                + cfg.n_layer * (4 * cfg.d_model + cfg.d_ff + cfg.d_model + 4 * cfg.d_model)
+                + 2 * cfg.d_model)
+    name = size if not dims else f"{size}({','.join(f'{k}={v}' for k, v in sorted(dims.items()))})"
+    return Workload(
+        name=name,
+        build=lambda device: build_on(device, seed, lambda: GPT(cfg)),
+        batch=batch,
+        loss=loss,
+        global_batch=cfg.global_batch,
+        flops_per_sample=flops_per_sample(cfg),
+        n_blocks=cfg.n_layer + 2,
+        n_heads=cfg.n_head,
+        params=n_params,
+        description=f"decoder transformer d={cfg.d_model} L={cfg.n_layer} H={cfg.n_head} T={cfg.seq_len} "
+                    f"V={cfg.vocab}, {n_params / 1e6:.1f}M params",
+    )

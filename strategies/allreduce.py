@@ -1,0 +1,72 @@
+"""Hand-written data parallelism: backward, then all-reduce the gradients ourselves.
+
+Two flavours: one all-reduce per parameter (many small messages, the cost DDP's buckets avoid),
+and gradients packed into flat buffers of ``bucket_mb`` before reducing. Neither overlaps
+communication with backward, which is the point of comparing them with DDP.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from bench.workloads import Workload
+from strategies.base import Cell, Context, Step, Strategy, common_check, local_share, make_optimizer, train_step
+from strategies.ddp import divisible
+
+
+def buckets(tensors: list[torch.Tensor], cap_bytes: int) -> list[list[torch.Tensor]]:
+    """Greedy split into consecutive groups of at most ``cap_bytes`` (a tensor larger than the cap
+    gets a bucket of its own), each group of one dtype."""
+    out: list[list[torch.Tensor]] = []
+    size = 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if not out or size + nbytes > cap_bytes or out[-1][0].dtype != t.dtype:
+            out.append([])
+            size = 0
+        out[-1].append(t)
+        size += nbytes
+    return out
+
+
+class AllReduce(Strategy):
+    name = "allreduce"
+    summary = "hand-written data parallel: one all-reduce per gradient after backward"
+    needs = "world size <= devices; global batch divisible by world size"
+    bucketed = False
+
+    def check(self, cell: Cell, wl: Workload) -> str | None:
+        return common_check(cell) or divisible(wl, cell.world_size)
+
+    def prepare(self, wl: Workload, ctx: Context) -> Step:
+        model = wl.build(ctx.device)
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = make_optimizer(params, ctx)
+        w = ctx.world_size
+        cap = int(ctx.options.get("bucket_mb", 25) * 2**20)
+
+        def per_param():
+            for p in params:
+                dist.all_reduce(p.grad)
+                p.grad.div_(w)
+
+        def bucketed():
+            grads = [p.grad for p in params]
+            for group in buckets(grads, cap):
+                flat = _flatten_dense_tensors(group)
+                dist.all_reduce(flat)
+                flat.div_(w)
+                for g, new in zip(group, _unflatten_dense_tensors(flat, group)):
+                    g.copy_(new)
+
+        hook = bucketed if self.bucketed else per_param
+        return Step(run=lambda b: train_step(model, wl, ctx, opt, local_share(b, ctx), after_backward=hook),
+                    loss_weight=1.0 / w, model=model)
+
+
+class AllReduceBucketed(AllReduce):
+    name = "allreduce-bucketed"
+    summary = "hand-written data parallel: gradients flattened into bucket_mb buffers, then all-reduced"
+    bucketed = True

@@ -1,0 +1,26 @@
+"""Single device: the reference every other strategy is checked against."""
+
+from __future__ import annotations
+
+from bench.workloads import Workload
+from strategies.base import Cell, Context, Step, Strategy, make_optimizer, train_step
+
+
+class Single(Strategy):
+    name = "single"
+    summary = "one device, no communication: the parity and scaling reference"
+    needs = "world size 1; any device"
+    uses_backend = False
+
+    def check(self, cell: Cell, wl: Workload) -> str | None:
+        if cell.world_size != 1:
+            return "single device runs at world size 1 only"
+        if cell.device == "cuda" and cell.gpus_available < 1:
+            return "no visible GPU"
+        return None
+
+    def prepare(self, wl: Workload, ctx: Context) -> Step:
+        model = wl.build(ctx.device)
+        opt = make_optimizer(model.parameters(), ctx)
+        return Step(run=lambda b: train_step(model, wl, ctx, opt, ctx.to_device(b)), loss_weight=1.0,
+                    model=model)

@@ -1,0 +1,54 @@
+import pandas as pd
+import pytest
+
+from bench import UserError
+from bench.results import CELL_COLUMNS, STEP_COLUMNS, RunWriter, derive, frame, load_run
+
+
+def cell(cid, strategy, ws, tput, precision="fp32"):
+    return dict(cell_id=cid, workload="w", strategy=strategy, backend="gloo", device="cpu", world_size=ws,
+                status="ok", precision=precision, throughput_samples_s=tput)
+
+
+def steps(cid, losses, ranks=1):
+    return [dict(cell_id=cid, rank=r, step=s, phase="timed", step_time_s=0.1, loss=loss, loss_weight=1 / ranks)
+            for s, loss in enumerate(losses) for r in range(ranks)]
+
+
+def test_parity_and_scaling_against_the_single_device_reference():
+    cells = frame([cell(0, "single", 1, 100.0), cell(1, "ddp", 2, 150.0), cell(2, "bad", 2, 190.0)], CELL_COLUMNS)
+    st = frame(steps(0, [2.0, 1.9, 1.8]) + steps(1, [2.0, 1.9, 1.8000001], ranks=2)
+               + steps(2, [2.0, 1.95, 1.9], ranks=2), STEP_COLUMNS)
+    out = derive(cells, st).set_index("strategy")
+    assert out.loc["ddp", "scaling_efficiency"] == pytest.approx(0.75)
+    assert out.loc["ddp", "parity_ok"] and out.loc["ddp", "parity_rel_err"] < 1e-6
+    assert not out.loc["bad", "parity_ok"]
+    assert out.loc["bad", "parity_rel_err"] == pytest.approx(0.1 / 1.8)
+    assert out.loc["single", "parity_rel_err"] == 0
+
+
+def test_bf16_tolerance_is_looser():
+    cells = frame([cell(0, "single", 1, 1.0, "bf16"), cell(1, "ddp", 2, 1.0, "bf16")], CELL_COLUMNS)
+    st = frame(steps(0, [2.0]) + steps(1, [2.02]), STEP_COLUMNS)
+    assert derive(cells, st).set_index("strategy").loc["ddp", "parity_ok"]
+
+
+def test_writer_keeps_every_finished_cell_on_disk(tmp_path):
+    w = RunWriter(tmp_path / "run1")
+    w.add(cell(0, "single", 1, 10.0), steps(0, [1.0, 0.9]))
+    first = pd.read_parquet(tmp_path / "run1" / "cells.parquet")
+    assert len(first) == 1
+    w.add(dict(cell_id=1, workload="w", strategy="ddp", backend="gloo", device="cpu", world_size=2,
+               status="failed", reason="boom"))
+    cells, st, _ = load_run(tmp_path / "run1")
+    assert list(cells["status"]) == ["ok", "failed"] and len(st) == 2
+    assert list(cells.columns[: len(CELL_COLUMNS)]) == list(CELL_COLUMNS)
+    assert not list((tmp_path / "run1").glob(".*tmp"))
+
+
+def test_load_run_names_what_is_wrong(tmp_path):
+    with pytest.raises(UserError, match="not a parbench run folder"):
+        load_run(tmp_path)
+    pd.DataFrame({"workload": ["w"]}).to_parquet(tmp_path / "cells.parquet")
+    with pytest.raises(UserError, match="lacks column"):
+        load_run(tmp_path)

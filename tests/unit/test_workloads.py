@@ -1,0 +1,83 @@
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from bench import UserError
+from bench.workloads import Workload, resolve, shard
+from bench.workloads.gpt import SIZES
+
+
+@pytest.mark.parametrize("name", ["mlp", "convnet", "gpt-tiny"])
+def test_batches_depend_on_seed_and_step_only(name):
+    a, b = resolve(name, seed=3), resolve(name, seed=3)
+    assert all(torch.equal(x, y) for x, y in zip(a.batch(5), b.batch(5)))
+    assert not torch.equal(a.batch(5)[0], a.batch(6)[0])
+    assert not torch.equal(a.batch(5)[0], resolve(name, seed=4).batch(5)[0])
+
+
+@pytest.mark.parametrize("name", ["mlp", "convnet", "gpt-tiny"])
+def test_model_is_deterministic_and_param_count_is_right(name):
+    wl = resolve(name)
+    m1, m2 = wl.build(torch.device("cpu")), wl.build(torch.device("cpu"))
+    assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))
+    assert sum(p.numel() for p in m1.parameters()) == wl.params
+
+
+def test_flops_match_a_counter_up_to_the_known_differences():
+    # FlopCounterMode skips the first layer's input gradient (inputs need none) and, on CPU, SDPA;
+    # the analytic figures count both, as the 6N convention does.
+    wl = resolve("mlp")
+    m = wl.build(torch.device("cpu"))
+    x, y = wl.batch(0)
+    with FlopCounterMode(display=False) as fc:
+        wl.loss(m(x), y).backward()
+    first_layer_input_grad = 2 * 256 * 512
+    assert fc.get_total_flops() / wl.global_batch == pytest.approx(wl.flops_per_sample - first_layer_input_grad)
+    g = resolve("gpt-tiny")
+    cfg = SIZES["gpt-tiny"]
+    m = g.build(torch.device("cpu"))
+    x, y = g.batch(0)
+    with FlopCounterMode(display=False) as fc:
+        g.loss(m(x), y).backward()
+    attention = 12 * cfg.n_layer * cfg.d_model * cfg.seq_len * cfg.seq_len
+    assert fc.get_total_flops() / g.global_batch == pytest.approx(g.flops_per_sample - attention)
+
+
+def test_gpt_200m_has_at_least_200m_parameters():
+    wl = resolve("gpt-200m")
+    m = wl.build(torch.device("meta"))
+    assert sum(p.numel() for p in m.parameters()) == wl.params >= 200_000_000
+
+
+def test_dimensions_are_settable_and_checked():
+    wl = resolve("gpt-tiny", d_model=128, n_layer=3)
+    assert wl.n_blocks == 5 and "d=128" in wl.description
+    with pytest.raises(UserError, match="unknown GPT dimension"):
+        resolve("gpt-tiny", depth=3)
+
+
+def test_shard_splits_the_global_batch_evenly():
+    wl = resolve("mlp", global_batch=8)
+    x, y = wl.batch(0)
+    parts = [shard((x, y), r, 4) for r in range(4)]
+    assert torch.equal(torch.cat([p[0] for p in parts]), x)
+    with pytest.raises(ValueError, match="does not divide"):
+        shard((x, y), 0, 3)
+
+
+def good_factory(seed: int = 0) -> Workload:
+    return resolve("mlp", seed=seed)
+
+
+def bad_factory():
+    return 42
+
+
+def test_user_workloads_load_or_fail_in_one_line():
+    assert resolve("tests.unit.test_workloads:good_factory").name == "mlp"
+    with pytest.raises(UserError, match="returned int"):
+        resolve("tests.unit.test_workloads:bad_factory")
+    with pytest.raises(UserError, match="cannot import 'no_such_pkg.mod'"):
+        resolve("no_such_pkg.mod:f")
+    with pytest.raises(UserError, match="unknown workload"):
+        resolve("resnet")
