@@ -1,0 +1,43 @@
+"""GPU checks: skipped cleanly without CUDA; run on the device machine with `pytest tests/gpu`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench import launch
+from bench.config import build_config
+from bench.hardware import gpu_count
+from bench.results import load_run
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_count() < 1, reason="needs a CUDA GPU")]
+
+
+def run(tmp_path, **flags):
+    cfg = build_config(toml=None, flags={"out": str(tmp_path), "device": "cuda", **flags}, gpus=gpu_count())
+    cells, _, _ = load_run(launch.run(cfg, gpu_count(), progress=False))
+    return cells
+
+
+@pytest.mark.skipif(gpu_count() < 2, reason="needs 2 GPUs")
+def test_issue2_strategies_match_single_gpu_on_nccl_and_gloo(tmp_path):
+    cells = run(tmp_path, workloads="gpt-small", strategies="all", backends="nccl,gloo", world_sizes="2",
+                steps=5, warmup=2, precision="fp32")
+    ok = cells[cells["status"] == "ok"]
+    expected = {("single", "none"), ("dataparallel", "none")} | {
+        (s, b) for s in ("ddp", "allreduce", "allreduce-bucketed") for b in ("nccl", "gloo")}
+    assert expected <= set(zip(ok["strategy"], ok["backend"])), cells[["strategy", "backend", "status", "reason"]]
+    assert ok["parity_ok"].all(), ok[["strategy", "backend", "parity_rel_err"]]
+    assert ok["peak_mem_bytes"].gt(0).all()
+
+
+def test_bf16_single_gpu_reports_mfu_on_known_cards(tmp_path):
+    cells = run(tmp_path, workloads="gpt-small", strategies="single", world_sizes="1", steps=5, warmup=2)
+    row = cells.iloc[0]
+    assert row["status"] == "ok" and row["precision"] == "bf16"
+    from bench.hardware import peak_flops
+
+    if peak_flops(torch.cuda.get_device_name(0), "bf16"):
+        assert 0 < row["mfu"] < 1
+    else:
+        assert row["mfu"] != row["mfu"]  # NaN: unknown card, no guess
