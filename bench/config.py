@@ -172,4 +172,14 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise UserError(f"global batch {cfg.global_batch} must be >= 1")
     if not isinstance(cfg.options, dict):
         raise UserError("options must be a TOML table, e.g. [options] bucket_mb = 25")
+    if "mesh" in cfg.options:
+        m = re.fullmatch(r"(\d+)x(\d+)", str(cfg.options["mesh"]).strip().lower())
+        if not m:
+            raise UserError(f"mesh {cfg.options['mesh']!r} must look like 2x2 (data parallel x model parallel)")
+        product = int(m[1]) * int(m[2])
+        if product not in cfg.world_sizes:
+            raise UserError(f"mesh {cfg.options['mesh']} has {product} ranks but world sizes are "
+                            f"{cfg.world_sizes}; add {product} to --world-sizes or change the mesh")
+    if "micro_batches" in cfg.options and int(cfg.options["micro_batches"]) < 1:
+        raise UserError(f"micro_batches={cfg.options['micro_batches']} must be >= 1")
     return replace(cfg, steps=int(cfg.steps), warmup=int(cfg.warmup), lr=float(cfg.lr))

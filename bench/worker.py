@@ -112,6 +112,8 @@ def row_from(cell: dict[str, Any], plan: dict[str, Any], per_rank: list[dict[str
     for r in per_rank:  # strategies report per-rank extras; numeric ones are maxed over ranks
         for k, v in r["extra"].items():
             extra[k] = max(extra[k], v) if isinstance(v, (int, float)) and k in extra else extra.get(k, v)
+    if "stage_busy_s" in extra:  # pipelines: idle fraction of the busiest rank
+        extra["bubble_measured"] = max(0.0, 1.0 - extra["stage_busy_s"] / stats["step_time_median_s"])
     row.update(status="ok", reason="", global_batch=wl.global_batch, **stats, throughput_samples_s=tput,
                mfu=mfu, peak_mem_bytes=max(mems) if mems else None, loss_final=final, params=wl.params,
                flops_per_sample=wl.flops_per_sample, gpu_name=gpu_name, cell_wall_s=wall,
@@ -124,6 +126,21 @@ def row_from(cell: dict[str, Any], plan: dict[str, Any], per_rank: list[dict[str
                               step_time_s=r["times"][timed_i] if timed_i >= 0 else None,
                               loss=loss if r["loss_weight"] else None, loss_weight=r["loss_weight"]))
     return row, steps
+
+
+def warm_group(device: torch.device, precision: str) -> None:
+    """Pay the once-per-process costs before the first cell, so no cell carries them: the
+    communicator (NCCL creates it at the first collective), the CUDA context and the cuBLAS
+    handles, in fp32 and in the precision the cells use."""
+    x = torch.ones(64, 64, device=device)
+    dist.all_reduce(x)
+    dist.broadcast(x, 0)
+    y = x @ x
+    if precision == "bf16" and device.type == "cuda":
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = (y @ y).float()
+    dist.all_gather_object([None] * dist.get_world_size(), float(y.sum()))
+    dist.barrier()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         kw["device_id"] = device
     dist.init_process_group(plan["backend"], **kw)
     events = Events(Path(plan["events_prefix"] + f"-r{rank}.jsonl"))
+    t0 = time.perf_counter()
+    warm_group(device, plan["precision"])
+    if rank == 0:
+        events.emit("group_ready", startup_s=time.perf_counter() - t0)
     try:
         for cell in plan["cells"]:
             if rank == 0:

@@ -10,9 +10,15 @@ import importlib
 from bench import UserError
 from strategies.allreduce import AllReduce, AllReduceBucketed
 from strategies.base import Cell, Context, Step, Strategy
+from strategies.chain import Chain, EncoderHead, LayerSplit
 from strategies.dataparallel import DataParallel
 from strategies.ddp import DDPStrategy
+from strategies.ensemble import Ensemble
+from strategies.fsdp import FSDP, FSDPNoReshard
+from strategies.hybrid import FSDPxTP
+from strategies.pipeline import DPxPipeline, Pipeline, Pipeline1F1B, PipelineInterleaved
 from strategies.single import Single
+from strategies.tensor import TensorParallel
 
 REGISTRY: dict[str, type[Strategy]] = {
     cls.name: cls
@@ -22,6 +28,18 @@ REGISTRY: dict[str, type[Strategy]] = {
         DDPStrategy,
         AllReduce,
         AllReduceBucketed,
+        FSDP,
+        FSDPNoReshard,
+        LayerSplit,
+        Chain,
+        Pipeline,
+        Pipeline1F1B,
+        PipelineInterleaved,
+        TensorParallel,
+        DPxPipeline,
+        FSDPxTP,
+        Ensemble,
+        EncoderHead,
     )
 }
 

@@ -1,16 +1,22 @@
-"""Real torchrun groups on gloo/CPU: DDP and the hand-written all-reduces match single device, and
-the harness survives failing, hanging and wrong strategies."""
+"""Real torchrun groups on gloo/CPU: every strategy matches single device at world sizes 2 and 4,
+and the harness survives failing, hanging and wrong strategies."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
+import strategies
 from bench import launch
 from bench.config import build_config
 from bench.results import load_run
 
 pytestmark = pytest.mark.distributed
+
+# 6 layers + embedding + head = 8 blocks: enough for 4 ranks x 2 interleaved stages.
+WORKLOAD = "gpt-tiny[n_layer=6]"
+GPU_ONLY = {"dataparallel", "layersplit"}
+HYBRIDS = {"dp-pp", "fsdp-tp"}
 
 
 def run(tmp_path, **flags) -> pd.DataFrame:
@@ -21,18 +27,51 @@ def run(tmp_path, **flags) -> pd.DataFrame:
     return cells
 
 
-def test_data_parallel_matches_single_device_at_2_and_4(tmp_path):
-    cells = run(tmp_path, workloads="gpt-tiny,mlp", strategies="ddp,allreduce,allreduce-bucketed",
-                world_sizes="2,4", steps=3, warmup=1)
-    ok = cells[cells["status"] == "ok"]
-    assert set(ok["world_size"]) == {1, 2, 4}
-    assert len(ok) == 2 * (1 + 3 * 2), cells[["strategy", "world_size", "status", "reason"]]
-    assert ok["parity_ok"].all(), ok[["workload", "strategy", "world_size", "parity_rel_err"]]
-    assert (ok["parity_rel_err"] <= 1e-5).all()
-    dp = ok[ok["strategy"] != "single"]
-    assert (dp["parity_rel_err"] > 0).any() or (dp["world_size"] == 1).all()  # really compared
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory) -> pd.DataFrame:
+    """One run of every registered strategy at world sizes 2 and 4 (3 steps after 1 warm-up)."""
+    return run(tmp_path_factory.mktemp("zoo"), workloads=WORKLOAD, strategies="all", world_sizes="2,4",
+               steps=3, warmup=1)
+
+
+@pytest.mark.parametrize("name", [n for n in strategies.names() if n not in GPU_ONLY | {"single"}])
+def test_strategy_matches_single_device_on_gloo(zoo, name):
+    rows = zoo[zoo["strategy"] == name]
+    ok = rows[rows["status"] == "ok"]
+    sizes = {4} if name in HYBRIDS else ({2} if name == "encoder-head" else {2, 4})
+    assert set(ok["world_size"]) == sizes, rows[["world_size", "status", "reason"]].to_string()
+    assert ok["parity_ok"].all() and (ok["parity_rel_err"] <= 1e-5).all(), ok[["world_size", "parity_rel_err"]]
     assert ok["throughput_samples_s"].gt(0).all()
-    assert ok["scaling_efficiency"].notna().all()
+
+
+@pytest.mark.parametrize("name", sorted(GPU_ONLY))
+def test_gpu_only_strategies_are_skipped_with_a_reason(zoo, name):
+    rows = zoo[zoo["strategy"] == name]
+    assert (rows["status"] == "skipped").all() and rows["reason"].str.len().gt(10).all()
+
+
+def test_pipeline_rows_carry_schedule_and_bubble(zoo):
+    p = zoo[zoo["strategy"].str.startswith("pipeline") & (zoo["status"] == "ok")]
+    assert set(p["schedule"]) == {"gpipe", "1f1b", "interleaved-1f1b"}
+    gpipe4 = p[(p["schedule"] == "gpipe") & (p["world_size"] == 4)].iloc[0]
+    m = gpipe4["micro_batches"]
+    assert gpipe4["bubble_theory"] == pytest.approx(3 / (m + 3))
+    assert p["bubble_measured"].between(0, 1).all()
+
+
+def test_hybrids_report_their_mesh_and_ensemble_its_aggregation(zoo):
+    ok = zoo[zoo["status"] == "ok"].set_index(["strategy", "world_size"])
+    assert ok.loc[("fsdp-tp", 4), "mesh"] == "dp2xtp2" and ok.loc[("dp-pp", 4), "mesh"] == "dp2xpp2"
+    ens = ok.loc[("ensemble", 4)]
+    assert ens["role"] == "independent" and ens["aggregate_s"] > 0 and ens["aggregate_bytes"] > 0
+
+
+def test_data_parallel_on_a_second_workload(tmp_path):
+    cells = run(tmp_path, workloads="mlp", strategies="ddp,allreduce-bucketed", world_sizes="2,4", steps=3,
+                warmup=1)
+    ok = cells[cells["status"] == "ok"]
+    assert len(ok) == 5 and ok["parity_ok"].all()
+    assert (ok.loc[ok["world_size"] > 1, "parity_rel_err"] > 0).all()  # really compared, not copied
 
 
 def test_wrong_failing_and_hanging_strategies_become_rows(tmp_path):
@@ -47,4 +86,3 @@ def test_wrong_failing_and_hanging_strategies_become_rows(tmp_path):
     assert by.loc["test-hangs", "status"] == "timeout"
     # the cell after the hang ran in a relaunched group
     assert by.loc["ddp", "status"] == "ok" and by.loc["ddp", "parity_ok"]
-    assert by.loc["dataparallel", "status"] if "dataparallel" in by.index else True

@@ -48,3 +48,11 @@ def test_split_and_parse():
     assert split_list("a, b[x=1,y=2] ,c") == ["a", "b[x=1,y=2]", "c"]
     assert parse_workload("gpt-small[d_model=512]") == ("gpt-small", {"d_model": 512})
     assert parse_workload("pkg.mod:make") == ("pkg.mod:make", {})
+
+
+def test_a_mesh_that_fits_no_world_size_fails_before_launch():
+    with pytest.raises(UserError, match="mesh 2x4 has 8 ranks but world sizes are \\[1, 2\\]"):
+        build_config(toml={"options": {"mesh": "2x4"}}, flags={}, gpus=0)
+    with pytest.raises(UserError, match="must look like 2x2"):
+        build_config(toml={"options": {"mesh": "four"}}, flags={"world_sizes": "4"}, gpus=0)
+    assert build_config(toml={"options": {"mesh": "2x2"}}, flags={"world_sizes": "4"}, gpus=0).options["mesh"] == "2x2"

@@ -1,0 +1,126 @@
+"""Model parallelism across processes, by hand: consecutive blocks on consecutive ranks.
+
+Rank r receives the activation from r-1, runs its blocks, sends the result to r+1; the last rank
+computes the loss; gradients travel back the same way. No micro-batches: while one rank works the
+others wait, and this strategy exists to make that cost visible next to the pipelines.
+
+``encoder-head`` is the collaborating-models case on two ranks: an encoder (every block but the
+last) on rank 0 feeds a separately optimised head on rank 1 every step, trained together.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from bench.workloads import Workload
+from strategies.base import P2P, Cell, Context, Step, Strategy, common_check, make_optimizer, stage_modules
+
+
+class Chain(Strategy):
+    name = "chain"
+    summary = "hand-written model parallel over ranks: blocking send/recv of activations and gradients"
+    needs = "world size >= 2 and <= blocks; CUDA+NCCL, CUDA+Gloo (through host memory) or CPU+Gloo"
+    min_world = 2
+
+    def check(self, cell: Cell, wl: Workload) -> str | None:
+        r = common_check(cell, min_world=self.min_world)
+        if r is None and wl.n_blocks < cell.world_size:
+            r = f"{wl.n_blocks} blocks cannot fill {cell.world_size} ranks"
+        return r
+
+    def stages(self, wl: Workload, model: nn.Module, world: int) -> list[nn.Module]:
+        return stage_modules(wl, model, world)
+
+    def prepare(self, wl: Workload, ctx: Context) -> Step:
+        r, w = ctx.rank, ctx.world_size
+        mine = self.stages(wl, wl.build(ctx.device), w)[r]
+        opt = make_optimizer(mine.parameters(), ctx)
+        p2p = P2P(ctx)
+        first, last = r == 0, r == w - 1
+        shapes: dict[str, tuple] = {}
+
+        def run(batch):
+            x, y = ctx.to_device(batch)
+            if first:
+                inp = x
+            else:
+                if "in" not in shapes:
+                    shapes["in"] = p2p.recv_meta(r - 1)
+                inp = p2p.recv(*shapes["in"], r - 1).requires_grad_()
+            with ctx.autocast():
+                out = mine(inp)
+            if last:
+                loss = wl.loss(out, y)
+                loss.backward()
+            else:
+                if "out" not in shapes:
+                    p2p.send_meta(out, r + 1)
+                    shapes["out"] = (out.shape, out.dtype)
+                p2p.send(out, r + 1)
+                grad = p2p.recv(out.shape, out.dtype, r + 1)
+                out.backward(grad)
+            if not first:
+                p2p.send(inp.grad, r - 1)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach() if last else None
+
+        return Step(run=run, loss_weight=1.0 if last else 0.0, model=mine, extra={"mesh": f"chain{w}"})
+
+
+class EncoderHead(Chain):
+    name = "encoder-head"
+    summary = "two collaborating models: encoder on rank 0 feeds its output to a head on rank 1 every step"
+    needs = "world size 2; a workload with at least 2 blocks"
+
+    def check(self, cell: Cell, wl: Workload) -> str | None:
+        if cell.world_size != 2:
+            return "encoder-head runs on exactly 2 ranks (encoder, head)"
+        return super().check(cell, wl)
+
+    def stages(self, wl: Workload, model: nn.Module, world: int) -> list[nn.Module]:
+        blocks = wl.blocks(model)
+        return [nn.Sequential(*blocks[:-1]), nn.Sequential(blocks[-1])]
+
+
+class LayerSplit(Strategy):
+    name = "layersplit"
+    summary = "naive model parallel in one process: blocks placed on several GPUs, activations .to(next)"
+    needs = "CUDA; world size (GPUs used) <= visible GPUs and <= blocks; one process (backend 'none')"
+    uses_backend = False
+
+    def procs(self, world_size: int) -> int:
+        return 1
+
+    def check(self, cell: Cell, wl: Workload) -> str | None:
+        if cell.device != "cuda":
+            return "layer split places blocks on several GPUs; on CPU there is one device"
+        if cell.world_size > cell.gpus_available:
+            return f"world size {cell.world_size} > {cell.gpus_available} visible GPU(s)"
+        if wl.n_blocks < cell.world_size:
+            return f"{wl.n_blocks} blocks cannot fill {cell.world_size} GPUs"
+        return None
+
+    def prepare(self, wl: Workload, ctx: Context) -> Step:
+        n = ctx.options["world_size"]
+        parts = stage_modules(wl, wl.build(ctx.device), n)
+        devices = [torch.device("cuda", i) for i in range(n)]
+        for part, dev in zip(parts, devices):
+            part.to(dev)
+        model = nn.ModuleList(parts)
+        opt = make_optimizer(model.parameters(), ctx)
+
+        def run(batch):
+            x, y = batch
+            h = x.to(devices[0])
+            with ctx.autocast():
+                for part, dev in zip(parts, devices):
+                    h = part(h.to(dev))
+            loss = wl.loss(h, y.to(devices[-1]))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach()
+
+        return Step(run=run, loss_weight=1.0, model=model, extra={"mesh": f"split{n}"})

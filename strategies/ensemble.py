@@ -1,0 +1,92 @@
+"""Collaborating models: an ensemble of independent models, one per rank.
+
+Rank r trains its own copy of the workload's architecture, re-initialised from its own seed, on its own
+share of each global batch; nothing is exchanged while training. After the timed steps every
+member predicts on the same held-out batch and the predictions are combined with ``all_gather``
+(mean of the members' outputs). The cell reports the aggregation's time and bytes and the
+ensemble's loss, and rank 0 checks the whole thing against the same members trained one after
+another in a single process (``parity_*``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from bench.results import PARITY_TOL
+from bench.workloads import Workload
+from strategies.base import (
+    Cell,
+    Context,
+    Step,
+    Strategy,
+    common_check,
+    local_share,
+    make_optimizer,
+    time_region,
+    train_step,
+)
+from strategies.ddp import divisible
+
+
+def build_member(wl: Workload, device: torch.device, seed: int) -> torch.nn.Module:
+    """The workload's architecture with every layer re-initialised (its default init) from ``seed``."""
+    model = wl.build(device)
+    torch.manual_seed(seed)
+    for m in model.modules():
+        if hasattr(m, "reset_parameters"):
+            m.reset_parameters()
+    return model
+
+
+class Ensemble(Strategy):
+    name = "ensemble"
+    summary = "independent models, one per rank, each on its own data; outputs all_gather-ed at the end"
+    needs = "world size <= devices; global batch divisible by world size"
+    min_world = 2
+
+    def check(self, cell: Cell, wl: Workload) -> str | None:
+        return common_check(cell, min_world=self.min_world) or divisible(wl, cell.world_size)
+
+    def prepare(self, wl: Workload, ctx: Context) -> Step:
+        r, w = ctx.rank, ctx.world_size
+        model = build_member(wl, ctx.device, ctx.seed + 1000 * (r + 1))
+        opt = make_optimizer(model.parameters(), ctx)
+        seen: list = []
+
+        def run(b):
+            seen.append(b)
+            return train_step(model, wl, ctx, opt, local_share(b, ctx))
+
+        def predict(m, x):
+            with torch.no_grad(), ctx.autocast():
+                return m(x).float()
+
+        def finish():
+            x, y = ctx.to_device(wl.batch(10**6))  # held out: no training step uses this index
+            out = predict(model, x)
+            gathered = [torch.empty_like(out) for _ in range(w)]
+
+            def aggregate():
+                dist.all_gather(gathered, out)
+
+            agg_s = time_region(ctx.device, aggregate, reps=5)
+            ens_loss = float(wl.loss(torch.stack(gathered).mean(0), y))
+            res = {"aggregate_s": agg_s, "aggregate_bytes": float(out.numel() * out.element_size() * w),
+                   "ensemble_loss": ens_loss}
+            if r == 0:  # the same members, trained one after another in this process
+                outs = []
+                for k in range(w):
+                    m = build_member(wl, ctx.device, ctx.seed + 1000 * (k + 1))
+                    o = make_optimizer(m.parameters(), ctx)
+                    for b in seen:
+                        train_step(m, wl, ctx, o, local_share(b, ctx, rank=k))
+                    outs.append(predict(m, x))
+                    del m, o
+                ref = float(wl.loss(torch.stack(outs).mean(0), y))
+                err = abs(ens_loss - ref) / max(abs(ref), 1e-12)
+                res.update(parity_rel_err=err, parity_tol=PARITY_TOL[ctx.precision],
+                           parity_ok=bool(err <= PARITY_TOL[ctx.precision]))
+            return res
+
+        return Step(run=run, loss_weight=1.0 / w, model=model, finish=finish, extra={"role": "independent"})

@@ -1,0 +1,201 @@
+"""Pipeline parallelism with micro-batches through torch.distributed.pipelining.
+
+The model is cut into stages of balanced parameter count, one per rank (two per rank for the
+interleaved schedule). ``micro_batches`` (option, default max(4, 2 x stages)) splits each batch.
+
+Bubble: ``bubble_theory`` is (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(v*m+p-1) interleaved.
+``bubble_measured`` is the idle fraction of the busiest rank: 1 - busy / step time, where busy is
+m x (forward+backward of one micro-batch through the rank's stages, timed alone after the run).
+Communication between stages therefore counts as idle, as it does for the pipeline.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from bench.workloads import Workload
+from strategies.allreduce import buckets
+from strategies.base import (
+    Cell,
+    Context,
+    Step,
+    Strategy,
+    common_check,
+    local_share,
+    make_optimizer,
+    mesh_check,
+    parse_mesh,
+    stage_modules,
+    time_region,
+)
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
+
+
+def default_micro_batches(pp: int) -> int:
+    return max(4, 2 * pp)
+
+
+def pipeline_check(wl: Workload, cell: Cell, *, pp: int, dp: int, virtual: int) -> str | None:
+    if cell.backend == "gloo" and cell.device == "cuda":
+        return "Gloo has no point-to-point for CUDA tensors (torch.distributed backend table); use nccl"
+    m = int(cell.options.get("micro_batches", default_micro_batches(pp)))
+    if wl.n_blocks < pp * virtual:
+        return f"{wl.n_blocks} blocks cannot fill {pp * virtual} stages"
+    if m < pp:
+        return f"micro_batches={m} < {pp} stages; the schedules need at least one per stage"
+    if virtual > 1 and m % pp:
+        return f"interleaved 1F1B needs micro_batches ({m}) divisible by the stages per loop ({pp})"
+    if wl.global_batch % (dp * m):
+        return f"global batch {wl.global_batch} does not divide into {dp} x {m} micro-batches"
+    return None
+
+
+class PipelineRunner:
+    """This rank's stages and schedule; ``run(local_batch)`` does one training step."""
+
+    def __init__(self, wl: Workload, ctx: Context, *, schedule: str, pp_rank: int, pp: int, m: int,
+                 group: dist.ProcessGroup | None, virtual: int = 1):
+        self.wl, self.ctx, self.m, self.pp = wl, ctx, m, pp
+        n_stages = pp * virtual
+        parts = stage_modules(wl, wl.build(ctx.device), n_stages)
+        self.ids = [pp_rank + i * pp for i in range(virtual)]  # looped assignment
+        self.mods: list[nn.Module] = [parts[i] for i in self.ids]
+        del parts
+        stages = [PipelineStage(self.mods[k], sid, n_stages, ctx.device, group=group)
+                  for k, sid in enumerate(self.ids)]
+        cls = SCHEDULES[schedule]
+        loss_fn = lambda out, y: wl.loss(out, y)
+        self.schedule = cls(stages if virtual > 1 else stages[0], n_microbatches=m, loss_fn=loss_fn)
+        self.first, self.last = 0 in self.ids, n_stages - 1 in self.ids
+        self.opt = make_optimizer([p for mod in self.mods for p in mod.parameters()], ctx)
+        self.virtual = virtual
+        self._inputs: dict[int, tuple] = {}
+        for k, mod in enumerate(self.mods):  # keep one micro-batch input per stage for the busy timing
+            mod.register_forward_pre_hook(lambda _m, args, k=k: self._inputs.__setitem__(k, args))
+
+    def step(self, batch, after_backward=None):
+        x, y = batch
+        losses: list[torch.Tensor] = []
+        args = (x,) if self.first else ()
+        kwargs = {"target": y, "losses": losses} if self.last else {}
+        with self.ctx.autocast():
+            self.schedule.step(*args, **kwargs)
+        if after_backward is not None:
+            after_backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return torch.stack([loss.detach().float() for loss in losses]).mean() if self.last else None
+
+    def busy_seconds(self, target: torch.Tensor) -> float:
+        """m x (forward + backward of one micro-batch through this rank's stages), timed alone."""
+        total = 0.0
+        mb_target = target[: target.shape[0] // self.m]
+        for k, mod in enumerate(self.mods):
+            inp = tuple(a.detach().requires_grad_(a.is_floating_point()) for a in self._inputs[k])
+            is_last = self.ids[k] == self.pp * self.virtual - 1
+
+            def fb(mod=mod, inp=inp, is_last=is_last):
+                with self.ctx.autocast():
+                    out = mod(*inp)
+                (self.wl.loss(out, mb_target) if is_last else out.float().sum()).backward()
+
+            total += self.m * time_region(self.ctx.device, fb)
+        self.opt.zero_grad(set_to_none=True)
+        return total
+
+    def theory(self) -> float:
+        return (self.pp - 1) / (self.virtual * self.m + self.pp - 1)
+
+
+class Pipeline(Strategy):
+    name = "pipeline-gpipe"
+    summary = "pipeline (torch.distributed.pipelining), GPipe: all forwards, then all backwards"
+    needs = "NCCL on CUDA or Gloo on CPU; blocks >= stages; global batch divisible by micro_batches"
+    schedule = "gpipe"
+    virtual = 1
+    min_world = 2
+
+    def check(self, cell: Cell, wl: Workload) -> str | None:
+        return common_check(cell, min_world=self.min_world) or pipeline_check(
+            wl, cell, pp=cell.world_size, dp=1, virtual=self.virtual)
+
+    def prepare(self, wl: Workload, ctx: Context) -> Step:
+        pp = ctx.world_size
+        m = int(ctx.options.get("micro_batches", default_micro_batches(pp)))
+        runner = PipelineRunner(wl, ctx, schedule=self.schedule, pp_rank=ctx.rank, pp=pp, m=m, group=None,
+                                virtual=self.virtual)
+        return pipeline_step(runner, wl, ctx, lambda b: ctx.to_device(b), dp=1,
+                             extra={"schedule": self.schedule, "micro_batches": m, "mesh": f"pp{pp}"})
+
+
+def pipeline_step(runner: PipelineRunner, wl: Workload, ctx: Context, share, *, dp: int, extra: dict,
+                  after_backward=None) -> Step:
+    last_batch: dict[str, torch.Tensor] = {}
+
+    def run(b):
+        x, y = share(b)
+        last_batch["y"] = y
+        return runner.step((x, y), after_backward)
+
+    def finish():
+        return {"stage_busy_s": runner.busy_seconds(last_batch["y"]), "bubble_theory": runner.theory()}
+
+    return Step(run=run, loss_weight=(1.0 / dp) if runner.last else 0.0, finish=finish, extra=extra)
+
+
+class Pipeline1F1B(Pipeline):
+    name = "pipeline-1f1b"
+    summary = "pipeline (torch.distributed.pipelining), 1F1B: one forward, one backward in steady state"
+    schedule = "1f1b"
+
+
+class PipelineInterleaved(Pipeline):
+    name = "pipeline-interleaved"
+    summary = "pipeline, interleaved 1F1B with 2 stages per rank (smaller bubble, more messages)"
+    needs = Pipeline.needs + "; micro_batches divisible by world size"
+    schedule = "interleaved-1f1b"
+    virtual = 2
+
+
+class DPxPipeline(Strategy):
+    name = "dp-pp"
+    summary = "2D: 1F1B pipeline along each mesh row, hand-written bucketed gradient all-reduce across rows"
+    needs = "world size >= 4 = dp x pp (option mesh, default dp=2); NCCL on CUDA or Gloo on CPU"
+    schedule = "1f1b"
+
+    def check(self, cell: Cell, wl: Workload) -> str | None:
+        r = common_check(cell) or mesh_check(cell)
+        if r:
+            return r
+        dp, pp = parse_mesh(cell.options.get("mesh"), cell.world_size)
+        return pipeline_check(wl, cell, pp=pp, dp=dp, virtual=1)
+
+    def prepare(self, wl: Workload, ctx: Context) -> Step:
+        # DDP on the data-parallel dimension of a pipeline trips a reducer assertion unless there is
+        # one micro-batch (shared/NOTES-torch.md), so the dp gradients are all-reduced by hand.
+        dp, pp = parse_mesh(ctx.options.get("mesh"), ctx.world_size)
+        mesh = init_device_mesh(ctx.device.type, (dp, pp), mesh_dim_names=("dp", "pp"))
+        m = int(ctx.options.get("micro_batches", default_micro_batches(pp)))
+        runner = PipelineRunner(wl, ctx, schedule=self.schedule, pp_rank=mesh.get_local_rank("pp"), pp=pp, m=m,
+                                group=mesh.get_group("pp"))
+        dp_group, dp_rank = mesh.get_group("dp"), mesh.get_local_rank("dp")
+        params = [p for mod in runner.mods for p in mod.parameters()]
+
+        def reduce_dp():
+            from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+            for group in buckets([p.grad for p in params], 25 * 2**20):
+                flat = _flatten_dense_tensors(group)
+                dist.all_reduce(flat, group=dp_group)
+                flat.div_(dp)
+                for g, new in zip(group, _unflatten_dense_tensors(flat, group)):
+                    g.copy_(new)
+
+        return pipeline_step(runner, wl, ctx, lambda b: local_share(b, ctx, rank=dp_rank, world=dp), dp=dp,
+                             extra={"schedule": self.schedule, "micro_batches": m, "mesh": f"dp{dp}xpp{pp}"},
+                             after_backward=reduce_dp)

@@ -1,0 +1,23 @@
+import pytest
+
+from strategies.base import parse_mesh, partition
+
+
+def test_partition_is_contiguous_covering_and_balanced():
+    costs = [16, 12, 12, 12, 12, 16]
+    parts = partition(costs, 2)
+    assert parts == [(0, 3), (3, 6)]
+    assert partition([5, 1, 1, 1, 1, 1], 2) == [(0, 1), (1, 6)]
+    for k in range(1, 7):
+        p = partition(costs, k)
+        assert p[0][0] == 0 and p[-1][1] == 6 and all(a < b for a, b in p)
+        assert all(p[i][1] == p[i + 1][0] for i in range(k - 1))
+    with pytest.raises(ValueError):
+        partition([1, 2], 3)
+
+
+def test_mesh_parsing():
+    assert parse_mesh(None, 8) == (2, 4)
+    assert parse_mesh("4x2", 8) == (4, 2)
+    with pytest.raises(ValueError, match="2x2"):
+        parse_mesh("4", 4)
