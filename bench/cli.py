@@ -25,6 +25,11 @@ def _add_run(sub) -> None:
     p.add_argument("--precision", help="auto (bf16 on cuda, fp32 on cpu), fp32 or bf16")
     p.add_argument("--global-batch", type=int, help="override every workload's global batch")
     p.add_argument("--cell-timeout", dest="cell_timeout_s", type=float, help="seconds before a cell is a timeout")
+    p.add_argument("--sample-hz", type=float, help="telemetry sampling rate, 0 = off (default 20, max 1000)")
+    p.add_argument("--profile-steps", type=int,
+                   help="steps profiled after the timed ones for the compute/comm breakdown (default 2; 0 = off)")
+    p.add_argument("--trace", action="store_true", default=None,
+                   help="keep each rank's Chrome trace (opens in Perfetto) under RUN/traces/")
     p.add_argument("--out", help="results folder (default: results)")
     p.add_argument("--report", action="store_true", help="also write the HTML report into the run folder")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -38,7 +43,8 @@ def cmd_run(args) -> int:
     gpus = gpu_count()
     flags = {k: getattr(args, k) for k in ("workloads", "strategies", "backends", "world_sizes", "device",
                                            "steps", "warmup", "seed", "precision", "global_batch",
-                                           "cell_timeout_s", "out")}
+                                           "cell_timeout_s", "out", "sample_hz",
+                                           "profile_steps", "trace")}
     cfg = build_config(toml=load_toml(args.config) if args.config else None, flags=flags, gpus=gpus)
     try:
         run_dir = launch.run(cfg, gpus, progress=not args.no_progress)

@@ -39,6 +39,9 @@ class RunConfig:
     out: str = "results"
     cell_timeout_s: float = 300.0
     global_batch: int | None = None
+    sample_hz: float = 20.0
+    profile_steps: int = 2
+    trace: bool = False
     options: dict[str, Any] = field(default_factory=dict)
 
     def effective_precision(self) -> str:
@@ -168,6 +171,12 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise UserError(f"warmup={cfg.warmup} must be >= 0; e.g. --warmup 3")
     if float(cfg.cell_timeout_s) <= 0:
         raise UserError(f"cell_timeout_s={cfg.cell_timeout_s} must be > 0")
+    if not 0 <= float(cfg.sample_hz) <= 1000:
+        raise UserError(f"sample rate {cfg.sample_hz} Hz must be between 0 (off) and 1000")
+    if int(cfg.profile_steps) < 0:
+        raise UserError(f"profile_steps={cfg.profile_steps} must be >= 0 (0: no breakdown)")
+    if cfg.trace and int(cfg.profile_steps) == 0:
+        raise UserError("--trace needs profiled steps; drop --profile-steps 0")
     if cfg.global_batch is not None and int(cfg.global_batch) < 1:
         raise UserError(f"global batch {cfg.global_batch} must be >= 1")
     if not isinstance(cfg.options, dict):
@@ -182,4 +191,5 @@ def validate(cfg: RunConfig) -> RunConfig:
                             f"{cfg.world_sizes}; add {product} to --world-sizes or change the mesh")
     if "micro_batches" in cfg.options and int(cfg.options["micro_batches"]) < 1:
         raise UserError(f"micro_batches={cfg.options['micro_batches']} must be >= 1")
-    return replace(cfg, steps=int(cfg.steps), warmup=int(cfg.warmup), lr=float(cfg.lr))
+    return replace(cfg, steps=int(cfg.steps), warmup=int(cfg.warmup), lr=float(cfg.lr),
+                   sample_hz=float(cfg.sample_hz), profile_steps=int(cfg.profile_steps))

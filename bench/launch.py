@@ -188,8 +188,23 @@ def _log_tail(path: Path, n: int = 1) -> str:
     return " ".join((errs or lines)[-n:]).strip()[:300]
 
 
+def telemetry_summary(sampler, row: dict[str, Any]) -> dict[str, float]:
+    """Means of the sampled GPU metrics over a cell's timed window, on the GPUs it used."""
+    t0, t1 = row.get("timed_start_unix"), row.get("timed_end_unix")
+    if t0 is None or row.get("device") != "cuda":
+        return {}
+    devices = {f"gpu{i}" for i in range(int(row["world_size"]))}
+    sums: dict[str, list[float]] = {}
+    for s in sampler.snapshot():
+        if t0 <= s["t"] <= t1 and s["device"] in devices:
+            sums.setdefault(s["metric"], []).append(s["value"])
+    names = {"gpu_util_pct": "gpu_util_mean", "sm_active_pct": "sm_active_mean",
+             "tensor_active_pct": "tensor_active_mean", "power_w": "power_mean_w"}
+    return {names[m]: sum(v) / len(v) for m, v in sums.items() if m in names and v}
+
+
 def run_group(g: Group, gid: int, cfg: RunConfig, writer: RunWriter, work: Path,
-              on_event: Callable[[str, Planned | None], None]) -> None:
+              on_event: Callable[[str, Planned | None], None], sampler=None) -> None:
     """Run a group's cells, relaunching after a timeout or a crash, until every cell has a row."""
     remaining = list(g.cells)
     attempt = 0
@@ -201,6 +216,7 @@ def run_group(g: Group, gid: int, cfg: RunConfig, writer: RunWriter, work: Path,
             "seed": cfg.seed, "precision": cfg.effective_precision(), "lr": cfg.lr,
             "global_batch": cfg.global_batch, "options": cfg.options, "events_prefix": prefix,
             "pg_timeout_s": cfg.cell_timeout_s, "cells": [c.as_plan() for c in remaining],
+            "profile_steps": cfg.profile_steps, "trace_dir": str(writer.dir / "traces") if cfg.trace else None,
         }
         Path(prefix + ".json").write_text(json.dumps(plan_doc, indent=1))
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={g.nnodes}",
@@ -229,7 +245,11 @@ def run_group(g: Group, gid: int, cfg: RunConfig, writer: RunWriter, work: Path,
                     elif ev["event"] == "error" and c:
                         errors.setdefault(c.cell_id, ev["reason"])
                     elif ev["event"] == "done" and c:
-                        writer.add(ev["row"], ev["steps"], ev.get("tables"))
+                        row = ev["row"]
+                        if sampler is not None:
+                            row.update(telemetry_summary(sampler, row))
+                            writer.set_table("samples", sampler.snapshot())
+                        writer.add(row, ev["steps"], ev.get("tables"))
                         remaining.remove(c)
                         current = None
                         deadline = time.monotonic() + cfg.cell_timeout_s
@@ -280,7 +300,13 @@ def run(cfg: RunConfig, gpus: int, *, progress: bool = True) -> Path:
     writer = RunWriter(run_dir)
     work = run_dir / "work"
     work.mkdir()
-    write_meta(run_dir, cfg.to_dict(), workloads={n: w.description for n, w in wls.items()})
+    if cfg.trace:
+        (run_dir / "traces").mkdir()
+    described = {n: w.description for n, w in wls.items()}
+    write_meta(run_dir, cfg.to_dict(), workloads=described)
+    from bench.samplers import start_samplers
+
+    sampler, notes = start_samplers(cfg.sample_hz, gpu=cfg.device == "cuda")
     for c in cells:
         if c.reason is not None:
             writer.add(row_for(c, cfg, status="skipped", reason=c.reason))
@@ -288,8 +314,17 @@ def run(cfg: RunConfig, gpus: int, *, progress: bool = True) -> Path:
     runnable = sum(len(g.cells) for g in groups)
     from bench.progress import MatrixProgress
 
-    with MatrixProgress(total=runnable, enabled=progress) as bar:
-        for gid, g in enumerate(groups):
-            bar.group(g.label, len(g.cells))
-            run_group(g, gid, cfg, writer, work, bar.event)
+    try:
+        with MatrixProgress(total=runnable, enabled=progress) as bar:
+            for gid, g in enumerate(groups):
+                bar.group(g.label, len(g.cells))
+                run_group(g, gid, cfg, writer, work, bar.event, sampler)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+            notes.update(sampler.notes())
+            writer.set_table("samples", sampler.snapshot())
+            writer.flush()
+        write_meta(run_dir, cfg.to_dict(), workloads=described, telemetry=notes,
+                   sample_hz=cfg.sample_hz, sampler_ticks=sampler.ticks if sampler else 0)
     return run_dir

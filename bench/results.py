@@ -39,7 +39,7 @@ CELL_COLUMNS: dict[str, str] = {
 }
 STEP_COLUMNS: dict[str, str] = {
     "run_id": "string", "cell_id": "Int64", "rank": "Int64", "step": "Int64", "phase": "string",
-    "step_time_s": "float64", "loss": "float64", "loss_weight": "float64",
+    "step_time_s": "float64", "t_unix": "float64", "loss": "float64", "loss_weight": "float64",
 }
 #: relative tolerance of the parity check, by precision
 PARITY_TOL = {"fp32": 1e-5, "bf16": 2e-2}
@@ -138,6 +138,10 @@ class RunWriter:
             self.extra.setdefault(name, []).extend(rows)
         self.flush()
 
+    def set_table(self, name: str, rows: list[dict[str, Any]]) -> None:
+        """Replace a whole side table (the sampler's rows); written at the next flush."""
+        self.extra[name] = rows
+
     def frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         steps = frame(self.steps, STEP_COLUMNS)
         cells = derive(frame(self.cells, CELL_COLUMNS), steps).sort_values("cell_id", kind="stable")
@@ -148,7 +152,8 @@ class RunWriter:
         write_atomic(cells, self.dir / "cells.parquet")
         write_atomic(steps, self.dir / "steps.parquet")
         for name, rows in self.extra.items():
-            write_atomic(pd.DataFrame(rows), self.dir / f"{name}.parquet")
+            if rows:
+                write_atomic(pd.DataFrame(rows), self.dir / f"{name}.parquet")
 
 
 def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:

@@ -23,6 +23,7 @@ class StepTimer:
         self.barrier = barrier and dist.is_initialized()
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._cpu: list[float] = []
+        self._cpu_starts: list[float] = []
 
     def time(self, fn: Callable[[], object]) -> object:
         if self.cuda:
@@ -35,6 +36,7 @@ class StepTimer:
         if self.barrier:
             dist.barrier()
         t0 = time.perf_counter()
+        self._cpu_starts.append(time.time())
         out = fn()
         self._cpu.append(time.perf_counter() - t0)
         return out
@@ -44,6 +46,18 @@ class StepTimer:
             torch.cuda.synchronize()
             return [s.elapsed_time(e) / 1e3 for s, e in self._events]
         return list(self._cpu)
+
+
+    def starts(self, t0: float) -> list[float]:
+        """Unix start time of each step. On CUDA the steps run back to back on the device from
+        ``t0`` (taken after a synchronize), so start k is t0 + the durations before it."""
+        if not self.cuda:
+            return list(self._cpu_starts)
+        out, t = [], t0
+        for d in self.times():
+            out.append(t)
+            t += d
+        return out
 
 
 def bootstrap_median_ci(x: np.ndarray, *, n_boot: int = 2000, level: float = 0.95,

@@ -11,6 +11,7 @@ import gc
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
 from datetime import timedelta
@@ -22,6 +23,7 @@ import torch.distributed as dist
 
 import strategies
 from bench.hardware import peak_flops
+from bench.samplers.nvml import EnergyMeter
 from bench.timing import StepTimer, summarize
 from bench.workloads import resolve
 from strategies.base import Context
@@ -43,11 +45,47 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg}"[:500]
 
 
+def cell_gpus(cell: dict[str, Any], device: torch.device) -> list[int]:
+    """CUDA indices this rank drives: all of the cell's GPUs for one-process strategies."""
+    if device.type != "cuda":
+        return []
+    return list(range(cell["world_size"])) if cell["nproc"] == 1 else [device.index]
+
+
+def profile_steps(step, batches, plan: dict[str, Any], device: torch.device, trace_path: Path | None):
+    """Run ``profile_steps`` more steps under torch.profiler; returns (breakdown, comm rows)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from bench.comm import analyze_trace
+
+    n = plan["profile_steps"]
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dist.barrier()
+    with profile(activities=acts, record_shapes=True) as prof:
+        for k in range(n):
+            with record_function("parbench_step"):
+                step.run(batches[plan["warmup"] + k % plan["steps"]])
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    keep = trace_path is not None
+    path = trace_path or Path(tempfile.mkstemp(suffix=".json", prefix="parbench-trace-")[1])
+    try:
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+    finally:
+        if not keep:
+            path.unlink(missing_ok=True)
+    return analyze_trace(trace, device.type, n)
+
+
 def run_cell(cell: dict[str, Any], plan: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """Build, warm up, time; returns this rank's measurements (never raises)."""
+    """Build, warm up, time, profile; returns this rank's measurements (never raises)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     out: dict[str, Any] = {"status": "ok", "reason": "", "times": [], "losses": [], "loss_weight": 0.0,
-                           "peak_mem": None, "extra": {}}
+                           "peak_mem": None, "extra": {}, "energy_j": None, "breakdown": {}, "comm": [],
+                           "window": None, "starts": [], "profile_s": 0.0}
     step = None
     try:
         wl = resolve(cell["workload_spec"], seed=plan["seed"], global_batch=plan.get("global_batch"),
@@ -64,11 +102,26 @@ def run_cell(cell: dict[str, Any], plan: dict[str, Any], device: torch.device) -
         step = strat.prepare(wl, ctx)
         out["loss_weight"] = step.loss_weight
         losses = [step.run(batches[s]) for s in range(n_warm)]
+        meter = EnergyMeter(cell_gpus(cell, device)) if device.type == "cuda" else None
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        e0, t0 = (meter.read() if meter else None), time.time()
         timer = StepTimer(device, barrier=True)
         for s in range(n_warm, n_warm + n_steps):
             losses.append(timer.time(lambda: step.run(batches[s])))  # noqa: B023 - called at once
-        out["times"] = timer.times()
+        out["times"] = timer.times()  # synchronises the device
+        t1, e1 = time.time(), (meter.read() if meter else None)
+        out["window"] = (t0, t1)
+        out["starts"] = timer.starts(t0)
+        if e0 is not None and e1 is not None:
+            out["energy_j"] = e1 - e0
         out["losses"] = [float("nan") if x is None else float(x) for x in losses]
+        if plan.get("profile_steps", 0) > 0:
+            tp = time.perf_counter()
+            trace = (Path(plan["trace_dir"]) / f"cell{cell['cell_id']}-rank{rank}.json"
+                     if plan.get("trace_dir") else None)
+            out["breakdown"], out["comm"] = profile_steps(step, batches, plan, device, trace)
+            out["profile_s"] = time.perf_counter() - tp
         if step.finish is not None:
             out["extra"].update(step.finish())
         out["extra"].update(step.extra)
@@ -95,7 +148,7 @@ def row_from(cell: dict[str, Any], plan: dict[str, Any], per_rank: list[dict[str
     row.update(steps=plan["steps"], warmup=plan["warmup"], precision=plan["precision"])
     if failed:
         row.update(status="failed", reason=failed[0]["reason"], cell_wall_s=wall)
-        return row, []
+        return row, [], {}
     n_warm = plan["warmup"]
     timed = torch.tensor([r["times"] for r in per_rank], dtype=torch.float64)  # ranks x steps
     per_step = timed.max(dim=0).values.numpy()
@@ -112,20 +165,35 @@ def row_from(cell: dict[str, Any], plan: dict[str, Any], per_rank: list[dict[str
     for r in per_rank:  # strategies report per-rank extras; numeric ones are maxed over ranks
         for k, v in r["extra"].items():
             extra[k] = max(extra[k], v) if isinstance(v, (int, float)) and k in extra else extra.get(k, v)
+    energies = [r["energy_j"] for r in per_rank]
+    if device.type == "cuda" and all(e is not None for e in energies):
+        energy = float(sum(energies))
+        extra.update(energy_j=energy, energy_per_sample_j=energy / (plan["steps"] * wl.global_batch),
+                     samples_per_j=plan["steps"] * wl.global_batch / energy if energy > 0 else None)
+    bds = [r["breakdown"] for r in per_rank if r["breakdown"]]
+    for key in ("compute_time_s", "comm_time_s", "exposed_comm_s", "overlap_frac", "idle_frac"):
+        vals = [b[key] for b in bds if b.get(key) is not None and b[key] == b[key]]
+        if vals:  # mean over ranks, per step
+            extra[key] = sum(vals) / len(vals)
+    extra["timed_start_unix"], extra["timed_end_unix"] = per_rank[0]["window"]
+    profile_s = max(r["profile_s"] for r in per_rank)
     if "stage_busy_s" in extra:  # pipelines: idle fraction of the busiest rank
         extra["bubble_measured"] = max(0.0, 1.0 - extra["stage_busy_s"] / stats["step_time_median_s"])
     row.update(status="ok", reason="", global_batch=wl.global_batch, **stats, throughput_samples_s=tput,
                mfu=mfu, peak_mem_bytes=max(mems) if mems else None, loss_final=final, params=wl.params,
                flops_per_sample=wl.flops_per_sample, gpu_name=gpu_name, cell_wall_s=wall,
-               overhead_s=wall - float(per_step.sum()), **extra)
+               overhead_s=wall - float(per_step.sum()) - profile_s, profile_s=profile_s, **extra)
     steps = []
     for rank, r in enumerate(per_rank):
         for s, loss in enumerate(r["losses"]):
             timed_i = s - n_warm
             steps.append(dict(rank=rank, step=s, phase="warmup" if timed_i < 0 else "timed",
                               step_time_s=r["times"][timed_i] if timed_i >= 0 else None,
+                              t_unix=r["starts"][timed_i] if timed_i >= 0 else None,
                               loss=loss if r["loss_weight"] else None, loss_weight=r["loss_weight"]))
-    return row, steps
+    comm = [{"cell_id": cell["cell_id"], "rank": rank, "backend": plan["backend"], "world_size": cell["world_size"],
+             **c} for rank, r in enumerate(per_rank) for c in r["comm"]]
+    return row, steps, {"comm": comm} if comm else {}
 
 
 def warm_group(device: torch.device, precision: str) -> None:
@@ -174,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             per_rank: list[dict[str, Any]] = [None] * dist.get_world_size()  # type: ignore[list-item]
             dist.all_gather_object(per_rank, mine)
             if rank == 0:
-                row, steps = row_from(cell, plan, per_rank, time.perf_counter() - t0, device)
-                events.emit("done", cell_id=cell["cell_id"], row=row, steps=steps)
+                row, steps, tables = row_from(cell, plan, per_rank, time.perf_counter() - t0, device)
+                events.emit("done", cell_id=cell["cell_id"], row=row, steps=steps, tables=tables)
     finally:
         # Without this, gloo can abort at interpreter exit (see shared/NOTES-torch.md).
         dist.destroy_process_group()

@@ -44,3 +44,69 @@ class Hangs(Strategy):
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         time.sleep(3600)
         raise AssertionError("unreachable")
+
+
+class KnownCommSerial(Strategy):
+    """A known amount of compute (matmuls) and one all-reduce of a known 16 MiB buffer per step,
+    one after the other. ``finish`` times the same all-reduce alone, for comparison."""
+
+    name = "test-comm-serial"
+    summary = needs = "test only"
+    overlap = False
+    numel = 16 * 2**20  # 64 MiB: long enough that thread wake-ups on a busy 2-core VM are noise
+    matmuls = 12
+
+    def prepare(self, wl: Workload, ctx: Context) -> Step:
+        import statistics
+        import time as _time
+
+        import torch
+
+        buf = torch.ones(self.numel)
+        stopwatch: list[float] = []
+        a = torch.randn(384, 384, generator=torch.Generator().manual_seed(0)) / 20
+
+        def compute():
+            x = a
+            for _ in range(self.matmuls):
+                x = torch.tanh(x @ a)
+            return x
+
+        def run(_batch):
+            if self.overlap:
+                work = dist.all_reduce(buf, async_op=True)
+                compute()
+                work.wait()
+            else:
+                # Line the ranks up first, as the collective "timed alone" is: without this the
+                # all-reduce also holds the wait for the peer still computing the last step.
+                dist.barrier()
+                t0 = _time.perf_counter()
+                dist.all_reduce(buf)
+                stopwatch.append(_time.perf_counter() - t0)
+                compute()
+            buf.fill_(1.0)
+            return None
+
+        def finish():
+            times = []
+            for _ in range(15):
+                dist.barrier()
+                t0 = _time.perf_counter()
+                dist.all_reduce(buf)
+                times.append(_time.perf_counter() - t0)
+            out = {"alone_comm_s": statistics.median(times), "comm_bytes": float(buf.numel() * 4)}
+            if stopwatch:  # the last calls are the profiled steps
+                out["stopwatch_comm_s"] = statistics.median(stopwatch[-15:])
+            return out
+
+        return Step(run=run, loss_weight=0.0, finish=finish)
+
+
+class KnownCommOverlap(KnownCommSerial):
+    name = "test-comm-overlap"
+    overlap = True
+    # Compute clearly outlasts the all-reduce, even with 2 ranks' compute and Gloo threads sharing
+    # 2 cores (which stretches a 16 MiB all-reduce past 100 ms here): 256 KiB under 64 matmuls.
+    matmuls = 64
+    numel = 2**16

@@ -1,0 +1,58 @@
+import math
+
+import pytest
+
+from bench.comm import analyze_trace, breakdown, intersect, length, subtract, union
+
+
+def test_interval_algebra():
+    assert union([(3, 4), (0, 1), (0.5, 2)]) == [(0, 2), (3, 4)]
+    assert length([(0, 2), (1, 3), (5, 6)]) == 4
+    assert intersect([(0, 2), (3, 5)], [(1, 4)]) == [(1, 2), (3, 4)]
+    assert subtract([(0, 10)], [(2, 3), (5, 6)]) == [(0, 2), (3, 5), (6, 10)]
+
+
+def test_breakdown_overlapped_and_serialized():
+    # compute 0-10, comm 2-6 inside it: fully hidden
+    hid = breakdown([(0, 10)], [(2, 6)], (0, 10), steps=1)
+    assert hid["comm_time_s"] == 4 and hid["exposed_comm_s"] == 0 and hid["overlap_frac"] == 1
+    assert hid["idle_frac"] == 0
+    # compute 0-6, comm 6-10: fully exposed; two steps halve the per-step times
+    ser = breakdown([(0, 6)], [(6, 10)], (0, 12), steps=2)
+    assert ser["exposed_comm_s"] == 2 and ser["overlap_frac"] == 0 and ser["compute_time_s"] == 3
+    assert ser["idle_frac"] == pytest.approx(2 / 12)
+    assert math.isnan(breakdown([(0, 1)], [], (0, 1), 1)["overlap_frac"])
+
+
+def ev(name, ts, dur, tid=1, cat="cpu_op", **args):
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "tid": tid, "cat": cat, "args": args}
+
+
+def test_gloo_trace():
+    trace = {"traceEvents": [
+        ev("parbench_step", 0, 1000, cat="user_annotation"),
+        ev("aten::mm", 0, 600),
+        ev("c10d::allreduce_", 100, 50),  # launching, not computing
+        ev("gloo:all_reduce", 120, 700, tid=2, cat="user_annotation",
+           **{"Input Dims": [[1024]], "Input type": ["float"]}),
+    ]}
+    bd, rows = analyze_trace(trace, "cpu", steps=1)
+    assert rows == [{"op": "all_reduce", "group_size": None, "bytes": 4096.0, "start_s": pytest.approx(120e-6),
+                     "duration_s": pytest.approx(700e-6)}]
+    assert bd["comm_time_s"] == pytest.approx(700e-6)
+    assert bd["compute_time_s"] == pytest.approx(550e-6)
+    assert bd["exposed_comm_s"] == pytest.approx(250e-6)  # 120..150 (caller in c10d) and 600..820
+
+
+def test_cuda_trace_links_kernels_to_param_comms():
+    trace = {"traceEvents": [
+        ev("record_param_comms", 0, 30, tid=7, **{"Collective name": "allreduce", "In msg nelems": 100,
+                                                   "dtype": "Float", "Group size": 2}),
+        ev("cudaLaunchKernel", 10, 5, tid=7, cat="cuda_runtime", correlation=42),
+        ev("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", 100, 50, tid=0, cat="kernel", correlation=42),
+        ev("gemm_kernel", 60, 80, tid=0, cat="kernel", correlation=41),
+    ]}
+    bd, rows = analyze_trace(trace, "cuda", steps=1)
+    assert rows[0]["op"] == "allreduce" and rows[0]["bytes"] == 400 and rows[0]["group_size"] == 2
+    assert rows[0]["duration_s"] == pytest.approx(50e-6)
+    assert bd["exposed_comm_s"] == pytest.approx(10e-6) and bd["overlap_frac"] == pytest.approx(0.8)
