@@ -30,9 +30,29 @@ def _add_run(sub) -> None:
                    help="steps profiled after the timed ones for the compute/comm breakdown (default 2; 0 = off)")
     p.add_argument("--trace", action="store_true", default=None,
                    help="keep each rank's Chrome trace (opens in Perfetto) under RUN/traces/")
+    p.add_argument("--option", action="append", metavar="KEY=VALUE", default=[],
+                   help="strategy option, repeatable: mesh=2x2, micro_batches=8, bucket_mb=25")
     p.add_argument("--out", help="results folder (default: results)")
     p.add_argument("--report", action="store_true", help="also write the HTML report into the run folder")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def parse_options(items: list[str]) -> dict[str, object]:
+    """['mesh=2x2', 'micro_batches=8'] -> {'mesh': '2x2', 'micro_batches': 8}."""
+    out: dict[str, object] = {}
+    for item in items:
+        key, eq, val = item.partition("=")
+        if not eq or not key.strip():
+            raise UserError(f"option {item!r} must be KEY=VALUE, e.g. --option micro_batches=8")
+        val = val.strip()
+        try:
+            out[key.strip()] = int(val)
+        except ValueError:
+            try:
+                out[key.strip()] = float(val)
+            except ValueError:
+                out[key.strip()] = val
+    return out
 
 
 def cmd_run(args) -> int:
@@ -45,7 +65,10 @@ def cmd_run(args) -> int:
                                            "steps", "warmup", "seed", "precision", "global_batch",
                                            "cell_timeout_s", "out", "sample_hz",
                                            "profile_steps", "trace")}
-    cfg = build_config(toml=load_toml(args.config) if args.config else None, flags=flags, gpus=gpus)
+    toml = load_toml(args.config) if args.config else {}
+    if args.option:
+        flags["options"] = {**toml.get("options", {}), **parse_options(args.option)}
+    cfg = build_config(toml=toml, flags=flags, gpus=gpus)
     try:
         run_dir = launch.run(cfg, gpus, progress=not args.no_progress)
     except KeyboardInterrupt:

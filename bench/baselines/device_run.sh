@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The GPU runs of the issues, for the device tool. Usage: bash bench/baselines/device_run.sh PHASE
+#   smoke  GPU tests + every strategy on gpt-small at world sizes 1,2(,4), NCCL and Gloo, 4 steps
+#   two    on 2 GPUs: plain loops vs harness (gpt-200m), every strategy on NCCL and Gloo, sampler overhead
+#   four   on 4 GPUs: DDP, FSDP, pipelines, TP at 1,2,4 and the 2x2 hybrids on NCCL (gpt-200m)
+# Results go to $OUT (tarred run folders + logs); a short table is printed last.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+OUT=${OUT:-/tmp/parbench-out}; R=/tmp/pb-results; mkdir -p "$OUT" "$R"
+nvidia-smi --query-gpu=index,name,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpus.csv"
+pb() { python3 -m bench.cli run --no-progress --out "$R/$1" "${@:2}"; }
+show() {  # short table of the latest run under $R/$1
+  python3 - "$(ls -d "$R/$1"/*/ | tail -n 1)" <<'PY'
+import sys, pandas as pd
+c = pd.read_parquet(sys.argv[1] + "cells.parquet")
+cols = [x for x in ["strategy", "backend", "world_size", "mesh", "status", "step_time_median_s", "throughput_samples_s",
+        "scaling_efficiency", "mfu", "peak_mem_bytes", "parity_rel_err", "comm_time_s", "exposed_comm_s",
+        "overlap_frac", "idle_frac", "energy_per_sample_j", "gpu_util_mean", "overhead_s"] if x in c]
+c = c[c.status != "skipped"].copy()
+for k in ("step_time_median_s", "comm_time_s", "exposed_comm_s"):
+    if k in c: c[k] = (c[k] * 1e3).round(2)
+if "peak_mem_bytes" in c: c["peak_mem_bytes"] = (c["peak_mem_bytes"] / 2**30).round(2)
+pd.set_option("display.width", 250); pd.set_option("display.max_columns", 30); pd.set_option("display.max_colwidth", 70)
+print(c[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+bad = c[c.status != "ok"]
+if len(bad): print(bad[["strategy", "backend", "world_size", "status", "reason"]].to_string(index=False))
+PY
+}
+case "$1" in
+smoke)
+  CUDA_VISIBLE_DEVICES=0,1 timeout 240 python3 -m pytest -q -x tests/gpu 2>&1 | tail -5
+  pb smoke --workloads gpt-small --strategies all --backends nccl,gloo --world-sizes 1,2,4 --steps 4 --warmup 2 \
+     --cell-timeout 60 > "$OUT/smoke.log" 2>&1
+  show smoke ;;
+two)
+  export CUDA_VISIBLE_DEVICES=0,1
+  : > "$OUT/plain.jsonl"
+  python3 -m bench.baselines.plain_ddp --workload gpt-200m --steps 30 --no-ddp >> "$OUT/plain.jsonl"
+  for be in nccl gloo; do
+    python3 -m torch.distributed.run --nproc-per-node 2 -m bench.baselines.plain_ddp --workload gpt-200m \
+      --steps 30 --backend $be 2>/dev/null >> "$OUT/plain.jsonl"
+  done
+  pb two --workloads gpt-200m --strategies all --backends nccl,gloo --world-sizes 1,2 --steps 30 --warmup 5 \
+     --cell-timeout 150 > "$OUT/two.log" 2>&1
+  for hz in 0 20 100 0b; do  # sampler overhead: same cell with the sampler off, at 20 Hz, at 100 Hz, off again
+    pb "hz$hz" --workloads gpt-200m --strategies ddp --backends nccl --world-sizes 2 --steps 60 --warmup 5 \
+       --profile-steps 0 --sample-hz "${hz%b}" > /dev/null 2>&1
+  done
+  python3 - "$OUT/plain.jsonl" "$R" <<'PY'
+import json, sys, glob, pandas as pd
+plain = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+cells = pd.read_parquet(glob.glob(sys.argv[2] + "/two/*/cells.parquet")[0])
+print("harness vs plain loop (same model, batches, optimizer; mean step time over 30 steps):")
+for p in plain:
+    strat, be = ("single", "none") if p["world_size"] == 1 else ("ddp", p["backend"])
+    h = cells[(cells.strategy == strat) & (cells.backend == be) & (cells.world_size == p["world_size"]) & (cells.status == "ok")]
+    if len(h):
+        r = h.iloc[0]
+        print(f"  {strat:6s} {be:5s} x{p['world_size']}  plain {p['step_time_mean_s']*1e3:8.2f} ms  harness mean "
+              f"{r.step_time_mean_s*1e3:8.2f} ms (median {r.step_time_median_s*1e3:8.2f})  "
+              f"diff {r.step_time_mean_s/p['step_time_mean_s']-1:+.2%}  [{p['gpu']}]")
+print("sampler overhead (ddp nccl x2, 60 steps):")
+for hz in ("0", "20", "100", "0b"):
+    c = pd.read_parquet(glob.glob(f"{sys.argv[2]}/hz{hz}/*/cells.parquet")[0])
+    r = c[c.strategy == "ddp"].iloc[0]
+    print(f"  {hz:>4s} Hz: median {r.step_time_median_s*1e3:.3f} ms  CI [{r.step_time_ci_low_s*1e3:.3f}, {r.step_time_ci_high_s*1e3:.3f}]")
+PY
+  show two ;;
+four)
+  pb four --workloads gpt-200m --strategies ddp,fsdp,pipeline-gpipe,pipeline-1f1b,tensor,dp-pp,fsdp-tp \
+     --backends nccl --world-sizes 1,2,4 --steps 30 --warmup 5 --cell-timeout 150 > "$OUT/four.log" 2>&1
+  show four ;;
+esac
+tar czf "$OUT/runs-$1.tgz" -C "$R" . 2>/dev/null
+ls -la "$OUT"
