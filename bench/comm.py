@@ -8,6 +8,7 @@ touches the timed numbers). From the Chrome trace of each rank:
   NCCL kernel's duration: it includes the time the kernel waits on the GPU for the slowest peer,
   and excludes host-side queueing before the kernel starts. Op, bytes and group size come from the
   ``record_param_comms`` event around the kernel's launch where the trace has one.
+* **Gloo with CUDA tensors**: compute is the GPU kernels, communication Gloo's annotations.
 * **On CPU with Gloo** communication is Gloo's own ``gloo:<op>`` annotation (on Gloo's worker
   thread for async ops, on the caller's for blocking ones): it starts when Gloo picks the work up,
   so it includes waiting for peers but not time spent queued behind earlier work. Compute is every
@@ -117,10 +118,23 @@ def _param_comms(e: dict[str, Any]) -> dict[str, Any]:
             "bytes": float(nelems) * size if (nelems is not None and size) else None}
 
 
-def analyze_trace(trace: dict[str, Any], device_type: str, steps: int) -> tuple[dict[str, float], list[dict]]:
+def analyze_trace(trace: dict[str, Any], device_type: str, steps: int,
+                  backend: str = "nccl") -> tuple[dict[str, float], list[dict]]:
     """(breakdown, collective rows) of one rank's Chrome trace. Timestamps are microseconds."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     us = 1e-6
+    if device_type == "cuda" and backend == "gloo":
+        # Gloo on CUDA tensors: compute is on the GPU, communication on Gloo's host threads
+        # (the same clock in the trace).
+        gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+        gloo = [e for e in events if e["name"].startswith("gloo:")]
+        marks = [e for e in events if e["name"] == "parbench_step"]
+        if not marks:
+            return {}, []
+        spans = gpu + gloo + marks
+        window = (min(e["ts"] for e in spans) * us, max(e["ts"] + e["dur"] for e in spans) * us)
+        iv = lambda es: [(e["ts"] * us, (e["ts"] + e["dur"]) * us) for e in es]
+        return breakdown(iv(gpu), iv(gloo), window, steps), _gloo_rows(gloo)
     if device_type == "cuda":
         gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
         if not gpu:
@@ -162,7 +176,9 @@ def analyze_trace(trace: dict[str, Any], device_type: str, steps: int) -> tuple[
         (waits if e["name"].startswith(COMM_CPU_PREFIXES) else compute).append(span)
     compute = subtract(compute, waits)
     comm = [(e["ts"] * us, (e["ts"] + e["dur"]) * us) for e in gloo]
-    bd = breakdown(compute, comm, window, steps)
-    rows = [{"op": e["name"][5:], "group_size": None, "bytes": _dims_bytes(e.get("args", {})),
-             "start_s": e["ts"] * us, "duration_s": e["dur"] * us} for e in gloo]
-    return bd, rows
+    return breakdown(compute, comm, window, steps), _gloo_rows(gloo)
+
+
+def _gloo_rows(gloo: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"op": e["name"][5:], "group_size": None, "bytes": _dims_bytes(e.get("args", {})),
+             "start_s": e["ts"] * 1e-6, "duration_s": e["dur"] * 1e-6} for e in gloo]

@@ -28,6 +28,8 @@ from bench.timing import StepTimer, summarize
 from bench.workloads import resolve
 from strategies.base import Context
 
+ENERGY_MIN_WINDOW_S = 1.0
+
 
 class Events:
     """Append-only JSON lines, flushed per line so the launcher sees progress as it happens."""
@@ -77,7 +79,7 @@ def profile_steps(step, batches, plan: dict[str, Any], device: torch.device, tra
     finally:
         if not keep:
             path.unlink(missing_ok=True)
-    return analyze_trace(trace, device.type, n)
+    return analyze_trace(trace, device.type, n, plan["backend"])
 
 
 def run_cell(cell: dict[str, Any], plan: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -166,7 +168,10 @@ def row_from(cell: dict[str, Any], plan: dict[str, Any], per_rank: list[dict[str
         for k, v in r["extra"].items():
             extra[k] = max(extra[k], v) if isinstance(v, (int, float)) and k in extra else extra.get(k, v)
     energies = [r["energy_j"] for r in per_rank]
-    if device.type == "cuda" and all(e is not None for e in energies):
+    t_start, t_end = per_rank[0]["window"]
+    # NVML's energy counter advances in steps (about 12.6 J at a time was seen on H200s), so a
+    # short window reads 0 or one step: no energy figure below ENERGY_MIN_WINDOW_S.
+    if device.type == "cuda" and all(e is not None for e in energies) and t_end - t_start >= ENERGY_MIN_WINDOW_S:
         energy = float(sum(energies))
         extra.update(energy_j=energy, energy_per_sample_j=energy / (plan["steps"] * wl.global_batch),
                      samples_per_j=plan["steps"] * wl.global_batch / energy if energy > 0 else None)
@@ -196,7 +201,7 @@ def row_from(cell: dict[str, Any], plan: dict[str, Any], per_rank: list[dict[str
     return row, steps, {"comm": comm} if comm else {}
 
 
-def warm_group(device: torch.device, precision: str) -> None:
+def warm_group(device: torch.device, precision: str, n_gpus: int = 1) -> None:
     """Pay the once-per-process costs before the first cell, so no cell carries them: the
     communicator (NCCL creates it at the first collective), the CUDA context and the cuBLAS
     handles, in fp32 and in the precision the cells use."""
@@ -207,6 +212,10 @@ def warm_group(device: torch.device, precision: str) -> None:
     if precision == "bf16" and device.type == "cuda":
         with torch.autocast("cuda", dtype=torch.bfloat16):
             y = (y @ y).float()
+    for i in range(1, n_gpus):  # one-process strategies (DataParallel, layer split) drive more GPUs
+        z = torch.ones(64, 64, device=f"cuda:{i}")
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            (z @ z).float().sum().item()
     dist.all_gather_object([None] * dist.get_world_size(), float(y.sum()))
     dist.barrier()
 
@@ -228,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group(plan["backend"], **kw)
     events = Events(Path(plan["events_prefix"] + f"-r{rank}.jsonl"))
     t0 = time.perf_counter()
-    warm_group(device, plan["precision"])
+    one_proc = dist.get_world_size() == 1 and device.type == "cuda"
+    warm_group(device, plan["precision"], max(c["world_size"] for c in plan["cells"]) if one_proc else 1)
     if rank == 0:
         events.emit("group_ready", startup_s=time.perf_counter() - t0)
     try:

@@ -97,8 +97,17 @@ def common_check(cell: Cell, *, min_world: int = 1) -> str | None:
 
 
 def make_optimizer(params, ctx: Context) -> torch.optim.Optimizer:
-    """The optimizer every strategy uses: plain SGD, so that parity compares like with like."""
-    return torch.optim.SGD(params, lr=ctx.lr)
+    """The optimizer every strategy uses: plain SGD, so that parity compares like with like.
+
+    DTensor and plain parameters go in separate groups: the multi-tensor (foreach) update, the
+    default on CUDA, refuses a list that mixes them (tensor parallel leaves norms and embeddings
+    as plain tensors)."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(params)
+    groups = [g for g in ([p for p in params if isinstance(p, DTensor)],
+                          [p for p in params if not isinstance(p, DTensor)]) if g]
+    return torch.optim.SGD([{"params": g} for g in groups], lr=ctx.lr)
 
 
 def local_share(batch: Batch, ctx: Context, *, rank: int | None = None, world: int | None = None) -> Batch:

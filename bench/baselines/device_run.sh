@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU runs of the issues, for the device tool. Usage: bash bench/baselines/device_run.sh PHASE
 #   smoke  GPU tests + every strategy on gpt-small at world sizes 1,2(,4), NCCL and Gloo, 4 steps
-#   two    on 2 GPUs: plain loops vs harness (gpt-200m), every strategy on NCCL and Gloo, sampler overhead
+#   two    on 2 GPUs: plain loops vs harness (gpt-200m), every strategy on NCCL and Gloo
+#   overhead  on 2 GPUs: the same DDP cell with the sampler off / 20 Hz / 100 Hz / off again
 #   four   on 4 GPUs: DDP, FSDP, pipelines, TP at 1,2,4 and the 2x2 hybrids on NCCL (gpt-200m)
 # Results go to $OUT (tarred run folders + logs); a short table is printed last.
 set -uo pipefail
@@ -27,7 +28,8 @@ bad = c[c.status != "ok"]
 if len(bad): print(bad[["strategy", "backend", "world_size", "status", "reason"]].to_string(index=False))
 PY
 }
-case "$1" in
+for phase in "$@"; do
+case "$phase" in
 smoke)
   CUDA_VISIBLE_DEVICES=0,1 timeout 240 python3 -m pytest -q -x tests/gpu 2>&1 | tail -5
   pb smoke --workloads gpt-small --strategies all --backends nccl,gloo --world-sizes 1,2,4 --steps 4 --warmup 2 \
@@ -36,22 +38,18 @@ smoke)
 two)
   export CUDA_VISIBLE_DEVICES=0,1
   : > "$OUT/plain.jsonl"
-  python3 -m bench.baselines.plain_ddp --workload gpt-200m --steps 30 --no-ddp >> "$OUT/plain.jsonl"
+  python3 -m bench.baselines.plain_ddp --workload gpt-200m --steps 20 --no-ddp >> "$OUT/plain.jsonl"
   for be in nccl gloo; do
     python3 -m torch.distributed.run --nproc-per-node 2 -m bench.baselines.plain_ddp --workload gpt-200m \
-      --steps 30 --backend $be 2>/dev/null >> "$OUT/plain.jsonl"
+      --steps 20 --backend $be 2>/dev/null >> "$OUT/plain.jsonl"
   done
-  pb two --workloads gpt-200m --strategies all --backends nccl,gloo --world-sizes 1,2 --steps 30 --warmup 5 \
+  pb two --workloads gpt-200m --strategies all --backends nccl,gloo --world-sizes 1,2 --steps 20 --warmup 5 \
      --cell-timeout 150 > "$OUT/two.log" 2>&1
-  for hz in 0 20 100 0b; do  # sampler overhead: same cell with the sampler off, at 20 Hz, at 100 Hz, off again
-    pb "hz$hz" --workloads gpt-200m --strategies ddp --backends nccl --world-sizes 2 --steps 60 --warmup 5 \
-       --profile-steps 0 --sample-hz "${hz%b}" > /dev/null 2>&1
-  done
   python3 - "$OUT/plain.jsonl" "$R" <<'PY'
 import json, sys, glob, pandas as pd
 plain = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 cells = pd.read_parquet(glob.glob(sys.argv[2] + "/two/*/cells.parquet")[0])
-print("harness vs plain loop (same model, batches, optimizer; mean step time over 30 steps):")
+print("harness vs plain loop (same model, batches, optimizer; mean step time over 20 steps):")
 for p in plain:
     strat, be = ("single", "none") if p["world_size"] == 1 else ("ddp", p["backend"])
     h = cells[(cells.strategy == strat) & (cells.backend == be) & (cells.world_size == p["world_size"]) & (cells.status == "ok")]
@@ -60,17 +58,29 @@ for p in plain:
         print(f"  {strat:6s} {be:5s} x{p['world_size']}  plain {p['step_time_mean_s']*1e3:8.2f} ms  harness mean "
               f"{r.step_time_mean_s*1e3:8.2f} ms (median {r.step_time_median_s*1e3:8.2f})  "
               f"diff {r.step_time_mean_s/p['step_time_mean_s']-1:+.2%}  [{p['gpu']}]")
-print("sampler overhead (ddp nccl x2, 60 steps):")
-for hz in ("0", "20", "100", "0b"):
-    c = pd.read_parquet(glob.glob(f"{sys.argv[2]}/hz{hz}/*/cells.parquet")[0])
-    r = c[c.strategy == "ddp"].iloc[0]
-    print(f"  {hz:>4s} Hz: median {r.step_time_median_s*1e3:.3f} ms  CI [{r.step_time_ci_low_s*1e3:.3f}, {r.step_time_ci_high_s*1e3:.3f}]")
 PY
   show two ;;
+overhead)
+  export CUDA_VISIBLE_DEVICES=0,1
+  for hz in 0 20 100 0b; do  # sampler overhead: same cell with the sampler off, at 20 Hz, at 100 Hz, off again
+    pb "hz$hz" --workloads gpt-200m --strategies ddp --backends nccl --world-sizes 2 --steps 60 --warmup 5 \
+       --profile-steps 0 --sample-hz "${hz%b}" > /dev/null 2>&1
+  done
+  python3 - "$R" <<'PY'
+import sys, glob, pandas as pd
+print("sampler overhead (ddp nccl x2, gpt-200m, 60 steps):")
+for hz in ("0", "20", "100", "0b"):
+    c = pd.read_parquet(glob.glob(f"{sys.argv[1]}/hz{hz}/*/cells.parquet")[0])
+    r = c[c.strategy == "ddp"].iloc[0]
+    print(f"  {hz:>4s} Hz: median {r.step_time_median_s*1e3:.3f} ms  CI [{r.step_time_ci_low_s*1e3:.3f}, "
+          f"{r.step_time_ci_high_s*1e3:.3f}]  mean {r.step_time_mean_s*1e3:.3f} ms")
+PY
+  ;;
 four)
   pb four --workloads gpt-200m --strategies ddp,fsdp,pipeline-gpipe,pipeline-1f1b,tensor,dp-pp,fsdp-tp \
      --backends nccl --world-sizes 1,2,4 --steps 30 --warmup 5 --cell-timeout 150 > "$OUT/four.log" 2>&1
   show four ;;
 esac
+done
 tar czf "$OUT/runs-$1.tgz" -C "$R" . 2>/dev/null
 ls -la "$OUT"
