@@ -89,3 +89,64 @@ def save(ax, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _ok_sorted(cells: pd.DataFrame, workload: str) -> pd.DataFrame:
+    d = cells[(cells["workload"] == workload) & (cells["status"] == "ok")]
+    return d.sort_values(["strategy", "backend", "world_size"])
+
+
+def breakdown_bars(cells: pd.DataFrame, workload: str, ax=None):
+    """Per step (profiled steps, mean over ranks): compute, then communication split into the part
+    hidden under compute and the exposed part. Cells without a breakdown are left out."""
+    d = _ok_sorted(cells, workload)
+    if "comm_time_s" not in d:
+        d = d.iloc[0:0]
+    d = d[d["comm_time_s"].notna()] if len(d) else d
+    ax = _ax(ax, (8, max(2.5, 0.35 * len(d) + 1)))
+    y = np.arange(len(d))
+    comp = d["compute_time_s"].to_numpy(float) * 1e3 if len(d) else np.array([])
+    exposed = d["exposed_comm_s"].to_numpy(float) * 1e3 if len(d) else np.array([])
+    hidden = (d["comm_time_s"].to_numpy(float) * 1e3 - exposed) if len(d) else np.array([])
+    ax.barh(y, comp, color="tab:blue", label="compute")
+    ax.barh(y, hidden, color="none", edgecolor="tab:orange", hatch="//", label="comm hidden under compute")
+    ax.barh(y, exposed, left=comp, color="tab:red", label="exposed comm")
+    ax.set_yticks(y, [cell_label(r) for _, r in d.iterrows()])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per step (profiled steps, mean over ranks)")
+    ax.set_title(f"{workload}: compute / communication breakdown")
+    if len(d):
+        ax.legend(fontsize=7, loc="lower right")
+    return ax
+
+
+def memory_bars(cells: pd.DataFrame, workload: str, ax=None):
+    """Peak allocated memory per GPU (max over ranks), GiB."""
+    d = _ok_sorted(cells, workload)
+    d = d[d["peak_mem_bytes"].notna()]
+    ax = _ax(ax, (8, max(2.5, 0.35 * len(d) + 1)))
+    y = np.arange(len(d))
+    ax.barh(y, d["peak_mem_bytes"].to_numpy(float) / 2**30, color="tab:purple")
+    ax.set_yticks(y, [cell_label(r) for _, r in d.iterrows()])
+    ax.invert_yaxis()
+    ax.set_xlabel("peak memory per GPU (GiB, max over ranks)")
+    ax.set_title(f"{workload}: memory")
+    return ax
+
+
+def telemetry_lines(samples: pd.DataFrame, cells: pd.DataFrame, metric: str = "gpu_util_pct", ax=None):
+    """One line per device of a sampled metric over the run, timed windows of the cells shaded."""
+    ax = _ax(ax, (10, 3.2))
+    s = samples[samples["metric"] == metric]
+    if s.empty:
+        return ax
+    t0 = s["t"].min()
+    for dev, g in s.groupby("device"):
+        ax.plot(g["t"] - t0, g["value"], lw=0.7, label=str(dev))
+    if "timed_start_unix" in cells:
+        for _, r in cells[cells["timed_start_unix"].notna()].iterrows():
+            ax.axvspan(r["timed_start_unix"] - t0, r["timed_end_unix"] - t0, color="gray", alpha=0.12, lw=0)
+    ax.set_xlabel("seconds since the first sample (shaded: timed steps of a cell)")
+    ax.set_ylabel(metric)
+    ax.legend(fontsize=7, ncol=4)
+    return ax

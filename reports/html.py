@@ -32,6 +32,8 @@ loss at every step with the single-device run on the same batches.</p>
 <h2>{{ wl.name }}</h2><p>{{ wl.description }}</p>
 {% for img in wl.images %}<img src="{{ img }}" alt="{{ img }}">{% endfor %}
 {% endfor %}
+{% if telemetry %}<h2>Telemetry</h2>{% for img in telemetry %}<img src="{{ img }}" alt="{{ img }}">{% endfor %}
+{% endif %}{% if meta.telemetry %}<p>Telemetry notes: {% for k, v in meta.telemetry.items() %}<code>{{ k }}</code>: {{ v }}; {% endfor %}</p>{% endif %}
 <h2>All cells</h2>
 <table><tr>{% for c in columns %}<th>{{ c }}</th>{% endfor %}</tr>
 {% for r in rows %}<tr class="{{ r.cls }}">{% for v in r.vals %}
@@ -41,17 +43,21 @@ loss at every step with the single-device run on the same batches.</p>
 """
 
 COLUMNS = [("workload", "workload"), ("strategy", "strategy"), ("backend", "backend"), ("world_size", "ws"),
-           ("status", "status"), ("step_time_median_s", "step ms"), ("step_time_p95_s", "p95 ms"),
+           ("status", "status"), ("mesh", "mesh"), ("step_time_median_s", "step ms"), ("step_time_p95_s", "p95 ms"),
            ("throughput_samples_s", "samples/s"), ("scaling_efficiency", "scaling eff"), ("mfu", "MFU"),
-           ("peak_mem_bytes", "peak GiB"), ("parity_rel_err", "parity err"), ("parity_ok", "parity ok"),
-           ("reason", "reason")]
+           ("peak_mem_bytes", "peak GiB"), ("comm_time_s", "comm ms"), ("exposed_comm_s", "exposed ms"),
+           ("overlap_frac", "overlap"), ("idle_frac", "idle"), ("bubble_measured", "bubble"),
+           ("bubble_theory", "bubble theory"), ("gpu_util_mean", "GPU util %"), ("energy_per_sample_j", "J/sample"),
+           ("parity_rel_err", "parity err"), ("parity_ok", "parity ok"), ("reason", "reason")]
 
 
 def _fmt(col: str, v) -> str:
     if v is None or (not isinstance(v, str) and pd.isna(v)):
         return ""
-    if col.endswith("_s") and "step_time" in col:
+    if col.endswith("_s") and ("step_time" in col or "comm" in col):
         return f"{v * 1e3:.2f}"
+    if col in ("overlap_frac", "idle_frac", "bubble_measured", "bubble_theory"):
+        return f"{v:.0%}"
     if col == "peak_mem_bytes":
         return f"{v / 2**30:.2f}"
     if col == "mfu":
@@ -80,20 +86,34 @@ def build_report(run_dir: Path, out: Path | None = None) -> Path:
         images = []
         ok = cells[(cells["workload"] == wl) & (cells["status"] == "ok")]
         if not ok.empty:
-            for kind, fn in (("throughput", lambda: figures.throughput_bars(cells, wl)),
-                             ("steptime", lambda: figures.step_time_boxes(cells, steps, wl)),
-                             ("scaling", lambda: figures.scaling_lines(cells, wl))):
+            kinds = [("throughput", lambda: figures.throughput_bars(cells, wl)),
+                     ("steptime", lambda: figures.step_time_boxes(cells, steps, wl)),
+                     ("scaling", lambda: figures.scaling_lines(cells, wl))]
+            if "comm_time_s" in ok and ok["comm_time_s"].notna().any():
+                kinds.append(("breakdown", lambda: figures.breakdown_bars(cells, wl)))
+            if ok["peak_mem_bytes"].notna().any():
+                kinds.append(("memory", lambda: figures.memory_bars(cells, wl)))
+            for kind, fn in kinds:
                 name = f"{_slug(wl)}-{kind}.png"
                 figures.save(fn(), out / name)  # noqa: B023 - called at once
                 images.append(name)
         wls.append({"name": wl, "description": described.get(wl, ""), "images": images})
+    telemetry = []
+    samples_path = run_dir / "samples.parquet"
+    if samples_path.is_file():
+        samples = pd.read_parquet(samples_path)
+        for metric in ("gpu_util_pct", "power_w", "sm_active_pct", "cpu_util_pct"):
+            if (samples["metric"] == metric).any():
+                name = f"telemetry-{metric}.png"
+                figures.save(figures.telemetry_lines(samples, cells, metric), out / name)
+                telemetry.append(name)
     rows = []
     for _, r in cells.iterrows():
         bad = r["status"] in ("failed", "timeout") or r.get("parity_ok") is False
         cls = "bad" if bad else ("skip" if r["status"] == "skipped" else "")
         rows.append({"cls": cls, "vals": [_fmt(c, r.get(c)) for c, _ in COLUMNS]})
     html = jinja2.Environment(autoescape=True).from_string(TEMPLATE).render(
-        meta={"run_id": run_dir.name, **meta}, workloads=wls, columns=[h for _, h in COLUMNS], rows=rows,
+        meta={"run_id": run_dir.name, **meta}, workloads=wls, telemetry=telemetry, columns=[h for _, h in COLUMNS], rows=rows,
         n_ok=int((cells["status"] == "ok").sum()), n_skipped=int((cells["status"] == "skipped").sum()),
         n_bad=int(cells["status"].isin(["failed", "timeout"]).sum()))
     path = out / "index.html"

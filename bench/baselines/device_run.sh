@@ -36,6 +36,7 @@ smoke)
      --cell-timeout 60 > "$OUT/smoke.log" 2>&1
   show smoke ;;
 two)
+  (  # a subshell: the GPU mask must not leak into the phases after this one
   export CUDA_VISIBLE_DEVICES=0,1
   : > "$OUT/plain.jsonl"
   python3 -m bench.baselines.plain_ddp --workload gpt-200m --steps 20 --no-ddp >> "$OUT/plain.jsonl"
@@ -59,8 +60,10 @@ for p in plain:
               f"{r.step_time_mean_s*1e3:8.2f} ms (median {r.step_time_median_s*1e3:8.2f})  "
               f"diff {r.step_time_mean_s/p['step_time_mean_s']-1:+.2%}  [{p['gpu']}]")
 PY
-  show two ;;
+  show two
+  ) ;;
 overhead)
+  (  # a subshell: the GPU mask must not leak into the phases after this one
   export CUDA_VISIBLE_DEVICES=0,1
   for hz in 0 20 100 0b; do  # sampler overhead: same cell with the sampler off, at 20 Hz, at 100 Hz, off again
     pb "hz$hz" --workloads gpt-200m --strategies ddp --backends nccl --world-sizes 2 --steps 60 --warmup 5 \
@@ -75,7 +78,7 @@ for hz in ("0", "20", "100", "0b"):
     print(f"  {hz:>4s} Hz: median {r.step_time_median_s*1e3:.3f} ms  CI [{r.step_time_ci_low_s*1e3:.3f}, "
           f"{r.step_time_ci_high_s*1e3:.3f}]  mean {r.step_time_mean_s*1e3:.3f} ms")
 PY
-  ;;
+  ) ;;
 four)
   pb four --workloads gpt-200m --strategies ddp,fsdp,pipeline-gpipe,pipeline-1f1b,tensor,dp-pp,fsdp-tp \
      --backends nccl --world-sizes 1,2,4 --steps 30 --warmup 5 --cell-timeout 150 > "$OUT/four.log" 2>&1
