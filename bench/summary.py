@@ -17,12 +17,13 @@ def print_summary(run_dir: Path, console: Console | None = None) -> None:
     from bench.results import load_run
 
     cells, _, _ = load_run(run_dir)
-    console = console or Console()
+    console = console or Console(width=None if Console().is_terminal else 150)
     t = Table(title=f"parbench run {run_dir}")
     for col in ("workload", "strategy", "backend", "ws", "status", "step ms (median)", "samples/s",
                 "scaling eff", "MFU", "parity"):
         t.add_column(col)
-    for _, r in cells.iterrows():
+    shown = cells[cells["status"] != "skipped"]
+    for _, r in shown.iterrows():
         parity = "" if pd.isna(r.get("parity_ok")) else ("ok" if r["parity_ok"] else f"FAIL {r['parity_rel_err']:.1e}")
         status = r["status"] if r["status"] == "ok" else f"{r['status']}: {str(r['reason'])[:60]}"
         t.add_row(str(r["workload"]), str(r["strategy"]), str(r["backend"]), str(r["world_size"]), status,
@@ -30,10 +31,16 @@ def print_summary(run_dir: Path, console: Console | None = None) -> None:
                   _fmt(r["throughput_samples_s"], ".1f"), _fmt(r["scaling_efficiency"], ".2f"),
                   _fmt(r["mfu"], ".1%"), parity)
     console.print(t)
+    skipped = cells[cells["status"] == "skipped"]
+    if len(skipped):
+        console.print(f"{len(skipped)} cells skipped:")
+        for reason, g in skipped.groupby("reason"):
+            which = ", ".join(f"{r.strategy} {r.backend} x{r.world_size}" for r in g.itertuples())
+            console.print(f"  {reason}: {which}", soft_wrap=True)
 
 
 def print_compare(table: pd.DataFrame, threshold: float, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or Console(width=None if Console().is_terminal else 150)
     t = Table(title=f"parbench compare (threshold {threshold:.1%})")
     for col in ("workload", "strategy", "backend", "ws", "base samples/s", "current samples/s", "change",
                 "CIs overlap", "verdict"):

@@ -33,7 +33,8 @@ loss at every step with the single-device run on the same batches.</p>
 {% for img in wl.images %}<img src="{{ img }}" alt="{{ img }}">{% endfor %}
 {% endfor %}
 {% if telemetry %}<h2>Telemetry</h2>{% for img in telemetry %}<img src="{{ img }}" alt="{{ img }}">{% endfor %}
-{% endif %}{% if meta.telemetry %}<p>Telemetry notes: {% for k, v in meta.telemetry.items() %}<code>{{ k }}</code>: {{ v }}; {% endfor %}</p>{% endif %}
+{% endif %}{% if meta.telemetry %}<p>Telemetry notes: {% for k, v in meta.telemetry.items() %}
+<code>{{ k }}</code>: {{ v }}; {% endfor %}</p>{% endif %}
 <h2>All cells</h2>
 <table><tr>{% for c in columns %}<th>{{ c }}</th>{% endfor %}</tr>
 {% for r in rows %}<tr class="{{ r.cls }}">{% for v in r.vals %}
@@ -113,7 +114,8 @@ def build_report(run_dir: Path, out: Path | None = None) -> Path:
         cls = "bad" if bad else ("skip" if r["status"] == "skipped" else "")
         rows.append({"cls": cls, "vals": [_fmt(c, r.get(c)) for c, _ in COLUMNS]})
     html = jinja2.Environment(autoescape=True).from_string(TEMPLATE).render(
-        meta={"run_id": run_dir.name, **meta}, workloads=wls, telemetry=telemetry, columns=[h for _, h in COLUMNS], rows=rows,
+        meta={"run_id": run_dir.name, **meta}, workloads=wls, telemetry=telemetry,
+        columns=[h for _, h in COLUMNS], rows=rows,
         n_ok=int((cells["status"] == "ok").sum()), n_skipped=int((cells["status"] == "skipped").sum()),
         n_bad=int(cells["status"].isin(["failed", "timeout"]).sum()))
     path = out / "index.html"

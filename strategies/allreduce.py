@@ -31,6 +31,18 @@ def buckets(tensors: list[torch.Tensor], cap_bytes: int) -> list[list[torch.Tens
     return out
 
 
+def allreduce_mean_bucketed(grads: list[torch.Tensor], cap_bytes: int, *, world: int,
+                            group: dist.ProcessGroup | None = None) -> None:
+    """Average ``grads`` over ``group`` in place: flattened into buffers of at most ``cap_bytes``,
+    one all-reduce per buffer."""
+    for bucket in buckets(grads, cap_bytes):
+        flat = _flatten_dense_tensors(bucket)
+        dist.all_reduce(flat, group=group)
+        flat.div_(world)
+        for g, new in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+            g.copy_(new)
+
+
 class AllReduce(Strategy):
     name = "allreduce"
     summary = "hand-written data parallel: one all-reduce per gradient after backward"
@@ -53,13 +65,7 @@ class AllReduce(Strategy):
                 p.grad.div_(w)
 
         def bucketed():
-            grads = [p.grad for p in params]
-            for group in buckets(grads, cap):
-                flat = _flatten_dense_tensors(group)
-                dist.all_reduce(flat)
-                flat.div_(w)
-                for g, new in zip(group, _unflatten_dense_tensors(flat, group)):
-                    g.copy_(new)
+            allreduce_mean_bucketed([p.grad for p in params], cap, world=w)
 
         hook = bucketed if self.bucketed else per_param
         return Step(run=lambda b: train_step(model, wl, ctx, opt, local_share(b, ctx), after_backward=hook),

@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from bench.workloads import Workload
-from strategies.allreduce import buckets
+from strategies.allreduce import allreduce_mean_bucketed
 from strategies.base import (
     Cell,
     Context,
@@ -186,15 +186,10 @@ class DPxPipeline(Strategy):
         dp_group, dp_rank = mesh.get_group("dp"), mesh.get_local_rank("dp")
         params = [p for mod in runner.mods for p in mod.parameters()]
 
-        def reduce_dp():
-            from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+        cap = int(ctx.options.get("bucket_mb", 25) * 2**20)
 
-            for group in buckets([p.grad for p in params], 25 * 2**20):
-                flat = _flatten_dense_tensors(group)
-                dist.all_reduce(flat, group=dp_group)
-                flat.div_(dp)
-                for g, new in zip(group, _unflatten_dense_tensors(flat, group)):
-                    g.copy_(new)
+        def reduce_dp():
+            allreduce_mean_bucketed([p.grad for p in params], cap, world=dp, group=dp_group)
 
         return pipeline_step(runner, wl, ctx, lambda b: local_share(b, ctx, rank=dp_rank, world=dp), dp=dp,
                              extra={"schedule": self.schedule, "micro_batches": m, "mesh": f"dp{dp}xpp{pp}"},
