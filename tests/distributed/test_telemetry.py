@@ -10,6 +10,7 @@ import pytest
 
 from bench import launch
 from bench.config import build_config
+from bench.hardware import cpu_threads
 from bench.results import load_run
 from bench.samplers import Sampler
 from bench.samplers.host import HostSource
@@ -55,7 +56,13 @@ def test_exposed_comm_serialized_vs_overlapped(known):
     ser, ovl = cells.loc["test-comm-serial"], cells.loc["test-comm-overlap"]
     assert ser["exposed_comm_s"] > 0.9 * ser["comm_time_s"] and ser["overlap_frac"] < 0.1
     # (overlap_frac is a mean over ranks of each rank's ratio, so it need not equal 1 - exposed/comm)
-    assert ovl["exposed_comm_s"] < 0.1 * ovl["comm_time_s"] and ovl["overlap_frac"] > 0.75
+    # With a spare core per rank the overlapped all-reduce is hidden: under 10% exposed. On a 2-core
+    # box the two ranks' compute and Gloo threads share 2 cores, the slower rank makes the other wait
+    # in work.wait(), and that wait is (correctly) exposed communication: there the check is that
+    # the two regimes separate clearly.
+    strict = cpu_threads() >= 4
+    assert ovl["exposed_comm_s"] < (0.1 if strict else 0.4) * ovl["comm_time_s"]
+    assert ovl["overlap_frac"] > (0.75 if strict else 0.5)
 
 
 @pytest.mark.distributed
