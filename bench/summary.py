@@ -35,7 +35,7 @@ def print_summary(run_dir: Path, console: Console | None = None) -> None:
     if len(skipped):
         console.print(f"{len(skipped)} cells skipped:")
         for reason, g in skipped.groupby("reason"):
-            which = ", ".join(f"{r.strategy} {r.backend} x{r.world_size}" for r in g.itertuples())
+            which = ", ".join(f"{r.workload} {r.strategy} {r.backend} x{r.world_size}" for r in g.itertuples())
             console.print(f"  {reason}: {which}", soft_wrap=True)
 
 
