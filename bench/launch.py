@@ -188,14 +188,14 @@ def _log_tail(path: Path, n: int = 1) -> str:
     return " ".join((errs or lines)[-n:]).strip()[:300]
 
 
-def telemetry_summary(sampler, row: dict[str, Any]) -> dict[str, float]:
+def telemetry_summary(samples: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, float]:
     """Means of the sampled GPU metrics over a cell's timed window, on the GPUs it used."""
     t0, t1 = row.get("timed_start_unix"), row.get("timed_end_unix")
     if t0 is None or row.get("device") != "cuda":
         return {}
     devices = {f"gpu{i}" for i in range(int(row["world_size"]))}
     sums: dict[str, list[float]] = {}
-    for s in sampler.snapshot():
+    for s in samples:
         if t0 <= s["t"] <= t1 and s["device"] in devices:
             sums.setdefault(s["metric"], []).append(s["value"])
     names = {"gpu_util_pct": "gpu_util_mean", "sm_active_pct": "sm_active_mean",
@@ -247,8 +247,9 @@ def run_group(g: Group, gid: int, cfg: RunConfig, writer: RunWriter, work: Path,
                     elif ev["event"] == "done" and c:
                         row = ev["row"]
                         if sampler is not None:
-                            row.update(telemetry_summary(sampler, row))
-                            writer.set_table("samples", sampler.snapshot())
+                            samples = sampler.snapshot()
+                            row.update(telemetry_summary(samples, row))
+                            writer.set_table("samples", samples)
                         writer.add(row, ev["steps"], ev.get("tables"))
                         remaining.remove(c)
                         current = None

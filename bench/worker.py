@@ -180,7 +180,7 @@ def row_from(cell: dict[str, Any], plan: dict[str, Any], per_rank: list[dict[str
         vals = [b[key] for b in bds if b.get(key) is not None and b[key] == b[key]]
         if vals:  # mean over ranks, per step
             extra[key] = sum(vals) / len(vals)
-    extra["timed_start_unix"], extra["timed_end_unix"] = per_rank[0]["window"]
+    extra["timed_start_unix"], extra["timed_end_unix"] = t_start, t_end
     profile_s = max(r["profile_s"] for r in per_rank)
     if "stage_busy_s" in extra:  # pipelines: idle fraction of the busiest rank
         extra["bubble_measured"] = max(0.0, 1.0 - extra["stage_busy_s"] / stats["step_time_median_s"])
@@ -236,11 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         kw["device_id"] = device
     dist.init_process_group(plan["backend"], **kw)
     events = Events(Path(plan["events_prefix"] + f"-r{rank}.jsonl"))
-    t0 = time.perf_counter()
     one_proc = dist.get_world_size() == 1 and device.type == "cuda"
     warm_group(device, plan["precision"], max(c["world_size"] for c in plan["cells"]) if one_proc else 1)
-    if rank == 0:
-        events.emit("group_ready", startup_s=time.perf_counter() - t0)
     try:
         for cell in plan["cells"]:
             if rank == 0:

@@ -12,8 +12,8 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from bench.workloads import Workload
-from strategies.base import Cell, Context, Step, Strategy, common_check, local_share, make_optimizer, train_step
-from strategies.ddp import divisible
+from strategies.base import Cell, Context, Step, Strategy, local_share, make_optimizer, train_step
+from strategies.ddp import data_parallel_check
 
 
 def buckets(tensors: list[torch.Tensor], cap_bytes: int) -> list[list[torch.Tensor]]:
@@ -50,7 +50,7 @@ class AllReduce(Strategy):
     bucketed = False
 
     def check(self, cell: Cell, wl: Workload) -> str | None:
-        return common_check(cell) or divisible(wl, cell.world_size)
+        return data_parallel_check(cell, wl)
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         model = wl.build(ctx.device)

@@ -14,7 +14,7 @@ class DDPStrategy(Strategy):
     needs = "world size <= devices; global batch divisible by world size"
 
     def check(self, cell: Cell, wl: Workload) -> str | None:
-        return common_check(cell) or divisible(wl, cell.world_size)
+        return data_parallel_check(cell, wl)
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         model = wl.build(ctx.device)
@@ -23,6 +23,11 @@ class DDPStrategy(Strategy):
         opt = make_optimizer(ddp.parameters(), ctx)
         return Step(run=lambda b: train_step(ddp, wl, ctx, opt, local_share(b, ctx)),
                     loss_weight=1.0 / ctx.world_size, model=model)
+
+
+def data_parallel_check(cell: Cell, wl: Workload, *, min_world: int = 1) -> str | None:
+    """The checks of every strategy that splits the global batch over all its ranks."""
+    return common_check(cell, min_world=min_world) or divisible(wl, cell.world_size)
 
 
 def divisible(wl: Workload, world: int) -> str | None:

@@ -20,13 +20,12 @@ from strategies.base import (
     Context,
     Step,
     Strategy,
-    common_check,
     local_share,
     make_optimizer,
     time_region,
     train_step,
 )
-from strategies.ddp import divisible
+from strategies.ddp import data_parallel_check
 
 
 def build_member(wl: Workload, device: torch.device, seed: int) -> torch.nn.Module:
@@ -46,7 +45,7 @@ class Ensemble(Strategy):
     min_world = 2
 
     def check(self, cell: Cell, wl: Workload) -> str | None:
-        return common_check(cell, min_world=self.min_world) or divisible(wl, cell.world_size)
+        return data_parallel_check(cell, wl, min_world=self.min_world)
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         r, w = ctx.rank, ctx.world_size

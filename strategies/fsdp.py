@@ -16,13 +16,12 @@ from strategies.base import (
     Context,
     Step,
     Strategy,
-    common_check,
     local_share,
     make_optimizer,
     param_count,
     train_step,
 )
-from strategies.ddp import divisible
+from strategies.ddp import data_parallel_check
 
 
 def shard_model(wl: Workload, model, mesh, *, reshard: bool) -> None:
@@ -40,7 +39,7 @@ class FSDP(Strategy):
     reshard = True
 
     def check(self, cell: Cell, wl: Workload) -> str | None:
-        return common_check(cell) or divisible(wl, cell.world_size)
+        return data_parallel_check(cell, wl)
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
