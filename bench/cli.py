@@ -69,8 +69,11 @@ def cmd_run(args) -> int:
     if args.option:
         flags["options"] = {**toml.get("options", {}), **parse_options(args.option)}
     cfg = build_config(toml=toml, flags=flags, gpus=gpus)
+    from bench.progress import MatrixProgress
+
     try:
-        run_dir = launch.run(cfg, gpus, progress=not args.no_progress)
+        with MatrixProgress(enabled=not args.no_progress) as bar:
+            run_dir = launch.run(cfg, gpus, on_progress=bar)
     except KeyboardInterrupt:
         print("interrupted: the cells that finished are in the run folder", file=sys.stderr)
         return 130

@@ -27,6 +27,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from bench import backends
+from bench.backends import Backend
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 Interval = tuple[float, float]
 
 DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4,
@@ -119,32 +123,35 @@ def _param_comms(e: dict[str, Any]) -> dict[str, Any]:
 
 
 def analyze_trace(trace: dict[str, Any], device_type: str, steps: int,
-                  backend: str = "nccl") -> tuple[dict[str, float], list[dict]]:
-    """(breakdown, collective rows) of one rank's Chrome trace. Timestamps are microseconds."""
+                  backend: Backend | str = "nccl") -> tuple[dict[str, float], list[dict]]:
+    """(breakdown, collective rows) of one rank's Chrome trace. Timestamps are microseconds. How a
+    backend's communication shows up (GPU kernels or host spans) comes from the backend registry."""
+    be = backends.get(backend) if isinstance(backend, str) else backend
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     us = 1e-6
-    if device_type == "cuda" and backend == "gloo":
-        # Gloo on CUDA tensors: compute is on the GPU, communication on Gloo's host threads
-        # (the same clock in the trace).
-        gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-        gloo = [e for e in events if e["name"].startswith("gloo:")]
+    iv = lambda es: [(e["ts"] * us, (e["ts"] + e["dur"]) * us) for e in es]
+    is_span = lambda e: e["name"].startswith(be.span_prefixes) if be.span_prefixes else False
+    if device_type == "cuda" and not be.comm_in_kernels():
+        # Host-side backend on CUDA tensors: compute is on the GPU, communication on the backend's
+        # host threads (the same clock in the trace).
+        gpu = [e for e in events if e.get("cat") in GPU_CATS]
+        spans = [e for e in events if is_span(e)]
         marks = [e for e in events if e["name"] == "parbench_step"]
         if not marks:
             return {}, []
-        spans = gpu + gloo + marks
-        window = (min(e["ts"] for e in spans) * us, max(e["ts"] + e["dur"] for e in spans) * us)
-        iv = lambda es: [(e["ts"] * us, (e["ts"] + e["dur"]) * us) for e in es]
-        return breakdown(iv(gpu), iv(gloo), window, steps), _gloo_rows(gloo)
+        everything = gpu + spans + marks
+        window = (min(e["ts"] for e in everything) * us, max(e["ts"] + e["dur"] for e in everything) * us)
+        return breakdown(iv(gpu), iv(spans), window, steps), _span_rows(spans)
     if device_type == "cuda":
-        gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+        gpu = [e for e in events if e.get("cat") in GPU_CATS]
         if not gpu:
             return {}, []
-        comm_k = [e for e in gpu if "nccl" in e["name"].lower()]
-        comp_k = [e for e in gpu if "nccl" not in e["name"].lower()]
-        iv = lambda es: [(e["ts"] * us, (e["ts"] + e["dur"]) * us) for e in es]
+        is_comm = lambda e: any(k in e["name"].lower() for k in be.kernel_markers)
+        comm_k = [e for e in gpu if is_comm(e)]
+        comp_k = [e for e in gpu if not is_comm(e)]
         window = (min(e["ts"] for e in gpu) * us, max(e["ts"] + e["dur"] for e in gpu) * us)
         bd = breakdown(iv(comp_k), iv(comm_k), window, steps)
-        # Link each NCCL kernel to its launch, and the launch to the enclosing param-comms record.
+        # Link each communication kernel to its launch, and the launch to the enclosing param-comms record.
         launches = {e["args"].get("correlation"): e for e in events
                     if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
         records = [e for e in events if e.get("name") == "record_param_comms"]
@@ -161,24 +168,23 @@ def analyze_trace(trace: dict[str, Any], device_type: str, steps: int,
                 meta["op"] = k["name"].split("(")[0].replace("ncclDevKernel_", "").replace("ncclKernel_", "")
             rows.append({**meta, "start_s": k["ts"] * us, "duration_s": k["dur"] * us, "kernel": k["name"][:80]})
         return bd, rows
-    gloo = [e for e in events if e["name"].startswith("gloo:")]
+    spans = [e for e in events if is_span(e)]
     steps_ev = [e for e in events if e["name"] == "parbench_step"]
     if not steps_ev:
         return {}, []
     window = (min(e["ts"] for e in steps_ev) * us, max(e["ts"] + e["dur"] for e in steps_ev) * us)
-    gloo_only = {e["tid"] for e in gloo} - {e["tid"] for e in events if e.get("cat") == "cpu_op"}
+    span_only = {e["tid"] for e in spans} - {e["tid"] for e in events if e.get("cat") == "cpu_op"}
     compute: list[Interval] = []
     waits: list[Interval] = []
     for e in events:
-        if e.get("cat") != "cpu_op" or e["tid"] in gloo_only:
+        if e.get("cat") != "cpu_op" or e["tid"] in span_only:
             continue
         span = (e["ts"] * us, (e["ts"] + e["dur"]) * us)
         (waits if e["name"].startswith(COMM_CPU_PREFIXES) else compute).append(span)
     compute = subtract(compute, waits)
-    comm = [(e["ts"] * us, (e["ts"] + e["dur"]) * us) for e in gloo]
-    return breakdown(compute, comm, window, steps), _gloo_rows(gloo)
+    return breakdown(compute, iv(spans), window, steps), _span_rows(spans)
 
 
-def _gloo_rows(gloo: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"op": e["name"][5:], "group_size": None, "bytes": _dims_bytes(e.get("args", {})),
-             "start_s": e["ts"] * 1e-6, "duration_s": e["dur"] * 1e-6} for e in gloo]
+def _span_rows(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"op": e["name"].split(":", 1)[-1], "group_size": None, "bytes": _dims_bytes(e.get("args", {})),
+             "start_s": e["ts"] * 1e-6, "duration_s": e["dur"] * 1e-6} for e in spans]

@@ -149,7 +149,33 @@ def build_config(*, toml: dict[str, Any] | None, flags: dict[str, Any], gpus: in
     return validate(cfg)
 
 
+def _as_int(name: str, v: Any, example: str) -> int:
+    """An integer setting: ints and integral strings only (True, 2.7 and "five" are refused)."""
+    if isinstance(v, bool) or isinstance(v, float) or not isinstance(v, int | str):
+        raise UserError(f"{name}={v!r} must be an integer; e.g. {example}")
+    try:
+        return int(v)
+    except ValueError:
+        raise UserError(f"{name}={v!r} must be an integer; e.g. {example}") from None
+
+
+def _as_float(name: str, v: Any, example: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float | str):
+        raise UserError(f"{name}={v!r} must be a number; e.g. {example}")
+    try:
+        return float(v)
+    except ValueError:
+        raise UserError(f"{name}={v!r} must be a number; e.g. {example}") from None
+
+
 def validate(cfg: RunConfig) -> RunConfig:
+    """Every setting checked by type and range, before anything launches."""
+    from strategies.common import parse_mesh
+
+    for key in ("workloads", "strategies", "backends"):
+        vals = getattr(cfg, key)
+        if not isinstance(vals, list) or not all(isinstance(v, str) for v in vals):
+            raise UserError(f"{key} must be a list of names (or a comma list); got {vals!r}")
     if not cfg.workloads:
         raise UserError("no workloads given; e.g. --workloads mlp,gpt-tiny")
     for w in cfg.workloads:
@@ -165,31 +191,40 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise UserError(f"precision {cfg.precision!r} unknown; use auto, fp32 or bf16")
     if cfg.precision == "bf16" and cfg.device == "cpu":
         raise UserError("precision 'bf16' is for CUDA here; use --precision fp32 on cpu")
-    if int(cfg.steps) < 1:
-        raise UserError(f"steps={cfg.steps} must be >= 1; e.g. --steps 20")
-    if int(cfg.warmup) < 0:
-        raise UserError(f"warmup={cfg.warmup} must be >= 0; e.g. --warmup 3")
-    if float(cfg.cell_timeout_s) <= 0:
+    steps = _as_int("steps", cfg.steps, "--steps 20")
+    warmup = _as_int("warmup", cfg.warmup, "--warmup 3")
+    seed = _as_int("seed", cfg.seed, "--seed 0")
+    profile_steps = _as_int("profile_steps", cfg.profile_steps, "--profile-steps 2")
+    cell_timeout_s = _as_float("cell_timeout_s", cfg.cell_timeout_s, "--cell-timeout 300")
+    sample_hz = _as_float("sample_hz", cfg.sample_hz, "--sample-hz 20")
+    lr = _as_float("lr", cfg.lr, "lr = 0.01")
+    if steps < 1:
+        raise UserError(f"steps={steps} must be >= 1; e.g. --steps 20")
+    if warmup < 0:
+        raise UserError(f"warmup={warmup} must be >= 0; e.g. --warmup 3")
+    if cell_timeout_s <= 0:
         raise UserError(f"cell_timeout_s={cfg.cell_timeout_s} must be > 0")
-    if not 0 <= float(cfg.sample_hz) <= 1000:
+    if not 0 <= sample_hz <= 1000:
         raise UserError(f"sample rate {cfg.sample_hz} Hz must be between 0 (off) and 1000")
-    if int(cfg.profile_steps) < 0:
+    if profile_steps < 0:
         raise UserError(f"profile_steps={cfg.profile_steps} must be >= 0 (0: no breakdown)")
-    if cfg.trace and int(cfg.profile_steps) == 0:
+    if not isinstance(cfg.trace, bool):
+        raise UserError(f"trace={cfg.trace!r} must be true or false")
+    if cfg.trace and profile_steps == 0:
         raise UserError("--trace needs profiled steps; drop --profile-steps 0")
-    if cfg.global_batch is not None and int(cfg.global_batch) < 1:
+    global_batch = None if cfg.global_batch is None else _as_int("global_batch", cfg.global_batch,
+                                                                  "--global-batch 16")
+    if global_batch is not None and global_batch < 1:
         raise UserError(f"global batch {cfg.global_batch} must be >= 1")
     if not isinstance(cfg.options, dict):
         raise UserError("options must be a TOML table, e.g. [options] bucket_mb = 25")
     if "mesh" in cfg.options:
-        m = re.fullmatch(r"(\d+)x(\d+)", str(cfg.options["mesh"]).strip().lower())
-        if not m:
-            raise UserError(f"mesh {cfg.options['mesh']!r} must look like 2x2 (data parallel x model parallel)")
-        product = int(m[1]) * int(m[2])
-        if product not in cfg.world_sizes:
-            raise UserError(f"mesh {cfg.options['mesh']} has {product} ranks but world sizes are "
-                            f"{cfg.world_sizes}; add {product} to --world-sizes or change the mesh")
-    if "micro_batches" in cfg.options and int(cfg.options["micro_batches"]) < 1:
-        raise UserError(f"micro_batches={cfg.options['micro_batches']} must be >= 1")
-    return replace(cfg, steps=int(cfg.steps), warmup=int(cfg.warmup), lr=float(cfg.lr),
-                   sample_hz=float(cfg.sample_hz), profile_steps=int(cfg.profile_steps))
+        try:
+            dp, mp = parse_mesh(cfg.options["mesh"], 0)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        if dp * mp not in cfg.world_sizes:
+            raise UserError(f"mesh {cfg.options['mesh']} has {dp * mp} ranks but world sizes are "
+                            f"{cfg.world_sizes}; add {dp * mp} to --world-sizes or change the mesh")
+    return replace(cfg, steps=steps, warmup=warmup, seed=seed, lr=lr, sample_hz=sample_hz,
+                   profile_steps=profile_steps, cell_timeout_s=cell_timeout_s, global_batch=global_batch)

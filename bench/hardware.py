@@ -10,9 +10,10 @@ import os
 
 import torch
 
-# (name substring, dense bf16 TFLOP/s, fp32 TFLOP/s without tensor cores). Order matters: the
-# first substring found in the device name wins.
+# (name substring, dense bf16 TFLOP/s, fp32 TFLOP/s without tensor cores). The longest substring
+# found in the device name wins, so "H200 NVL" is never read as "H200" (SXM).
 PEAK_TFLOPS: list[tuple[str, float, float]] = [
+    ("H200 NVL", 835.0, 60.0),  # H200 NVL (PCIe card, lower power): 1671 sparse / 2
     ("H200", 989.4, 66.9),  # H200 SXM: same SMs and clocks as H100 SXM
     ("H100 80GB HBM3", 989.4, 66.9),  # H100 SXM5
     ("H100 PCIe", 756.0, 51.2),
@@ -23,10 +24,11 @@ PEAK_TFLOPS: list[tuple[str, float, float]] = [
 
 def peak_flops(device_name: str, precision: str) -> float | None:
     """Peak FLOP/s for ``precision`` ('bf16' or 'fp32') on the named GPU, or None if unknown."""
-    for key, bf16, fp32 in PEAK_TFLOPS:
-        if key in device_name:
-            return (bf16 if precision == "bf16" else fp32) * 1e12
-    return None
+    found = [(len(key), bf16, fp32) for key, bf16, fp32 in PEAK_TFLOPS if key in device_name]
+    if not found:
+        return None
+    _, bf16, fp32 = max(found)
+    return (bf16 if precision == "bf16" else fp32) * 1e12
 
 
 def gpu_count() -> int:

@@ -1,14 +1,15 @@
-"""Plan the matrix, group cells by (nnodes, nproc, backend), start torchrun once per group.
+"""Plan the matrix, group cells by (processes, backend), start torchrun once per group.
 
 Inside a group one process group runs the cells one after another (``bench.worker``). The launcher
-follows the workers' event files: a finished cell becomes a row at once; a cell that raises is
-``failed`` with its message; a cell that outlives ``cell_timeout_s`` is ``timeout``, the group is
-stopped and relaunched with the cells it had not run.
+follows the workers' event files: measurements become a row at once (:func:`bench.rows.build_row`,
+with the telemetry of the cell's window); a cell that raises is ``failed`` with its message; a cell
+that outlives ``cell_timeout_s`` is ``timeout``, the group is stopped and relaunched with the cells
+it had not run. Progress goes to a callback, so the caller decides how to show it.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import os
 import signal
@@ -19,48 +20,54 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import strategies
+from bench import UserError, backends, spec
 from bench.config import RunConfig, parse_workload
 from bench.hardware import cpu_threads
-from bench.results import RunWriter, new_run_id, write_meta
+from bench.metrics import Metric, registry
+from bench.results import RunWriter, cell_columns, new_run_id, write_meta
+from bench.rows import build_row, failure_row
+from bench.spec import CellSpec, GroupPlan, Measure
 from bench.workloads import Workload, resolve
-from strategies.base import Cell
 
 log = logging.getLogger("parbench")
 STARTUP_S = 120.0  # torchrun + import torch + process group, before the first cell starts
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class Planned:
-    cell_id: int
-    workload: str  # display name
-    workload_spec: str
-    dims: dict[str, int]
-    strategy: str
-    strategy_spec: str
-    backend: str
-    device: str
-    world_size: int
-    nproc: int
-    role: str = ""
-    reason: str | None = None  # set: skipped
+    """A cell of the matrix: runnable (reason None) or skipped with its reason."""
 
-    def as_plan(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "reason"}
+    spec: CellSpec
+    reason: str | None
 
 
 @dataclass(kw_only=True)
 class Group:
-    nnodes: int
-    nproc: int
+    n_procs: int
     backend: str
-    cells: list[Planned] = field(default_factory=list)
+    cells: list[CellSpec] = field(default_factory=list)
 
     @property
     def label(self) -> str:
-        return f"{self.backend} x{self.nproc}"
+        return f"{self.backend} x{self.n_procs}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    """What the launcher tells its caller: the plan (``n`` runnable cells), a group starts (``n``
+    cells), a cell starts or is done."""
+
+    kind: Literal["plan", "group", "start", "done"]
+    group: str
+    cell: CellSpec | None = None
+    n: int = 0
+    status: str = ""
+
+
+ProgressFn = Callable[[Progress], None]
 
 
 def expand_strategies(specs: list[str]) -> list[tuple[str, strategies.Strategy]]:
@@ -69,63 +76,95 @@ def expand_strategies(specs: list[str]) -> list[tuple[str, strategies.Strategy]]
     for s in specs:
         flat.extend(strategies.names() if s == "all" else [s])
     out: dict[str, tuple[str, strategies.Strategy]] = {}
-    for spec in flat:
-        strat = strategies.get(spec)
-        out.setdefault(strat.name, (spec, strat))
+    for sp in flat:
+        strat = strategies.get(sp)
+        out.setdefault(strat.name, (sp, strat))
     return list(out.values())
 
 
-def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload]]:
-    """Every cell of the matrix, each either runnable or skipped with its reason. A single-device
-    reference cell is added for every workload: parity and scaling efficiency need it."""
+def validate_options(given: dict[str, Any], strats: list[strategies.Strategy]) -> None:
+    """Every ``--option`` key is declared by a strategy of the run and parses as its type."""
+    declared = {o.name: o for s in strats for o in s.options}
+    for key, value in given.items():
+        if key not in declared:
+            known = ", ".join(sorted(declared)) or "none (no strategy of this run takes options)"
+            raise UserError(f"option {key!r} is not an option of the strategies in this run; known: {known}")
+        try:
+            declared[key].parse(value)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+
+
+def plan_devices(device: str, n_devices: int) -> tuple[int, ...]:
+    """The CUDA indices a cell of ``n_devices`` runs on: the first n visible GPUs (torchrun binds
+    local rank r to the r-th); nothing else in the harness derives device ids."""
+    return tuple(range(n_devices)) if device == "cuda" else ()
+
+
+def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload], list[Metric]]:
+    """Every cell of the matrix, each runnable or skipped with its reason; the workloads by name;
+    the run's column registry. A single-device reference cell is added for every workload: parity
+    and scaling efficiency need it."""
     wls: dict[str, Workload] = {}
-    parsed = []
-    for spec in cfg.workloads:
-        name, dims = parse_workload(spec)
+    parsed: list[tuple[Workload, str, dict[str, int]]] = []
+    for text in cfg.workloads:
+        name, dims = parse_workload(text)
         wl = resolve(name, seed=cfg.seed, global_batch=cfg.global_batch, **dims)
+        if wl.name in wls:
+            continue
         wls[wl.name] = wl
         parsed.append((wl, name, dims))
     strats = expand_strategies(cfg.strategies)
     if not any(s.name == "single" for _, s in strats):
         strats.insert(0, ("single", strategies.get("single")))
+    validate_options(cfg.options, [s for _, s in strats])
+    measure = Measure(steps=cfg.steps, warmup=cfg.warmup, profile_steps=cfg.profile_steps,
+                      precision=cfg.effective_precision(), seed=cfg.seed, lr=cfg.lr)
+    one_proc_backend = backends.for_one_process(cfg.device, cfg.backends)
     cells: list[Planned] = []
     seen: set[tuple] = set()
     for wl, name, dims in parsed:
-        for spec, strat in strats:
-            backends = cfg.backends if strat.uses_backend else ["none"]
-            for backend in backends:
-                for ws in cfg.world_sizes if strat.name != "single" else [1]:
-                    key = (wl.name, strat.name, backend, ws)
+        facts = wl.facts(name, dims)
+        for sp, strat in strats:
+            for backend in cfg.backends if not strat.one_process else [one_proc_backend]:
+                for n in cfg.world_sizes if strat.name != "single" else [1]:
+                    key = (wl.name, strat.name, backend, n)
                     if key in seen:
                         continue
                     seen.add(key)
-                    cell = Cell(workload=wl.name, strategy=strat.name, backend=backend, device=cfg.device,
-                                world_size=ws, gpus_available=gpus, options=cfg.options)
-                    reason = strat.check(cell, wl)
-                    if reason is None and cfg.device == "cpu" and ws > cpu_threads() * 4:
-                        reason = f"world size {ws} > 4 x {cpu_threads()} CPU threads"
-                    cells.append(Planned(cell_id=len(cells), workload=wl.name, workload_spec=name, dims=dims,
-                                         strategy=strat.name, strategy_spec=spec, backend=backend,
-                                         device=cfg.device, world_size=ws, nproc=strat.procs(ws),
-                                         role="reference" if strat.name == "single" else "",
-                                         reason=reason))
-    return cells, wls
+                    reason = None
+                    mine = {o.name for o in strat.options}
+                    try:
+                        options = strat.resolve_options(n, {k: v for k, v in cfg.options.items() if k in mine})
+                    except ValueError as e:
+                        options, reason = {}, str(e)
+                    cell = CellSpec(cell_id=len(cells), workload=facts, strategy=strat.name, strategy_spec=sp,
+                                    backend=backend, device=cfg.device, n_devices=n, n_procs=strat.procs(n),
+                                    devices=plan_devices(cfg.device, n), options=options, labels={},
+                                    role=strat.role, measure=measure)
+                    reason = reason or strat.check(cell, gpus=gpus)
+                    if reason is None and cfg.device == "cpu" and n > cpu_threads() * 4:
+                        reason = f"world size {n} > 4 x {cpu_threads()} CPU threads"
+                    if reason is None:
+                        cell = dataclasses.replace(cell, labels=strat.label_values(cell))
+                    cells.append(Planned(spec=cell, reason=reason))
+    metrics = registry(m for _, s in strats for m in (*s.labels, *s.metrics))
+    return cells, wls, metrics
 
 
-def group(cells: list[Planned], backends: list[str], device: str) -> list[Group]:
-    """Runnable cells grouped by (nnodes, nproc, backend), smallest groups first (the reference
-    runs first). One-process strategies (backend 'none') join a one-process group."""
-    one_proc_backend = "nccl" if device == "cuda" and "nccl" in backends else "gloo"
-    groups: dict[tuple[int, int, str], Group] = {}
-    for c in cells:
-        if c.reason is not None:
+def group(cells: list[Planned]) -> list[Group]:
+    """Runnable cells grouped by (processes, backend), one-process groups first, the reference
+    first in its group."""
+    groups: dict[tuple[int, str], Group] = {}
+    for p in cells:
+        if p.reason is not None:
             continue
-        backend = c.backend if c.backend != "none" else one_proc_backend
-        key = (1, c.nproc, backend)
-        groups.setdefault(key, Group(nnodes=1, nproc=c.nproc, backend=backend)).cells.append(c)
+        c = p.spec
+        groups.setdefault((c.n_procs, c.backend), Group(n_procs=c.n_procs, backend=c.backend)).cells.append(c)
     for g in groups.values():
-        g.cells.sort(key=lambda c: (c.strategy != "single", c.cell_id))
-    return [groups[k] for k in sorted(groups, key=lambda k: (k[1], k[2] != one_proc_backend))]
+        g.cells.sort(key=lambda c: (c.role != "reference", c.cell_id))
+    first_backend = {c.spec.backend for c in cells if c.spec.role == "reference"}
+    return [groups[k] for k in sorted(groups, key=lambda k: (k[0], k[1] not in first_backend, k[1]))]
 
 
 def free_port() -> int:
@@ -146,13 +185,13 @@ def child_env(nproc: int) -> dict[str, str]:
 
 
 class EventReader:
-    """Reads new lines from every rank's event file of one launch."""
+    """Reads new, complete lines from every rank's event file of one launch, as typed events."""
 
     def __init__(self, prefix: str, nproc: int):
         self.paths = [Path(f"{prefix}-r{r}.jsonl") for r in range(nproc)]
         self.offsets = [0] * nproc
 
-    def poll(self) -> list[dict[str, Any]]:
+    def poll(self) -> list[spec.Event]:
         out = []
         for i, p in enumerate(self.paths):
             if not p.exists():
@@ -162,7 +201,7 @@ class EventReader:
                 data = f.read()
             complete = data[: data.rfind("\n") + 1]
             self.offsets[i] += len(complete)
-            out.extend(json.loads(line) for line in complete.splitlines() if line.strip())
+            out.extend(spec.load_event(line) for line in complete.splitlines() if line.strip())
         return out
 
 
@@ -188,47 +227,47 @@ def _log_tail(path: Path, n: int = 1) -> str:
     return " ".join((errs or lines)[-n:]).strip()[:300]
 
 
-def telemetry_summary(samples: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, float]:
-    """Means of the sampled GPU metrics over a cell's timed window, on the GPUs it used."""
-    t0, t1 = row.get("timed_start_unix"), row.get("timed_end_unix")
-    if t0 is None or row.get("device") != "cuda":
-        return {}
-    devices = {f"gpu{i}" for i in range(int(row["world_size"]))}
-    sums: dict[str, list[float]] = {}
-    for s in samples:
-        if t0 <= s["t"] <= t1 and s["device"] in devices:
-            sums.setdefault(s["metric"], []).append(s["value"])
-    names = {"gpu_util_pct": "gpu_util_mean", "sm_active_pct": "sm_active_mean",
-             "tensor_active_pct": "tensor_active_mean", "power_w": "power_mean_w"}
-    return {names[m]: sum(v) / len(v) for m, v in sums.items() if m in names and v}
+class Telemetry:
+    """The launcher's view of the sampler: new rows since the last cell, appended per cell."""
+
+    def __init__(self, sampler, writer: RunWriter):
+        self.sampler, self.writer = sampler, writer
+        self.pending: list[dict[str, Any]] = []
+
+    def take(self) -> list[dict[str, Any]]:
+        """Samples since the last call (also kept for the cell's telemetry window)."""
+        if self.sampler is None:
+            return []
+        self.pending = self.sampler.drain()
+        return self.pending
+
+    def flush(self) -> None:
+        self.writer.append("samples", self.pending)
+        self.pending = []
 
 
-def run_group(g: Group, gid: int, cfg: RunConfig, writer: RunWriter, work: Path,
-              on_event: Callable[[str, Planned | None], None], sampler=None) -> None:
+def run_group(g: Group, gid: int, cfg: RunConfig, writer: RunWriter, work: Path, telemetry: Telemetry,
+              metrics: dict[str, list[Metric]], on_progress: ProgressFn, trace_dir: Path | None) -> None:
     """Run a group's cells, relaunching after a timeout or a crash, until every cell has a row."""
     remaining = list(g.cells)
     attempt = 0
     while remaining:
         attempt += 1
         prefix = str(work / f"g{gid}-a{attempt}")
-        plan_doc = {
-            "backend": g.backend, "device": cfg.device, "steps": cfg.steps, "warmup": cfg.warmup,
-            "seed": cfg.seed, "precision": cfg.effective_precision(), "lr": cfg.lr,
-            "global_batch": cfg.global_batch, "options": cfg.options, "events_prefix": prefix,
-            "pg_timeout_s": cfg.cell_timeout_s, "cells": [c.as_plan() for c in remaining],
-            "profile_steps": cfg.profile_steps, "trace_dir": str(writer.dir / "traces") if cfg.trace else None,
-        }
-        Path(prefix + ".json").write_text(json.dumps(plan_doc, indent=1))
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={g.nnodes}",
-               f"--nproc-per-node={g.nproc}", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+        gplan = GroupPlan(backend=g.backend, device=cfg.device, n_procs=g.n_procs, events_prefix=prefix,
+                          pg_timeout_s=cfg.cell_timeout_s, trace_dir=str(trace_dir) if trace_dir else None,
+                          cells=tuple(remaining))
+        Path(prefix + ".json").write_text(spec.dump(gplan))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
+               f"--nproc-per-node={g.n_procs}", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
                "--max-restarts=0", "-m", "bench.worker", prefix + ".json"]
         logpath = Path(prefix + ".log")
         with open(logpath, "w") as logf:
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=child_env(g.nproc),
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=child_env(g.n_procs),
                                     start_new_session=True)
-        reader = EventReader(prefix, g.nproc)
+        reader = EventReader(prefix, g.n_procs)
         by_id = {c.cell_id: c for c in remaining}
-        current: Planned | None = None
+        current: CellSpec | None = None
         errors: dict[int, str] = {}
         started_any = False
         deadline = time.monotonic() + STARTUP_S + cfg.cell_timeout_s
@@ -237,24 +276,25 @@ def run_group(g: Group, gid: int, cfg: RunConfig, writer: RunWriter, work: Path,
             while True:
                 exited = proc.poll() is not None
                 for ev in reader.poll():
-                    c = by_id.get(ev.get("cell_id"))
-                    if ev["event"] == "start" and c:
+                    c = by_id.get(ev.cell_id)
+                    if c is None:
+                        continue
+                    if isinstance(ev, spec.Start):
                         current, started_any = c, True
                         deadline = time.monotonic() + cfg.cell_timeout_s
-                        on_event("start", c)
-                    elif ev["event"] == "error" and c:
-                        errors.setdefault(c.cell_id, ev["reason"])
-                    elif ev["event"] == "done" and c:
-                        row = ev["row"]
-                        if sampler is not None:
-                            samples = sampler.snapshot()
-                            row.update(telemetry_summary(samples, row))
-                            writer.set_table("samples", samples)
-                        writer.add(row, ev["steps"], ev.get("tables"))
+                        on_progress(Progress(kind="start", group=g.label, cell=c))
+                    elif isinstance(ev, spec.Error):
+                        errors.setdefault(c.cell_id, f"rank {ev.rank}: {ev.reason}")
+                    elif isinstance(ev, spec.Measured):
+                        samples = telemetry.take()
+                        row, steps, comm = build_row(c, ev.ranks, wall_s=ev.wall_s,
+                                                     strategy_metrics=metrics[c.strategy], samples=samples)
+                        writer.add(row, steps, comm)
+                        telemetry.flush()
                         remaining.remove(c)
                         current = None
                         deadline = time.monotonic() + cfg.cell_timeout_s
-                        on_event("done", c)
+                        on_progress(Progress(kind="done", group=g.label, cell=c, status=row["status"]))
                 if exited:
                     break
                 if time.monotonic() > deadline:
@@ -283,49 +323,53 @@ def run_group(g: Group, gid: int, cfg: RunConfig, writer: RunWriter, work: Path,
             else:
                 status = "failed"
                 reason = f"worker exited with code {rc}: {_log_tail(logpath)}"
-            writer.add(row_for(v, cfg, status=status, reason=reason))
+            telemetry.take()
+            writer.add(failure_row(v, status=status, reason=reason))
+            telemetry.flush()
             remaining.remove(v)
-            on_event("done", v)
+            on_progress(Progress(kind="done", group=g.label, cell=v, status=status))
 
 
-def row_for(c: Planned, cfg: RunConfig, *, status: str, reason: str) -> dict[str, Any]:
-    return dict(cell_id=c.cell_id, workload=c.workload, strategy=c.strategy, backend=c.backend,
-                device=c.device, world_size=c.world_size, nproc=c.nproc, role=c.role, status=status,
-                reason=reason, steps=cfg.steps, warmup=cfg.warmup, precision=cfg.effective_precision())
-
-
-def run(cfg: RunConfig, gpus: int, *, progress: bool = True) -> Path:
+def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None) -> Path:
     """Run the whole matrix; returns the run folder. Rows land on disk as cells finish."""
-    cells, wls = plan(cfg, gpus)
+    cells, wls, metrics = plan(cfg, gpus)
     run_dir = Path(cfg.out) / new_run_id()
-    writer = RunWriter(run_dir)
+    writer = RunWriter(run_dir, cell_schema=cell_columns(metrics))
     work = run_dir / "work"
     work.mkdir()
-    if cfg.trace:
-        (run_dir / "traces").mkdir()
+    trace_dir = run_dir / "traces" if cfg.trace else None
+    if trace_dir:
+        trace_dir.mkdir()
     described = {n: w.description for n, w in wls.items()}
     write_meta(run_dir, cfg.to_dict(), workloads=described)
     from bench.samplers import start_samplers
 
     sampler, notes = start_samplers(cfg.sample_hz, gpu=cfg.device == "cuda")
-    for c in cells:
-        if c.reason is not None:
-            writer.add(row_for(c, cfg, status="skipped", reason=c.reason))
-    groups = group(cells, cfg.backends, cfg.device)
-    runnable = sum(len(g.cells) for g in groups)
-    from bench.progress import MatrixProgress
-
+    telemetry = Telemetry(sampler, writer)
+    writer.append("cells", [failure_row(p.spec, status="skipped", reason=p.reason)
+                            for p in cells if p.reason is not None])
+    by_strategy: dict[str, list[Metric]] = {}
+    for p in cells:
+        if p.spec.strategy not in by_strategy:
+            cls = type(strategies.get(p.spec.strategy_spec))
+            by_strategy[p.spec.strategy] = [*cls.labels, *cls.metrics]
+    groups = group(cells)
+    report = on_progress or (lambda _p: None)
+    report(Progress(kind="plan", group="", n=runnable(cells)))
     try:
-        with MatrixProgress(total=runnable, enabled=progress) as bar:
-            for gid, g in enumerate(groups):
-                bar.group(g.label, len(g.cells))
-                run_group(g, gid, cfg, writer, work, bar.event, sampler)
+        for gid, g in enumerate(groups):
+            report(Progress(kind="group", group=g.label, n=len(g.cells)))
+            run_group(g, gid, cfg, writer, work, telemetry, by_strategy, report, trace_dir)
     finally:
         if sampler is not None:
             sampler.stop()
             notes.update(sampler.notes())
-            writer.set_table("samples", sampler.snapshot())
-            writer.flush()
+            telemetry.take()
+            telemetry.flush()
         write_meta(run_dir, cfg.to_dict(), workloads=described, telemetry=notes,
                    sample_hz=cfg.sample_hz, sampler_ticks=sampler.ticks if sampler else 0)
     return run_dir
+
+
+def runnable(cells: list[Planned]) -> int:
+    return sum(p.reason is None for p in cells)

@@ -1,12 +1,17 @@
-"""The run folder: schema, parquet writes that survive a killed run, metadata, derived columns.
+"""The run folder: append-only tables that survive a killed run, metadata, derived columns.
 
-``DIR/<run-id>/`` holds ``cells.parquet`` (one row a cell), ``steps.parquet`` (one row a rank and
-step) and ``meta.json``. Tables are rewritten whole, through a temporary file and an atomic rename,
-after every cell: a run killed at any moment leaves the last complete version on disk.
+``DIR/<run-id>/`` holds the tables ``cells``, ``steps``, ``comm`` and ``samples`` and ``meta.json``.
+Each table is a folder of parquet parts (``cells.parquet/part-000001.parquet`` ...): a finished
+cell appends one part to each table, written to a hidden temporary name and renamed into place,
+so nothing already on disk is rewritten and a run killed at any moment leaves every finished cell
+readable. ``pandas.read_parquet(RUN/"cells.parquet")`` reads a table whole; :func:`load_run` also
+adds the derived columns (parity, scaling efficiency), which are computed when a run is read.
+Files written by older versions (one ``cells.parquet`` file) still load.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
@@ -14,59 +19,64 @@ import socket
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from bench import SCHEMA_VERSION, UserError, __version__
+from bench.metrics import CORE, Metric, stored
 
-#: cells.parquet columns, in order. Strategies may add more (mesh, micro_batches, ...).
-CELL_COLUMNS: dict[str, str] = {
-    "run_id": "string", "cell_id": "Int64", "workload": "string", "strategy": "string",
-    "backend": "string", "device": "string", "world_size": "Int64", "nproc": "Int64",
-    "status": "string", "reason": "string", "role": "string",
-    "steps": "Int64", "warmup": "Int64", "global_batch": "Int64", "precision": "string",
-    "step_time_median_s": "float64", "step_time_p95_s": "float64", "step_time_mean_s": "float64",
-    "step_time_ci_low_s": "float64", "step_time_ci_high_s": "float64",
-    "throughput_samples_s": "float64", "scaling_efficiency": "float64", "mfu": "float64",
-    "peak_mem_bytes": "float64", "loss_final": "float64",
-    "parity_rel_err": "float64", "parity_tol": "float64", "parity_ok": "boolean",
-    "params": "Int64", "flops_per_sample": "float64", "gpu_name": "string",
-    "cell_wall_s": "float64", "overhead_s": "float64",
-}
 STEP_COLUMNS: dict[str, str] = {
     "run_id": "string", "cell_id": "Int64", "rank": "Int64", "step": "Int64", "phase": "string",
     "step_time_s": "float64", "t_unix": "float64", "loss": "float64", "loss_weight": "float64",
 }
+COMM_COLUMNS: dict[str, str] = {
+    "run_id": "string", "cell_id": "Int64", "rank": "Int64", "backend": "string", "world_size": "Int64",
+    "op": "string", "group_size": "Int64", "bytes": "float64", "start_s": "float64", "duration_s": "float64",
+    "kernel": "string",
+}
+SAMPLE_COLUMNS: dict[str, str] = {
+    "host": "string", "device": "string", "t": "float64", "metric": "string", "value": "float64",
+}
+#: cells.parquet columns of the core registry (strategies' declared columns follow)
+CELL_COLUMNS: dict[str, str] = {m.name: m.dtype for m in CORE}
 #: relative tolerance of the parity check, by precision
 PARITY_TOL = {"fp32": 1e-5, "bf16": 2e-2}
+_ARROW = {"string": pa.string(), "Int64": pa.int64(), "float64": pa.float64(), "boolean": pa.bool_()}
 
 
 def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
 
 
-def frame(rows: list[dict[str, Any]], schema: dict[str, str]) -> pd.DataFrame:
-    """Rows to a frame with the schema's columns first (typed), extra columns after."""
-    df = pd.DataFrame(rows)
+def arrow_schema(columns: dict[str, str]) -> pa.Schema:
+    return pa.schema([(name, _ARROW[dtype]) for name, dtype in columns.items()])
+
+
+def cell_columns(metrics: Iterable[Metric]) -> dict[str, str]:
+    """name -> dtype of the stored cell columns for a run whose strategies declare ``metrics``."""
+    return {m.name: m.dtype for m in stored(metrics)}
+
+
+def frame(rows: list[dict[str, Any]] | pd.DataFrame, schema: dict[str, str]) -> pd.DataFrame:
+    """Rows (or a frame) with the schema's columns first, typed; other columns after."""
+    df = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
     for col, dtype in schema.items():
         if col not in df:
             df[col] = pd.Series([None] * len(df), index=df.index, dtype="object")
         if dtype == "float64":
             df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
-        else:
+        elif str(df[col].dtype) != dtype:
             df[col] = df[col].astype(dtype)
     extra = [c for c in df.columns if c not in schema]
     return df[list(schema) + extra]
-
-
-def write_atomic(df: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
 
 
 def require_columns(df: pd.DataFrame, cols: list[str], what: str) -> None:
@@ -84,15 +94,27 @@ def global_losses(steps: pd.DataFrame) -> pd.Series:
 
 
 def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Fill the columns that need other cells: parity against the single-device reference of the
-    same workload/device/precision, and scaling efficiency against its throughput."""
+    """The columns that need other cells, computed when a run is read: parity against the
+    single-device reference of the same workload/device/precision (cells that check their own
+    parity keep their error), and scaling efficiency against its throughput."""
     cells = cells.copy()
+    for col, dtype in (("scaling_efficiency", "float64"), ("parity_rel_err", "float64"),
+                       ("parity_tol", "float64"), ("parity_ok", "boolean")):
+        if col not in cells:
+            cells[col] = pd.Series([None] * len(cells), index=cells.index, dtype="object").astype(dtype)
     if cells.empty:
         return cells
     losses = global_losses(steps) if not steps.empty else pd.Series(dtype=float)
     ok = cells["status"] == "ok"
-    refs = cells[ok & (cells["strategy"] == "single")]
+    refs = cells[ok & (cells["role"] == "reference")] if "role" in cells else cells.iloc[:0]
+    if refs.empty and "strategy" in cells:  # runs written before the role column said so
+        refs = cells[ok & (cells["strategy"] == "single")]
     for i, row in cells[ok].iterrows():
+        tol = PARITY_TOL.get(str(row["precision"]), 1e-5)
+        if str(row.get("role")) == "independent":  # checked its own parity (collaborating models)
+            if pd.notna(row["parity_rel_err"]):
+                cells.at[i, "parity_tol"] = tol
+                cells.at[i, "parity_ok"] = bool(row["parity_rel_err"] <= tol)
         ref = refs[(refs["workload"] == row["workload"]) & (refs["device"] == row["device"])
                    & (refs["precision"] == row["precision"])]
         if ref.empty:
@@ -101,7 +123,7 @@ def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         tput = ref["throughput_samples_s"]
         if pd.notna(tput) and tput > 0 and pd.notna(row["throughput_samples_s"]):
             cells.at[i, "scaling_efficiency"] = row["throughput_samples_s"] / (row["world_size"] * tput)
-        if str(row.get("role")) == "independent":  # collaborating models train other models: no parity
+        if str(row.get("role")) == "independent":
             continue
         try:
             mine, theirs = losses.loc[row["cell_id"]], losses.loc[ref["cell_id"]]
@@ -112,7 +134,6 @@ def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
             continue
         a, b = mine.loc[common].to_numpy(), theirs.loc[common].to_numpy()
         err = float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-12)))
-        tol = PARITY_TOL.get(str(row["precision"]), 1e-5)
         cells.at[i, "parity_rel_err"] = err
         cells.at[i, "parity_tol"] = tol
         cells.at[i, "parity_ok"] = bool(err <= tol)
@@ -120,52 +141,130 @@ def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
 
 
 class RunWriter:
-    """Accumulates rows for one run folder and rewrites its tables after every cell."""
+    """Appends rows to a run folder's tables, one immutable part per call; never rewrites."""
 
-    def __init__(self, run_dir: Path):
-        self.dir = run_dir
-        self.dir.mkdir(parents=True, exist_ok=False)
-        self.run_id = run_dir.name
-        self.cells: list[dict[str, Any]] = []
-        self.steps: list[dict[str, Any]] = []
-        self.extra: dict[str, list[dict[str, Any]]] = {}  # other tables: comm, samples, ...
+    def __init__(self, run_dir: Path, *, cell_schema: dict[str, str] | None = None, resume: bool = False):
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=resume)
+        self.run_id = self.dir.name
+        self.schemas = {"cells": cell_schema or CELL_COLUMNS, "steps": STEP_COLUMNS, "comm": COMM_COLUMNS,
+                        "samples": SAMPLE_COLUMNS}
+        self._arrow = {k: arrow_schema(v) for k, v in self.schemas.items()}
+        self._seq = itertools.count(1 + max((_part_seq(p) for p in self.dir.glob("*.parquet/part-*.parquet")),
+                                            default=0))
 
-    def add(self, row: dict[str, Any], steps: list[dict[str, Any]] = (),
-            extra: dict[str, list[dict[str, Any]]] | None = None) -> None:
-        self.cells.append({"run_id": self.run_id, **row})
-        self.steps.extend({"run_id": self.run_id, "cell_id": row["cell_id"], **s} for s in steps)
-        for name, rows in (extra or {}).items():
-            self.extra.setdefault(name, []).extend(rows)
-        self.flush()
+    def append(self, table: str, rows: Sequence[dict[str, Any]]) -> None:
+        """Write ``rows`` as one new part of ``table`` (nothing if empty). Columns outside the
+        table's schema are refused: the schema comes from the metric registry."""
+        if not rows:
+            return
+        schema = self._arrow[table]
+        stamped = [{"run_id": self.run_id, **r} for r in rows] if "run_id" in schema.names else rows
+        unknown = {k for r in stamped for k in r} - set(schema.names)
+        if unknown:
+            raise ValueError(f"table {table}: columns {sorted(unknown)} are not in its schema (metric registry)")
+        data = pa.Table.from_pylist([_clean(r) for r in stamped], schema=schema)
+        folder = self.dir / f"{table}.parquet"
+        folder.mkdir(exist_ok=True)
+        name = f"part-{next(self._seq):06d}.parquet"
+        tmp = folder / f".{name}.tmp"
+        try:
+            pq.write_table(data, tmp)
+            os.replace(tmp, folder / name)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
-    def set_table(self, name: str, rows: list[dict[str, Any]]) -> None:
-        """Replace a whole side table (the sampler's rows); written at the next flush."""
-        self.extra[name] = rows
+    def add(self, row: dict[str, Any], steps: Sequence[dict[str, Any]] = (),
+            comm: Sequence[dict[str, Any]] = ()) -> None:
+        """One finished cell: its steps and comm rows first, the cell row last (a reader that sees
+        the cell row sees its steps)."""
+        self.append("steps", steps)
+        self.append("comm", comm)
+        self.append("cells", [row])
 
-    def frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        steps = frame(self.steps, STEP_COLUMNS)
-        cells = derive(frame(self.cells, CELL_COLUMNS), steps).sort_values("cell_id", kind="stable")
-        return cells, steps
 
-    def flush(self) -> None:
-        cells, steps = self.frames()
-        write_atomic(cells, self.dir / "cells.parquet")
-        write_atomic(steps, self.dir / "steps.parquet")
-        for name, rows in self.extra.items():
-            if rows:
-                write_atomic(pd.DataFrame(rows), self.dir / f"{name}.parquet")
+def _part_seq(p: Path) -> int:
+    try:
+        return int(p.stem.split("-")[1])
+    except (IndexError, ValueError):
+        return 0
+
+
+def _clean(row: dict[str, Any]) -> dict[str, Any]:
+    """Python scalars for pyarrow: numpy numbers unwrapped, pandas NA to None."""
+    out = {}
+    for k, v in row.items():
+        if isinstance(v, np.generic):
+            v = v.item()
+        elif v is pd.NA:
+            v = None
+        out[k] = v
+    return out
+
+
+def read_table(run_dir: str | os.PathLike, name: str, schema: dict[str, str] | None = None) -> pd.DataFrame:
+    """One table of a run folder (a folder of parts, or one file from older versions); an empty
+    frame with ``schema``'s columns when absent. Raises UserError naming a part that cannot be read."""
+    path = Path(run_dir) / f"{name}.parquet"
+    if not path.exists():
+        return frame([], schema or {})
+    files = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
+    if not files:
+        return frame([], schema or {})
+    try:
+        # One dataset over every part (read in parallel); parts of a resumed run may hold columns
+        # the first part lacks, so the schema is the union of the parts'.
+        unified = pa.unify_schemas([pq.read_schema(f) for f in files], promote_options="permissive")
+        table = ds.dataset([str(f) for f in files], schema=unified, format="parquet").to_table()
+    except (OSError, pa.ArrowException):
+        table = _read_parts_one_by_one(files)
+    df = table.to_pandas()
+    return frame(df, schema) if schema else df
+
+
+def _read_parts_one_by_one(files: list[Path]) -> pa.Table:
+    """Slow path that names the part which cannot be read."""
+    tables = []
+    for f in files:
+        try:
+            tables.append(pq.read_table(f))
+        except (OSError, pa.ArrowException) as e:
+            raise UserError(f"{f} cannot be read ({type(e).__name__}: {' '.join(str(e).split())[:120]}); "
+                            "move it aside to load the rest of the run") from None
+    return pa.concat_tables(tables, promote_options="permissive")
 
 
 def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
-    """cells, steps and meta of a run folder; a one-line UserError if it is not one."""
+    """cells (with derived columns), steps and meta of a run folder; a one-line UserError if it is
+    not one."""
     d = Path(run_dir)
-    if not (d / "cells.parquet").is_file():
+    if not (d / "cells.parquet").exists():
         raise UserError(f"{d} is not a parbench run folder (no cells.parquet); pass results/<run-id>")
-    cells = pd.read_parquet(d / "cells.parquet")
-    steps = pd.read_parquet(d / "steps.parquet") if (d / "steps.parquet").is_file() else frame([], STEP_COLUMNS)
-    meta = json.loads((d / "meta.json").read_text()) if (d / "meta.json").is_file() else {}
+    cells = read_table(d, "cells")
     require_columns(cells, ["workload", "strategy", "backend", "world_size", "status"], str(d / "cells.parquet"))
-    return cells, steps, meta
+    from bench.metrics import all_metrics
+
+    cells = frame(cells, {m.name: m.dtype for m in all_metrics() if m.name in cells or m.name == "role"})
+    steps = read_table(d, "steps", STEP_COLUMNS)
+    meta = load_meta(d)
+    cells = derive(cells, steps)
+    order = [c for c in CELL_COLUMNS if c in cells] + [c for c in cells.columns if c not in CELL_COLUMNS]
+    return cells[order].sort_values("cell_id", kind="stable").reset_index(drop=True), steps, meta
+
+
+def load_meta(d: Path) -> dict[str, Any]:
+    p = Path(d) / "meta.json"
+    if not p.is_file():
+        return {}
+    try:
+        meta = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{p} is not valid JSON ({e}); restore it or delete it to load the run without metadata") \
+            from None
+    if not isinstance(meta, dict):
+        raise UserError(f"{p} holds a JSON {type(meta).__name__}, not an object; delete it to load the run")
+    return meta
 
 
 def _git_commit() -> str | None:

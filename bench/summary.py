@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 def _fmt(v, spec: str) -> str:
@@ -14,29 +15,30 @@ def _fmt(v, spec: str) -> str:
 
 
 def print_summary(run_dir: Path, console: Console | None = None) -> None:
+    """The cells that ran, with the registry's summary columns; skipped cells grouped by reason.
+    Every value is printed as plain text: names and reasons can hold brackets (never markup)."""
+    from bench.metrics import shown
     from bench.results import load_run
 
     cells, _, _ = load_run(run_dir)
     console = console or Console(width=None if Console().is_terminal else 150)
-    t = Table(title=f"parbench run {run_dir}")
-    for col in ("workload", "strategy", "backend", "ws", "status", "step ms (median)", "samples/s",
-                "scaling eff", "MFU", "parity"):
-        t.add_column(col)
-    shown = cells[cells["status"] != "skipped"]
-    for _, r in shown.iterrows():
+    cols = [m for m in shown("summary", cells.columns) if m.name != "status"]
+    t = Table(title=Text(f"parbench run {run_dir}"))
+    for m in cols:
+        t.add_column(Text(m.title))
+    t.add_column("status")
+    t.add_column("parity")
+    for _, r in cells[cells["status"] != "skipped"].iterrows():
         parity = "" if pd.isna(r.get("parity_ok")) else ("ok" if r["parity_ok"] else f"FAIL {r['parity_rel_err']:.1e}")
-        status = r["status"] if r["status"] == "ok" else f"{r['status']}: {str(r['reason'])[:60]}"
-        t.add_row(str(r["workload"]), str(r["strategy"]), str(r["backend"]), str(r["world_size"]), status,
-                  _fmt(r["step_time_median_s"] * 1e3 if pd.notna(r["step_time_median_s"]) else None, ".2f"),
-                  _fmt(r["throughput_samples_s"], ".1f"), _fmt(r["scaling_efficiency"], ".2f"),
-                  _fmt(r["mfu"], ".1%"), parity)
+        status = r["status"] if r["status"] == "ok" else f"{r['status']}: {str(r['reason'])[:80]}"
+        t.add_row(*[Text(m.show(r.get(m.name))) for m in cols], Text(status), Text(parity))
     console.print(t)
     skipped = cells[cells["status"] == "skipped"]
     if len(skipped):
-        console.print(f"{len(skipped)} cells skipped:")
+        console.print(Text(f"{len(skipped)} cells skipped:"))
         for reason, g in skipped.groupby("reason"):
             which = ", ".join(f"{r.workload} {r.strategy} {r.backend} x{r.world_size}" for r in g.itertuples())
-            console.print(f"  {reason}: {which}", soft_wrap=True)
+            console.print(Text(f"  {reason}: {which}"), soft_wrap=True)
 
 
 def print_compare(table: pd.DataFrame, threshold: float, console: Console | None = None) -> None:

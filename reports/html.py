@@ -43,31 +43,13 @@ loss at every step with the single-device run on the same batches.</p>
 </body></html>
 """
 
-COLUMNS = [("workload", "workload"), ("strategy", "strategy"), ("backend", "backend"), ("world_size", "ws"),
-           ("status", "status"), ("mesh", "mesh"), ("step_time_median_s", "step ms"), ("step_time_p95_s", "p95 ms"),
-           ("throughput_samples_s", "samples/s"), ("scaling_efficiency", "scaling eff"), ("mfu", "MFU"),
-           ("peak_mem_bytes", "peak GiB"), ("comm_time_s", "comm ms"), ("exposed_comm_s", "exposed ms"),
-           ("overlap_frac", "overlap"), ("idle_frac", "idle"), ("bubble_measured", "bubble"),
-           ("bubble_theory", "bubble theory"), ("gpu_util_mean", "GPU util %"), ("energy_per_sample_j", "J/sample"),
-           ("parity_rel_err", "parity err"), ("parity_ok", "parity ok"), ("reason", "reason")]
+def table_columns(columns) -> list:
+    """The report table's columns: keys and status, the registry's report metrics, then the reason."""
+    from bench.metrics import lookup, shown
 
-
-def _fmt(col: str, v) -> str:
-    if v is None or (not isinstance(v, str) and pd.isna(v)):
-        return ""
-    if col.endswith("_s") and ("step_time" in col or "comm" in col):
-        return f"{v * 1e3:.2f}"
-    if col in ("overlap_frac", "idle_frac", "bubble_measured", "bubble_theory"):
-        return f"{v:.0%}"
-    if col == "peak_mem_bytes":
-        return f"{v / 2**30:.2f}"
-    if col == "mfu":
-        return f"{v:.1%}"
-    if col == "parity_rel_err":
-        return f"{v:.1e}"
-    if isinstance(v, float):
-        return f"{v:.2f}" if abs(v) < 1e4 else f"{v:.0f}"
-    return str(v)
+    head = [lookup(c) for c in ("workload", "strategy", "backend", "world_size", "status")]
+    body = [m for m in shown("report", columns) if m.name not in {h.name for h in head}]
+    return head + body + [lookup("reason")]
 
 
 def _slug(text: str) -> str:
@@ -108,14 +90,15 @@ def build_report(run_dir: Path, out: Path | None = None) -> Path:
                 name = f"telemetry-{metric}.png"
                 figures.save(figures.telemetry_lines(samples, cells, metric), out / name)
                 telemetry.append(name)
+    cols = table_columns(cells.columns)
     rows = []
     for _, r in cells.iterrows():
         bad = r["status"] in ("failed", "timeout") or r.get("parity_ok") is False
         cls = "bad" if bad else ("skip" if r["status"] == "skipped" else "")
-        rows.append({"cls": cls, "vals": [_fmt(c, r.get(c)) for c, _ in COLUMNS]})
+        rows.append({"cls": cls, "vals": [m.show(r.get(m.name)) for m in cols]})
     html = jinja2.Environment(autoescape=True).from_string(TEMPLATE).render(
         meta={"run_id": run_dir.name, **meta}, workloads=wls, telemetry=telemetry,
-        columns=[h for _, h in COLUMNS], rows=rows,
+        columns=[m.title for m in cols], rows=rows,
         n_ok=int((cells["status"] == "ok").sum()), n_skipped=int((cells["status"] == "skipped").sum()),
         n_bad=int(cells["status"].isin(["failed", "timeout"]).sum()))
     path = out / "index.html"

@@ -9,7 +9,7 @@ import importlib
 
 from bench import UserError
 from strategies.allreduce import AllReduce, AllReduceBucketed
-from strategies.base import Cell, Context, Step, Strategy
+from strategies.base import Context, Option, Step, Strategy
 from strategies.chain import Chain, EncoderHead, LayerSplit
 from strategies.dataparallel import DataParallel
 from strategies.ddp import DDPStrategy
@@ -43,7 +43,7 @@ REGISTRY: dict[str, type[Strategy]] = {
     )
 }
 
-__all__ = ["REGISTRY", "Cell", "Context", "Step", "Strategy", "get", "names"]
+__all__ = ["REGISTRY", "Context", "Option", "Step", "Strategy", "get", "names"]
 
 
 def names() -> list[str]:

@@ -11,9 +11,11 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from bench.spec import CellSpec
 from bench.workloads import Workload
-from strategies.base import Cell, Context, Step, Strategy, local_share, make_optimizer, train_step
-from strategies.ddp import data_parallel_check
+from strategies.base import Context, Step, Strategy
+from strategies.common import local_share, make_optimizer, train_step
+from strategies.ddp import BUCKET_MB, data_parallel_check
 
 
 def buckets(tensors: list[torch.Tensor], cap_bytes: int) -> list[list[torch.Tensor]]:
@@ -49,15 +51,15 @@ class AllReduce(Strategy):
     needs = "world size <= devices; global batch divisible by world size"
     bucketed = False
 
-    def check(self, cell: Cell, wl: Workload) -> str | None:
-        return data_parallel_check(cell, wl)
+    def check(self, cell: CellSpec, *, gpus: int) -> str | None:
+        return data_parallel_check(cell, gpus=gpus)
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         model = wl.build(ctx.device)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = make_optimizer(params, ctx)
         w = ctx.world_size
-        cap = int(ctx.options.get("bucket_mb", 25) * 2**20)
+        cap = int(ctx.options.get("bucket_mb", BUCKET_MB.default) * 2**20)
 
         def per_param():
             for p in params:
@@ -69,10 +71,11 @@ class AllReduce(Strategy):
 
         hook = bucketed if self.bucketed else per_param
         return Step(run=lambda b: train_step(model, wl, ctx, opt, local_share(b, ctx), after_backward=hook),
-                    loss_weight=1.0 / w, model=model)
+                    loss_weight=1.0 / w)
 
 
 class AllReduceBucketed(AllReduce):
     name = "allreduce-bucketed"
     summary = "hand-written data parallel: gradients flattened into bucket_mb buffers, then all-reduced"
     bucketed = True
+    options = (BUCKET_MB,)

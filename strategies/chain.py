@@ -10,11 +10,12 @@ last) on rank 0 feeds a separately optimised head on rank 1 every step, trained 
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
+from bench.spec import CellSpec
 from bench.workloads import Workload
-from strategies.base import P2P, Cell, Context, Step, Strategy, common_check, make_optimizer, stage_modules
+from strategies.base import MESH, Context, OneProcessMultiGPU, Step, Strategy, common_check
+from strategies.common import P2P, make_optimizer, stage_modules
 
 
 class Chain(Strategy):
@@ -22,12 +23,16 @@ class Chain(Strategy):
     summary = "hand-written model parallel over ranks: blocking send/recv of activations and gradients"
     needs = "world size >= 2 and <= blocks; CUDA+NCCL, CUDA+Gloo (through host memory) or CPU+Gloo"
     min_world = 2
+    labels = (MESH,)
 
-    def check(self, cell: Cell, wl: Workload) -> str | None:
-        r = common_check(cell, min_world=self.min_world)
-        if r is None and wl.n_blocks < cell.world_size:
-            r = f"{wl.n_blocks} blocks cannot fill {cell.world_size} ranks"
+    def check(self, cell: CellSpec, *, gpus: int) -> str | None:
+        r = common_check(cell, gpus=gpus, min_world=self.min_world)
+        if r is None and cell.workload.n_blocks < cell.n_devices:
+            r = f"{cell.workload.n_blocks} blocks cannot fill {cell.n_devices} ranks"
         return r
+
+    def label_values(self, cell: CellSpec) -> dict:
+        return {"mesh": f"chain{cell.n_devices}"}
 
     def stages(self, wl: Workload, model: nn.Module, world: int) -> list[nn.Module]:
         return stage_modules(wl, model, world)
@@ -66,7 +71,7 @@ class Chain(Strategy):
             opt.zero_grad(set_to_none=True)
             return loss.detach() if last else None
 
-        return Step(run=run, loss_weight=1.0 if last else 0.0, model=mine, extra={"mesh": f"chain{w}"})
+        return Step(run=run, loss_weight=1.0 if last else 0.0)
 
 
 class EncoderHead(Chain):
@@ -74,38 +79,35 @@ class EncoderHead(Chain):
     summary = "two collaborating models: encoder on rank 0 feeds its output to a head on rank 1 every step"
     needs = "world size 2; a workload with at least 2 blocks"
 
-    def check(self, cell: Cell, wl: Workload) -> str | None:
-        if cell.world_size != 2:
+    def check(self, cell: CellSpec, *, gpus: int) -> str | None:
+        if cell.n_devices != 2:
             return "encoder-head runs on exactly 2 ranks (encoder, head)"
-        return super().check(cell, wl)
+        return super().check(cell, gpus=gpus)
 
     def stages(self, wl: Workload, model: nn.Module, world: int) -> list[nn.Module]:
         blocks = wl.blocks(model)
         return [nn.Sequential(*blocks[:-1]), nn.Sequential(blocks[-1])]
 
 
-class LayerSplit(Strategy):
+class LayerSplit(OneProcessMultiGPU):
     name = "layersplit"
     summary = "naive model parallel in one process: blocks placed on several GPUs, activations .to(next)"
-    needs = "CUDA; world size (GPUs used) <= visible GPUs and <= blocks; one process (backend 'none')"
-    uses_backend = False
+    needs = "CUDA; world size (GPUs used) <= visible GPUs and <= blocks; one process"
+    cpu_reason = "layer split places blocks on several GPUs; on CPU there is one device"
+    labels = (MESH,)
 
-    def procs(self, world_size: int) -> int:
-        return 1
+    def check(self, cell: CellSpec, *, gpus: int) -> str | None:
+        reason = super().check(cell, gpus=gpus)
+        if reason is None and cell.workload.n_blocks < cell.n_devices:
+            reason = f"{cell.workload.n_blocks} blocks cannot fill {cell.n_devices} GPUs"
+        return reason
 
-    def check(self, cell: Cell, wl: Workload) -> str | None:
-        if cell.device != "cuda":
-            return "layer split places blocks on several GPUs; on CPU there is one device"
-        if cell.world_size > cell.gpus_available:
-            return f"world size {cell.world_size} > {cell.gpus_available} visible GPU(s)"
-        if wl.n_blocks < cell.world_size:
-            return f"{wl.n_blocks} blocks cannot fill {cell.world_size} GPUs"
-        return None
+    def label_values(self, cell: CellSpec) -> dict:
+        return {"mesh": f"split{cell.n_devices}"}
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
-        n = ctx.options["world_size"]
-        parts = stage_modules(wl, wl.build(ctx.device), n)
-        devices = [torch.device("cuda", i) for i in range(n)]
+        devices = list(ctx.devices)
+        parts = stage_modules(wl, wl.build(ctx.device), len(devices))
         for part, dev in zip(parts, devices):
             part.to(dev)
         model = nn.ModuleList(parts)
@@ -123,4 +125,4 @@ class LayerSplit(Strategy):
             opt.zero_grad(set_to_none=True)
             return loss.detach()
 
-        return Step(run=run, loss_weight=1.0, model=model, extra={"mesh": f"split{n}"})
+        return Step(run=run, loss_weight=1.0)

@@ -4,33 +4,42 @@ from __future__ import annotations
 
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from bench.spec import CellSpec
 from bench.workloads import Workload
-from strategies.base import Cell, Context, Step, Strategy, common_check, local_share, make_optimizer, train_step
+from strategies.base import Context, Option, Step, Strategy, common_check
+from strategies.common import local_share, make_optimizer, train_step
+
+#: DDP's own default bucket size (torch.nn.parallel.DistributedDataParallel, bucket_cap_mb=25); the
+#: hand-written all-reduce strategies use the same option so the two compare like with like.
+BUCKET_MB = Option(name="bucket_mb", type=float, default=25.0, minimum=0.001,
+                   help="gradient bucket size in MiB (DDP, hand-written bucketed all-reduce, dp-pp)")
 
 
 class DDPStrategy(Strategy):
     name = "ddp"
     summary = "DistributedDataParallel: bucketed all-reduce overlapped with backward"
     needs = "world size <= devices; global batch divisible by world size"
+    options = (BUCKET_MB,)
 
-    def check(self, cell: Cell, wl: Workload) -> str | None:
-        return data_parallel_check(cell, wl)
+    def check(self, cell: CellSpec, *, gpus: int) -> str | None:
+        return data_parallel_check(cell, gpus=gpus)
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         model = wl.build(ctx.device)
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        ddp = DDP(model, device_ids=ids, bucket_cap_mb=ctx.options.get("bucket_mb", 25))
+        ddp = DDP(model, device_ids=ids, bucket_cap_mb=ctx.options["bucket_mb"])
         opt = make_optimizer(ddp.parameters(), ctx)
         return Step(run=lambda b: train_step(ddp, wl, ctx, opt, local_share(b, ctx)),
-                    loss_weight=1.0 / ctx.world_size, model=model)
+                    loss_weight=1.0 / ctx.world_size)
 
 
-def data_parallel_check(cell: Cell, wl: Workload, *, min_world: int = 1) -> str | None:
+def data_parallel_check(cell: CellSpec, *, gpus: int, min_world: int = 1) -> str | None:
     """The checks of every strategy that splits the global batch over all its ranks."""
-    return common_check(cell, min_world=min_world) or divisible(wl, cell.world_size)
+    return common_check(cell, gpus=gpus, min_world=min_world) or divisible(cell.workload.global_batch,
+                                                                          cell.n_devices)
 
 
-def divisible(wl: Workload, world: int) -> str | None:
-    if wl.global_batch % world:
-        return f"global batch {wl.global_batch} does not divide by world size {world}"
+def divisible(global_batch: int, world: int) -> str | None:
+    if global_batch % world:
+        return f"global batch {global_batch} does not divide by world size {world}"
     return None

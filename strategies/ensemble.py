@@ -5,7 +5,7 @@ share of each global batch; nothing is exchanged while training. After the timed
 member predicts on the same held-out batch and the predictions are combined with ``all_gather``
 (mean of the members' outputs). The cell reports the aggregation's time and bytes and the
 ensemble's loss, and rank 0 checks the whole thing against the same members trained one after
-another in a single process (``parity_*``).
+another in a single process (its ``self_parity``, which fills the parity columns).
 """
 
 from __future__ import annotations
@@ -13,18 +13,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from bench.results import PARITY_TOL
+from bench.metrics import Metric
+from bench.spec import CellSpec
 from bench.workloads import Workload
-from strategies.base import (
-    Cell,
-    Context,
-    Step,
-    Strategy,
-    local_share,
-    make_optimizer,
-    time_region,
-    train_step,
-)
+from strategies.base import Context, Step, Strategy
+from strategies.common import local_share, make_optimizer, time_region, train_step
 from strategies.ddp import data_parallel_check
 
 
@@ -43,15 +36,25 @@ class Ensemble(Strategy):
     summary = "independent models, one per rank, each on its own data; outputs all_gather-ed at the end"
     needs = "world size <= devices; global batch divisible by world size"
     min_world = 2
+    role = "independent"
+    metrics = (
+        Metric(name="aggregate_s", dtype="float64", unit="s", over_ranks="max", higher_is_better=False,
+               doc="all_gather of the members' predictions on one held-out batch"),
+        Metric(name="aggregate_bytes", dtype="float64", unit="B", over_ranks="max"),
+        Metric(name="ensemble_loss", dtype="float64", over_ranks="rank0",
+               doc="loss of the members' mean prediction on the held-out batch"),
+    )
 
-    def check(self, cell: Cell, wl: Workload) -> str | None:
-        return data_parallel_check(cell, wl, min_world=self.min_world)
+    def check(self, cell: CellSpec, *, gpus: int) -> str | None:
+        return data_parallel_check(cell, gpus=gpus, min_world=self.min_world)
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         r, w = ctx.rank, ctx.world_size
         model = build_member(wl, ctx.device, ctx.seed + 1000 * (r + 1))
         opt = make_optimizer(model.parameters(), ctx)
         seen: list = []
+        held_out = ctx.to_device(wl.batch(10**6))  # no training step uses this index
+        result: dict[str, float] = {}
 
         def run(b):
             seen.append(b)
@@ -62,7 +65,7 @@ class Ensemble(Strategy):
                 return m(x).float()
 
         def finish():
-            x, y = ctx.to_device(wl.batch(10**6))  # held out: no training step uses this index
+            x, y = held_out
             out = predict(model, x)
             gathered = [torch.empty_like(out) for _ in range(w)]
 
@@ -70,22 +73,23 @@ class Ensemble(Strategy):
                 dist.all_gather(gathered, out)
 
             agg_s = time_region(ctx.device, aggregate, reps=5)
-            ens_loss = float(wl.loss(torch.stack(gathered).mean(0), y))
-            res = {"aggregate_s": agg_s, "aggregate_bytes": float(out.numel() * out.element_size() * w),
-                   "ensemble_loss": ens_loss}
-            if r == 0:  # the same members, trained one after another in this process
-                outs = []
-                for k in range(w):
-                    m = build_member(wl, ctx.device, ctx.seed + 1000 * (k + 1))
-                    o = make_optimizer(m.parameters(), ctx)
-                    for b in seen:
-                        train_step(m, wl, ctx, o, local_share(b, ctx, rank=k))
-                    outs.append(predict(m, x))
-                    del m, o
-                ref = float(wl.loss(torch.stack(outs).mean(0), y))
-                err = abs(ens_loss - ref) / max(abs(ref), 1e-12)
-                res.update(parity_rel_err=err, parity_tol=PARITY_TOL[ctx.precision],
-                           parity_ok=bool(err <= PARITY_TOL[ctx.precision]))
-            return res
+            result["loss"] = float(wl.loss(torch.stack(gathered).mean(0), y))
+            return {"aggregate_s": agg_s, "aggregate_bytes": float(out.numel() * out.element_size() * w),
+                    "ensemble_loss": result["loss"]}
 
-        return Step(run=run, loss_weight=1.0 / w, model=model, finish=finish, extra={"role": "independent"})
+        def self_parity():
+            if r != 0:
+                return None
+            x, y = held_out
+            outs = []  # the same members, trained one after another in this process
+            for k in range(w):
+                m = build_member(wl, ctx.device, ctx.seed + 1000 * (k + 1))
+                o = make_optimizer(m.parameters(), ctx)
+                for b in seen:
+                    train_step(m, wl, ctx, o, local_share(b, ctx, rank=k))
+                outs.append(predict(m, x))
+                del m, o
+            ref = float(wl.loss(torch.stack(outs).mean(0), y))
+            return abs(result["loss"] - ref) / max(abs(ref), 1e-12)
+
+        return Step(run=run, loss_weight=1.0 / w, finish=finish, self_parity=self_parity)

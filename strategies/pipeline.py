@@ -17,14 +17,14 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
+from bench import backends
+from bench.metrics import Metric
+from bench.spec import CellSpec, WorkloadFacts
 from bench.workloads import Workload
 from strategies.allreduce import allreduce_mean_bucketed
-from strategies.base import (
-    Cell,
-    Context,
-    Step,
-    Strategy,
-    common_check,
+from strategies.base import MESH, Context, Option, Step, Strategy, common_check
+from strategies.common import (
+    MESH_OPTION,
     local_share,
     make_optimizer,
     mesh_check,
@@ -32,18 +32,49 @@ from strategies.base import (
     stage_modules,
     time_region,
 )
+from strategies.ddp import BUCKET_MB
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
+
+
+MICRO_BATCHES = Option(name="micro_batches", type=int, default=None, minimum=1,
+                       help="micro-batches per step for the pipelines (default max(4, 2 x stages))")
 
 
 def default_micro_batches(pp: int) -> int:
     return max(4, 2 * pp)
 
 
-def pipeline_check(wl: Workload, cell: Cell, *, pp: int, dp: int, virtual: int) -> str | None:
-    if cell.backend == "gloo" and cell.device == "cuda":
-        return "Gloo has no point-to-point for CUDA tensors (torch.distributed backend table); use nccl"
-    m = int(cell.options.get("micro_batches", default_micro_batches(pp)))
+def _bubble_measured(row) -> float | None:
+    """Idle fraction of the busiest rank: 1 - busy / median step."""
+    busy, step = row.get("stage_busy_s"), row.get("step_time_median_s")
+    if busy is None or not step or busy != busy:
+        return None
+    return max(0.0, 1.0 - busy / step)
+
+
+PIPELINE_LABELS = (
+    Metric(name="schedule", dtype="string", kind="label", doc="pipeline schedule"),
+    Metric(name="micro_batches", dtype="Int64", kind="label", doc="micro-batches per step"),
+    MESH,
+)
+PIPELINE_METRICS = (
+    Metric(name="stage_busy_s", dtype="float64", unit="s", over_ranks="max",
+           doc="m x forward+backward of one micro-batch through a rank's stages, timed alone (busiest rank)"),
+    Metric(name="bubble_theory", dtype="float64", unit="fraction", fmt=".0%", over_ranks="rank0",
+           header="bubble theory", shown=frozenset({"report"}),
+           doc="(p-1)/(m+p-1); (p-1)/(v*m+p-1) interleaved"),
+    Metric(name="bubble_measured", dtype="float64", unit="fraction", fmt=".0%", header="bubble",
+           shown=frozenset({"report"}), higher_is_better=False, derive=_bubble_measured,
+           doc="1 - stage_busy_s / median step time"),
+)
+
+
+def pipeline_check(wl: WorkloadFacts, cell: CellSpec, *, pp: int, dp: int, virtual: int) -> str | None:
+    reason = backends.get(cell.backend).p2p_unsupported(cell.device)
+    if reason:
+        return reason
+    m = cell.options["micro_batches"]
     if wl.n_blocks < pp * virtual:
         return f"{wl.n_blocks} blocks cannot fill {pp * virtual} stages"
     if m < pp:
@@ -119,21 +150,37 @@ class Pipeline(Strategy):
     schedule = "gpipe"
     virtual = 1
     min_world = 2
+    options = (MICRO_BATCHES,)
+    labels = PIPELINE_LABELS
+    metrics = PIPELINE_METRICS
 
-    def check(self, cell: Cell, wl: Workload) -> str | None:
-        return common_check(cell, min_world=self.min_world) or pipeline_check(
-            wl, cell, pp=cell.world_size, dp=1, virtual=self.virtual)
+    def degrees(self, n: int, options: dict) -> tuple[int, int]:
+        """(data-parallel, pipeline) degrees."""
+        return 1, n
+
+    def resolve_options(self, n_devices: int, given: dict) -> dict:
+        out = super().resolve_options(n_devices, given)
+        if out.get("micro_batches") is None:
+            out["micro_batches"] = default_micro_batches(self.degrees(n_devices, out)[1])
+        return out
+
+    def check(self, cell: CellSpec, *, gpus: int) -> str | None:
+        return common_check(cell, gpus=gpus, min_world=self.min_world) or pipeline_check(
+            cell.workload, cell, pp=cell.n_devices, dp=1, virtual=self.virtual)
+
+    def label_values(self, cell: CellSpec) -> dict:
+        dp, pp = self.degrees(cell.n_devices, cell.options)
+        return {"schedule": self.schedule, "micro_batches": cell.options["micro_batches"],
+                "mesh": f"pp{pp}" if dp == 1 else f"dp{dp}xpp{pp}"}
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         pp = ctx.world_size
-        m = int(ctx.options.get("micro_batches", default_micro_batches(pp)))
-        runner = PipelineRunner(wl, ctx, schedule=self.schedule, pp_rank=ctx.rank, pp=pp, m=m, group=None,
-                                virtual=self.virtual)
-        return pipeline_step(runner, wl, ctx, lambda b: ctx.to_device(b), dp=1,
-                             extra={"schedule": self.schedule, "micro_batches": m, "mesh": f"pp{pp}"})
+        runner = PipelineRunner(wl, ctx, schedule=self.schedule, pp_rank=ctx.rank, pp=pp,
+                                m=ctx.options["micro_batches"], group=None, virtual=self.virtual)
+        return pipeline_step(runner, wl, ctx, lambda b: ctx.to_device(b), dp=1)
 
 
-def pipeline_step(runner: PipelineRunner, wl: Workload, ctx: Context, share, *, dp: int, extra: dict,
+def pipeline_step(runner: PipelineRunner, wl: Workload, ctx: Context, share, *, dp: int,
                   after_backward=None) -> Step:
     last_batch: dict[str, torch.Tensor] = {}
 
@@ -145,7 +192,7 @@ def pipeline_step(runner: PipelineRunner, wl: Workload, ctx: Context, share, *, 
     def finish():
         return {"stage_busy_s": runner.busy_seconds(last_batch["y"]), "bubble_theory": runner.theory()}
 
-    return Step(run=run, loss_weight=(1.0 / dp) if runner.last else 0.0, finish=finish, extra=extra)
+    return Step(run=run, loss_weight=(1.0 / dp) if runner.last else 0.0, finish=finish)
 
 
 class Pipeline1F1B(Pipeline):
@@ -162,35 +209,38 @@ class PipelineInterleaved(Pipeline):
     virtual = 2
 
 
-class DPxPipeline(Strategy):
+class DPxPipeline(Pipeline):
     name = "dp-pp"
     summary = "2D: 1F1B pipeline along each mesh row, hand-written bucketed gradient all-reduce across rows"
     needs = "world size >= 4 = dp x pp (option mesh, default dp=2); NCCL on CUDA or Gloo on CPU"
     schedule = "1f1b"
+    min_world = 4
+    options = (MICRO_BATCHES, MESH_OPTION, BUCKET_MB)
 
-    def check(self, cell: Cell, wl: Workload) -> str | None:
-        r = common_check(cell) or mesh_check(cell)
+    def degrees(self, n: int, options: dict) -> tuple[int, int]:
+        return parse_mesh(options.get("mesh"), n)
+
+    def check(self, cell: CellSpec, *, gpus: int) -> str | None:
+        r = common_check(cell, gpus=gpus) or mesh_check(cell)
         if r:
             return r
-        dp, pp = parse_mesh(cell.options.get("mesh"), cell.world_size)
-        return pipeline_check(wl, cell, pp=pp, dp=dp, virtual=1)
+        dp, pp = self.degrees(cell.n_devices, cell.options)
+        return pipeline_check(cell.workload, cell, pp=pp, dp=dp, virtual=1)
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
-        # DDP on the data-parallel dimension of a pipeline trips a reducer assertion unless there is
-        # one micro-batch (shared/NOTES-torch.md), so the dp gradients are all-reduced by hand.
-        dp, pp = parse_mesh(ctx.options.get("mesh"), ctx.world_size)
+        # DDP on the data-parallel dimension of a pipeline trips a reducer assertion
+        # (params_.size() == rebuilt_param_indices_.size()) unless there is one micro-batch, so the
+        # dp gradients are all-reduced by hand.
+        dp, pp = self.degrees(ctx.world_size, ctx.options)
         mesh = init_device_mesh(ctx.device.type, (dp, pp), mesh_dim_names=("dp", "pp"))
-        m = int(ctx.options.get("micro_batches", default_micro_batches(pp)))
-        runner = PipelineRunner(wl, ctx, schedule=self.schedule, pp_rank=mesh.get_local_rank("pp"), pp=pp, m=m,
-                                group=mesh.get_group("pp"))
+        runner = PipelineRunner(wl, ctx, schedule=self.schedule, pp_rank=mesh.get_local_rank("pp"), pp=pp,
+                                m=ctx.options["micro_batches"], group=mesh.get_group("pp"))
         dp_group, dp_rank = mesh.get_group("dp"), mesh.get_local_rank("dp")
         params = [p for mod in runner.mods for p in mod.parameters()]
-
-        cap = int(ctx.options.get("bucket_mb", 25) * 2**20)
+        cap = int(ctx.options["bucket_mb"] * 2**20)
 
         def reduce_dp():
             allreduce_mean_bucketed([p.grad for p in params], cap, world=dp, group=dp_group)
 
         return pipeline_step(runner, wl, ctx, lambda b: local_share(b, ctx, rank=dp_rank, world=dp), dp=dp,
-                             extra={"schedule": self.schedule, "micro_batches": m, "mesh": f"dp{dp}xpp{pp}"},
                              after_backward=reduce_dp)

@@ -2,25 +2,27 @@
 
 from __future__ import annotations
 
+from bench.spec import CellSpec
 from bench.workloads import Workload
-from strategies.base import Cell, Context, Step, Strategy, make_optimizer, train_step
+from strategies.base import Context, Step, Strategy
+from strategies.common import make_optimizer, train_step
 
 
 class Single(Strategy):
     name = "single"
     summary = "one device, no communication: the parity and scaling reference"
     needs = "world size 1; any device"
-    uses_backend = False
+    one_process = True
+    role = "reference"
 
-    def check(self, cell: Cell, wl: Workload) -> str | None:
-        if cell.world_size != 1:
+    def check(self, cell: CellSpec, *, gpus: int) -> str | None:
+        if cell.n_devices != 1:
             return "single device runs at world size 1 only"
-        if cell.device == "cuda" and cell.gpus_available < 1:
+        if cell.device == "cuda" and gpus < 1:
             return "no visible GPU"
         return None
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         model = wl.build(ctx.device)
         opt = make_optimizer(model.parameters(), ctx)
-        return Step(run=lambda b: train_step(model, wl, ctx, opt, ctx.to_device(b)), loss_weight=1.0,
-                    model=model)
+        return Step(run=lambda b: train_step(model, wl, ctx, opt, ctx.to_device(b)), loss_weight=1.0)

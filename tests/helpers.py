@@ -6,8 +6,10 @@ import time
 
 import torch.distributed as dist
 
+from bench.metrics import Metric
 from bench.workloads import Workload
-from strategies.base import Context, Step, Strategy, local_share, make_optimizer, train_step
+from strategies.base import Context, Step, Strategy
+from strategies.common import local_share, make_optimizer, train_step
 
 
 class NoAverage(Strategy):
@@ -53,6 +55,9 @@ class KnownCommSerial(Strategy):
     name = "test-comm-serial"
     summary = needs = "test only"
     overlap = False
+    metrics = (Metric(name="alone_comm_s", dtype="float64", unit="s", over_ranks="max"),
+               Metric(name="stopwatch_comm_s", dtype="float64", unit="s", over_ranks="max"),
+               Metric(name="comm_bytes", dtype="float64", unit="B", over_ranks="max"))
     numel = 16 * 2**20  # 64 MiB: long enough that thread wake-ups on a busy 2-core VM are noise
     matmuls = 12
 

@@ -14,7 +14,8 @@ pb() { python3 -m bench.cli run --no-progress --out "$R/$1" "${@:2}"; }
 show() {  # short table of the latest run under $R/$1
   python3 - "$(ls -d "$R/$1"/*/ | tail -n 1)" <<'PY'
 import sys, pandas as pd
-c = pd.read_parquet(sys.argv[1] + "cells.parquet")
+from bench.results import load_run
+c = load_run(sys.argv[1])[0]
 cols = [x for x in ["strategy", "backend", "world_size", "mesh", "status", "step_time_median_s", "throughput_samples_s",
         "scaling_efficiency", "mfu", "peak_mem_bytes", "parity_rel_err", "comm_time_s", "exposed_comm_s",
         "overlap_frac", "idle_frac", "energy_per_sample_j", "gpu_util_mean", "overhead_s"] if x in c]
@@ -49,10 +50,11 @@ two)
   python3 - "$OUT/plain.jsonl" "$R" <<'PY'
 import json, sys, glob, pandas as pd
 plain = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-cells = pd.read_parquet(glob.glob(sys.argv[2] + "/two/*/cells.parquet")[0])
+from bench.results import load_run
+cells = load_run(glob.glob(sys.argv[2] + "/two/*/")[0])[0]
 print("harness vs plain loop (same model, batches, optimizer; mean step time over 20 steps):")
 for p in plain:
-    strat, be = ("single", "none") if p["world_size"] == 1 else ("ddp", p["backend"])
+    strat, be = ("single", "nccl") if p["world_size"] == 1 else ("ddp", p["backend"])
     h = cells[(cells.strategy == strat) & (cells.backend == be) & (cells.world_size == p["world_size"]) & (cells.status == "ok")]
     if len(h):
         r = h.iloc[0]
@@ -73,7 +75,8 @@ overhead)
 import sys, glob, pandas as pd
 print("sampler overhead (ddp nccl x2, gpt-200m, 60 steps):")
 for hz in ("0", "20", "100", "0b"):
-    c = pd.read_parquet(glob.glob(f"{sys.argv[1]}/hz{hz}/*/cells.parquet")[0])
+    from bench.results import load_run
+    c = load_run(glob.glob(f"{sys.argv[1]}/hz{hz}/*/")[0])[0]
     r = c[c.strategy == "ddp"].iloc[0]
     print(f"  {hz:>4s} Hz: median {r.step_time_median_s*1e3:.3f} ms  CI [{r.step_time_ci_low_s*1e3:.3f}, "
           f"{r.step_time_ci_high_s*1e3:.3f}]  mean {r.step_time_mean_s*1e3:.3f} ms")

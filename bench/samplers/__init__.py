@@ -61,9 +61,12 @@ class Sampler(threading.Thread):
         self._halt.set()
         self.join(timeout=5)
 
-    def snapshot(self) -> list[dict[str, Any]]:
+    def drain(self) -> list[dict[str, Any]]:
+        """The rows sampled since the last drain; the sampler keeps no more than that, so a long
+        run's memory does not grow with its samples (the launcher appends them to disk)."""
         with self._lock:
-            return list(self.rows)
+            rows, self.rows = self.rows, []
+        return rows
 
     def notes(self) -> dict[str, str]:
         out: dict[str, str] = {}

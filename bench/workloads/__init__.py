@@ -7,15 +7,20 @@ enters as ``package.module:factory``; the factory returns a :class:`Workload`.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from bench import UserError
+
+if TYPE_CHECKING:
+    from bench.spec import WorkloadFacts
 
 Batch = tuple[Tensor, Tensor]
 
@@ -41,6 +46,19 @@ class Workload:
     n_heads: int | None = None  # attention heads, for tensor-parallel divisibility
     params: int | None = None
     description: str = ""
+    # How this model is tensor-parallel: ``tp_plan(model, mesh, **options)`` parallelizes the model
+    # in place (torchtitan keeps each model's parallelize function with the model, since the plan
+    # depends on its module names). None: the tensor-parallel strategies skip this workload.
+    tp_plan: Callable[..., None] | None = None
+
+    def facts(self, spec: str, dims: dict[str, int]) -> WorkloadFacts:
+        """What the planner records of this workload, once."""
+        from bench.spec import WorkloadFacts
+
+        return WorkloadFacts(name=self.name, spec=spec, dims=dict(dims), global_batch=self.global_batch,
+                             flops_per_sample=self.flops_per_sample, params=self.params, n_blocks=self.n_blocks,
+                             n_heads=self.n_heads, has_tp_plan=self.tp_plan is not None,
+                             description=self.description)
 
 
 def seeded(seed: int, step: int) -> torch.Generator:
@@ -64,6 +82,11 @@ def shard(batch: Batch, rank: int, world: int) -> Batch:
         raise ValueError(f"global batch {n} does not divide by {world} ranks")
     k = n // world
     return tuple(t[rank * k:(rank + 1) * k] for t in batch)  # type: ignore[return-value]
+
+
+def display_name(base: str, dims: dict[str, int]) -> str:
+    """``mlp`` with width=1024 -> ``mlp(width=1024)``: two variants of one workload never share a name."""
+    return base if not dims else f"{base}({','.join(f'{k}={v}' for k, v in sorted(dims.items()))})"
 
 
 def _registry() -> dict[str, Callable[..., Workload]]:
@@ -92,9 +115,10 @@ def resolve(spec: str, *, seed: int = 0, global_batch: int | None = None, **dims
         kw["global_batch"] = global_batch
     if spec in reg:
         try:
-            return reg[spec](**kw)
+            wl = reg[spec](**kw)
         except TypeError as e:
             raise UserError(f"workload {spec!r}: {e}; see `parbench list` for its dimensions") from None
+        return _named(wl, spec, dims)
     if ":" not in spec:
         raise UserError(
             f"unknown workload {spec!r}: use one of {', '.join(reg)} or 'package.module:factory'"
@@ -110,8 +134,23 @@ def resolve(spec: str, *, seed: int = 0, global_batch: int | None = None, **dims
         raise UserError(f"workload {spec!r}: {mod_name} has no callable {attr!r}")
     accepted = inspect.signature(factory).parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
-    wl = factory(**{k: v for k, v in kw.items() if takes_any or k in accepted})
+    unknown = [k for k in dims if not (takes_any or k in accepted)]
+    if unknown:
+        raise UserError(f"workload {spec!r} takes no dimension {unknown[0]!r}; its factory accepts "
+                        f"{', '.join(k for k in accepted if k != 'seed') or 'none'}")
+    try:
+        wl = factory(**{k: v for k, v in kw.items() if takes_any or k in accepted})
+    except Exception as e:  # noqa: BLE001 - a user's factory failing is the user's to fix
+        raise UserError(f"workload {spec!r}: its factory raised {type(e).__name__}: {' '.join(str(e).split())}"
+                        [:300]) from None
     if not isinstance(wl, Workload):
         raise UserError(f"workload {spec!r}: factory returned {type(wl).__name__}, "
                         "expected bench.workloads.Workload")
+    return _named(wl, spec.rpartition(".")[2].replace(":", "."), dims)
+
+
+def _named(wl: Workload, base: str, dims: dict[str, int]) -> Workload:
+    """The workload under a name that carries its dimensions (unless its factory named them)."""
+    if dims and "(" not in wl.name:
+        return dataclasses.replace(wl, name=display_name(wl.name or base, dims))
     return wl

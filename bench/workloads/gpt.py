@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bench.workloads import Workload, build_on, seeded
+from bench.workloads import Workload, build_on, display_name, seeded
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +112,20 @@ class GPT(nn.Sequential):
                 nn.init.zeros_(p)
 
 
+def tensor_parallel(model: nn.Module, mesh, **_options) -> None:
+    """Megatron-style tensor parallelism of every block: q/k/v and the MLP's up projection split
+    column-wise (each rank owns some heads and hidden units), the attention output and the MLP's
+    down projection row-wise: one all-reduce per sub-layer in forward and one in backward.
+    Embedding, norms and head stay replicated."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+            "attn.o": RowwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
+    for block in model.modules():
+        if isinstance(block, Block):
+            parallelize_module(block, mesh, plan)
+
+
 def matmul_params(cfg: GPTConfig) -> int:
     """Parameters that take part in matrix products (all Linear weights, the head included)."""
     d, f = cfg.d_model, cfg.d_ff
@@ -149,9 +163,8 @@ def make(*, size: str = "gpt-tiny", seed: int = 0, **dims: int) -> Workload:
     n_params = (matmul_params(cfg) + cfg.vocab * cfg.d_model + cfg.seq_len * cfg.d_model
                 + cfg.n_layer * (4 * cfg.d_model + cfg.d_ff + cfg.d_model + 4 * cfg.d_model)
                 + 2 * cfg.d_model)
-    name = size if not dims else f"{size}({','.join(f'{k}={v}' for k, v in sorted(dims.items()))})"
     return Workload(
-        name=name,
+        name=display_name(size, dims),
         build=lambda device: build_on(device, seed, lambda: GPT(cfg)),
         batch=batch,
         loss=loss,
@@ -160,6 +173,7 @@ def make(*, size: str = "gpt-tiny", seed: int = 0, **dims: int) -> Workload:
         n_blocks=cfg.n_layer + 2,
         n_heads=cfg.n_head,
         params=n_params,
+        tp_plan=tensor_parallel,
         description=f"decoder transformer d={cfg.d_model} L={cfg.n_layer} H={cfg.n_head} T={cfg.seq_len} "
                     f"V={cfg.vocab}, {n_params / 1e6:.1f}M params",
     )

@@ -23,7 +23,7 @@ def run(tmp_path, **flags) -> pd.DataFrame:
     flags.setdefault("device", "cpu")
     flags.setdefault("backends", "gloo")
     cfg = build_config(toml=None, flags={"out": str(tmp_path), **flags}, gpus=0)
-    cells, _, _ = load_run(launch.run(cfg, 0, progress=False))
+    cells, _, _ = load_run(launch.run(cfg, 0))
     return cells
 
 

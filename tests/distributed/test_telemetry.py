@@ -24,7 +24,7 @@ def known(tmp_path_factory):
         "out": str(tmp_path_factory.mktemp("known")), "device": "cpu", "backends": "gloo", "workloads": "mlp",
         "strategies": "tests.helpers:KnownCommSerial,tests.helpers:KnownCommOverlap", "world_sizes": "2",
         "steps": 3, "warmup": 2, "profile_steps": 15, "sample_hz": 0}, gpus=0)
-    run_dir = launch.run(cfg, 0, progress=False)
+    run_dir = launch.run(cfg, 0)
     cells, _, _ = load_run(run_dir)
     return cells.set_index("strategy"), pd.read_parquet(run_dir / "comm.parquet"), run_dir
 
@@ -70,7 +70,7 @@ def test_samples_are_written_with_the_run(tmp_path):
     cfg = build_config(toml=None, flags={"out": str(tmp_path), "device": "cpu", "workloads": "mlp",
                                          "strategies": "single", "world_sizes": "1", "steps": 20, "warmup": 1,
                                          "sample_hz": 50}, gpus=0)
-    run_dir = launch.run(cfg, 0, progress=False)
+    run_dir = launch.run(cfg, 0)
     samples = pd.read_parquet(run_dir / "samples.parquet")
     assert {"host", "device", "t", "metric", "value"} <= set(samples.columns)
     assert set(samples["device"]) == {"host"}  # no GPU here: no GPU row invented
@@ -86,6 +86,6 @@ def test_host_sampler_keeps_its_rate():
         s.start()
         time.sleep(2.0)
         s.stop()
-        ts = sorted({r["t"] for r in s.snapshot()})
+        ts = sorted({r["t"] for r in s.drain()})
         rate = (len(ts) - 1) / (ts[-1] - ts[0])
         assert rate == pytest.approx(hz, rel=0.10)

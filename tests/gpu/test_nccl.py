@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_count() < 1, reason="needs
 
 def run(tmp_path, **flags):
     cfg = build_config(toml=None, flags={"out": str(tmp_path), "device": "cuda", **flags}, gpus=gpu_count())
-    cells, _, _ = load_run(launch.run(cfg, gpu_count(), progress=False))
+    cells, _, _ = load_run(launch.run(cfg, gpu_count()))
     return cells
 
 
@@ -24,7 +24,8 @@ def test_issue2_strategies_match_single_gpu_on_nccl_and_gloo(tmp_path):
     cells = run(tmp_path, workloads="gpt-small", strategies="all", backends="nccl,gloo", world_sizes="2",
                 steps=5, warmup=2, precision="fp32")
     ok = cells[cells["status"] == "ok"]
-    expected = {("single", "none"), ("dataparallel", "none")} | {
+    # One-process cells run under the group's NCCL process group (and say so).
+    expected = {("single", "nccl"), ("dataparallel", "nccl")} | {
         (s, b) for s in ("ddp", "allreduce", "allreduce-bucketed") for b in ("nccl", "gloo")}
     assert expected <= set(zip(ok["strategy"], ok["backend"])), cells[["strategy", "backend", "status", "reason"]]
     assert ok["parity_ok"].all(), ok[["strategy", "backend", "parity_rel_err"]]
@@ -50,7 +51,7 @@ def test_nccl_telemetry_energy_and_comm_records(tmp_path):
     cfg = build_config(toml=None, flags={"out": str(tmp_path), "device": "cuda", "workloads": "gpt-small",
                                          "strategies": "ddp,fsdp", "backends": "nccl", "world_sizes": "2",
                                          "steps": 20, "warmup": 3, "sample_hz": 50}, gpus=gpu_count())
-    run_dir = launch.run(cfg, gpu_count(), progress=False)
+    run_dir = launch.run(cfg, gpu_count())
     cells, _, meta = load_run(run_dir)
     ok = cells[(cells["status"] == "ok") & (cells["strategy"] != "single")]
     assert len(ok) == 2, cells[["strategy", "status", "reason"]]

@@ -36,7 +36,7 @@ def test_gloo_trace():
         ev("gloo:all_reduce", 120, 700, tid=2, cat="user_annotation",
            **{"Input Dims": [[1024]], "Input type": ["float"]}),
     ]}
-    bd, rows = analyze_trace(trace, "cpu", steps=1)
+    bd, rows = analyze_trace(trace, "cpu", steps=1, backend="gloo")
     assert rows == [{"op": "all_reduce", "group_size": None, "bytes": 4096.0, "start_s": pytest.approx(120e-6),
                      "duration_s": pytest.approx(700e-6)}]
     assert bd["comm_time_s"] == pytest.approx(700e-6)

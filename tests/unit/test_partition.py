@@ -1,6 +1,6 @@
 import pytest
 
-from strategies.base import parse_mesh, partition
+from strategies.common import parse_mesh, partition
 
 
 def test_partition_is_contiguous_covering_and_balanced():

@@ -1,33 +1,65 @@
+import pytest
+
+from bench import UserError
 from bench.config import build_config
 from bench.launch import group, plan
 
 
+def planned(flags, gpus):
+    cfg = build_config(toml=None, flags=flags, gpus=gpus)
+    cells, wls, metrics = plan(cfg, gpus=gpus)
+    return {(p.spec.strategy, p.spec.backend, p.spec.n_devices): p for p in cells}, cells, wls
+
+
 def test_skips_carry_reasons_and_the_reference_is_added():
-    cfg = build_config(toml=None, flags={"workloads": "mlp", "strategies": "dataparallel,ddp",
-                                         "backends": "nccl,gloo", "world_sizes": "1,2", "device": "cpu"}, gpus=0)
-    cells, _ = plan(cfg, gpus=0)
-    by = {(c.strategy, c.backend, c.world_size): c for c in cells}
-    assert by[("single", "none", 1)].reason is None  # added: parity needs it
-    assert "needs CUDA" in by[("dataparallel", "none", 2)].reason
+    by, _, _ = planned({"workloads": "mlp", "strategies": "dataparallel,ddp", "backends": "nccl,gloo",
+                        "world_sizes": "1,2", "device": "cpu"}, 0)
+    assert by[("single", "gloo", 1)].reason is None  # added: parity needs it; runs under the group's gloo
+    assert by[("single", "gloo", 1)].spec.role == "reference"
+    assert "needs CUDA" in by[("dataparallel", "gloo", 2)].reason
     assert "NCCL needs CUDA" in by[("ddp", "nccl", 2)].reason
     assert by[("ddp", "gloo", 2)].reason is None
 
 
-def test_gpu_cells_beyond_the_visible_gpus_are_skipped():
-    cfg = build_config(toml=None, flags={"workloads": "mlp", "strategies": "ddp,dataparallel",
-                                         "world_sizes": "1,2,4"}, gpus=2)
-    cells, _ = plan(cfg, gpus=2)
-    by = {(c.strategy, c.backend, c.world_size): c for c in cells}
+def test_gpu_cells_beyond_the_visible_gpus_are_skipped_and_devices_are_planned():
+    by, _, _ = planned({"workloads": "mlp", "strategies": "ddp,dataparallel", "world_sizes": "1,2,4"}, 2)
     assert "world size 4 > 2 visible GPU(s)" in by[("ddp", "nccl", 4)].reason
-    assert by[("dataparallel", "none", 2)].reason is None and by[("dataparallel", "none", 2)].nproc == 1
+    dp2 = by[("dataparallel", "nccl", 2)]
+    assert dp2.reason is None and dp2.spec.n_procs == 1 and dp2.spec.n_devices == 2
+    assert dp2.spec.devices == (0, 1) and by[("ddp", "gloo", 2)].spec.devices == (0, 1)
 
 
 def test_groups_by_nproc_and_backend_reference_first():
-    cfg = build_config(toml=None, flags={"workloads": "mlp,gpt-tiny", "strategies": "ddp,dataparallel",
-                                         "world_sizes": "1,2"}, gpus=2)
-    cells, _ = plan(cfg, gpus=2)
-    groups = group(cells, cfg.backends, cfg.device)
-    assert [(g.nproc, g.backend) for g in groups] == [(1, "nccl"), (1, "gloo"), (2, "nccl"), (2, "gloo")]
+    _, cells, _ = planned({"workloads": "mlp,gpt-tiny", "strategies": "ddp,dataparallel", "world_sizes": "1,2"}, 2)
+    groups = group(cells)
+    assert [(g.n_procs, g.backend) for g in groups] == [(1, "nccl"), (1, "gloo"), (2, "nccl"), (2, "gloo")]
     first = groups[0]
     assert first.cells[0].strategy == "single"
     assert {c.strategy for c in first.cells} == {"single", "ddp", "dataparallel"}
+
+
+def test_workload_variants_keep_their_dimensions_in_the_name():
+    by, cells, wls = planned({"workloads": "mlp,mlp[width=1024],convnet[width=16]", "strategies": "single",
+                              "device": "cpu"}, 0)
+    assert list(wls) == ["mlp", "mlp(width=1024)", "convnet(width=16)"]
+    assert {p.spec.workload.name for p in cells} == set(wls)
+    assert wls["mlp(width=1024)"].params > wls["mlp"].params
+
+
+def test_options_are_validated_and_resolved_per_strategy():
+    by, _, _ = planned({"workloads": "gpt-tiny[n_layer=6]", "strategies": "pipeline-1f1b,ddp,dp-pp",
+                        "world_sizes": "2,4", "device": "cpu", "options": {"micro_batches": "4"}}, 0)
+    assert by[("pipeline-1f1b", "gloo", 2)].spec.options == {"micro_batches": 4}
+    assert by[("ddp", "gloo", 2)].spec.options == {"bucket_mb": 25.0}  # its own options only, default filled
+    assert by[("pipeline-1f1b", "gloo", 2)].spec.labels == {"schedule": "1f1b", "micro_batches": 4, "mesh": "pp2"}
+    assert by[("dp-pp", "gloo", 4)].spec.labels["mesh"] == "dp2xpp2"
+    with pytest.raises(UserError, match="micro_batches='abc' must be an integer"):
+        planned({"workloads": "gpt-tiny", "strategies": "pipeline-1f1b", "device": "cpu",
+                 "options": {"micro_batches": "abc"}}, 0)
+    with pytest.raises(UserError, match="option 'colour' is not an option.*known: bucket_mb"):
+        planned({"workloads": "gpt-tiny", "strategies": "ddp", "device": "cpu", "options": {"colour": 1}}, 0)
+
+
+def test_tensor_parallel_needs_a_plan_from_the_workload():
+    by, _, _ = planned({"workloads": "mlp", "strategies": "tensor", "world_sizes": "2", "device": "cpu"}, 0)
+    assert "declares no tensor-parallel plan" in by[("tensor", "gloo", 2)].reason

@@ -7,7 +7,8 @@ from bench.results import CELL_COLUMNS, STEP_COLUMNS, RunWriter, derive, frame, 
 
 def cell(cid, strategy, ws, tput, precision="fp32"):
     return dict(cell_id=cid, workload="w", strategy=strategy, backend="gloo", device="cpu", world_size=ws,
-                status="ok", precision=precision, throughput_samples_s=tput)
+                status="ok", precision=precision, throughput_samples_s=tput,
+                role="reference" if strategy == "single" else "")
 
 
 def steps(cid, losses, ranks=1):
@@ -36,14 +37,32 @@ def test_bf16_tolerance_is_looser():
 def test_writer_keeps_every_finished_cell_on_disk(tmp_path):
     w = RunWriter(tmp_path / "run1")
     w.add(cell(0, "single", 1, 10.0), steps(0, [1.0, 0.9]))
-    first = pd.read_parquet(tmp_path / "run1" / "cells.parquet")
+    first = pd.read_parquet(tmp_path / "run1" / "cells.parquet")  # a folder of parts reads as one table
     assert len(first) == 1
     w.add(dict(cell_id=1, workload="w", strategy="ddp", backend="gloo", device="cpu", world_size=2,
                status="failed", reason="boom"))
     cells, st, _ = load_run(tmp_path / "run1")
     assert list(cells["status"]) == ["ok", "failed"] and len(st) == 2
     assert list(cells.columns[: len(CELL_COLUMNS)]) == list(CELL_COLUMNS)
-    assert not list((tmp_path / "run1").glob(".*tmp"))
+    assert not list((tmp_path / "run1").glob("*/.*tmp"))
+    # append-only: the first part is untouched by the second cell
+    parts = sorted((tmp_path / "run1" / "cells.parquet").iterdir())
+    assert len(parts) == 2 and pd.read_parquet(parts[0])["cell_id"].tolist() == [0]
+
+
+def test_writer_refuses_a_column_the_registry_does_not_know(tmp_path):
+    w = RunWriter(tmp_path / "run1")
+    with pytest.raises(ValueError, match="not in its schema"):
+        w.add(dict(cell(0, "single", 1, 1.0), colour="red"))
+
+
+def test_old_single_file_runs_still_load(tmp_path):
+    d = tmp_path / "old"
+    d.mkdir()
+    frame([cell(0, "single", 1, 10.0)], CELL_COLUMNS).drop(columns=["role"]).to_parquet(d / "cells.parquet")
+    frame(steps(0, [1.0]), STEP_COLUMNS).to_parquet(d / "steps.parquet")
+    cells, st, meta = load_run(d)
+    assert cells.loc[0, "scaling_efficiency"] == 1.0 and cells.loc[0, "parity_ok"] and meta == {}
 
 
 def test_load_run_names_what_is_wrong(tmp_path):

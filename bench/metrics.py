@@ -1,0 +1,210 @@
+"""The metric registry: the only list of the cells table's columns.
+
+Every column a cell row can carry is one :class:`Metric` here (the core) or in a strategy's
+``metrics`` (its own, e.g. the pipeline bubble). A metric says what it is (unit, dtype), how the
+ranks' values combine, which way is better, how to print it, where it is shown and whether
+``compare`` looks at it. The row builder, the parquet schema, the terminal summary, the report's
+table and ``compare`` all read this registry, so adding a metric is one entry plus the code that
+computes it.
+
+Strategy metrics live in the strategy's own namespace: a declared name that equals a core column is
+refused when the strategy is loaded (not at run time in rank 0), and a value a strategy returns
+without declaring it is kept under ``<strategy>.<key>`` in the ``extras`` column instead of
+becoming a column that could shadow a core one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Dtype = Literal["string", "Int64", "float64", "boolean"]
+OverRanks = Literal["max", "mean", "sum", "min", "rank0"]
+Kind = Literal["key", "fact", "metric", "label"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Metric:
+    """One column of the cells table."""
+
+    name: str
+    dtype: Dtype
+    unit: str = ""
+    kind: Kind = "metric"  # key: identifies the cell; fact: planned; metric: measured; label: strategy setting
+    over_ranks: OverRanks = "rank0"  # how the per-rank values of a strategy metric combine
+    higher_is_better: bool | None = None
+    compared: bool = False  # compare reports it
+    header: str = ""  # short column header for tables ("" = the name)
+    fmt: str | Callable[[Any], str] = ""  # format spec or function for display
+    scale: float = 1.0  # display value = value * scale (seconds shown as ms, bytes as GiB)
+    shown: frozenset[str] = field(default_factory=frozenset)  # "summary", "report"
+    derived: bool = False  # computed when a run is read (parity, scaling), never stored
+    doc: str = ""
+    # For strategy metrics computed from the finished row (e.g. the bubble from busy time and the
+    # median step): row -> value. Runs after the core columns are filled.
+    derive: Callable[[Mapping[str, Any]], Any] | None = None
+
+    @property
+    def title(self) -> str:
+        return self.header or self.name
+
+    def show(self, value: Any) -> str:
+        """The value as a table shows it ('' for missing)."""
+        if value is None or (isinstance(value, float) and value != value):
+            return ""
+        try:
+            import pandas as pd
+
+            if pd.isna(value):
+                return ""
+        except (TypeError, ValueError):
+            pass
+        if callable(self.fmt):
+            return self.fmt(value)
+        if isinstance(value, bool) or self.dtype in ("string", "boolean"):
+            return str(value)
+        v = value * self.scale if self.scale != 1.0 else value
+        if self.fmt:
+            return format(v, self.fmt)
+        if isinstance(v, float):
+            return f"{v:.2f}" if abs(v) < 1e4 else f"{v:.0f}"
+        return str(v)
+
+
+S, R = frozenset({"summary", "report"}), frozenset({"report"})
+
+
+def _ms(**kw) -> dict[str, Any]:
+    return dict(dtype="float64", unit="s", scale=1e3, fmt=".2f", **kw)
+
+
+def _frac(**kw) -> dict[str, Any]:
+    return dict(dtype="float64", unit="fraction", fmt=".0%", **kw)
+
+
+#: The core columns, in table order.
+CORE: tuple[Metric, ...] = (
+    Metric(name="run_id", dtype="string", kind="fact"),
+    Metric(name="cell_id", dtype="Int64", kind="fact"),
+    Metric(name="workload", dtype="string", kind="key", shown=S, doc="workload name with its dimensions"),
+    Metric(name="strategy", dtype="string", kind="key", shown=S),
+    Metric(name="backend", dtype="string", kind="key", shown=S, doc="process-group backend the cell ran under"),
+    Metric(name="device", dtype="string", kind="key"),
+    Metric(name="world_size", dtype="Int64", kind="key", header="ws", shown=S, doc="devices the cell uses"),
+    Metric(name="nproc", dtype="Int64", kind="fact", doc="processes the cell uses"),
+    Metric(name="status", dtype="string", kind="fact", shown=S),
+    Metric(name="reason", dtype="string", kind="fact"),
+    Metric(name="role", dtype="string", kind="fact",
+           doc="reference (the single-device cell), independent (checks its own parity) or empty"),
+    Metric(name="steps", dtype="Int64", kind="fact"),
+    Metric(name="warmup", dtype="Int64", kind="fact"),
+    Metric(name="global_batch", dtype="Int64", kind="fact"),
+    Metric(name="precision", dtype="string", kind="fact"),
+    Metric(name="step_time_median_s", **_ms(header="step ms", shown=S, higher_is_better=False, compared=True)),
+    Metric(name="step_time_p95_s", **_ms(header="p95 ms", shown=R, higher_is_better=False)),
+    Metric(name="step_time_mean_s", **_ms(header="mean ms", higher_is_better=False)),
+    Metric(name="step_time_ci_low_s", **_ms(higher_is_better=False)),
+    Metric(name="step_time_ci_high_s", **_ms(higher_is_better=False)),
+    Metric(name="throughput_samples_s", dtype="float64", unit="samples/s", header="samples/s", fmt=".1f",
+           shown=S, higher_is_better=True, compared=True),
+    Metric(name="scaling_efficiency", dtype="float64", header="scaling eff", fmt=".2f", shown=S,
+           higher_is_better=True, derived=True,
+           doc="throughput / (world size x throughput of the single-device cell)"),
+    Metric(name="mfu", dtype="float64", unit="fraction", header="MFU", fmt=".1%", shown=S, higher_is_better=True),
+    Metric(name="peak_mem_bytes", dtype="float64", unit="B", header="peak GiB", scale=2**-30, fmt=".2f", shown=R,
+           over_ranks="max", higher_is_better=False),
+    Metric(name="loss_final", dtype="float64"),
+    Metric(name="parity_rel_err", dtype="float64", header="parity err", fmt=".1e", shown=R,
+           doc="largest relative difference of the global loss from the reference's, over all steps; filled "
+               "when the run is read, except for cells that check their own parity (an ensemble)"),
+    Metric(name="parity_tol", dtype="float64", derived=True),
+    Metric(name="parity_ok", dtype="boolean", header="parity ok", shown=R, derived=True),
+    Metric(name="params", dtype="Int64", kind="fact"),
+    Metric(name="flops_per_sample", dtype="float64", kind="fact"),
+    Metric(name="gpu_name", dtype="string", kind="fact"),
+    Metric(name="cell_wall_s", dtype="float64", unit="s"),
+    Metric(name="overhead_s", dtype="float64", unit="s", doc="wall time of the cell minus timed and profiled steps"),
+    Metric(name="profile_s", dtype="float64", unit="s"),
+    Metric(name="compute_time_s", **_ms(header="compute ms", over_ranks="mean")),
+    Metric(name="comm_time_s", **_ms(header="comm ms", shown=R, over_ranks="mean")),
+    Metric(name="exposed_comm_s", **_ms(header="exposed ms", shown=R, over_ranks="mean", higher_is_better=False)),
+    Metric(name="overlap_frac", **_frac(header="overlap", shown=R, over_ranks="mean")),
+    Metric(name="idle_frac", **_frac(header="idle", shown=R, over_ranks="mean")),
+    Metric(name="timed_start_unix", dtype="float64", unit="s"),
+    Metric(name="timed_end_unix", dtype="float64", unit="s"),
+    Metric(name="energy_j", dtype="float64", unit="J", over_ranks="sum"),
+    Metric(name="energy_per_sample_j", dtype="float64", unit="J", header="J/sample", fmt=".2f", shown=R,
+           higher_is_better=False),
+    Metric(name="samples_per_j", dtype="float64", unit="samples/J", higher_is_better=True),
+    Metric(name="gpu_util_mean", dtype="float64", unit="%", header="GPU util %", fmt=".0f", shown=R),
+    Metric(name="sm_active_mean", dtype="float64", unit="%"),
+    Metric(name="tensor_active_mean", dtype="float64", unit="%"),
+    Metric(name="power_mean_w", dtype="float64", unit="W"),
+    Metric(name="extras", dtype="string", kind="fact",
+           doc="JSON of values a strategy returned without declaring them, as {'<strategy>.<key>': value}"),
+)
+CORE_NAMES: frozenset[str] = frozenset(m.name for m in CORE)
+_BY_NAME = {m.name: m for m in CORE}
+
+
+def core(name: str) -> Metric:
+    return _BY_NAME[name]
+
+
+def check_declared(owner: str, declared: Iterable[Metric]) -> None:
+    """Refuse strategy metrics that collide with a core column or with each other."""
+    seen: set[str] = set()
+    for m in declared:
+        if m.name in CORE_NAMES:
+            raise ValueError(f"strategy {owner!r} declares metric {m.name!r}, a core column; rename it "
+                             f"(e.g. {owner.split('-')[0]}_{m.name})")
+        if m.name in seen:
+            raise ValueError(f"strategy {owner!r} declares metric {m.name!r} twice")
+        seen.add(m.name)
+
+
+def registry(strategy_metrics: Iterable[Metric] = ()) -> list[Metric]:
+    """Core columns then the strategies' declared ones (first declaration of a name wins: two
+    strategies of one family share their columns)."""
+    out = list(CORE)
+    names = set(CORE_NAMES)
+    for m in strategy_metrics:
+        if m.name not in names:
+            names.add(m.name)
+            out.append(m)
+    return out
+
+
+def all_metrics() -> list[Metric]:
+    """The registry over every built-in strategy (what the summary, report and compare read)."""
+    import strategies
+
+    return registry(m for cls in strategies.REGISTRY.values() for m in (*cls.labels, *cls.metrics))
+
+
+def lookup(name: str, metrics: Iterable[Metric] | None = None) -> Metric | None:
+    for m in metrics if metrics is not None else all_metrics():
+        if m.name == name:
+            return m
+    return None
+
+
+def stored(metrics: Iterable[Metric]) -> list[Metric]:
+    """The columns written to disk (derived columns are computed when a run is read)."""
+    return [m for m in metrics if not m.derived]
+
+
+def key_columns(columns: Iterable[str]) -> list[str]:
+    """The columns that identify a cell across runs: the core keys and any strategy label present."""
+    cols = list(columns)
+    keys = [m.name for m in CORE if m.kind == "key"]
+    labels = [m.name for m in all_metrics() if m.kind == "label" and m.name in cols]
+    return keys + labels
+
+
+def shown(where: str, columns: Iterable[str] | None = None) -> list[Metric]:
+    """Metrics shown in ``where`` ('summary' or 'report'), in registry order, restricted to columns
+    present when given."""
+    cols = None if columns is None else set(columns)
+    return [m for m in all_metrics() if where in m.shown and (cols is None or m.name in cols)]

@@ -1,0 +1,228 @@
+"""The typed contracts between planner, launcher and worker.
+
+* :class:`CellSpec`: one cell, planned once (workload facts resolved, options validated, devices
+  chosen); the launcher serialises it, the worker reads exactly this.
+* :class:`GroupPlan`: the cells one torchrun runs, with the group's backend and measurement settings.
+* :class:`RankMeasurement`: what one rank measured in one cell.
+* Events (:class:`Start`, :class:`Error`, :class:`Measured`): the worker-to-launcher stream, one
+  JSON line each.
+
+Everything crosses the process boundary as JSON written by :func:`dump` and read back by
+:func:`load`, which checks every field's presence and type: a plan or event that does not match
+the contract fails loudly at the boundary instead of as a KeyError deep in a rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+Status = Literal["ok", "failed", "timeout", "skipped"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadFacts:
+    """What the planner learned from a workload once; ranks rebuild the model from ``spec``/``dims``."""
+
+    name: str  # display name, dimensions included: gpt-small(d_model=512)
+    spec: str  # built-in name or package.module:factory
+    dims: dict[str, int]
+    global_batch: int
+    flops_per_sample: float | None
+    params: int | None
+    n_blocks: int
+    n_heads: int | None
+    has_tp_plan: bool
+    description: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measure:
+    """How a cell is measured (the same for every cell of a run today)."""
+
+    steps: int
+    warmup: int
+    profile_steps: int
+    precision: str  # fp32 | bf16
+    seed: int
+    lr: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class CellSpec:
+    cell_id: int
+    workload: WorkloadFacts
+    strategy: str  # registry name
+    strategy_spec: str  # what loads it: a registry name or package.module:Class
+    backend: str  # the process-group backend the cell runs under
+    device: str  # cpu | cuda
+    n_devices: int  # devices the cell uses (the world size column)
+    n_procs: int  # processes it runs in (1 for DataParallel and layer split)
+    devices: tuple[int, ...]  # planned CUDA indices; empty on CPU
+    options: dict[str, Any]  # the strategy's declared options, validated, defaults filled in
+    labels: dict[str, Any]  # the strategy's settings as row columns (mesh, schedule, ...)
+    role: str  # reference | independent | ""
+    measure: Measure
+    mode: Literal["train"] = "train"
+
+    @property
+    def title(self) -> str:
+        return f"{self.strategy} {self.workload.name} {self.backend} x{self.n_devices}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupPlan:
+    """One torchrun: ``n_procs`` processes, one process group, these cells in order."""
+
+    backend: str
+    device: str
+    n_procs: int
+    events_prefix: str
+    pg_timeout_s: float
+    trace_dir: str | None
+    cells: tuple[CellSpec, ...]
+
+
+@dataclass(kw_only=True)
+class RankMeasurement:
+    """One rank's measurements of one cell (never raises out of a rank: failures are a status)."""
+
+    rank: int
+    status: Literal["ok", "failed"] = "ok"
+    reason: str = ""
+    times: list[float] = field(default_factory=list)  # timed steps, seconds
+    starts: list[float] = field(default_factory=list)  # unix start of each timed step
+    losses: list[float] = field(default_factory=list)  # warm-up then timed, NaN where none
+    loss_weight: float = 0.0
+    peak_mem: float | None = None
+    energy_j: float | None = None  # NVML energy of this rank's GPUs over the timed window
+    window: tuple[float, float] | None = None  # unix start and end of the timed steps
+    breakdown: dict[str, float] = field(default_factory=dict)
+    comm: list[dict[str, Any]] = field(default_factory=list)
+    profile_s: float = 0.0
+    metrics: dict[str, Any] = field(default_factory=dict)  # the strategy's own values
+    self_parity: float | None = None  # relative error a strategy measured against its own reference
+    gpu_name: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Start:
+    cell_id: int
+    t: float
+    event: Literal["start"] = "start"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Error:
+    cell_id: int
+    rank: int
+    reason: str
+    t: float
+    event: Literal["error"] = "error"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measured:
+    cell_id: int
+    wall_s: float
+    ranks: list[RankMeasurement]
+    t: float
+    event: Literal["measured"] = "measured"
+
+
+Event = Union[Start, Error, Measured]
+EVENTS: dict[str, type] = {"start": Start, "error": Error, "measured": Measured}
+
+
+class ContractError(ValueError):
+    """A plan or event that does not match its dataclass."""
+
+
+def dump(obj: Any) -> str:
+    """JSON of a contract dataclass (tuples become lists; NaN stays NaN, as JSON allows in Python)."""
+    return json.dumps(dataclasses.asdict(obj), default=str)
+
+
+def load(cls: type, text: str | dict) -> Any:
+    """Parse and validate ``text`` as ``cls``; raises :class:`ContractError` naming the field."""
+    data = json.loads(text) if isinstance(text, str) else text
+    return _build(cls, data, cls.__name__)
+
+
+def load_event(line: str) -> Event:
+    data = json.loads(line)
+    kind = data.get("event") if isinstance(data, dict) else None
+    if kind not in EVENTS:
+        raise ContractError(f"event {kind!r} unknown; expected one of {', '.join(EVENTS)}")
+    return _build(EVENTS[kind], data, kind)
+
+
+def _build(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ContractError(f"{where}: expected an object, got {type(value).__name__}")
+        hints = typing.get_type_hints(tp)
+        fields = {f.name: f for f in dataclasses.fields(tp)}
+        unknown = set(value) - set(fields)
+        if unknown:
+            raise ContractError(f"{where}: unknown field(s) {sorted(unknown)}")
+        kw = {}
+        for name, f in fields.items():
+            if name not in value:
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                    raise ContractError(f"{where}: missing field {name!r}")
+                continue
+            kw[name] = _build(hints[name], value[name], f"{where}.{name}")
+        return tp(**kw)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _build(a, value, where)
+            except ContractError as e:
+                errors.append(str(e))
+        raise ContractError(errors[0] if errors else f"{where}: None not allowed")
+    if origin is Literal:
+        if value not in args:
+            raise ContractError(f"{where}: {value!r} not one of {args}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise ContractError(f"{where}: expected a list, got {type(value).__name__}")
+        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_build(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+        if origin is tuple:
+            if len(value) != len(args):
+                raise ContractError(f"{where}: expected {len(args)} items, got {len(value)}")
+            return tuple(_build(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+        return [_build(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)] if args else list(value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ContractError(f"{where}: expected an object, got {type(value).__name__}")
+        vt = args[1] if args else Any
+        return {str(k): _build(vt, v, f"{where}.{k}") for k, v in value.items()}
+    if tp is Any:
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ContractError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ContractError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp in (str, bool):
+        if not isinstance(value, tp):
+            raise ContractError(f"{where}: expected {tp.__name__}, got {value!r}")
+        return value
+    raise ContractError(f"{where}: cannot check type {tp!r}")

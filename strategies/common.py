@@ -1,0 +1,171 @@
+"""Helpers several strategies share: optimizer, batch shares, the train step, stage partitioning,
+point-to-point transport, the 2D mesh option, region timing."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from bench.spec import CellSpec
+from bench.workloads import Batch, Workload
+from strategies.base import Context, Option
+
+
+def make_optimizer(params, ctx: Context) -> torch.optim.Optimizer:
+    """The optimizer every strategy uses: plain SGD, so that parity compares like with like.
+
+    DTensor and plain parameters go in separate groups: the multi-tensor (foreach) update, the
+    default on CUDA, refuses a list that mixes them (tensor parallel leaves norms and embeddings
+    as plain tensors)."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(params)
+    groups = [g for g in ([p for p in params if isinstance(p, DTensor)],
+                          [p for p in params if not isinstance(p, DTensor)]) if g]
+    return torch.optim.SGD([{"params": g} for g in groups], lr=ctx.lr)
+
+
+def local_share(batch: Batch, ctx: Context, *, rank: int | None = None, world: int | None = None) -> Batch:
+    """This rank's contiguous share of the global batch, moved to its device."""
+    from bench.workloads import shard
+
+    return ctx.to_device(shard(batch, ctx.rank if rank is None else rank,
+                               ctx.world_size if world is None else world))
+
+
+def train_step(model: nn.Module, wl: Workload, ctx: Context, opt: torch.optim.Optimizer,
+               batch: Batch, after_backward: Callable[[], None] | None = None) -> Tensor:
+    """forward, loss, backward, optional gradient hook, optimizer step."""
+    x, y = batch
+    with ctx.autocast():
+        out = model(x)
+    loss = wl.loss(out, y)
+    loss.backward()
+    if after_backward is not None:
+        after_backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def param_count(m: nn.Module) -> int:
+    return sum(p.numel() for p in m.parameters())
+
+
+def partition(costs: list[float], k: int) -> list[tuple[int, int]]:
+    """Split ``costs`` into ``k`` contiguous non-empty ranges minimising the largest sum (linear
+    partition by dynamic programming; blocks are few, so O(k n^2) is nothing)."""
+    n = len(costs)
+    if not 1 <= k <= n:
+        raise ValueError(f"cannot split {n} blocks into {k} stages")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(k + 1)]
+    cut = [[0] * (n + 1) for _ in range(k + 1)]
+    best[0][0] = 0.0
+    for j in range(1, k + 1):
+        for i in range(j, n + 1):
+            for s in range(j - 1, i):
+                v = max(best[j - 1][s], prefix[i] - prefix[s])
+                if v < best[j][i]:
+                    best[j][i], cut[j][i] = v, s
+    bounds, i = [], n
+    for j in range(k, 0, -1):
+        bounds.append((cut[j][i], i))
+        i = cut[j][i]
+    return bounds[::-1]
+
+
+def stage_modules(wl: Workload, model: nn.Module, n_stages: int) -> list[nn.Module]:
+    """The model cut into ``n_stages`` contiguous sequences of blocks of balanced parameter count."""
+    blocks = wl.blocks(model)
+    # Cost: parameters, with a floor so parameter-free blocks still count as work.
+    costs = [max(param_count(b), 1) for b in blocks]
+    return [nn.Sequential(*blocks[a:b]) for a, b in partition(costs, n_stages)]
+
+
+def parse_mesh(text: str | None, world: int) -> tuple[int, int]:
+    """'2x2' -> (2, 2): (data-parallel degree, model-parallel degree). None: dp=2, the rest model
+    parallel. The one mesh parser: config validation and the 2D strategies both call it."""
+    if text is None:
+        return (2, max(world // 2, 1))
+    m = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", str(text).lower())
+    if not m:
+        raise ValueError(f"mesh {text!r} must look like 2x2 (data parallel x model parallel)")
+    dp, mp = int(m[1]), int(m[2])
+    if dp < 1 or mp < 1:
+        raise ValueError(f"mesh {text!r}: both degrees must be >= 1, e.g. 2x2")
+    return dp, mp
+
+
+MESH_OPTION = Option(name="mesh", type=str, default=None,
+                     help="2D layout DPxMP for the hybrids, e.g. 2x2 (default: dp=2, the rest model parallel)")
+
+
+def mesh_check(cell: CellSpec) -> str | None:
+    """Divisibility checks of a 2D (dp x mp) mesh cell."""
+    w = cell.n_devices
+    try:
+        dp, mp = parse_mesh(cell.options.get("mesh"), w)
+    except ValueError as e:
+        return str(e)
+    if w < 4 or dp < 2 or mp < 2:
+        return f"a 2D mesh needs both degrees >= 2 (world size >= 4); got world size {w}"
+    if dp * mp != w:
+        return f"mesh {dp}x{mp} needs world size {dp * mp}, not {w}"
+    return None
+
+
+class P2P:
+    """Blocking send/recv of activations and gradients. A backend without point-to-point for CUDA
+    tensors (Gloo) moves them through host memory: the cost that backend really has."""
+
+    def __init__(self, ctx: Context, group: dist.ProcessGroup | None = None):
+        self.via_host = ctx.p2p_via_host
+        self.device = ctx.device
+        self.group = group
+
+    def send(self, t: Tensor, dst: int) -> None:
+        dist.send(t.detach().cpu() if self.via_host else t.detach().contiguous(), dst, group=self.group)
+
+    def recv(self, shape: torch.Size, dtype: torch.dtype, src: int) -> Tensor:
+        buf = torch.empty(shape, dtype=dtype, device="cpu" if self.via_host else self.device)
+        dist.recv(buf, src, group=self.group)
+        return buf.to(self.device) if self.via_host else buf
+
+    DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32]
+
+    def send_meta(self, t: Tensor, dst: int) -> None:
+        """Shape and dtype of what follows, once, so the receiver can allocate."""
+        meta = torch.tensor([self.DTYPES.index(t.dtype), t.dim(), *t.shape], dtype=torch.int64)
+        head = torch.tensor([meta.numel()], dtype=torch.int64)
+        self.send(head.to(self.device), dst)
+        self.send(meta.to(self.device), dst)
+
+    def recv_meta(self, src: int) -> tuple[torch.Size, torch.dtype]:
+        n = int(self.recv(torch.Size([1]), torch.int64, src))
+        meta = self.recv(torch.Size([n]), torch.int64, src).tolist()
+        return torch.Size(meta[2:]), self.DTYPES[meta[0]]
+
+
+def time_region(device: torch.device, fn: Callable[[], object], reps: int = 3) -> float:
+    """Median seconds of ``fn`` over ``reps`` calls (device-synchronised)."""
+    import statistics
+    import time
+
+    out = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)

@@ -1,0 +1,64 @@
+"""Append-only storage at scale: 1,000 cells with 1,000,000 telemetry samples written and read back.
+
+Runs once under the default ``--benchmark-disable`` (CI) and as a real benchmark with
+``pytest tests/benchmarks --benchmark-enable``. Time and peak memory are printed; the test fails if
+appending gets slower as the run grows (a cell's write must not depend on how many came before)."""
+
+from __future__ import annotations
+
+import resource
+import time
+
+import pytest
+
+from bench.metrics import all_metrics
+from bench.results import RunWriter, cell_columns, load_run, read_table
+
+N_CELLS, SAMPLES_PER_CELL, STEPS_PER_CELL = 1000, 1000, 20
+
+
+def write_run(path) -> list[float]:
+    w = RunWriter(path, cell_schema=cell_columns(all_metrics()))
+    per_cell = []
+    for c in range(N_CELLS):
+        t0 = time.perf_counter()
+        w.add({"cell_id": c, "workload": "w", "strategy": "ddp", "backend": "gloo", "device": "cpu", "world_size": 2,
+               "status": "ok", "role": "reference" if c == 0 else "", "precision": "fp32",
+               "throughput_samples_s": 100.0, "step_time_median_s": 0.01},
+              [{"cell_id": c, "rank": r, "step": s, "phase": "timed", "step_time_s": 0.01, "loss": 1.0,
+                "loss_weight": 0.5} for r in range(2) for s in range(STEPS_PER_CELL // 2)])
+        w.append("samples", [{"host": "h", "device": "gpu0", "t": c + i / SAMPLES_PER_CELL, "metric": "power_w",
+                              "value": 1.0} for i in range(SAMPLES_PER_CELL)])
+        per_cell.append(time.perf_counter() - t0)
+    return per_cell
+
+
+@pytest.mark.benchmark(group="storage")
+def test_thousand_cells_and_a_million_samples(benchmark, tmp_path, capsys):
+    runs = iter(range(10**6))
+
+    def once():
+        d = tmp_path / f"run{next(runs)}"
+        t0 = time.perf_counter()
+        per_cell = write_run(d)
+        t_write = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        cells, steps, _ = load_run(d)
+        samples = read_table(d, "samples")
+        t_read = time.perf_counter() - t1
+        return per_cell, t_write, t_read, cells, steps, samples
+
+    per_cell, t_write, t_read, cells, steps, samples = benchmark.pedantic(once, rounds=1, iterations=1)
+    assert len(cells) == N_CELLS and len(steps) == N_CELLS * STEPS_PER_CELL
+    assert len(samples) == N_CELLS * SAMPLES_PER_CELL
+    first, last = sum(per_cell[:100]), sum(per_cell[-100:])
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with capsys.disabled():
+        print(f"\nstorage: wrote {N_CELLS} cells + {len(samples):,} samples in {t_write:.2f} s "
+              f"(first 100 cells {first:.2f} s, last 100 {last:.2f} s), read back in {t_read:.2f} s, "
+              f"peak RSS {peak_mib:.0f} MiB")
+    benchmark.extra_info.update(write_s=t_write, read_s=t_read, first100_s=first, last100_s=last,
+                                peak_rss_mib=peak_mib)
+    # Linear growth: the last hundred cells cost about what the first hundred did (rewriting whole
+    # tables, as before, made this ratio grow with the run).
+    assert last < 2.5 * first, (first, last)
