@@ -1,4 +1,4 @@
-"""The `parbench` command: run | report | compare | list."""
+"""The `parbench` command: run | report | compare | comm | list."""
 
 from __future__ import annotations
 
@@ -136,9 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("current")
     p.add_argument("--threshold", default="5%", help="throughput drop that fails, e.g. 5%%")
     sub.add_parser("list", help="workloads and strategies, with what each needs")
+    from bench import cli_comm
+
+    cli_comm.register(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
-    handlers = {"run": cmd_run, "report": cmd_report, "compare": cmd_compare, "list": cmd_list}
+    handlers = {"run": cmd_run, "report": cmd_report, "compare": cmd_compare, "list": cmd_list,
+                "comm": cli_comm.cmd_comm}
     try:
         return handlers[args.cmd](args)
     except UserError as e:
