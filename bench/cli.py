@@ -1,4 +1,4 @@
-"""The `parbench` command: run | report | compare | comm | list."""
+"""The `parbench` command: run | report | compare | history | export | comm | list."""
 
 from __future__ import annotations
 
@@ -24,12 +24,25 @@ def _add_run(sub) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--precision", help="auto (bf16 on cuda, fp32 on cpu), fp32 or bf16")
     p.add_argument("--global-batch", type=int, help="override every workload's global batch")
+    p.add_argument("--scaling", help="strong (default: the same global batch at every world size) or weak "
+                                     "(the same batch per device: n devices train n x the global batch)")
     p.add_argument("--cell-timeout", dest="cell_timeout_s", type=float, help="seconds before a cell is a timeout")
     p.add_argument("--sample-hz", type=float, help="telemetry sampling rate, 0 = off (default 20, max 1000)")
     p.add_argument("--profile-steps", type=int,
                    help="steps profiled after the timed ones for the compute/comm breakdown (default 2; 0 = off)")
     p.add_argument("--trace", action="store_true", default=None,
                    help="keep each rank's Chrome trace (opens in Perfetto) under RUN/traces/")
+    p.add_argument("--repeats", type=int, help="measure each cell N times, in shuffled rounds (default 1)")
+    p.add_argument("--budget", help="time budget for the whole run, e.g. 10m: repeats, steps and caps are "
+                                    "planned to fit (GPU default 10m; 'off' for none)")
+    p.add_argument("--warmup-max", type=int, help="warm-up continues until the step time settles, up to this "
+                                                   "(default 4 x --warmup)")
+    p.add_argument("--steps-max", type=int, help="timed steps continue until --target-ci, up to this "
+                                                  "(default 3 x --steps)")
+    p.add_argument("--target-ci", type=float, help="relative half-width of the median's 95%% interval to reach "
+                                                   "(default 0.02; 0 = fixed step count)")
+    p.add_argument("--time-cap", dest="time_cap_s", type=float,
+                   help="seconds of timed steps after which no more are added (default 20)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", default=[],
                    help="strategy option, repeatable: mesh=2x2, micro_batches=8, bucket_mb=25")
     p.add_argument("--out", help="results folder (default: results)")
@@ -63,7 +76,8 @@ def cmd_run(args) -> int:
     gpus = gpu_count()
     flags = {k: getattr(args, k) for k in ("workloads", "strategies", "backends", "world_sizes", "device",
                                            "steps", "warmup", "seed", "precision", "global_batch",
-                                           "cell_timeout_s", "out", "sample_hz",
+                                           "cell_timeout_s", "out", "sample_hz", "scaling", "repeats", "budget",
+                                           "warmup_max", "steps_max", "target_ci", "time_cap_s",
                                            "profile_steps", "trace")}
     toml = load_toml(args.config) if args.config else {}
     if args.option:
@@ -95,19 +109,6 @@ def cmd_report(args) -> int:
     return 0
 
 
-def cmd_compare(args) -> int:
-    from bench.regress import compare, failed, parse_threshold
-    from bench.results import load_run
-    from bench.summary import print_compare
-
-    thr = parse_threshold(args.threshold)
-    base, _, _ = load_run(args.base)
-    cur, _, _ = load_run(args.current)
-    table = compare(base, cur, thr)
-    print_compare(table, thr)
-    return 1 if failed(table) else 0
-
-
 def cmd_list(args) -> int:
     import strategies
     from bench import workloads
@@ -131,20 +132,18 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("report", help="HTML + PNG report of a run folder")
     p.add_argument("run_dir")
     p.add_argument("-o", "--output", help="output folder (default: RUN_DIR/report)")
-    p = sub.add_parser("compare", help="per-cell changes; exit 1 on a regression past the threshold")
-    p.add_argument("base")
-    p.add_argument("current")
-    p.add_argument("--threshold", default="5%", help="throughput drop that fails, e.g. 5%%")
     sub.add_parser("list", help="workloads and strategies, with what each needs")
-    from bench import cli_comm
+    from bench import cli_comm, cli_regress
 
     cli_comm.register(sub)
+    cli_regress.register(sub)  # compare, history, export
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
-    handlers = {"run": cmd_run, "report": cmd_report, "compare": cmd_compare, "list": cmd_list,
-                "comm": cli_comm.cmd_comm}
+    handlers = {"run": cmd_run, "report": cmd_report, "list": cmd_list, "comm": cli_comm.cmd_comm}
     try:
-        return handlers[args.cmd](args)
+        if args.cmd in handlers:
+            return handlers[args.cmd](args)
+        return args.func(args)
     except UserError as e:
         print(f"parbench: error: {e}", file=sys.stderr)
         return 2

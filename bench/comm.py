@@ -185,6 +185,21 @@ def analyze_trace(trace: dict[str, Any], device_type: str, steps: int,
     return breakdown(compute, iv(spans), window, steps), _span_rows(spans)
 
 
+def comm_volume(trace: dict[str, Any], backend: Backend | str) -> tuple[int, float]:
+    """(calls, bytes) of communication in a trace: the ``record_param_comms`` records c10d writes
+    for each collective and point-to-point call (NCCL), else the backend's own spans (Gloo). The
+    distribution check reads this; it needs only the CPU side of the trace."""
+    be = backends.get(backend) if isinstance(backend, str) else backend
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    records = [_param_comms(e) for e in events if e.get("name") == "record_param_comms"]
+    records = [r for r in records if r["op"] not in (None, "barrier", "wait")]
+    if records:
+        return len(records), float(sum(r["bytes"] or 0.0 for r in records))
+    spans = [e for e in events if be.span_prefixes and e["name"].startswith(be.span_prefixes)
+             and not e["name"].endswith(("barrier", "wait"))]
+    return len(spans), float(sum(_dims_bytes(e.get("args", {})) or 0.0 for e in spans))
+
+
 def _span_rows(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"op": e["name"].split(":", 1)[-1], "group_size": None, "bytes": _dims_bytes(e.get("args", {})),
              "start_s": e["ts"] * 1e-6, "duration_s": e["dur"] * 1e-6} for e in spans]

@@ -39,10 +39,25 @@ class RunConfig:
     out: str = "results"
     cell_timeout_s: float = 300.0
     global_batch: int | None = None
+    # strong: every cell trains the workload's global batch; weak: every device keeps the workload's
+    # global batch, so a cell on n devices trains n times it.
+    scaling: str = "strong"
     sample_hz: float = 20.0
     profile_steps: int = 2
     trace: bool = False
     options: dict[str, Any] = field(default_factory=dict)
+    # Noise (bench/noise.py): each cell measured ``repeats`` times in shuffled rounds; warm-up
+    # continues past ``warmup`` until the step time settles (up to ``warmup_max``, default 4 x
+    # warmup); timed steps continue past ``steps`` until the median's 95% interval is within
+    # ``target_ci`` (relative half-width), ``steps_max`` (default 3 x steps) or ``time_cap_s``.
+    repeats: int = 1
+    warmup_max: int | None = None
+    settle: float = 0.01
+    steps_max: int | None = None
+    target_ci: float = 0.02
+    time_cap_s: float = 20.0
+    # A time budget for the whole run ("10m", "90s"): repeats, steps and caps are planned to fit it.
+    budget: str | None = None
 
     def effective_precision(self) -> str:
         if self.precision != "auto":
@@ -59,8 +74,9 @@ def default_config(gpus: int) -> RunConfig:
         return RunConfig(workloads=["mlp", "gpt-tiny", "convnet"], strategies=["all"], backends=["gloo"],
                          world_sizes=[1, 2], device="cpu", steps=20, warmup=3, cell_timeout_s=120.0)
     sizes = sorted({1, gpus} | {2**k for k in range(1, 4) if 2**k <= gpus})
+    # The full GPU matrix (about 170 cells on 4 GPUs) runs under a 10-minute budget by default.
     return RunConfig(workloads=["mlp", "convnet", "gpt-200m"], strategies=["all"], backends=["nccl", "gloo"],
-                     world_sizes=sizes, device="cuda", steps=30, warmup=5)
+                     world_sizes=sizes, device="cuda", steps=30, warmup=5, budget="10m")
 
 
 def split_list(text: str) -> list[str]:
@@ -138,7 +154,7 @@ def build_config(*, toml: dict[str, Any] | None, flags: dict[str, Any], gpus: in
     given = {k.replace("-", "_") for src in (toml or {}, flags) for k, v in src.items() if v is not None}
     if "device" in given and merged["device"] != base["device"]:
         dev_default = asdict(default_config(0 if merged["device"] == "cpu" else max(gpus, 1)))
-        for key in ("backends", "world_sizes", "workloads", "steps", "warmup", "cell_timeout_s"):
+        for key in ("backends", "world_sizes", "workloads", "steps", "warmup", "cell_timeout_s", "budget"):
             if key not in given:
                 merged[key] = dev_default[key]
     for key in ("workloads", "strategies", "backends"):
@@ -187,6 +203,9 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise UserError(f"backend {bad[0] if bad else '(none)'!r} unknown; use nccl and/or gloo")
     if cfg.device not in DEVICES:
         raise UserError(f"device {cfg.device!r} unknown; use cpu or cuda")
+    if cfg.scaling not in ("strong", "weak"):
+        raise UserError(f"scaling {cfg.scaling!r} unknown; use strong (fixed global batch) or weak (fixed per-device "
+                        "batch)")
     if cfg.precision not in PRECISIONS:
         raise UserError(f"precision {cfg.precision!r} unknown; use auto, fp32 or bf16")
     if cfg.precision == "bf16" and cfg.device == "cpu":
@@ -212,6 +231,20 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise UserError(f"trace={cfg.trace!r} must be true or false")
     if cfg.trace and profile_steps == 0:
         raise UserError("--trace needs profiled steps; drop --profile-steps 0")
+    repeats = _as_int("repeats", cfg.repeats, "--repeats 3")
+    if repeats < 1:
+        raise UserError(f"repeats={repeats} must be >= 1; e.g. --repeats 3")
+    warmup_max = warmup * 4 if cfg.warmup_max is None else _as_int("warmup_max", cfg.warmup_max, "--warmup-max 20")
+    steps_max = steps * 3 if cfg.steps_max is None else _as_int("steps_max", cfg.steps_max, "--steps-max 100")
+    settle = _as_float("settle", cfg.settle, "settle = 0.01")
+    target_ci = _as_float("target_ci", cfg.target_ci, "--target-ci 0.02")
+    time_cap_s = _as_float("time_cap_s", cfg.time_cap_s, "--time-cap 20")
+    if warmup_max < 0 or steps_max < 0:
+        raise UserError(f"warmup_max={warmup_max} and steps_max={steps_max} must be >= 0 (0: fixed counts)")
+    if not 0 <= settle < 1 or not 0 <= target_ci < 1 or time_cap_s < 0:
+        raise UserError(f"settle={settle} and target_ci={target_ci} must be fractions in [0, 1) (0: off) and "
+                        f"time_cap_s={time_cap_s} >= 0")
+    budget = None if cfg.budget in (None, "", "off", "none") else parse_duration(cfg.budget)
     global_batch = None if cfg.global_batch is None else _as_int("global_batch", cfg.global_batch,
                                                                   "--global-batch 16")
     if global_batch is not None and global_batch < 1:
@@ -227,4 +260,18 @@ def validate(cfg: RunConfig) -> RunConfig:
             raise UserError(f"mesh {cfg.options['mesh']} has {dp * mp} ranks but world sizes are "
                             f"{cfg.world_sizes}; add {dp * mp} to --world-sizes or change the mesh")
     return replace(cfg, steps=steps, warmup=warmup, seed=seed, lr=lr, sample_hz=sample_hz,
-                   profile_steps=profile_steps, cell_timeout_s=cell_timeout_s, global_batch=global_batch)
+                   profile_steps=profile_steps, cell_timeout_s=cell_timeout_s, global_batch=global_batch,
+                   repeats=repeats, warmup_max=warmup_max, steps_max=steps_max, settle=settle, target_ci=target_ci,
+                   time_cap_s=time_cap_s, budget=None if budget is None else f"{budget:g}s")
+
+
+def parse_duration(text: Any) -> float:
+    """'10m', '90s', '1h', '600' (seconds) -> seconds; a one-line UserError otherwise."""
+    t = str(text).strip().lower()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(s|m|min|h)?", t)
+    if not m:
+        raise UserError(f"budget {text!r} is not a duration; e.g. --budget 10m, 90s or 1h")
+    value = float(m[1]) * {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m[2]]
+    if value <= 0:
+        raise UserError(f"budget {text!r} must be longer than 0 s")
+    return value

@@ -33,6 +33,8 @@ class MatrixProgress:
             self.progress.update(self.task, total=p.n)
             self.progress.__enter__()
             self._live = True
+        elif p.kind == "note":
+            self.progress.console.print(escape(p.text), highlight=False)
         elif p.kind == "group":
             self._group = p.group
             self.progress.update(self.task, description=escape(f"{p.group}: starting torchrun ({p.n} cells)"))

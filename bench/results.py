@@ -32,9 +32,10 @@ import pyarrow.parquet as pq
 
 from bench import SCHEMA_VERSION, UserError, __version__
 from bench.metrics import CORE, Metric, stored
+from bench.noise import EFFICIENCY_MAX
 
 STEP_COLUMNS: dict[str, str] = {
-    "run_id": "string", "cell_id": "Int64", "rank": "Int64", "step": "Int64", "phase": "string",
+    "run_id": "string", "cell_id": "Int64", "repeat": "Int64", "rank": "Int64", "step": "Int64", "phase": "string",
     "step_time_s": "float64", "t_unix": "float64", "loss": "float64", "loss_weight": "float64",
 }
 COMM_COLUMNS: dict[str, str] = {
@@ -88,8 +89,11 @@ def require_columns(df: pd.DataFrame, cols: list[str], what: str) -> None:
 
 
 def global_losses(steps: pd.DataFrame) -> pd.Series:
-    """Per (cell_id, step): the global-batch loss, sum over ranks of loss * loss_weight."""
+    """Per (cell_id, step): the global-batch loss, sum over ranks of loss * loss_weight (the first
+    repeat: every repeat trains the same batches from the same seed)."""
     s = steps.dropna(subset=["loss"])
+    if "repeat" in s:
+        s = s[s["repeat"].fillna(0) == 0]
     return (s["loss"] * s["loss_weight"]).groupby([s["cell_id"], s["step"]]).sum()
 
 
@@ -98,7 +102,7 @@ def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     single-device reference of the same workload/device/precision (cells that check their own
     parity keep their error), and scaling efficiency against its throughput."""
     cells = cells.copy()
-    for col, dtype in (("scaling_efficiency", "float64"), ("parity_rel_err", "float64"),
+    for col, dtype in (("scaling_efficiency", "float64"), ("scaling_note", "string"), ("parity_rel_err", "float64"),
                        ("parity_tol", "float64"), ("parity_ok", "boolean")):
         if col not in cells:
             cells[col] = pd.Series([None] * len(cells), index=cells.index, dtype="object").astype(dtype)
@@ -115,22 +119,38 @@ def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
             if pd.notna(row["parity_rel_err"]):
                 cells.at[i, "parity_tol"] = tol
                 cells.at[i, "parity_ok"] = bool(row["parity_rel_err"] <= tol)
-        ref = refs[(refs["workload"] == row["workload"]) & (refs["device"] == row["device"])
-                   & (refs["precision"] == row["precision"])]
-        if ref.empty:
+        same = refs[(refs["workload"] == row["workload"]) & (refs["device"] == row["device"])
+                    & (refs["precision"] == row["precision"])]
+        if same.empty:
             continue
-        ref = ref.iloc[0]
-        tput = ref["throughput_samples_s"]
-        if pd.notna(tput) and tput > 0 and pd.notna(row["throughput_samples_s"]):
-            cells.at[i, "scaling_efficiency"] = row["throughput_samples_s"] / (row["world_size"] * tput)
-        if str(row.get("role")) == "independent":
+        gb = row.get("global_batch")
+        weak = str(row.get("scaling")) == "weak"
+        # Scaling: against the single device of the same global batch (strong) or of the same batch
+        # per device (weak); parity: against the single device that trained the same global batch.
+        base_gb = gb // row["world_size"] if (weak and pd.notna(gb)) else gb
+        scale_ref = _pick(same, base_gb)
+        tput = scale_ref["throughput_samples_s"] if scale_ref is not None else None
+        if tput is not None and pd.notna(tput) and tput > 0 and pd.notna(row["throughput_samples_s"]):
+            eff = row["throughput_samples_s"] / (row["world_size"] * tput)
+            cells.at[i, "scaling_efficiency"] = eff
+            notes = []
+            if eff > EFFICIENCY_MAX:
+                notes.append(f"efficiency {eff:.2f} > {EFFICIENCY_MAX}: not physical, noise or a slow reference")
+            if "stable" in scale_ref and scale_ref["stable"] is False:
+                notes.append("the single-device reference is not stable")
+            if notes:
+                cells.at[i, "scaling_note"] = "; ".join(notes)
+        ref = _pick(same, gb)
+        if ref is None or str(row.get("role")) == "independent":
             continue
         try:
             mine, theirs = losses.loc[row["cell_id"]], losses.loc[ref["cell_id"]]
         except KeyError:
             continue
+        # Adaptive warm-up and timed loops take different numbers of steps; the steps both ran on
+        # the same batches are compared (at least the planned ones).
         common = mine.index.intersection(theirs.index)
-        if len(common) == 0 or len(common) < len(theirs):
+        if len(common) == 0 or len(common) < min(len(mine), len(theirs)):
             continue
         a, b = mine.loc[common].to_numpy(), theirs.loc[common].to_numpy()
         err = float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-12)))
@@ -138,6 +158,13 @@ def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         cells.at[i, "parity_tol"] = tol
         cells.at[i, "parity_ok"] = bool(err <= tol)
     return cells
+
+
+def _pick(refs: pd.DataFrame, global_batch) -> pd.Series | None:
+    """The reference of that global batch (any, for runs without the column)."""
+    if "global_batch" in refs and pd.notna(global_batch):
+        refs = refs[refs["global_batch"] == global_batch]
+    return refs.iloc[0] if len(refs) else None
 
 
 class RunWriter:
@@ -303,6 +330,9 @@ def machine_meta() -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - no NVML is normal on CPU machines
         meta["driver"] = None
         meta["nvml_unavailable"] = f"{type(e).__name__}: {e}"
+    from bench.fingerprint import fingerprint
+
+    meta["fingerprint"] = fingerprint()
     return meta
 
 
@@ -313,5 +343,12 @@ def write_meta(run_dir: Path, config: dict[str, Any], **more: Any) -> dict[str, 
         "git_commit": _git_commit(), "command_line": sys.argv, "config": config,
         **machine_meta(), **more,
     }
+    old = run_dir / "meta.json"
+    if old.is_file():  # rewritten at the end of a run: keep when it started
+        try:
+            meta["created_utc"] = json.loads(old.read_text()).get("created_utc", meta["created_utc"])
+        except (OSError, ValueError):
+            pass
+    meta["updated_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     (run_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
     return meta

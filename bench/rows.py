@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from bench.hardware import peak_flops
+from bench.hardware import cpu_threads, peak_flops
 from bench.metrics import Metric
+from bench.noise import slow_rank, summarize
 from bench.spec import CellSpec, RankMeasurement
-from bench.timing import summarize
 
 #: NVML's energy counter advances in steps (about 12.6 J at a time was seen on H200s), so a short
 #: window reads 0 or one step: no energy figure below this many seconds.
@@ -28,6 +28,9 @@ ENERGY_MIN_WINDOW_S = 1.0
 #: sampled GPU metric -> cell column (mean over the cell's GPUs and its timed window)
 TELEMETRY_MEANS = {"gpu_util_pct": "gpu_util_mean", "sm_active_pct": "sm_active_mean",
                    "tensor_active_pct": "tensor_active_mean", "power_w": "power_mean_w"}
+#: sampled host metric -> cell column (mean over the timed window)
+HOST_CONTENTION = {"other_cpu_cores": "host_other_cpu_cores", "load1": "host_load1",
+                   "cpu_steal_cores": "host_cpu_steal_cores"}
 BREAKDOWN_KEYS = ("compute_time_s", "comm_time_s", "exposed_comm_s", "overlap_frac", "idle_frac")
 
 
@@ -37,8 +40,10 @@ def base_row(spec: CellSpec) -> dict[str, Any]:
     return {"cell_id": spec.cell_id, "workload": spec.workload.name, "strategy": spec.strategy,
             "backend": spec.backend, "device": spec.device, "world_size": spec.n_devices, "nproc": spec.n_procs,
             "role": spec.role, "steps": m.steps, "warmup": m.warmup, "precision": m.precision,
-            "global_batch": spec.workload.global_batch, "params": spec.workload.params,
-            "flops_per_sample": spec.workload.flops_per_sample, **spec.labels}
+            "global_batch": spec.workload.global_batch, "params": spec.workload.params, "scaling": spec.scaling,
+            "repeats": m.repeats,
+            "flops_per_sample": spec.workload.flops_per_sample, **spec.labels,
+            **{f"option_{k}": v for k, v in spec.options.items()}}
 
 
 def failure_row(spec: CellSpec, *, status: str, reason: str, wall_s: float | None = None) -> dict[str, Any]:
@@ -69,43 +74,78 @@ def combine(values: Sequence[Any], how: str) -> Any:
 
 
 def telemetry_means(samples: Iterable[dict[str, Any]], spec: CellSpec, window: tuple[float, float]) -> dict:
-    """Means of the sampled GPU metrics over the timed window, on the GPUs the cell was planned on."""
-    if spec.device != "cuda":
-        return {}
+    """Over one timed window: means of the sampled GPU metrics on the GPUs the cell was planned on,
+    and the host's contention (cores busy outside the benchmark, load, stolen CPU); clock
+    throttling and other processes on the cell's GPUs as the fraction / maximum seen."""
     t0, t1 = window
     devices = {f"gpu{i}" for i in spec.devices}
     acc: dict[str, list[float]] = {}
     for s in samples:
-        if t0 <= s["t"] <= t1 and s["device"] in devices and s["metric"] in TELEMETRY_MEANS:
+        if not t0 <= s["t"] <= t1:
+            continue
+        if (s["device"] in devices and s["metric"] in (*TELEMETRY_MEANS, "throttle_reasons", "other_procs")) or \
+                (s["device"] == "host" and s["metric"] in HOST_CONTENTION):
             acc.setdefault(s["metric"], []).append(s["value"])
-    return {TELEMETRY_MEANS[m]: sum(v) / len(v) for m, v in acc.items() if v}
+    out = {TELEMETRY_MEANS[m]: sum(v) / len(v) for m, v in acc.items() if m in TELEMETRY_MEANS and v}
+    out.update({HOST_CONTENTION[m]: sum(v) / len(v) for m, v in acc.items() if m in HOST_CONTENTION and v})
+    if acc.get("throttle_reasons"):
+        out["gpu_throttled_frac"] = sum(v > 0 for v in acc["throttle_reasons"]) / len(acc["throttle_reasons"])
+    if acc.get("other_procs"):
+        out["gpu_other_procs"] = max(acc["other_procs"])
+    return out
 
 
-def build_row(spec: CellSpec, ranks: Sequence[RankMeasurement], *, wall_s: float,
-              strategy_metrics: Sequence[Metric] = (),
-              samples: Iterable[dict[str, Any]] = ()) -> tuple[dict[str, Any], list[dict], list[dict]]:
-    """(cell row, step rows, comm rows) of one cell.
+def contention(means: dict[str, float], cores: int) -> str:
+    """Why the host or the cell's GPUs were contended while it was measured ('' if they were not)."""
+    why = []
+    if means.get("host_other_cpu_cores", 0.0) >= max(0.5, 0.25 * cores):
+        why.append(f"{means['host_other_cpu_cores']:.1f} cores busy outside the benchmark")
+    if means.get("host_load1", 0.0) > cores:
+        why.append(f"load {means['host_load1']:.1f} > {cores} cores")
+    if means.get("host_cpu_steal_cores", 0.0) >= 0.1:
+        why.append(f"{means['host_cpu_steal_cores']:.1f} cores stolen by the hypervisor")
+    if means.get("gpu_other_procs", 0.0) > 0:
+        why.append("another process on the cell's GPU")
+    if means.get("gpu_throttled_frac", 0.0) > 0.05:
+        why.append(f"GPU clocks throttled {means['gpu_throttled_frac']:.0%} of the time")
+    return "; ".join(why)
 
-    A failure on any rank fails the cell with the first failing rank's reason. Otherwise: the step
-    time of a step is the maximum over ranks (the slowest rank sets the pace); median, p95, mean
-    and a bootstrap interval of the median over the timed steps; throughput = global batch /
-    median; MFU only where the GPU's peak is known; energy only over windows of at least
-    ``ENERGY_MIN_WINDOW_S``; the breakdown is the mean over ranks; the strategy's declared metrics
-    combine over ranks as declared, undeclared values go to ``extras`` under ``<strategy>.<key>``.
+
+def build_row(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]], *, wall_s: float,
+              strategy_metrics: Sequence[Metric] = (), expects: Sequence[str] = (),
+              telemetry: Sequence[dict[str, float]] = ()) -> tuple[dict[str, Any], list[dict], list[dict]]:
+    """(cell row, step rows, comm rows) of one cell from its repeats (each: every rank's measurements)
+    and the telemetry means of each repeat's timed window (:func:`telemetry_means`).
+
+    A failure on any rank of any repeat fails the cell with that rank's reason. Otherwise: the step
+    time of a step is the maximum over ranks (the slowest rank sets the pace); the statistics and
+    noise flags come from :func:`bench.noise.summarize` over the repeats (median over repeats, an
+    interval from repeat medians when there are 3 or more); throughput = global batch / median; MFU
+    only where the GPU's peak is known; energy only over windows of at least
+    ``ENERGY_MIN_WINDOW_S``; the breakdown, the distribution evidence and the strategy's metrics come
+    from the first repeat (the only one profiled); declared metrics combine over ranks as declared,
+    undeclared values go to ``extras`` under ``<strategy>.<key>``. A non-finite loss, or a
+    multi-device cell without the evidence its strategy ``expects`` (:func:`distribution_check`),
+    fails the cell with the reason; its measurements stay in the row.
     """
     row = base_row(spec)
-    failed = [r for r in ranks if r.status != "ok"]
-    if failed:
-        first = min(failed, key=lambda r: r.rank)
-        row.update(status="failed", reason=f"rank {first.rank}: {first.reason}", cell_wall_s=wall_s)
+    if not repeats:
+        row.update(status="failed", reason="no repeat was measured", cell_wall_s=wall_s)
         return row, [], []
-    if any(len(r.times) != spec.measure.steps for r in ranks):
+    for k, ranks in enumerate(repeats):
+        failed = [r for r in ranks if r.status != "ok"]
+        if failed:
+            first = min(failed, key=lambda r: r.rank)
+            where = f"repeat {k}, " if len(repeats) > 1 else ""
+            row.update(status="failed", reason=f"{where}rank {first.rank}: {first.reason}", cell_wall_s=wall_s)
+            return row, [], []
         counts = sorted({len(r.times) for r in ranks})
-        row.update(status="failed", reason=f"ranks timed {counts} steps, expected {spec.measure.steps}",
-                   cell_wall_s=wall_s)
-        return row, [], []
-    timed = np.array([r.times for r in ranks], dtype=np.float64)  # ranks x steps
-    per_step = timed.max(axis=0)
+        if len(counts) != 1 or counts[0] < 1:
+            row.update(status="failed", reason=f"ranks timed {counts} steps in repeat {k}; they must agree",
+                       cell_wall_s=wall_s)
+            return row, [], []
+    ranks = repeats[0]
+    per_step = [np.array([r.times for r in rep], dtype=np.float64).max(axis=0) for rep in repeats]
     stats = summarize(per_step)
     median = stats["step_time_median_s"]
     tput = spec.workload.global_batch / median if median > 0 else math.nan
@@ -116,24 +156,50 @@ def build_row(spec: CellSpec, ranks: Sequence[RankMeasurement], *, wall_s: float
     final = sum(r.losses[-1] * r.loss_weight for r in ranks if r.loss_weight and r.losses)
     mems = [r.peak_mem for r in ranks if r.peak_mem is not None]
     profile_s = max(r.profile_s for r in ranks)
+    timed_total = float(sum(x.sum() for x in per_step))
+    reached = [r.target_reached for rep in repeats for r in rep[:1]]
+    slow = slow_rank(np.array([r.times for r in ranks]))
     row.update(status="ok", reason="", **stats, throughput_samples_s=tput, mfu=mfu,
                peak_mem_bytes=max(mems) if mems else None, loss_final=final, gpu_name=gpu_name,
-               cell_wall_s=wall_s, overhead_s=wall_s - float(per_step.sum()) - profile_s, profile_s=profile_s)
-    nonfinite = [r.rank for r in ranks if r.loss_weight and any(not math.isfinite(x) for x in r.losses)]
+               cell_wall_s=wall_s, overhead_s=wall_s - timed_total - profile_s, profile_s=profile_s,
+               warmup_steps_done=ranks[0].warmup_steps, slow_rank=slow,
+               target_reached=None if any(x is None for x in reached) else all(reached))
+    if slow is not None:
+        row["noise"] = "; ".join(x for x in (row.get("noise"), f"rank {slow} slow") if x)
+        row["stable"] = False
+    calls = [r.comm_calls_per_step for r in ranks if r.comm_calls_per_step is not None]
+    nbytes = [r.comm_bytes_per_step for r in ranks if r.comm_bytes_per_step is not None]
+    row.update(comm_calls_per_step=sum(calls) / len(calls) if calls else None,
+               comm_bytes_per_step=sum(nbytes) / len(nbytes) if nbytes else None)
+    numels = [r.param_numel for r in ranks if r.param_numel is not None]
+    if numels and spec.workload.params:
+        row["param_share"] = max(numels) / spec.workload.params
+    nonfinite = [(k, r.rank) for k, rep in enumerate(repeats) for r in rep
+                 if r.loss_weight and any(not math.isfinite(x) for x in r.losses)]
+    not_distributed = distribution_check(spec, ranks, expects)
     if nonfinite:
-        row.update(status="failed", reason=f"rank {nonfinite[0]}: loss is NaN or infinite "
-                                           f"(step {_first_bad(ranks, nonfinite[0])})")
-    window = ranks[0].window
-    if window is not None:
-        t0, t1 = window
-        row.update(timed_start_unix=t0, timed_end_unix=t1)
-        energies = [r.energy_j for r in ranks]
-        if spec.device == "cuda" and all(e is not None for e in energies) and t1 - t0 >= ENERGY_MIN_WINDOW_S:
+        k, bad = nonfinite[0]
+        row.update(status="failed", reason=f"rank {bad}: loss is NaN or infinite "
+                                           f"(step {_first_bad(repeats[k], bad)}{f', repeat {k}' if k else ''})")
+    elif not_distributed:
+        row.update(status="failed", reason=not_distributed)
+    windows = [rep[0].window for rep in repeats if rep[0].window is not None]
+    if windows:
+        row.update(timed_start_unix=windows[0][0], timed_end_unix=windows[-1][1])
+        energies = [r.energy_j for rep in repeats for r in rep]
+        span = sum(t1 - t0 for t0, t1 in windows)
+        if spec.device == "cuda" and all(e is not None for e in energies) and span >= ENERGY_MIN_WINDOW_S:
             energy = float(sum(energies))
-            samples_done = spec.measure.steps * spec.workload.global_batch
+            samples_done = sum(x.size for x in per_step) * spec.workload.global_batch
             row.update(energy_j=energy, energy_per_sample_j=energy / samples_done,
                        samples_per_j=samples_done / energy if energy > 0 else None)
-        row.update(telemetry_means(samples, spec, window))
+        for key in {k for m in telemetry for k in m}:
+            vals = [m[key] for m in telemetry if key in m]
+            row[key] = max(vals) if key == "gpu_other_procs" else sum(vals) / len(vals)
+        row["contended"] = contention(row, cpu_threads())
+        if row["contended"]:
+            row["stable"] = False
+            row["noise"] = "; ".join(x for x in (row.get("noise"), f"contended: {row['contended']}") if x)
     bds = [r.breakdown for r in ranks if r.breakdown]
     for key in BREAKDOWN_KEYS:
         vals = [b[key] for b in bds if b.get(key) is not None and b[key] == b[key]]
@@ -143,10 +209,49 @@ def build_row(spec: CellSpec, ranks: Sequence[RankMeasurement], *, wall_s: float
     if parity:
         row["parity_rel_err"] = parity[0]
     row.update(_strategy_columns(spec, ranks, strategy_metrics, row))
-    steps = step_rows(spec, ranks)
+    steps = [s for k, rep in enumerate(repeats) for s in step_rows(spec, rep, repeat=k)]
     comm = [{"cell_id": spec.cell_id, "rank": r.rank, "backend": spec.backend, "world_size": spec.n_devices, **c}
             for r in ranks for c in r.comm]
     return row, steps, comm
+
+
+#: A sharded rank may hold up to this multiple of 1/n of the parameters (FSDP pads each tensor's
+#: first dimension to a multiple of n); a split one must hold less than this share of the model.
+SHARD_SLACK, SPLIT_MAX = 1.25, 0.95
+
+
+def distribution_check(spec: CellSpec, ranks: Sequence[RankMeasurement], expects: Sequence[str]) -> str | None:
+    """None if a multi-device cell shows every kind of evidence its strategy declares, else why not.
+
+    comm: communication bytes (or, where the trace has no byte count, calls) every step; sharded:
+    the fullest rank holds at most ~1/n of the parameters; split: no rank holds the whole model;
+    devices: every planned GPU of a one-process cell holds memory."""
+    if spec.n_devices < 2:
+        return None
+    n, total = spec.n_devices, spec.workload.params
+    numels = [r.param_numel for r in ranks]
+    for kind in expects:
+        if kind == "comm":
+            calls = [r.comm_calls_per_step for r in ranks]
+            if any(c is None for c in calls):
+                return "did not distribute: no communication evidence was recorded"
+            if sum(calls) == 0:  # bytes can be unknown (no shapes in the trace); calls cannot
+                return f"did not distribute: no communication in a step on {n} devices (0 calls)"
+        elif kind in ("sharded", "split"):
+            if total is None or any(x is None for x in numels):
+                return f"did not distribute: cannot tell how the parameters are {kind} (no parameter count)"
+            share = max(numels) / total
+            limit = SHARD_SLACK / n if kind == "sharded" else SPLIT_MAX
+            if share > limit:
+                return (f"did not distribute: the fullest rank holds {share:.0%} of the parameters; "
+                        f"{kind} over {n} devices should be <= {limit:.0%}")
+        elif kind == "devices":
+            used = sum(r.devices_used or 0 for r in ranks)
+            if used < n:
+                return f"did not distribute: {used} of {n} planned GPUs held memory"
+        else:
+            raise ValueError(f"unknown evidence kind {kind!r}; use comm, sharded, split or devices")
+    return None
 
 
 def _first_bad(ranks: Sequence[RankMeasurement], rank: int) -> int:
@@ -173,14 +278,15 @@ def _strategy_columns(spec: CellSpec, ranks: Sequence[RankMeasurement], declared
     return out
 
 
-def step_rows(spec: CellSpec, ranks: Sequence[RankMeasurement]) -> list[dict[str, Any]]:
-    """One row per rank and step (warm-up steps have no time)."""
-    n_warm = spec.measure.warmup
+def step_rows(spec: CellSpec, ranks: Sequence[RankMeasurement], *, repeat: int = 0) -> list[dict[str, Any]]:
+    """One row per rank and step of one repeat (warm-up steps have no time)."""
     out = []
     for r in ranks:
+        n_warm = r.warmup_steps if r.warmup_steps or not r.times else len(r.losses) - len(r.times)
         for s, loss in enumerate(r.losses):
             i = s - n_warm
-            out.append({"cell_id": spec.cell_id, "rank": r.rank, "step": s, "phase": "warmup" if i < 0 else "timed",
+            out.append({"cell_id": spec.cell_id, "repeat": repeat, "rank": r.rank, "step": s,
+                        "phase": "warmup" if i < 0 else "timed",
                         "step_time_s": r.times[i] if i >= 0 else None,
                         "t_unix": r.starts[i] if 0 <= i < len(r.starts) else None,
                         "loss": loss if r.loss_weight else None, "loss_weight": r.loss_weight})

@@ -44,12 +44,18 @@ class WorkloadFacts:
 class Measure:
     """How a cell is measured (the same for every cell of a run today)."""
 
-    steps: int
-    warmup: int
+    steps: int  # timed steps, at least
+    warmup: int  # warm-up steps, at least
     profile_steps: int
     precision: str  # fp32 | bf16
     seed: int
     lr: float
+    repeats: int = 1  # times the cell is measured, in rounds over the group's cells
+    warmup_max: int = 0  # warm-up continues until the step time settles, up to this many steps (0: fixed)
+    settle: float = 0.01  # settled: the median of the last 5 warm-up steps moved less than this
+    steps_max: int = 0  # timed steps continue until the median's interval is narrow enough, up to this (0: fixed)
+    target_ci: float = 0.02  # narrow enough: relative half-width of the median's 95% interval
+    time_cap_s: float = 0.0  # no more timed steps are added past this many seconds (0: no cap)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +73,7 @@ class CellSpec:
     labels: dict[str, Any]  # the strategy's settings as row columns (mesh, schedule, ...)
     role: str  # reference | independent | ""
     measure: Measure
+    scaling: Literal["strong", "weak"] = "strong"
     mode: Literal["train"] = "train"
 
     @property
@@ -85,6 +92,8 @@ class GroupPlan:
     pg_timeout_s: float
     trace_dir: str | None
     cells: tuple[CellSpec, ...]
+    first_repeat: dict[str, int] = field(default_factory=dict)  # cell id -> repeat index to start at (relaunch)
+    deadline_unix: float | None = None  # no new round starts after this (the run's time budget)
 
 
 @dataclass(kw_only=True)
@@ -107,12 +116,21 @@ class RankMeasurement:
     metrics: dict[str, Any] = field(default_factory=dict)  # the strategy's own values
     self_parity: float | None = None  # relative error a strategy measured against its own reference
     gpu_name: str | None = None
+    # Evidence for the distribution check: parameter elements this rank holds (a shard counts its
+    # local part), communication per step, devices of this rank holding memory.
+    param_numel: int | None = None
+    comm_calls_per_step: float | None = None
+    comm_bytes_per_step: float | None = None
+    devices_used: int | None = None
+    warmup_steps: int = 0  # warm-up steps taken (the adaptive warm-up may take more than asked)
+    target_reached: bool | None = None  # the timed steps reached the interval target (None: not asked)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Start:
     cell_id: int
     t: float
+    repeat: int = 0
     event: Literal["start"] = "start"
 
 
@@ -131,11 +149,22 @@ class Measured:
     wall_s: float
     ranks: list[RankMeasurement]
     t: float
+    repeat: int = 0
     event: Literal["measured"] = "measured"
 
 
-Event = Union[Start, Error, Measured]
-EVENTS: dict[str, type] = {"start": Start, "error": Error, "measured": Measured}
+@dataclass(frozen=True, kw_only=True)
+class Stopped:
+    """The worker ends its rounds early (the time budget's deadline passed)."""
+
+    reason: str
+    t: float
+    rounds_done: int
+    event: Literal["stopped"] = "stopped"
+
+
+Event = Start | Error | Measured | Stopped
+EVENTS: dict[str, type] = {"start": Start, "error": Error, "measured": Measured, "stopped": Stopped}
 
 
 class ContractError(ValueError):

@@ -31,7 +31,13 @@ def print_summary(run_dir: Path, console: Console | None = None) -> None:
     for _, r in cells[cells["status"] != "skipped"].iterrows():
         parity = "" if pd.isna(r.get("parity_ok")) else ("ok" if r["parity_ok"] else f"FAIL {r['parity_rel_err']:.1e}")
         status = r["status"] if r["status"] == "ok" else f"{r['status']}: {str(r['reason'])[:80]}"
-        t.add_row(*[Text(m.show(r.get(m.name))) for m in cols], Text(status), Text(parity))
+        vals = []
+        for m in cols:
+            v = m.show(r.get(m.name))
+            if m.name == "scaling_efficiency" and v and pd.notna(r.get("scaling_note")):
+                v += " (!)"  # never a plain number when it cannot be read as one
+            vals.append(Text(v))
+        t.add_row(*vals, Text(status), Text(parity))
     console.print(t)
     skipped = cells[cells["status"] == "skipped"]
     if len(skipped):

@@ -20,11 +20,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 import strategies
 from bench import backends, spec
+from bench.noise import order_stat_halfwidth
 from bench.samplers.nvml import EnergyMeter
 from bench.spec import CellSpec, GroupPlan, RankMeasurement
 from bench.timing import StepTimer
@@ -58,36 +60,75 @@ def rank_devices(cell: CellSpec, local_rank: int) -> tuple[torch.device, ...]:
     return (torch.device("cuda", cell.devices[local_rank]),)
 
 
-def profile_steps(step, batches, cell: CellSpec, device: torch.device, trace_path: Path | None):
-    """Run ``profile_steps`` more steps under torch.profiler; returns (breakdown, comm rows)."""
+def profile_steps(step, batches, cell: CellSpec, device: torch.device, trace_path: Path | None, *,
+                  n: int, gpu: bool) -> dict[str, Any]:
+    """Run ``n`` more steps under torch.profiler (GPU activity too when ``gpu``); returns the
+    Chrome trace as a dict."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from bench.comm import analyze_trace
-
     m = cell.measure
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu and device.type == "cuda" else [])
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     dist.barrier()
     with profile(activities=acts, record_shapes=True) as prof:
-        for k in range(m.profile_steps):
+        for k in range(n):
             with record_function("parbench_step"):
-                step.run(batches[m.warmup + k % m.steps])
+                step.run(batches[(m.warmup + k % m.steps) % len(batches)])
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     keep = trace_path is not None
     path = trace_path or Path(tempfile.mkstemp(suffix=".json", prefix="parbench-trace-")[1])
     try:
         prof.export_chrome_trace(str(path))
-        trace = json.loads(path.read_text())
+        return json.loads(path.read_text())
     finally:
         if not keep:
             path.unlink(missing_ok=True)
-    return analyze_trace(trace, device.type, m.profile_steps, backends.get(cell.backend))
 
 
-def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int) -> RankMeasurement:
-    """Build, warm up, time, profile; returns this rank's measurements (never raises)."""
+def local_numel(opt: torch.optim.Optimizer | None) -> int | None:
+    """Parameter elements this rank holds, from its optimizer (a DTensor counts its local shard)."""
+    if opt is None:
+        return None
+    from torch.distributed.tensor import DTensor
+
+    seen, n = set(), 0
+    for g in opt.param_groups:
+        for p in g["params"]:
+            if id(p) not in seen:
+                seen.add(id(p))
+                n += (p.to_local() if isinstance(p, DTensor) else p).numel()
+    return n
+
+
+CHUNK = 5  # steps between decisions of the adaptive warm-up and timed loops
+BATCH_POOL = 64  # distinct global batches staged per cell; step s trains batch s % BATCH_POOL
+
+
+def agreed(times: list[float], backend: backends.Backend, device: torch.device,
+           deadline: float | None = None) -> tuple[np.ndarray, bool]:
+    """Each step's time as the slowest rank saw it, and whether any rank is past ``deadline``,
+    known to every rank, so that all ranks take the same decision (one small all-reduce, between
+    chunks, outside the timed steps)."""
+    late = float(deadline is not None and time.time() > deadline)
+    t = torch.tensor([*times, late], dtype=torch.float64, device=device if backend.bind_device else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    x = t.cpu().numpy()
+    return x[:-1], bool(x[-1])
+
+
+def settled(x: np.ndarray, tol: float) -> bool:
+    """The median of the last CHUNK steps moved less than ``tol`` from the CHUNK before."""
+    if x.size < 2 * CHUNK:
+        return False
+    a, b = float(np.median(x[-CHUNK:])), float(np.median(x[-2 * CHUNK:-CHUNK]))
+    return b > 0 and abs(a - b) / b < tol
+
+
+def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = True) -> RankMeasurement:
+    """Build, warm up to steady state, time until the interval target or a cap, profile (first
+    repeat only); returns this rank's measurements (never raises)."""
     rank = dist.get_rank()
     out = RankMeasurement(rank=rank)
     step = None
@@ -96,6 +137,9 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int) -> RankMeasuremen
         devices = rank_devices(cell, local_rank)
         device = devices[0]
         wl = resolve(cell.workload.spec, seed=m.seed, global_batch=cell.workload.global_batch, **cell.workload.dims)
+        if wl.global_batch != cell.workload.global_batch:
+            raise ValueError(f"workload {cell.workload.name} built a global batch of {wl.global_batch}, the plan asked "
+                             f"{cell.workload.global_batch}: its factory must accept global_batch")
         strat = strategies.get(cell.strategy_spec)
         ctx = Context(rank=rank, world_size=dist.get_world_size(), local_rank=local_rank, device=device,
                       devices=devices, backend=cell.backend, seed=m.seed, precision=m.precision, lr=m.lr,
@@ -103,18 +147,47 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int) -> RankMeasuremen
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
             out.gpu_name = torch.cuda.get_device_name(device)
+        backend = backends.get(cell.backend)
         # Every strategy gets the same global batches, staged on the device before timing starts.
-        batches = [ctx.to_device(wl.batch(s)) for s in range(m.warmup + m.steps)]
+        most = max(m.warmup, m.warmup_max) + max(m.steps, m.steps_max)
+        batches = [ctx.to_device(wl.batch(s)) for s in range(min(most, BATCH_POOL))]
         step = strat.prepare(wl, ctx)
         out.loss_weight = step.loss_weight
-        losses = [step.run(batches[s]) for s in range(m.warmup)]
+        losses: list[Any] = []
+
+        def run_steps(timer: StepTimer, n: int) -> None:
+            for _ in range(n):
+                s = len(losses)
+                losses.append(timer.time(lambda: step.run(batches[s % len(batches)])))  # noqa: B023
+
+        # Warm-up: the asked steps, then more in chunks until the step time settles (or the cap).
+        warm = StepTimer(device, barrier=True)
+        run_steps(warm, m.warmup)
+        while m.warmup_max > len(losses) and m.settle > 0:
+            run_steps(warm, min(CHUNK, m.warmup_max - len(losses)))
+            x, late = agreed(warm.times(), backend, device, plan.deadline_unix)
+            # Same decision on every rank: the agreed times, not each rank's own clock.
+            if settled(x, m.settle) or late or (m.time_cap_s and float(x.sum()) > m.time_cap_s / 2):
+                break
+        out.warmup_steps = len(losses)
         meter = EnergyMeter([d.index for d in devices]) if device.type == "cuda" else None
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         e0, t0 = (meter.read() if meter else None), time.time()
+        # Timed: the asked steps, then more in chunks until the median's interval is narrow enough,
+        # the step cap or the time cap.
         timer = StepTimer(device, barrier=True)
-        for s in range(m.warmup, m.warmup + m.steps):
-            losses.append(timer.time(lambda: step.run(batches[s])))  # noqa: B023 - called at once
+        run_steps(timer, m.steps)
+        if m.steps_max > m.steps and m.target_ci > 0:
+            out.target_reached = False
+            while True:
+                x, late = agreed(timer.times(), backend, device, plan.deadline_unix)
+                if order_stat_halfwidth(x) <= m.target_ci:
+                    out.target_reached = True
+                    break
+                if x.size >= m.steps_max or late or (m.time_cap_s and float(x.sum()) > m.time_cap_s):
+                    break
+                run_steps(timer, min(CHUNK, m.steps_max - x.size))
         out.times = timer.times()  # synchronises the device
         t1, e1 = time.time(), (meter.read() if meter else None)
         out.window = (t0, t1)
@@ -122,17 +195,32 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int) -> RankMeasuremen
         if e0 is not None and e1 is not None:
             out.energy_j = e1 - e0
         out.losses = [float("nan") if x is None else float(x) for x in losses]
+        if not first:  # profiling, evidence and the strategy's own metrics come from the first repeat
+            return out
+        # Profiled steps give the breakdown and the communication records; without them one step is
+        # profiled on the CPU side only, for the distribution check's communication evidence.
+        from bench.comm import analyze_trace, comm_volume
+
+        tp = time.perf_counter()
+        n_prof = m.profile_steps or 1
+        trace_path = (Path(plan.trace_dir) / f"cell{cell.cell_id}-rank{rank}.json"
+                      if plan.trace_dir and m.profile_steps else None)
+        trace = profile_steps(step, batches, cell, device, trace_path, n=n_prof, gpu=m.profile_steps > 0)
         if m.profile_steps > 0:
-            tp = time.perf_counter()
-            trace = (Path(plan.trace_dir) / f"cell{cell.cell_id}-rank{rank}.json" if plan.trace_dir else None)
-            out.breakdown, out.comm = profile_steps(step, batches, cell, device, trace)
-            out.profile_s = time.perf_counter() - tp
+            out.breakdown, out.comm = analyze_trace(trace, device.type, n_prof, backend)
+        out.profile_s = time.perf_counter() - tp
+        calls, nbytes = comm_volume(trace, backend)
+        out.comm_calls_per_step, out.comm_bytes_per_step = calls / n_prof, nbytes / n_prof
+        del trace
+        out.param_numel = local_numel(step.optimizer)
         if step.finish is not None:
             out.metrics.update(step.finish())
         if step.self_parity is not None:
             out.self_parity = step.self_parity()
         if device.type == "cuda":
-            out.peak_mem = float(max(torch.cuda.max_memory_allocated(d) for d in devices))
+            peaks = [torch.cuda.max_memory_allocated(d) for d in devices]
+            out.peak_mem = float(max(peaks))
+            out.devices_used = sum(p > 0 for p in peaks)
     except Exception as e:  # noqa: BLE001 - a failing cell is a row, not a crash
         out.status, out.reason = "failed", one_line(e)
         if os.environ.get("PARBENCH_DEBUG"):
@@ -164,12 +252,32 @@ def warm_group(device: torch.device, precision: str, extra_gpus: tuple[int, ...]
     dist.barrier()
 
 
+def rounds(plan: GroupPlan) -> list[list[tuple[CellSpec, int]]]:
+    """The group's measurements as rounds: round k measures every cell that still has a repeat
+    left, in an order shuffled from the seed (so slow drift of the machine lands on every cell
+    alike); a single round keeps the planned order (the reference first)."""
+    import random
+
+    left = {c.cell_id: c.measure.repeats - plan.first_repeat.get(str(c.cell_id), 0) for c in plan.cells}
+    start = {c.cell_id: plan.first_repeat.get(str(c.cell_id), 0) for c in plan.cells}
+    n = max(left.values(), default=0)
+    out = []
+    for k in range(n):
+        todo = [(c, start[c.cell_id] + k) for c in plan.cells if left[c.cell_id] > k]
+        if n > 1:
+            seed = plan.cells[0].measure.seed if plan.cells else 0
+            random.Random(seed * 7919 + k).shuffle(todo)
+        out.append(todo)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     plan: GroupPlan = spec.load(GroupPlan, Path((argv or sys.argv[1:])[0]).read_text())
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     backend = backends.get(plan.backend)
     if plan.device == "cuda":
-        device = torch.device("cuda", plan.cells[0].devices[local_rank] if plan.n_procs > 1 else plan.cells[0].devices[0])
+        first = plan.cells[0].devices
+        device = torch.device("cuda", first[local_rank] if plan.n_procs > 1 else first[0])
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 cells are fp32, for parity
         torch.backends.cudnn.allow_tf32 = False
@@ -185,18 +293,27 @@ def main(argv: list[str] | None = None) -> int:
     precisions = {c.measure.precision for c in plan.cells}
     warm_group(device, "bf16" if "bf16" in precisions else "fp32", tuple(extra))
     try:
-        for cell in plan.cells:
-            if rank == 0:
-                events.emit(spec.Start(cell_id=cell.cell_id, t=time.time()))
-            t0 = time.perf_counter()
-            mine = run_cell(cell, plan, local_rank)
-            if mine.status != "ok":
-                events.emit(spec.Error(cell_id=cell.cell_id, rank=rank, reason=mine.reason, t=time.time()))
-            per_rank: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(per_rank, mine)
-            if rank == 0:
-                events.emit(spec.Measured(cell_id=cell.cell_id, wall_s=time.perf_counter() - t0,
-                                          ranks=per_rank, t=time.time()))
+        for r, order in enumerate(rounds(plan)):
+            if r > 0 and plan.deadline_unix is not None:
+                late = [time.time() > plan.deadline_unix]
+                dist.broadcast_object_list(late, src=0)  # one decision for every rank
+                if late[0]:
+                    if rank == 0:
+                        events.emit(spec.Stopped(reason="time budget: no time left for another round", t=time.time(),
+                                                 rounds_done=r))
+                    break
+            for cell, repeat in order:
+                if rank == 0:
+                    events.emit(spec.Start(cell_id=cell.cell_id, t=time.time(), repeat=repeat))
+                t0 = time.perf_counter()
+                mine = run_cell(cell, plan, local_rank, first=repeat == 0)
+                if mine.status != "ok":
+                    events.emit(spec.Error(cell_id=cell.cell_id, rank=rank, reason=mine.reason, t=time.time()))
+                per_rank: list[Any] = [None] * dist.get_world_size()
+                dist.all_gather_object(per_rank, mine)
+                if rank == 0:
+                    events.emit(spec.Measured(cell_id=cell.cell_id, wall_s=time.perf_counter() - t0,
+                                              ranks=per_rank, t=time.time(), repeat=repeat))
     finally:
         # Without this, gloo can abort at interpreter exit: its run-loop thread frees work during
         # finalisation (seen in 2-11 of 20 runs on CPU; 0 of 20 with the explicit destroy).

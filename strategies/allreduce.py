@@ -71,7 +71,7 @@ class AllReduce(Strategy):
 
         hook = bucketed if self.bucketed else per_param
         return Step(run=lambda b: train_step(model, wl, ctx, opt, local_share(b, ctx), after_backward=hook),
-                    loss_weight=1.0 / w)
+                    loss_weight=1.0 / w, optimizer=opt)
 
 
 class AllReduceBucketed(AllReduce):

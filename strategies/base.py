@@ -114,6 +114,18 @@ class Step:
     # Strategies that train something other than the single-device model (an ensemble) check parity
     # against their own reference: the relative error, computed after the timed steps on rank 0.
     self_parity: Callable[[], float | None] | None = None
+    # The optimizer over this rank's parameters: the distribution check reads how much of the model
+    # the rank holds from it (a DTensor counts its local shard).
+    optimizer: torch.optim.Optimizer | None = None
+
+
+_DTYPES = {int: "Int64", float: "float64", bool: "boolean", str: "string"}
+
+
+def option_column(opt: Option) -> Metric:
+    """The row column recording an option's value for a cell (compare keeps cells of different
+    settings apart: it is a label)."""
+    return Metric(name=f"option_{opt.name}", dtype=_DTYPES.get(opt.type, "string"), kind="label", doc=opt.help)
 
 
 MESH = Metric(name="mesh", dtype="string", kind="label", header="mesh", shown=frozenset({"report"}),
@@ -132,10 +144,21 @@ class Strategy:
     options: ClassVar[tuple[Option, ...]] = ()
     labels: ClassVar[tuple[Metric, ...]] = ()  # row columns set at plan time from the options
     metrics: ClassVar[tuple[Metric, ...]] = ()  # row columns the strategy measures itself
+    # What a cell on more than one device must show to count as distributed (bench.rows.EVIDENCE):
+    # "comm" (communication bytes every step), "sharded" (each rank holds about 1/n of the
+    # parameters), "split" (no rank holds the whole model), "devices" (every planned GPU holds
+    # memory: one-process multi-GPU). A cell that does not show it fails with the reason.
+    distributes: ClassVar[tuple[str, ...]] = ("comm",)
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
-        check_declared(getattr(cls, "name", cls.__name__), (*cls.labels, *cls.metrics))
+        check_declared(getattr(cls, "name", cls.__name__), cls.columns())
+
+    @classmethod
+    def columns(cls) -> tuple[Metric, ...]:
+        """Every column this strategy adds to its rows: its labels, one ``option_<name>`` column per
+        declared option (the value the cell ran with, default or given) and its metrics."""
+        return (*cls.labels, *(option_column(o) for o in cls.options), *cls.metrics)
 
     def procs(self, n_devices: int) -> int:
         """Processes the cell needs."""
@@ -178,6 +201,7 @@ class OneProcessMultiGPU(Strategy):
     CUDA only, one process, every planned device visible."""
 
     one_process = True
+    distributes = ("devices",)
     cpu_reason: ClassVar[str] = "drives several GPUs from one process; on CPU there is one device"
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:

@@ -24,6 +24,7 @@ class Chain(Strategy):
     needs = "world size >= 2 and <= blocks; CUDA+NCCL, CUDA+Gloo (through host memory) or CPU+Gloo"
     min_world = 2
     labels = (MESH,)
+    distributes = ("comm", "split")
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         r = common_check(cell, gpus=gpus, min_world=self.min_world)
@@ -71,13 +72,17 @@ class Chain(Strategy):
             opt.zero_grad(set_to_none=True)
             return loss.detach() if last else None
 
-        return Step(run=run, loss_weight=1.0 if last else 0.0)
+        return Step(run=run, loss_weight=1.0 if last else 0.0, optimizer=opt)
 
 
 class EncoderHead(Chain):
     name = "encoder-head"
     summary = "two collaborating models: encoder on rank 0 feeds its output to a head on rank 1 every step"
     needs = "world size 2; a workload with at least 2 blocks"
+
+    # The head may be a sliver of the model (one linear layer): the evidence is the activations and
+    # gradients crossing between the two models every step, not the split of the parameters.
+    distributes = ("comm",)
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         if cell.n_devices != 2:
@@ -125,4 +130,4 @@ class LayerSplit(OneProcessMultiGPU):
             opt.zero_grad(set_to_none=True)
             return loss.detach()
 
-        return Step(run=run, loss_weight=1.0)
+        return Step(run=run, loss_weight=1.0, optimizer=opt)

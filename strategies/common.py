@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,18 +40,25 @@ def local_share(batch: Batch, ctx: Context, *, rank: int | None = None, world: i
 
 
 def train_step(model: nn.Module, wl: Workload, ctx: Context, opt: torch.optim.Optimizer,
-               batch: Batch, after_backward: Callable[[], None] | None = None) -> Tensor:
-    """forward, loss, backward, optional gradient hook, optimizer step."""
+               batch: Batch, after_backward: Callable[[], None] | None = None, *, autocast: bool = True,
+               loss_context: Callable[[], Any] | None = None) -> Tensor:
+    """forward (under the precision's autocast unless the strategy casts itself), loss (under
+    ``loss_context``, e.g. tensor parallel's loss_parallel), backward, optional gradient hook,
+    optimizer step. Returns the loss as a plain tensor."""
+    from torch.distributed.tensor import DTensor
+
     x, y = batch
-    with ctx.autocast():
+    with ctx.autocast() if autocast else nullcontext():
         out = model(x)
-    loss = wl.loss(out, y)
-    loss.backward()
+    with loss_context() if loss_context is not None else nullcontext():
+        loss = wl.loss(out, y)
+        loss.backward()
     if after_backward is not None:
         after_backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return loss.detach()
+    loss = loss.detach()
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
 def param_count(m: nn.Module) -> int:
@@ -82,12 +91,57 @@ def partition(costs: list[float], k: int) -> list[tuple[int, int]]:
     return bounds[::-1]
 
 
-def stage_modules(wl: Workload, model: nn.Module, n_stages: int) -> list[nn.Module]:
-    """The model cut into ``n_stages`` contiguous sequences of blocks of balanced parameter count."""
+def stage_modules(wl: Workload, model: nn.Module, n_stages: int, costs: list[float] | None = None) -> list[nn.Module]:
+    """The model cut into ``n_stages`` contiguous sequences of blocks, balancing ``costs`` (one per
+    block; default: parameter count, with a floor so parameter-free blocks still count as work).
+    Contiguous cuts put the embedding on the first stage and the head on the last, as torchtitan's
+    pipeline split does."""
     blocks = wl.blocks(model)
-    # Cost: parameters, with a floor so parameter-free blocks still count as work.
-    costs = [max(param_count(b), 1) for b in blocks]
+    if costs is None:
+        costs = [max(param_count(b), 1) for b in blocks]
+    if len(costs) != len(blocks):
+        raise ValueError(f"{len(costs)} block costs for {len(blocks)} blocks")
     return [nn.Sequential(*blocks[a:b]) for a, b in partition(costs, n_stages)]
+
+
+_BLOCK_COSTS: dict[tuple, list[float]] = {}
+
+
+def block_costs(wl: Workload, model: nn.Module, ctx: Context, batch: Batch) -> list[float]:
+    """Forward+backward seconds of each block on one micro-batch ``batch``, measured once per
+    (workload, precision, device, micro-batch shape) in this process on global rank 0 and
+    broadcast, so every rank cuts the model at the same place (ranks timing for themselves would
+    disagree by noise and deadlock the pipeline)."""
+    key = (wl.name, ctx.precision, ctx.device.type, tuple(batch[0].shape))
+    if key not in _BLOCK_COSTS:
+        costs: list[float | None] = [None]
+        if dist.get_rank() == 0:
+            costs[0] = _time_blocks(wl, model, ctx, batch)
+        dist.broadcast_object_list(costs, src=0)
+        _BLOCK_COSTS[key] = costs[0]
+    return _BLOCK_COSTS[key]
+
+
+def _time_blocks(wl: Workload, model: nn.Module, ctx: Context, batch: Batch) -> list[float]:
+    blocks = wl.blocks(model)
+    x, y = ctx.to_device(batch)
+    h, out = x, []
+    for i, block in enumerate(blocks):
+        inp = h.detach().requires_grad_(h.is_floating_point())
+        last = i == len(blocks) - 1
+
+        def fb(block=block, inp=inp, last=last):
+            with ctx.autocast():
+                o = block(inp)
+            (wl.loss(o, y) if last else o.float().sum()).backward()
+            return o
+
+        fb()  # warm: first calls pay for kernels and allocations
+        out.append(max(time_region(ctx.device, fb, reps=3), 1e-7))
+        with torch.no_grad(), ctx.autocast():
+            h = block(inp)
+    model.zero_grad(set_to_none=True)
+    return out
 
 
 def parse_mesh(text: str | None, world: int) -> tuple[int, int]:

@@ -28,4 +28,4 @@ class DataParallel(OneProcessMultiGPU):
         model = wl.build(ctx.device)
         dp = nn.DataParallel(model, device_ids=[d.index for d in ctx.devices], output_device=ctx.device.index)
         opt = make_optimizer(model.parameters(), ctx)
-        return Step(run=lambda b: train_step(dp, wl, ctx, opt, ctx.to_device(b)), loss_weight=1.0)
+        return Step(run=lambda b: train_step(dp, wl, ctx, opt, ctx.to_device(b)), loss_weight=1.0, optimizer=opt)

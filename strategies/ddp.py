@@ -15,11 +15,23 @@ BUCKET_MB = Option(name="bucket_mb", type=float, default=25.0, minimum=0.001,
                    help="gradient bucket size in MiB (DDP, hand-written bucketed all-reduce, dp-pp)")
 
 
+GRAD_VIEW = Option(name="ddp_grad_as_bucket_view", type=bool, default=False,
+                   help="DDP gradient_as_bucket_view: gradients alias the all-reduce buckets (saves a copy and "
+                        "memory)")
+STATIC_GRAPH = Option(name="ddp_static_graph", type=bool, default=False,
+                      help="DDP static_graph: the set of used parameters never changes (lets DDP skip checks)")
+
+
 class DDPStrategy(Strategy):
+    """DistributedDataParallel as its documentation configures it: one process per device,
+    ``device_ids=[local device]``, buckets of ``bucket_cap_mb`` (DDP's default 25 MiB) all-reduced
+    while backward runs. ``gradient_as_bucket_view`` and ``static_graph`` (off by default in DDP) are
+    options (https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html)."""
+
     name = "ddp"
     summary = "DistributedDataParallel: bucketed all-reduce overlapped with backward"
     needs = "world size <= devices; global batch divisible by world size"
-    options = (BUCKET_MB,)
+    options = (BUCKET_MB, GRAD_VIEW, STATIC_GRAPH)
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         return data_parallel_check(cell, gpus=gpus)
@@ -27,10 +39,12 @@ class DDPStrategy(Strategy):
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         model = wl.build(ctx.device)
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        ddp = DDP(model, device_ids=ids, bucket_cap_mb=ctx.options["bucket_mb"])
+        ddp = DDP(model, device_ids=ids, bucket_cap_mb=ctx.options["bucket_mb"],
+                  gradient_as_bucket_view=ctx.options["ddp_grad_as_bucket_view"],
+                  static_graph=ctx.options["ddp_static_graph"])
         opt = make_optimizer(ddp.parameters(), ctx)
         return Step(run=lambda b: train_step(ddp, wl, ctx, opt, local_share(b, ctx)),
-                    loss_weight=1.0 / ctx.world_size)
+                    loss_weight=1.0 / ctx.world_size, optimizer=opt)
 
 
 def data_parallel_check(cell: CellSpec, *, gpus: int, min_world: int = 1) -> str | None:

@@ -37,6 +37,9 @@ class Ensemble(Strategy):
     needs = "world size <= devices; global batch divisible by world size"
     min_world = 2
     role = "independent"
+    # Independent models exchange nothing while training (the all_gather of predictions happens
+    # once, after the timed steps, and is reported as aggregate_bytes).
+    distributes = ()
     metrics = (
         Metric(name="aggregate_s", dtype="float64", unit="s", over_ranks="max", higher_is_better=False,
                doc="all_gather of the members' predictions on one held-out batch"),
@@ -92,4 +95,4 @@ class Ensemble(Strategy):
             ref = float(wl.loss(torch.stack(outs).mean(0), y))
             return abs(result["loss"] - ref) / max(abs(ref), 1e-12)
 
-        return Step(run=run, loss_weight=1.0 / w, finish=finish, self_parity=self_parity)
+        return Step(run=run, loss_weight=1.0 / w, finish=finish, self_parity=self_parity, optimizer=opt)

@@ -9,16 +9,17 @@ from bench.workloads import Workload
 from strategies.base import MESH, Context, Step, Strategy, common_check
 from strategies.common import MESH_OPTION, local_share, make_optimizer, mesh_check, parse_mesh, train_step
 from strategies.ddp import divisible
-from strategies.fsdp import shard_model
-from strategies.tensor import apply_tp, tp_check
+from strategies.fsdp import FSDP_MP, PARAM_DTYPE, mixed_precision, shard_model
+from strategies.tensor import TP_PLAN, apply_tp, tp_check
 
 
 class FSDPxTP(Strategy):
     name = "fsdp-tp"
     summary = "2D: tensor parallel inside each mesh row, FSDP2 across rows (option mesh='DPxTP')"
     needs = "world size >= 4 = dp x tp (default dp=2); GPT workload; heads divisible by tp"
-    options = (MESH_OPTION,)
-    labels = (MESH,)
+    options = (MESH_OPTION, FSDP_MP, TP_PLAN)
+    labels = (MESH, PARAM_DTYPE)
+    distributes = ("comm", "split")
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         r = common_check(cell, gpus=gpus) or mesh_check(cell)
@@ -29,15 +30,18 @@ class FSDPxTP(Strategy):
 
     def label_values(self, cell: CellSpec) -> dict:
         dp, tp = parse_mesh(cell.options["mesh"], cell.n_devices)
-        return {"mesh": f"dp{dp}xtp{tp}"}
+        mp = mixed_precision(cell.options, cell.measure.precision)
+        return {"mesh": f"dp{dp}xtp{tp}", "fsdp_param_dtype": "bf16" if mp else "fp32"}
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         dp, tp = parse_mesh(ctx.options["mesh"], ctx.world_size)
         mesh = init_device_mesh(ctx.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
         model = wl.build(ctx.device)
-        apply_tp(wl, model, mesh["tp"], ctx)
-        shard_model(wl, model, mesh["dp"], reshard=True)
+        loss_ctx = apply_tp(wl, model, mesh["tp"], ctx)
+        mp = mixed_precision(ctx.options, ctx.precision)
+        shard_model(wl, model, mesh["dp"], reshard=True, mp=mp)
         opt = make_optimizer(model.parameters(), ctx)
         dp_rank = mesh.get_local_rank("dp")
-        return Step(run=lambda b: train_step(model, wl, ctx, opt, local_share(b, ctx, rank=dp_rank, world=dp)),
-                    loss_weight=1.0 / ctx.world_size)
+        return Step(run=lambda b: train_step(model, wl, ctx, opt, local_share(b, ctx, rank=dp_rank, world=dp),
+                                             autocast=mp is None, loss_context=loss_ctx),
+                    loss_weight=1.0 / ctx.world_size, optimizer=opt)

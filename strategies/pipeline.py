@@ -1,7 +1,11 @@
 """Pipeline parallelism with micro-batches through torch.distributed.pipelining.
 
-The model is cut into stages of balanced parameter count, one per rank (two per rank for the
-interleaved schedule). ``micro_batches`` (option, default max(4, 2 x stages)) splits each batch.
+The model is cut into contiguous stages, one per rank (two per rank for the interleaved schedule),
+balancing the forward+backward time of each block measured once on the device (option
+``pp_balance=time``, the default; ``params`` balances parameter counts, the old default, which gave
+the embedding as much weight as a transformer block). The embedding lands on the first stage and
+the head on the last, as in torchtitan's pipeline split. ``micro_batches`` (option, default
+max(4, 2 x stages)) splits each batch.
 
 Bubble: ``bubble_theory`` is (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(v*m+p-1) interleaved.
 ``bubble_measured`` is the idle fraction of the busiest rank: 1 - busy / step time, where busy is
@@ -10,6 +14,8 @@ Communication between stages therefore counts as idle, as it does for the pipeli
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 import torch.distributed as dist
@@ -25,6 +31,7 @@ from strategies.allreduce import allreduce_mean_bucketed
 from strategies.base import MESH, Context, Option, Step, Strategy, common_check
 from strategies.common import (
     MESH_OPTION,
+    block_costs,
     local_share,
     make_optimizer,
     mesh_check,
@@ -37,6 +44,11 @@ from strategies.ddp import BUCKET_MB
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
 
 
+BALANCE = Option(name="pp_balance", type=str, default="time", choices=("time", "blocks", "params"),
+                 help="pipeline stage cut: time = equal measured forward+backward time per stage (each block "
+                      "timed once on the device); blocks = equal numbers of blocks, the first (embedding) and last "
+                      "(head) riding along with the first and last stage; params = equal parameter counts (the old "
+                      "default)")
 MICRO_BATCHES = Option(name="micro_batches", type=int, default=None, minimum=1,
                        help="micro-batches per step for the pipelines (default max(4, 2 x stages))")
 
@@ -61,6 +73,8 @@ PIPELINE_LABELS = (
 PIPELINE_METRICS = (
     Metric(name="stage_busy_s", dtype="float64", unit="s", over_ranks="max",
            doc="m x forward+backward of one micro-batch through a rank's stages, timed alone (busiest rank)"),
+    Metric(name="stage_blocks", dtype="string", over_ranks="rank0", header="blocks/stage", shown=frozenset({"report"}),
+           doc="blocks in each pipeline stage, first to last (embedding and head count as blocks)"),
     Metric(name="bubble_theory", dtype="float64", unit="fraction", fmt=".0%", over_ranks="rank0",
            header="bubble theory", shown=frozenset({"report"}),
            doc="(p-1)/(m+p-1); (p-1)/(v*m+p-1) interleaved"),
@@ -90,10 +104,21 @@ class PipelineRunner:
     """This rank's stages and schedule; ``run(local_batch)`` does one training step."""
 
     def __init__(self, wl: Workload, ctx: Context, *, schedule: str, pp_rank: int, pp: int, m: int,
-                 group: dist.ProcessGroup | None, virtual: int = 1):
+                 group: dist.ProcessGroup | None, virtual: int = 1, dp: int = 1):
         self.wl, self.ctx, self.m, self.pp = wl, ctx, m, pp
         n_stages = pp * virtual
-        parts = stage_modules(wl, wl.build(ctx.device), n_stages)
+        model = wl.build(ctx.device)
+        costs = None
+        balance = ctx.options.get("pp_balance", "time")
+        if balance == "time":
+            x, y = wl.batch(0)
+            rows = x.shape[0] // (dp * m)
+            costs = block_costs(wl, model, ctx, (x[:rows], y[:rows]))
+        elif balance == "blocks":  # equal transformer blocks per stage; embedding and head ride along
+            n = len(wl.blocks(model))
+            costs = [0.0] + [1.0] * (n - 2) + [0.0] if n > 2 else [1.0] * n
+        parts = stage_modules(wl, model, n_stages, costs)
+        self.stage_blocks = [len(p) for p in parts]
         self.ids = [pp_rank + i * pp for i in range(virtual)]  # looped assignment
         self.mods: list[nn.Module] = [parts[i] for i in self.ids]
         del parts
@@ -105,6 +130,8 @@ class PipelineRunner:
         self.first, self.last = 0 in self.ids, n_stages - 1 in self.ids
         self.opt = make_optimizer([p for mod in self.mods for p in mod.parameters()], ctx)
         self.virtual = virtual
+        self.step_kw = ({"return_outputs": False}
+                        if "return_outputs" in inspect.signature(self.schedule.step).parameters else {})
         self._inputs: dict[int, tuple] = {}
         for k, mod in enumerate(self.mods):  # keep one micro-batch input per stage for the busy timing
             mod.register_forward_pre_hook(lambda _m, args, k=k: self._inputs.__setitem__(k, args))
@@ -115,7 +142,9 @@ class PipelineRunner:
         args = (x,) if self.first else ()
         kwargs = {"target": y, "losses": losses} if self.last else {}
         with self.ctx.autocast():
-            self.schedule.step(*args, **kwargs)
+            # The last stage's merged output (all micro-batches' logits) is never read: do not build it
+            # (torchtitan passes return_outputs=False too).
+            self.schedule.step(*args, **kwargs, **self.step_kw)
         if after_backward is not None:
             after_backward()
         self.opt.step()
@@ -150,9 +179,10 @@ class Pipeline(Strategy):
     schedule = "gpipe"
     virtual = 1
     min_world = 2
-    options = (MICRO_BATCHES,)
+    options = (MICRO_BATCHES, BALANCE)
     labels = PIPELINE_LABELS
     metrics = PIPELINE_METRICS
+    distributes = ("comm", "split")
 
     def degrees(self, n: int, options: dict) -> tuple[int, int]:
         """(data-parallel, pipeline) degrees."""
@@ -190,9 +220,10 @@ def pipeline_step(runner: PipelineRunner, wl: Workload, ctx: Context, share, *, 
         return runner.step((x, y), after_backward)
 
     def finish():
-        return {"stage_busy_s": runner.busy_seconds(last_batch["y"]), "bubble_theory": runner.theory()}
+        return {"stage_busy_s": runner.busy_seconds(last_batch["y"]), "bubble_theory": runner.theory(),
+                "stage_blocks": "/".join(map(str, runner.stage_blocks))}
 
-    return Step(run=run, loss_weight=(1.0 / dp) if runner.last else 0.0, finish=finish)
+    return Step(run=run, loss_weight=(1.0 / dp) if runner.last else 0.0, finish=finish, optimizer=runner.opt)
 
 
 class Pipeline1F1B(Pipeline):
@@ -215,7 +246,7 @@ class DPxPipeline(Pipeline):
     needs = "world size >= 4 = dp x pp (option mesh, default dp=2); NCCL on CUDA or Gloo on CPU"
     schedule = "1f1b"
     min_world = 4
-    options = (MICRO_BATCHES, MESH_OPTION, BUCKET_MB)
+    options = (MICRO_BATCHES, BALANCE, MESH_OPTION, BUCKET_MB)
 
     def degrees(self, n: int, options: dict) -> tuple[int, int]:
         return parse_mesh(options.get("mesh"), n)
@@ -234,7 +265,7 @@ class DPxPipeline(Pipeline):
         dp, pp = self.degrees(ctx.world_size, ctx.options)
         mesh = init_device_mesh(ctx.device.type, (dp, pp), mesh_dim_names=("dp", "pp"))
         runner = PipelineRunner(wl, ctx, schedule=self.schedule, pp_rank=mesh.get_local_rank("pp"), pp=pp,
-                                m=ctx.options["micro_batches"], group=mesh.get_group("pp"))
+                                m=ctx.options["micro_batches"], group=mesh.get_group("pp"), dp=dp)
         dp_group, dp_rank = mesh.get_group("dp"), mesh.get_local_rank("dp")
         params = [p for mod in runner.mods for p in mod.parameters()]
         cap = int(ctx.options["bucket_mb"] * 2**20)

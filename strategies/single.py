@@ -14,6 +14,7 @@ class Single(Strategy):
     needs = "world size 1; any device"
     one_process = True
     role = "reference"
+    distributes = ()
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         if cell.n_devices != 1:
@@ -25,4 +26,4 @@ class Single(Strategy):
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         model = wl.build(ctx.device)
         opt = make_optimizer(model.parameters(), ctx)
-        return Step(run=lambda b: train_step(model, wl, ctx, opt, ctx.to_device(b)), loss_weight=1.0)
+        return Step(run=lambda b: train_step(model, wl, ctx, opt, ctx.to_device(b)), loss_weight=1.0, optimizer=opt)

@@ -1,10 +1,12 @@
 """Tensor parallelism (torch.distributed.tensor.parallel) through the workload's own plan.
 
 Which modules are split, and how, depends on the model's module names, so the plan belongs to
-the workload (``Workload.tp_plan``; the built-in GPT's is Megatron style, see
-``bench.workloads.gpt.tensor_parallel``), as torchtitan keeps each model's parallelize function
-with the model. A workload without a plan is skipped with that reason, never run unsplit. Every
-rank sees the whole batch.
+the workload (``Workload.tp_plan``; the built-in GPT's, ``bench.workloads.gpt.tensor_parallel``,
+follows torchtitan's llama plan: sequence parallel on the norms and loss parallel, option
+``tp_plan=sp``; ``tp_plan=megatron`` is the plain column/row split), as torchtitan keeps each
+model's parallelize function with the model. A workload without a plan is skipped with that
+reason, never run unsplit; a plan that splits nothing fails the distribution check. Every rank
+sees the whole batch.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from bench.spec import CellSpec, WorkloadFacts
 from bench.workloads import Workload
-from strategies.base import MESH, Context, Step, Strategy, common_check
+from strategies.base import MESH, Context, Option, Step, Strategy, common_check
 from strategies.common import make_optimizer, train_step
 
 
@@ -26,9 +28,15 @@ def tp_check(wl: WorkloadFacts, tp: int) -> str | None:
     return None
 
 
-def apply_tp(wl: Workload, model, mesh, ctx: Context) -> None:
+TP_PLAN = Option(name="tp_plan", type=str, default="sp", choices=("sp", "megatron"),
+                 help="tensor-parallel plan: sp = sequence parallel on norms and loss parallel (torchtitan), "
+                      "megatron = column/row linears only (the old default)")
+
+
+def apply_tp(wl: Workload, model, mesh, ctx: Context):
+    """Apply the workload's plan; returns the loss context it needs (or None)."""
     assert wl.tp_plan is not None, "planner checks has_tp_plan"
-    wl.tp_plan(model, mesh)
+    return wl.tp_plan(model, mesh, plan=ctx.options.get("tp_plan", TP_PLAN.default))
 
 
 class TensorParallel(Strategy):
@@ -36,6 +44,8 @@ class TensorParallel(Strategy):
     summary = "tensor parallel: the workload's plan (GPT: column-wise then row-wise linears in attention and MLP)"
     needs = "a workload with a tensor-parallel plan; heads divisible by world size; world size <= devices"
     labels = (MESH,)
+    options = (TP_PLAN,)
+    distributes = ("comm", "split")
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         return common_check(cell, gpus=gpus) or tp_check(cell.workload, cell.n_devices)
@@ -46,8 +56,8 @@ class TensorParallel(Strategy):
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
         model = wl.build(ctx.device)
-        apply_tp(wl, model, mesh, ctx)
+        loss_ctx = apply_tp(wl, model, mesh, ctx)
         opt = make_optimizer(model.parameters(), ctx)
         # Every rank computes the same whole-batch loss.
-        return Step(run=lambda b: train_step(model, wl, ctx, opt, ctx.to_device(b)),
-                    loss_weight=1.0 / ctx.world_size)
+        return Step(run=lambda b: train_step(model, wl, ctx, opt, ctx.to_device(b), loss_context=loss_ctx),
+                    loss_weight=1.0 / ctx.world_size, optimizer=opt)

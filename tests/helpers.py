@@ -31,6 +31,41 @@ class NoAverage(Strategy):
                     loss_weight=1.0 / ctx.world_size)
 
 
+class Inert(Strategy):
+    """Every rank trains the whole model on the whole batch and never communicates: parity holds
+    (each rank is the single-device run) but nothing was distributed, and the check must say so."""
+
+    name = "test-inert"
+    summary = needs = "test only"
+    distributes = ("comm", "split")
+
+    def prepare(self, wl: Workload, ctx: Context) -> Step:
+        model = wl.build(ctx.device)
+        opt = make_optimizer(model.parameters(), ctx)
+        return Step(run=lambda b: train_step(model, wl, ctx, opt, ctx.to_device(b)),
+                    loss_weight=1.0 / ctx.world_size, optimizer=opt)
+
+
+class SlowRank(Strategy):
+    """Each rank trains its own copy; the last rank sleeps 20 ms more every step (a synthetic slow
+    rank the noise flags must name)."""
+
+    name = "test-slowrank"
+    summary = needs = "test only"
+    distributes = ()
+
+    def prepare(self, wl: Workload, ctx: Context) -> Step:
+        model = wl.build(ctx.device)
+        opt = make_optimizer(model.parameters(), ctx)
+
+        def run(b):
+            if ctx.rank == ctx.world_size - 1:
+                time.sleep(0.02)
+            return train_step(model, wl, ctx, opt, ctx.to_device(b))
+
+        return Step(run=run, loss_weight=1.0 / ctx.world_size, optimizer=opt)
+
+
 class Raises(Strategy):
     name = "test-raises"
     summary = needs = "test only"

@@ -16,9 +16,10 @@ show() {  # short table of the latest run under $R/$1
 import sys, pandas as pd
 from bench.results import load_run
 c = load_run(sys.argv[1])[0]
-cols = [x for x in ["strategy", "backend", "world_size", "mesh", "status", "step_time_median_s", "throughput_samples_s",
-        "scaling_efficiency", "mfu", "peak_mem_bytes", "parity_rel_err", "comm_time_s", "exposed_comm_s",
-        "overlap_frac", "idle_frac", "energy_per_sample_j", "gpu_util_mean", "overhead_s"] if x in c]
+cols = [x for x in ["strategy", "backend", "world_size", "mesh", "status", "step_time_median_s", "repeat_spread",
+        "throughput_samples_s", "scaling_efficiency", "mfu", "peak_mem_bytes", "parity_rel_err", "param_share",
+        "comm_calls_per_step", "exposed_comm_s", "idle_frac", "stage_blocks", "option_tp_plan", "fsdp_param_dtype",
+        "noise"] if x in c]
 c = c[c.status != "skipped"].copy()
 for k in ("step_time_median_s", "comm_time_s", "exposed_comm_s"):
     if k in c: c[k] = (c[k] * 1e3).round(2)
@@ -31,6 +32,19 @@ PY
 }
 for phase in "$@"; do
 case "$phase" in
+check)  # every strategy on NCCL at 2 and 4 GPUs (and the reference), a few fixed steps: does it all run?
+  timeout 170 python3 -m bench.cli run --no-progress --out "$R/check" --workloads gpt-small --strategies all \
+     --backends nccl --world-sizes 2,4 --steps 4 --warmup 2 --warmup-max 0 --steps-max 0 --budget off \
+     --profile-steps 1 --cell-timeout 60 > "$OUT/check.log" 2>&1
+  show check ;;
+ab)  # best-practice defaults vs the old defaults, gpt-200m on 4 GPUs, 3 interleaved repeats each
+  for variant in new old; do
+    opts=(); [ "$variant" = old ] && opts=(--option fsdp_mp=off --option pp_balance=params --option tp_plan=megatron)
+    timeout 110 python3 -m bench.cli run --no-progress --out "$R/ab-$variant" --workloads gpt-200m \
+       --strategies fsdp,pipeline-1f1b,tensor --backends nccl --world-sizes 4 --repeats 3 --steps 10 --warmup 3 \
+       --warmup-max 0 --steps-max 0 --budget off --profile-steps 0 --sample-hz 0 "${opts[@]}" > "$OUT/ab-$variant.log" 2>&1
+    show "ab-$variant"
+  done ;;
 smoke)
   CUDA_VISIBLE_DEVICES=0,1 timeout 240 python3 -m pytest -q -x tests/gpu 2>&1 | tail -5
   pb smoke --workloads gpt-small --strategies all --backends nccl,gloo --world-sizes 1,2,4 --steps 4 --warmup 2 \

@@ -1,87 +1,62 @@
-"""A plain torchrun training loop, written the way people write it, outside the harness.
-
-It trains the same model on the same batches as parbench, so the harness's step time can be
-checked against it:
+"""A plain DistributedDataParallel training loop, written the way the PyTorch DDP docs write one,
+outside the harness. It trains the same model on the same batches as parbench (each rank its
+contiguous share of the global batch), so the harness's ``ddp`` step time can be checked against it:
 
     torchrun --nproc-per-node 2 -m bench.baselines.plain_ddp --workload gpt-200m --steps 30 --warmup 5
+    torchrun --nproc-per-node 2 -m bench.baselines.plain_ddp --bucket-mb 100 --grad-as-bucket-view --static-graph
     python -m bench.baselines.plain_ddp --workload gpt-200m --no-ddp          # plain single GPU
 
-Prints one JSON line: mean step time over the timed steps (synchronize, perf_counter, N steps,
-synchronize), the world size and the final loss.
+Options (DDP's own knobs; defaults are DDP's defaults): ``--bucket-mb`` (bucket_cap_mb, 25),
+``--grad-as-bucket-view`` (gradients alias the all-reduce buckets: saves a copy and memory),
+``--static-graph`` (the graph is the same every step, so DDP can skip per-step bookkeeping).
+Source: https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html
+and https://docs.pytorch.org/docs/stable/notes/ddp.html.
+
+Prints one JSON line (see ``_common.report``); ``loss_final`` is the global-batch loss of the
+last step.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import time
-
-import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from bench.workloads import resolve
+from bench.baselines import _common as c
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--workload", default="gpt-200m")
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--backend", default="nccl")
-    ap.add_argument("--lr", type=float, default=1e-2)
-    ap.add_argument("--no-ddp", action="store_true", help="one GPU, no process group")
+    ap = c.parser(__doc__.splitlines()[0])
+    ap.add_argument("--no-ddp", action="store_true", help="one process, no process group, no DDP")
+    ap.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb (DDP default 25)")
+    ap.add_argument("--grad-as-bucket-view", action="store_true", help="DDP gradient_as_bucket_view")
+    ap.add_argument("--static-graph", action="store_true", help="DDP static_graph")
     args = ap.parse_args()
+    use_ddp = not args.no_ddp
+    env, wl = c.setup(args, distributed=use_ddp)
 
-    ddp = not args.no_ddp
-    if ddp:
-        local = int(os.environ["LOCAL_RANK"])
-        torch.cuda.set_device(local)
-        dist.init_process_group(args.backend, device_id=torch.device("cuda", local)
-                                if args.backend == "nccl" else None)
-        rank, world = dist.get_rank(), dist.get_world_size()
-    else:
-        local, rank, world = 0, 0, 1
-    dev = torch.device("cuda", local)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    wl = resolve(args.workload)
-    model = wl.build(dev)
-    net = DDP(model, device_ids=[local]) if ddp else model
-    opt = torch.optim.SGD(net.parameters(), lr=args.lr)
-    per = wl.global_batch // world
-    batches = []
-    for s in range(args.warmup + args.steps):
-        x, y = wl.batch(s)
-        batches.append((x[rank * per:(rank + 1) * per].to(dev), y[rank * per:(rank + 1) * per].to(dev)))
+    model = wl.build(env.device)
+    if use_ddp:
+        ids = [env.device.index] if env.device.type == "cuda" else None
+        model = DDP(model, device_ids=ids, bucket_cap_mb=args.bucket_mb,
+                    gradient_as_bucket_view=args.grad_as_bucket_view, static_graph=args.static_graph)
+    opt = c.sgd(model.parameters(), args.lr)
+    data = c.batches(wl, args.warmup + args.steps, env, share=True)
 
-    def step(x, y):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = net(x)
+    def step(i: int):
+        x, y = data[i]
+        with c.autocast(env, args.precision):
+            out = model(x)
         loss = wl.loss(out, y)
-        loss.backward()
+        loss.backward()  # DDP all-reduces gradient buckets during backward
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss.detach()
 
-    for x, y in batches[: args.warmup]:
-        step(x, y)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for x, y in batches[args.warmup:]:
-        loss = step(x, y)
-    torch.cuda.synchronize()
-    mean = (time.perf_counter() - t0) / args.steps
-    if ddp:
-        dist.all_reduce(loss)
-        loss /= world
-    if rank == 0:
-        print(json.dumps({"baseline": "plain-ddp" if ddp else "plain-single",
-                          "backend": args.backend if ddp else "none", "workload": wl.name, "world_size": world,
-                          "step_time_mean_s": mean,
-                          "loss_final": float(loss), "gpu": torch.cuda.get_device_name(dev)}), flush=True)
-    if ddp:
-        dist.destroy_process_group()
+    times, loss = c.train(step, warmup=args.warmup, steps=args.steps, env=env)
+    final = c.global_mean(loss, env)
+    settings = ({"bucket_mb": args.bucket_mb, "gradient_as_bucket_view": args.grad_as_bucket_view,
+                 "static_graph": args.static_graph} if use_ddp else {})
+    c.report("plain-ddp" if use_ddp else "plain-single", args, env, wl, times, final, **settings)
+    c.teardown(env)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from typing import Any
 import pynvml as nv
 
 UINT_MAX = 0xFFFFFFFF
+#: clock-event reasons that slow running kernels: SW power cap, HW slowdown, SW/HW thermal, power brake
+SLOWDOWN_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 
 
 def _counter_fields() -> dict[str, tuple[int, int, float]]:
@@ -110,9 +112,35 @@ class NvmlSource:
             tc = self._try("temperature", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
             if tc is not None:
                 out.append((dev, "temp_c", float(tc)))
+            th = self._try("throttle_reasons", lambda: nv.nvmlDeviceGetCurrentClocksThrottleReasons(h))
+            if th is not None:  # only the reasons that slow a running kernel (not idle, not app clocks)
+                out.append((dev, "throttle_reasons", float(int(th) & SLOWDOWN_MASK)))
+            others = self._other_processes(h)
+            if others is not None:
+                out.append((dev, "other_procs", float(others)))
             out += self._counters(dev, h, t)
             out += self._gpm(dev, h)
         return out
+
+    def _other_processes(self, h) -> int | None:
+        """Compute processes on this GPU outside the benchmark's process tree; None when NVML's
+        process ids are from another PID namespace (a container: none of ours appear)."""
+        procs = self._try("processes", lambda: nv.nvmlDeviceGetComputeRunningProcesses(h))
+        if not procs:
+            return None if procs is None else 0
+        import psutil
+
+        me = psutil.Process()
+        try:
+            tree = {me.pid, *(p.pid for p in me.children(recursive=True))}
+        except psutil.Error:
+            return None
+        pids = {p.pid for p in procs}
+        if not pids & tree:
+            self._notes.setdefault("processes", "NVML process ids are from another PID namespace: "
+                                                "other processes on a GPU cannot be told apart")
+            return None
+        return len(pids - tree)
 
     def _counters(self, dev: str, h, t: float) -> list[tuple[str, str, float]]:
         live = {k: v for k, v in self.fields.items() if k not in self._dead}

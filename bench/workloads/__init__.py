@@ -55,8 +55,14 @@ class Workload:
         """What the planner records of this workload, once."""
         from bench.spec import WorkloadFacts
 
+        params = self.params
+        if params is None:  # count them without allocating: build on the meta device
+            try:
+                params = sum(p.numel() for p in self.build(torch.device("meta")).parameters())
+            except Exception:  # noqa: BLE001 - a model that cannot build on meta keeps no count
+                params = None
         return WorkloadFacts(name=self.name, spec=spec, dims=dict(dims), global_batch=self.global_batch,
-                             flops_per_sample=self.flops_per_sample, params=self.params, n_blocks=self.n_blocks,
+                             flops_per_sample=self.flops_per_sample, params=params, n_blocks=self.n_blocks,
                              n_heads=self.n_heads, has_tp_plan=self.tp_plan is not None,
                              description=self.description)
 

@@ -112,18 +112,63 @@ class GPT(nn.Sequential):
                 nn.init.zeros_(p)
 
 
-def tensor_parallel(model: nn.Module, mesh, **_options) -> None:
-    """Megatron-style tensor parallelism of every block: q/k/v and the MLP's up projection split
-    column-wise (each rank owns some heads and hidden units), the attention output and the MLP's
-    down projection row-wise: one all-reduce per sub-layer in forward and one in backward.
-    Embedding, norms and head stay replicated."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+def tensor_parallel(model: nn.Module, mesh, *, plan: str = "sp", **_options):
+    """Tensor-parallelize the GPT in place; returns the context the loss must run under (loss
+    parallel), or None.
 
-    plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
-            "attn.o": RowwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
-    for block in model.modules():
-        if isinstance(block, Block):
-            parallelize_module(block, mesh, plan)
+    ``plan="megatron"``: Megatron-style blocks: q/k/v and the MLP's up projection column-wise (each
+    rank owns some heads and hidden units), the attention output and the MLP's down projection
+    row-wise: one all-reduce per sub-layer in forward and one in backward; embedding, norms and head
+    replicated.
+
+    ``plan="sp"`` (default), as torchtitan's llama plan: the same column/row split, with sequence
+    parallelism between the sub-layers (norms and the residual stream sharded along the sequence:
+    each all-reduce becomes a reduce-scatter plus an all-gather of the same total volume, and the
+    norms compute on 1/tp of the tokens), the head column-wise on the vocabulary and the loss
+    computed on the vocabulary shards (``loss_parallel``: the logits are never gathered). The
+    embedding (token + position, small) stays replicated; its output is sliced along the sequence.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        loss_parallel,
+        parallelize_module,
+    )
+
+    if plan not in ("sp", "megatron"):
+        raise ValueError(f"tensor-parallel plan {plan!r} unknown; use sp or megatron")
+    blocks = [m for m in model.modules() if isinstance(m, Block)]
+    if plan == "megatron":
+        layer = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+                 "attn.o": RowwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
+        for block in blocks:
+            parallelize_module(block, mesh, layer)
+        return None
+    layer = {
+        "ln1": SequenceParallel(),
+        "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+        "attn.o": RowwiseParallel(output_layouts=Shard(1)),
+        "ln2": SequenceParallel(),
+        "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "mlp.up": ColwiseParallel(),
+        "mlp.down": RowwiseParallel(output_layouts=Shard(1)),
+    }
+    for block in blocks:
+        parallelize_module(block, mesh, layer)
+    embed = next(m for m in model.modules() if isinstance(m, Embed))
+    head = next(m for m in model.modules() if isinstance(m, Head))
+    parallelize_module(embed, mesh, PrepareModuleOutput(output_layouts=(Replicate(),),
+                                                        desired_output_layouts=(Shard(1),), use_local_output=True))
+    parallelize_module(head, mesh, {
+        "ln": SequenceParallel(),
+        "out": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+    })
+    return loss_parallel
 
 
 def matmul_params(cfg: GPTConfig) -> int:

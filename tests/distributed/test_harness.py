@@ -42,6 +42,13 @@ def test_strategy_matches_single_device_on_gloo(zoo, name):
     assert set(ok["world_size"]) == sizes, rows[["world_size", "status", "reason"]].to_string()
     assert ok["parity_ok"].all() and (ok["parity_rel_err"] <= 1e-5).all(), ok[["world_size", "parity_rel_err"]]
     assert ok["throughput_samples_s"].gt(0).all()
+    # the distribution check passed: communication every step, and the model split where it should be
+    if "comm" in strategies.REGISTRY[name].distributes:  # an ensemble exchanges nothing while training
+        assert ok["comm_calls_per_step"].gt(0).all(), ok[["world_size", "comm_calls_per_step"]]
+    if name in ("fsdp", "fsdp-noreshard"):
+        assert (ok["param_share"] <= 1.25 / ok["world_size"]).all(), ok[["world_size", "param_share"]]
+    if name.startswith("pipeline") or name in ("chain", "tensor", "dp-pp", "fsdp-tp"):
+        assert ok["param_share"].lt(0.95).all(), ok[["world_size", "param_share"]]
 
 
 @pytest.mark.parametrize("name", sorted(GPU_ONLY))
@@ -76,11 +83,16 @@ def test_data_parallel_on_a_second_workload(tmp_path):
 
 def test_wrong_failing_and_hanging_strategies_become_rows(tmp_path):
     cells = run(tmp_path, workloads="gpt-tiny",
-                strategies="tests.helpers:NoAverage,tests.helpers:Raises,tests.helpers:Hangs,ddp",
+                strategies="tests.helpers:NoAverage,tests.helpers:Inert,tests.helpers:Raises,tests.helpers:Hangs,ddp",
                 world_sizes="2", steps=3, warmup=1, cell_timeout_s=10)
     by = cells.set_index("strategy")
     assert by.loc["test-noaverage", "status"] == "ok"
     assert not by.loc["test-noaverage", "parity_ok"]  # trained a different model: parity shows it
+    # Same losses as one device, but nothing was distributed: a failure, never a clean row.
+    inert = by.loc["test-inert"]
+    assert inert["status"] == "failed" and inert["reason"].startswith("did not distribute: no communication")
+    assert inert["parity_ok"] is pd.NA or pd.isna(inert["parity_ok"])  # parity is only judged for ok cells
+    assert inert["comm_calls_per_step"] == 0 and inert["param_share"] == 1.0
     assert by.loc["test-raises", "status"] == "failed"
     assert "deliberate failure in prepare" in by.loc["test-raises", "reason"]
     assert by.loc["test-hangs", "status"] == "timeout"

@@ -14,8 +14,8 @@ def fake_run(tmp_path):
                    role="reference" if strategy == "single" else "",
                    world_size=ws, status="ok", precision="fp32", global_batch=8, step_time_median_s=t,
                    step_time_ci_low_s=t * 0.95, step_time_ci_high_s=t * 1.05, throughput_samples_s=8 / t),
-              [dict(cell_id=cid, rank=0, step=s, phase="timed", step_time_s=t * (1 + s / 100), loss=1.0, loss_weight=1.0)
-               for s in range(5)])
+              [dict(cell_id=cid, rank=0, step=s, phase="timed", step_time_s=t * (1 + s / 100), loss=1.0,
+                    loss_weight=1.0) for s in range(5)])
     w.add(dict(cell_id=3, workload="gpt-tiny", strategy="dataparallel", backend="gloo", device="cpu",
                world_size=2, status="skipped", reason="needs CUDA"))
     (tmp_path / "r" / "meta.json").write_text(json.dumps({"host": "h", "torch": "x"}))

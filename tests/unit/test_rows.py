@@ -28,42 +28,47 @@ def rank(r, times, *, window=(100.0, 101.5), energy=50.0, gpu="NVIDIA H100 80GB 
 
 
 def test_step_time_is_the_slowest_rank_and_statistics_follow():
-    row, steps, comm = build_row(spec(), [rank(0, [0.1, 0.2, 0.1, 0.1]), rank(1, [0.2, 0.1, 0.1, 0.3])], wall_s=3.0)
+    row, steps, comm = build_row(spec(), [[rank(0, [0.1, 0.2, 0.1, 0.1]), rank(1, [0.2, 0.1, 0.1, 0.3])]], wall_s=3.0)
     assert row["status"] == "ok" and row["world_size"] == 2 and row["workload"] == "w(d=2)"
     assert row["step_time_median_s"] == pytest.approx(0.2)  # per-step max: 0.2, 0.2, 0.1, 0.3
+    assert row["ci_basis"].startswith("steps") and row["repeats_done"] == 1
     assert row["step_time_mean_s"] == pytest.approx(0.2)
     assert row["throughput_samples_s"] == pytest.approx(8 / 0.2)
     assert row["peak_mem_bytes"] == 2e9 and row["loss_final"] == pytest.approx(1.0)
     assert row["overhead_s"] == pytest.approx(3.0 - 0.8)
+    assert {s["repeat"] for s in steps} == {0}
     assert len(steps) == 2 * 5 and {s["phase"] for s in steps} == {"warmup", "timed"}
     assert comm == []
 
 
 def test_mfu_only_for_known_gpus_and_per_device():
-    row, _, _ = build_row(spec(), [rank(0, [0.1] * 4), rank(1, [0.1] * 4)], wall_s=1.0)
+    row, _, _ = build_row(spec(), [[rank(0, [0.1] * 4), rank(1, [0.1] * 4)]], wall_s=1.0)
     assert row["mfu"] == pytest.approx(1e9 * 80 / (989.4e12 * 2))
-    row, _, _ = build_row(spec(), [rank(0, [0.1] * 4, gpu="Some GPU"), rank(1, [0.1] * 4, gpu="Some GPU")],
+    row, _, _ = build_row(spec(), [[rank(0, [0.1] * 4, gpu="Some GPU"), rank(1, [0.1] * 4, gpu="Some GPU")]],
                           wall_s=1.0)
     assert row["mfu"] is None
 
 
 def test_energy_needs_a_window_of_one_second():
-    row, _, _ = build_row(spec(), [rank(0, [0.1] * 4), rank(1, [0.1] * 4)], wall_s=1.0)
+    row, _, _ = build_row(spec(), [[rank(0, [0.1] * 4), rank(1, [0.1] * 4)]], wall_s=1.0)
     assert row["energy_j"] == 100.0 and row["energy_per_sample_j"] == pytest.approx(100 / 32)
     short = [rank(r, [0.1] * 4, window=(100.0, 100.5)) for r in range(2)]
-    row, _, _ = build_row(spec(), short, wall_s=1.0)
+    row, _, _ = build_row(spec(), [short], wall_s=1.0)
     assert "energy_j" not in row
-    cpu, _, _ = build_row(spec(device="cpu"), [rank(r, [0.1] * 4, gpu=None) for r in range(2)], wall_s=1.0)
+    cpu, _, _ = build_row(spec(device="cpu"), [[rank(r, [0.1] * 4, gpu=None) for r in range(2)]], wall_s=1.0)
     assert "energy_j" not in cpu and cpu["mfu"] is None
 
 
 def test_telemetry_window_uses_the_planned_gpus_only():
+    from bench.rows import telemetry_means
+
     samples = [{"t": 100.5, "device": "gpu0", "metric": "power_w", "value": 300.0},
                {"t": 100.7, "device": "gpu1", "metric": "power_w", "value": 100.0},
                {"t": 100.7, "device": "gpu3", "metric": "power_w", "value": 999.0},  # not this cell's GPU
                {"t": 99.0, "device": "gpu0", "metric": "power_w", "value": 999.0}]  # before the window
-    row, _, _ = build_row(spec(), [rank(r, [0.1] * 4) for r in range(2)], wall_s=1.0, samples=samples)
-    assert row["power_mean_w"] == pytest.approx(200.0)
+    means = telemetry_means(samples, spec(), (100.0, 101.5))
+    row, _, _ = build_row(spec(), [[rank(r, [0.1] * 4) for r in range(2)]], wall_s=1.0, telemetry=[means])
+    assert row["power_mean_w"] == pytest.approx(200.0) and row["contended"] == ""
 
 
 def test_strategy_metrics_combine_as_declared_and_undeclared_go_to_extras():
@@ -72,7 +77,7 @@ def test_strategy_metrics_combine_as_declared_and_undeclared_go_to_extras():
                 Metric(name="twice", dtype="float64", derive=lambda r: 2 * r["step_time_median_s"])]
     ranks = [rank(0, [0.1] * 4, metrics={"busy_s": 1.0, "sent": 2.0, "mfu": 0.9}),
              rank(1, [0.1] * 4, metrics={"busy_s": 3.0, "sent": 5.0})]
-    row, _, _ = build_row(spec(), ranks, wall_s=1.0, strategy_metrics=declared)
+    row, _, _ = build_row(spec(), [ranks], wall_s=1.0, strategy_metrics=declared)
     assert row["busy_s"] == 3.0 and row["sent"] == 7.0 and row["twice"] == pytest.approx(0.2)
     # a value named like a core column cannot overwrite it: it lands, namespaced, in extras
     assert row["mfu"] != 0.9 and json.loads(row["extras"]) == {"ddp.mfu": 0.9}
@@ -80,13 +85,13 @@ def test_strategy_metrics_combine_as_declared_and_undeclared_go_to_extras():
 
 def test_pipeline_bubble_is_a_strategy_declared_derived_metric():
     ranks = [rank(r, [0.2] * 4, metrics={"stage_busy_s": 0.15 if r else 0.05, "bubble_theory": 0.2}) for r in range(2)]
-    row, _, _ = build_row(spec(strategy="pipeline-gpipe"), ranks, wall_s=1.0, strategy_metrics=PIPELINE_METRICS)
+    row, _, _ = build_row(spec(strategy="pipeline-gpipe"), [ranks], wall_s=1.0, strategy_metrics=PIPELINE_METRICS)
     assert row["stage_busy_s"] == 0.15 and row["bubble_measured"] == pytest.approx(0.25)
 
 
 def test_a_failing_rank_fails_the_cell_with_its_rank_and_reason():
     bad = RankMeasurement(rank=1, status="failed", reason="RuntimeError: boom [/x]")
-    row, steps, _ = build_row(spec(labels={"mesh": "pp2"}), [rank(0, [0.1] * 4), bad], wall_s=2.0)
+    row, steps, _ = build_row(spec(labels={"mesh": "pp2"}), [[rank(0, [0.1] * 4), bad]], wall_s=2.0)
     assert row["status"] == "failed" and row["reason"] == "rank 1: RuntimeError: boom [/x]"
     assert row["mesh"] == "pp2" and steps == []
 
@@ -94,13 +99,13 @@ def test_a_failing_rank_fails_the_cell_with_its_rank_and_reason():
 def test_nan_loss_fails_the_cell():
     r0 = rank(0, [0.1] * 4)
     r0.losses[2] = math.nan
-    row, _, _ = build_row(spec(), [r0, rank(1, [0.1] * 4)], wall_s=1.0)
+    row, _, _ = build_row(spec(), [[r0, rank(1, [0.1] * 4)]], wall_s=1.0)
     assert row["status"] == "failed" and "NaN" in row["reason"] and "step 2" in row["reason"]
 
 
 def test_missing_steps_fail_rather_than_misalign():
-    row, _, _ = build_row(spec(), [rank(0, [0.1] * 4), rank(1, [0.1] * 3)], wall_s=1.0)
-    assert row["status"] == "failed" and "expected 4" in row["reason"]
+    row, _, _ = build_row(spec(), [[rank(0, [0.1] * 4), rank(1, [0.1] * 3)]], wall_s=1.0)
+    assert row["status"] == "failed" and "must agree" in row["reason"]
 
 
 def test_failure_row_carries_the_planned_facts():
@@ -121,3 +126,27 @@ def test_registry_lists_every_column_once_and_strategy_columns_after_the_core():
     names = [m.name for m in all_metrics()]
     assert len(names) == len(set(names)) and names[: len(CORE)] == [m.name for m in CORE]
     assert {"bubble_measured", "mesh", "schedule", "micro_batches", "aggregate_s"} <= set(names[len(CORE):])
+
+
+def test_repeats_give_the_median_over_repeats_and_keep_every_step():
+    reps = [[rank(0, [t] * 4), rank(1, [t] * 4)] for t in (0.10, 0.12, 0.11)]
+    row, steps, _ = build_row(spec(), reps, wall_s=3.0)
+    assert row["step_time_median_s"] == pytest.approx(0.11) and row["repeats_done"] == 3
+    assert row["ci_basis"].startswith("repeats") and row["repeat_spread"] == pytest.approx(0.02 / 0.11)
+    assert sorted({s["repeat"] for s in steps}) == [0, 1, 2] and len(steps) == 3 * 2 * 5
+    assert row["energy_j"] == pytest.approx(300.0)  # every repeat's energy, over every repeat's samples
+    assert row["energy_per_sample_j"] == pytest.approx(300.0 / (3 * 4 * 8))
+
+
+def test_a_failure_in_a_later_repeat_fails_the_cell():
+    bad = RankMeasurement(rank=0, status="failed", reason="OOM")
+    row, _, _ = build_row(spec(), [[rank(0, [0.1] * 4), rank(1, [0.1] * 4)], [bad, rank(1, [0.1] * 4)]], wall_s=1.0)
+    assert row["status"] == "failed" and row["reason"] == "repeat 1, rank 0: OOM"
+
+
+def test_contention_is_named():
+    from bench.rows import contention
+
+    assert contention({"host_other_cpu_cores": 1.6, "host_load1": 5.0}, 2).startswith("1.6 cores busy")
+    assert "throttled" in contention({"gpu_throttled_frac": 0.5}, 64)
+    assert contention({"host_other_cpu_cores": 0.1, "host_load1": 1.0}, 2) == ""

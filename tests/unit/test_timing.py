@@ -1,30 +1,76 @@
+import time
+
 import numpy as np
 import torch
 
-from bench.timing import StepTimer, bootstrap_median_ci, summarize
+from bench.noise import (
+    bimodality_coefficient,
+    median_ci,
+    order_stat_halfwidth,
+    outliers,
+    slow_rank,
+    summarize,
+)
+from bench.timing import StepTimer
 
 
-def test_bootstrap_ci_brackets_the_median_and_is_reproducible():
+def test_median_interval_brackets_the_median_and_is_reproducible():
     x = np.random.default_rng(1).lognormal(size=50)
-    lo, hi = bootstrap_median_ci(x)
-    assert lo <= np.median(x) <= hi
-    assert (lo, hi) == bootstrap_median_ci(x)
-    wide = bootstrap_median_ci(np.r_[x, x * 5])
-    assert wide[1] - wide[0] > 0
+    lo, hi, method = median_ci(x)
+    assert lo <= np.median(x) <= hi and method == "BCa"
+    assert (lo, hi, method) == median_ci(x)
+    wide = median_ci(np.r_[x, x * 5])
+    assert wide[1] - wide[0] > hi - lo
+    assert median_ci(np.array([1.0, 2.0]))[2] == "range"
 
 
-def test_summary_statistics():
-    s = summarize(np.array([1.0, 2.0, 3.0, 4.0, 100.0]))
-    assert s["step_time_median_s"] == 3.0
-    assert s["step_time_p95_s"] == np.percentile([1, 2, 3, 4, 100], 95)
-    assert s["step_time_ci_low_s"] <= 3.0 <= s["step_time_ci_high_s"]
-    assert np.isnan(summarize(np.array([]))["step_time_median_s"])
+def test_interval_comes_from_repeats_not_correlated_steps():
+    rng = np.random.default_rng(0)
+    # Each repeat sits at its own level (the machine drifted) with little noise inside it: the
+    # steps look tight, the repeats show the real uncertainty.
+    reps = [1.0 + d + rng.normal(0, 0.001, 30) for d in (0.0, 0.08, 0.16)]
+    s = summarize(reps)
+    assert s["ci_basis"].startswith("repeats") and s["repeats_done"] == 3
+    assert s["step_time_ci_high_s"] - s["step_time_ci_low_s"] >= 0.15
+    assert s["repeat_spread"] > 0.1 and not s["stable"] and "repeats spread" in s["noise"]
+    one = summarize([np.concatenate(reps)])
+    assert one["ci_basis"].startswith("steps")
+
+
+def test_bimodal_stream_is_flagged():
+    rng = np.random.default_rng(3)
+    x = np.r_[rng.normal(0.040, 0.001, 30), rng.normal(0.320, 0.005, 30)]  # the 40 vs 320 ms seen on CPU
+    assert bimodality_coefficient(x) > 0.555
+    s = summarize([x])
+    assert not s["stable"] and "bimodal" in s["noise"]
+    steady = summarize([rng.normal(0.1, 0.001, 60)])
+    assert steady["stable"] and steady["noise"] == ""
+
+
+def test_outliers_and_p95_needs_enough_steps():
+    x = np.r_[np.full(30, 0.1), [1.0, 2.0]]
+    assert outliers(x) == 2
+    assert np.isnan(summarize([x])["step_time_p95_s"])  # 32 steps: a "p95" would be a maximum
+    assert np.isfinite(summarize([np.full(50, 0.1)])["step_time_p95_s"])
+
+
+def test_synthetic_slow_rank_is_found():
+    rng = np.random.default_rng(5)
+    ranks = rng.normal(0.1, 0.002, size=(4, 20))
+    assert slow_rank(ranks) is None
+    ranks[2] *= 1.4
+    assert slow_rank(ranks) == 2
+
+
+def test_order_statistic_halfwidth_shrinks_with_steps():
+    rng = np.random.default_rng(7)
+    a, b = rng.normal(1, 0.05, 10), rng.normal(1, 0.05, 200)
+    assert order_stat_halfwidth(b) < order_stat_halfwidth(a) < 0.2
+    assert order_stat_halfwidth(np.ones(3)) == np.inf
 
 
 def test_cpu_timer_measures_each_call():
     t = StepTimer(torch.device("cpu"), barrier=False)
-    import time
-
     for d in (0.01, 0.03):
         t.time(lambda: time.sleep(d))  # noqa: B023
     a, b = t.times()

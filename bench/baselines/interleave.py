@@ -1,0 +1,449 @@
+"""Harness vs plain loop, interleaved on the same GPUs in one call: the issue-10 overhead table.
+
+    PYTHONPATH=. python3 bench/baselines/interleave.py --quick               # smoke: 1 round, x2, 5 steps, ~3 min
+    PYTHONPATH=. python3 bench/baselines/interleave.py --world-sizes 2 --families ddp,fsdp,pipeline-gpipe,pipeline-1f1b
+    PYTHONPATH=. python3 bench/baselines/interleave.py --world-sizes 4 --families tensor,tensor-sp
+
+(All six default families at x2 and x4 with 3 rounds take ~18 min of device time, more than one
+600 s command: split the call by world size and family, as above; the script prints its estimate.)
+
+Each round runs, for every world size, the harness cells (A: ``python3 -m bench.cli run ...``) and
+the plain programs (B: ``bench/baselines/plain_*.py``) of every family, A then B, and rounds repeat,
+so both sides see the same machine state over the call. By default the harness cells of a round
+that can share one ``bench.cli run`` do (the harness adds a one-GPU reference cell and starts one
+torchrun per world size on every call, ~10 s each); ``--pairwise`` runs one harness call per family
+and world size instead, right before its plain program (stricter A B, slower).
+
+Per family and world size it prints the harness median step time (median over rounds of the
+cell's ``step_time_median_s``), the plain median (same, of the JSON line's), and the ratio
+harness / plain (median over rounds of the per-round ratio, with min-max). Every raw result (the
+commands, the harness row, the plain line, wall times, failures) goes to ``$OUT/interleave.json``,
+rewritten after every run, and the harness run folders to ``$OUT/interleave-runs/``.
+
+The harness is held to exactly ``--warmup`` and ``--steps`` (its ``--warmup-max``/``--steps-max``),
+as the plain programs run; ``--harness-adaptive`` lets it extend both until the step time settles.
+``--deadline-s`` (default 560, under the device tool's 600 s a command) stops starting runs that
+would not finish in time; what finished is still tabled. Edit ``PAIRS`` below when harness options
+change: an option the checkout's strategy does not declare is dropped with a warning (the harness
+refuses unknown options), and the table says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: make `bench` and `strategies` importable
+    sys.path.insert(0, str(ROOT))
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One family: the harness cell (strategy and ``--option``s) and the plain program (module, flags)."""
+
+    strategy: str
+    options: tuple[str, ...]
+    program: str
+    flags: tuple[str, ...] = ()
+
+
+# ---- the pairs: edit here ------------------------------------------------------------------------
+# Harness options as declared by the strategies (issue 10 best practice); the plain flags state the
+# same configuration. Pipelines: 8 micro-batches both sides; the plain program cuts equal blocks per
+# stage, the harness balances by measured time (pp_balance=time; "params" is its old default).
+PAIRS: dict[str, Pair] = {
+    "ddp": Pair("ddp", (), "plain_ddp"),                                       # DDP defaults both sides
+    "ddp-tuned": Pair("ddp", ("bucket_mb=100", "ddp_grad_as_bucket_view=true", "ddp_static_graph=true"),
+                      "plain_ddp", ("--bucket-mb", "100", "--grad-as-bucket-view", "--static-graph")),
+    "fsdp": Pair("fsdp", ("fsdp_mp=auto",), "plain_fsdp"),                    # bf16 params, fp32 reduce
+    "fsdp-fp32": Pair("fsdp", ("fsdp_mp=off",), "plain_fsdp", ("--no-mp",)),  # fp32 params + autocast
+    "fsdp-noreshard": Pair("fsdp-noreshard", ("fsdp_mp=auto",), "plain_fsdp", ("--no-reshard",)),
+    "pipeline-gpipe": Pair("pipeline-gpipe", ("micro_batches=8", "pp_balance=time"), "plain_pipeline",
+                           ("--schedule", "gpipe", "--micro-batches", "8", "--split", "equal")),
+    "pipeline-1f1b": Pair("pipeline-1f1b", ("micro_batches=8", "pp_balance=time"), "plain_pipeline",
+                          ("--schedule", "1f1b", "--micro-batches", "8", "--split", "equal")),
+    "tensor": Pair("tensor", ("tp_plan=megatron",), "plain_tp"),              # no sequence parallel
+    "tensor-sp": Pair("tensor", ("tp_plan=sp",), "plain_tp", ("--sequence-parallel",)),
+}
+DEFAULT_FAMILIES = "ddp,fsdp,pipeline-gpipe,pipeline-1f1b,tensor,tensor-sp"
+# Environment for both sides, as bench/baselines/device_run.sh (NVLink multicast off on lent machines).
+GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+           "PYTHONUNBUFFERED": "1"}
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class State:
+    """Everything measured so far; written to the JSON file after every run."""
+
+    args: dict
+    runs: list[dict] = field(default_factory=list)
+    t0: float = field(default_factory=time.monotonic)
+    dropped: dict[str, list[str]] = field(default_factory=dict)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+
+def log(state: State, msg: str) -> None:
+    print(f"[{state.elapsed():5.0f}s] {msg}", flush=True)
+
+
+def declared_options(strategy: str) -> dict | None:
+    """The options the checkout's harness strategy declares, by name (None: cannot tell)."""
+    try:
+        import strategies
+
+        return {o.name: o for o in getattr(strategies.get(strategy), "options", ())}
+    except Exception:  # noqa: BLE001 - the tree may be mid-refactor; the harness itself will judge
+        return None
+
+
+def effective_options(family: str, pair: Pair, state: State) -> tuple[str, ...]:
+    """The pair's options less those the harness would refuse, undeclared or of a wrong value
+    (recorded as dropped, with a warning)."""
+    known = declared_options(pair.strategy)
+    if known is None:
+        return pair.options
+    keep, dropped = [], []
+    for opt in pair.options:
+        key, _, value = opt.partition("=")
+        try:
+            if key not in known:
+                raise ValueError("not declared")
+            if hasattr(known[key], "parse"):
+                known[key].parse(value)
+            keep.append(opt)
+        except ValueError as e:
+            dropped.append(f"{opt} ({e})")
+    if dropped and family not in state.dropped:
+        state.dropped[family] = dropped
+        print(f"WARNING {family}: harness strategy {pair.strategy!r} refuses {dropped}; dropped "
+              f"(edit PAIRS in {Path(__file__).name})", flush=True)
+    return tuple(keep)
+
+
+def harness_groups(families: list[str], state: State) -> list[list[str]]:
+    """Families whose harness cells can share one ``bench.cli run``. ``--option`` applies to every
+    cell of a run, so members need distinct strategies, and every option a member's strategy
+    declares must have the value that member asked for (or be unset by all, for its default)."""
+    opts = {f: dict(o.split("=", 1) for o in effective_options(f, PAIRS[f], state)) for f in families}
+    keys = {f: set(declared_options(PAIRS[f].strategy) or opts[f]) for f in families}
+
+    def compatible(members: list[str], fam: str) -> bool:
+        group = [*members, fam]
+        if len({PAIRS[m].strategy for m in group}) < len(group):
+            return False
+        merged: dict[str, str] = {}
+        for m in group:
+            for k, v in opts[m].items():
+                if merged.setdefault(k, v) != v:
+                    return False
+        return all(opts[m].get(k) == merged[k] for m in group for k in merged if k in keys[m])
+
+    groups: list[list[str]] = []
+    for fam in families:
+        for members in groups:
+            if compatible(members, fam):
+                members.append(fam)
+                break
+        else:
+            groups.append([fam])
+    return groups
+
+
+def env_for(world: int, args: argparse.Namespace) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if args.device == "cuda":
+        env.update({k: os.environ.get(k, v) for k, v in GPU_ENV.items()})
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(world)))  # the first GPUs, both sides
+    return env
+
+
+def run_harness(fams: list[str], worlds: list[int], rnd: int, args: argparse.Namespace, state: State) -> None:
+    """One ``bench.cli run`` of these families at these world sizes; one record per (family, world)."""
+    import pandas as pd
+
+    out = Path(args.runs_dir) / f"r{rnd}-{'+'.join(fams)}-x{'+'.join(map(str, worlds))}"
+    opts = sorted({o for f in fams for o in effective_options(f, PAIRS[f], state)})
+    cmd = [sys.executable, "-m", "bench.cli", "run", "--no-progress", "--device", args.device,
+           "--backends", args.backend, "--workloads", args.workload,
+           "--strategies", ",".join(dict.fromkeys(PAIRS[f].strategy for f in fams)),
+           "--world-sizes", ",".join(map(str, worlds)), "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--profile-steps", "0", "--sample-hz", "0", "--cell-timeout", str(args.run_timeout_s),
+           "--out", str(out), *[a for o in opts for a in ("--option", o)], *pin_flags(args)]
+    t = time.monotonic()
+    p = subprocess.run(cmd, cwd=ROOT, env=env_for(max(worlds), args), capture_output=True, text=True,
+                       timeout=args.run_timeout_s * (2 + len(fams) * len(worlds)))
+    wall = time.monotonic() - t
+    cells = None
+    found = sorted(out.glob("*/cells.parquet"))
+    if found:
+        cells = pd.read_parquet(found[-1])
+    for fam in fams:
+        for w in worlds:
+            rec = {"side": "harness", "round": rnd, "family": fam, "world_size": w, "cmd": cmd, "wall_s": wall,
+                   "rc": p.returncode, "ok": False}
+            rows = None if cells is None else cells[(cells.strategy == PAIRS[fam].strategy) & (cells.world_size == w)]
+            if rows is not None and len(rows):
+                row = json.loads(rows.iloc[0].to_json())
+                rec["row"] = row
+                rec["ok"] = row.get("status") == "ok"
+                rec["median_s"], rec["mean_s"] = row.get("step_time_median_s"), row.get("step_time_mean_s")
+                if not rec["ok"]:
+                    rec["error"] = f"status {row.get('status')}: {row.get('reason')}"
+            else:
+                rec["error"] = f"no cell (rc {p.returncode}): {p.stderr[-1500:] or p.stdout[-1500:]}"
+            state.runs.append(rec)
+            log(state, f"round {rnd + 1} harness {fam:15s} x{w}: " +
+                (f"median {rec['median_s'] * 1e3:8.2f} ms" if rec["ok"] else f"FAILED {rec['error'][:300]}"))
+    log(state, f"round {rnd + 1} harness call ({'+'.join(fams)} x{'+'.join(map(str, worlds))}) took {wall:.0f}s")
+
+
+def pin_flags(args: argparse.Namespace) -> list[str]:
+    """Flags that hold the harness to exactly --warmup and --steps, as the plain programs run (the
+    harness otherwise extends both until the step time settles); none where the checkout's CLI
+    has no such flags, or with --harness-adaptive."""
+    if args.harness_adaptive:
+        return []
+    if not hasattr(args, "_cli_help"):
+        p = subprocess.run([sys.executable, "-m", "bench.cli", "run", "--help"], cwd=ROOT, env=env_for(1, args),
+                           capture_output=True, text=True)
+        args._cli_help = p.stdout
+    flags = []
+    if "--warmup-max" in args._cli_help:
+        flags += ["--warmup-max", str(args.warmup)]
+    if "--steps-max" in args._cli_help:
+        flags += ["--steps-max", str(args.steps)]
+    return flags
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(module: str, flags: list[str], world: int, args: argparse.Namespace) -> tuple[int, str, str]:
+    """Start ``world`` ranks of ``module`` with the variables torchrun would set (direct launch: it
+    spares the launcher's own start-up), or through torchrun with ``--launcher torchrun``."""
+    env = env_for(world, args)
+    if args.launcher == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
+               "-m", module, *flags]
+        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.run_timeout_s)
+        return p.returncode, p.stdout, p.stderr
+    port = free_port()
+    procs = []
+    for r in range(world):
+        renv = {**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        procs.append(subprocess.Popen([sys.executable, "-m", module, *flags], cwd=ROOT, env=renv,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    deadline = time.monotonic() + args.run_timeout_s
+    outs: list[tuple[str, str]] = []
+    rc = 0
+    for pr in procs:
+        try:
+            o, e = pr.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:  # only the ranks this call started
+                q.kill()
+            o, e = pr.communicate()
+            rc = rc or 124
+        outs.append((o, e))
+        rc = rc or pr.returncode
+        if pr.returncode:  # one rank failed: the others would wait for it until their timeout
+            for q in procs:
+                if q.poll() is None:
+                    q.kill()
+    return rc, outs[0][0], "\n".join(e for _, e in outs)
+
+
+def run_plain(fam: str, world: int, rnd: int, args: argparse.Namespace, state: State) -> None:
+    """One plain program run; one record."""
+    pair = PAIRS[fam]
+    flags = ["--device", args.device, "--backend", args.backend, "--workload", args.workload,
+             "--steps", str(args.steps), "--warmup", str(args.warmup), *pair.flags]
+    module = f"bench.baselines.{pair.program}"
+    t = time.monotonic()
+    try:
+        rc, out, err = launch(module, flags, world, args)
+    except subprocess.TimeoutExpired:
+        rc, out, err = 124, "", "timeout"
+    rec = {"side": "plain", "round": rnd, "family": fam, "world_size": world, "cmd": [module, *flags],
+           "launcher": args.launcher, "wall_s": time.monotonic() - t, "rc": rc, "ok": False}
+    lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    if rc == 0 and lines:
+        rec.update(ok=True, row=lines[-1], median_s=lines[-1]["step_time_median_s"],
+                   mean_s=lines[-1]["step_time_mean_s"])
+    else:
+        rec["error"] = f"rc {rc}: {err[-1500:]}"
+    state.runs.append(rec)
+    log(state, f"round {rnd + 1} plain   {fam:15s} x{world}: " +
+        (f"median {rec['median_s'] * 1e3:8.2f} ms ({rec['wall_s']:.0f}s)" if rec["ok"] else
+         f"FAILED {rec['error'][-300:]}"))
+
+
+def table(state: State, families: list[str], worlds: list[int]) -> list[dict]:
+    """Per family and world size: medians over rounds and the per-round ratio's median and spread."""
+    out = []
+    for w in worlds:
+        for fam in families:
+            by = {(r["side"], r["round"]): r for r in state.runs
+                  if r["family"] == fam and r["world_size"] == w and r["ok"]}
+            rounds = sorted({k[1] for k in by if ("harness", k[1]) in by and ("plain", k[1]) in by})
+            h = [by["harness", k]["median_s"] for k in rounds]
+            p = [by["plain", k]["median_s"] for k in rounds]
+            ratios = [a / b for a, b in zip(h, p)]
+            mean_ratios = [by["harness", k]["mean_s"] / by["plain", k]["mean_s"] for k in rounds]
+            fails = [r.get("error", "")[:120] for r in state.runs
+                     if r["family"] == fam and r["world_size"] == w and not r["ok"]]
+            out.append({"family": fam, "world_size": w, "n": len(rounds),
+                        "harness_median_s": statistics.median(h) if h else None,
+                        "plain_median_s": statistics.median(p) if p else None,
+                        "ratio_median": statistics.median(ratios) if ratios else None,
+                        "ratio_min": min(ratios, default=None), "ratio_max": max(ratios, default=None),
+                        "ratio_of_means_median": statistics.median(mean_ratios) if mean_ratios else None,
+                        "harness_options_dropped": state.dropped.get(fam, []), "failures": fails})
+    return out
+
+
+def print_table(rows: list[dict]) -> None:
+    ms = lambda v: f"{v * 1e3:10.2f}" if v is not None else f"{'-':>10s}"  # noqa: E731
+    rt = lambda v: f"{v:6.3f}" if v is not None else f"{'-':>6s}"  # noqa: E731
+    print(f"\n{'family':16s} {'ws':>3s} {'n':>2s} {'harness ms':>10s} {'plain ms':>10s} {'ratio':>6s} "
+          f"{'[min,':>7s} {'max]':>6s} {'means':>6s}  notes")
+    for r in rows:
+        notes = "; ".join(filter(None, [f"harness options dropped {r['harness_options_dropped']}"
+                                        if r["harness_options_dropped"] else "",
+                                        f"{len(r['failures'])} run(s) failed" if r["failures"] else ""]))
+        print(f"{r['family']:16s} {r['world_size']:3d} {r['n']:2d} {ms(r['harness_median_s'])} "
+              f"{ms(r['plain_median_s'])} {rt(r['ratio_median'])} [{rt(r['ratio_min'])} {rt(r['ratio_max'])}] "
+              f"{rt(r['ratio_of_means_median'])}  {notes}", flush=True)
+
+
+def save(state: State, path: Path, rows: list[dict] | None = None) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"args": state.args, "pairs": {k: vars(v) for k, v in PAIRS.items()},
+                               "dropped_options": state.dropped, "table": rows, "runs": state.runs},
+                              indent=1, default=str))
+    tmp.replace(path)
+
+
+def estimate_s(groups: list[list[str]], families: list[str], worlds: list[int], args: argparse.Namespace) -> float:
+    """Device seconds the call will take, from a 4x H100 run (2026-11-26): a harness torchrun ~15 s
+    to start (one per world size plus one for the one-GPU reference cell) and ~3 s a cell besides
+    its steps; a plain run ~11 s besides its steps; a gpt-200m step ~0.1-0.25 s."""
+    step = 0.15 * (args.steps + args.warmup)
+    calls = ([(1, [w]) for _ in families for w in worlds] if args.pairwise
+             else [(len(g), worlds) for g in groups])
+    harness = sum(15 * (1 + len(ws)) + (step + 3) * (1 + n * len(ws)) for n, ws in calls)
+    return args.repeats * (harness + len(families) * len(worlds) * (11 + step))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--families", default=DEFAULT_FAMILIES, help=f"comma list of {', '.join(PAIRS)}")
+    ap.add_argument("--world-sizes", default="2,4")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds (each family and size once per round)")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--workload", default="gpt-200m")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--backend", default=None, help="default: nccl on cuda, gloo on cpu")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 round, smallest world size, 5 steps")
+    ap.add_argument("--pairwise", action="store_true", help="one harness call per family and size (strict A B)")
+    ap.add_argument("--harness-adaptive", action="store_true",
+                    help="let the harness extend warm-up and timed steps until the step time settles")
+    ap.add_argument("--launcher", choices=("direct", "torchrun"), default="direct",
+                    help="how the plain programs start (direct: the torchrun variables, no launcher process)")
+    ap.add_argument("--deadline-s", type=float, default=560.0, help="start nothing that would end after this")
+    ap.add_argument("--run-timeout-s", type=int, default=240)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for interleave.json (default $OUT)")
+    args = ap.parse_args(argv)
+    args.backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
+    families = [f for f in args.families.split(",") if f]
+    unknown = [f for f in families if f not in PAIRS]
+    if unknown:
+        raise SystemExit(f"unknown families {unknown}; known: {', '.join(PAIRS)}")
+    worlds = [int(w) for w in args.world_sizes.split(",")]
+    if args.quick:
+        args.repeats, args.steps, args.warmup, worlds = 1, 5, 2, worlds[:1]
+    if args.device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < max(worlds):
+            raise SystemExit(f"{torch.cuda.device_count()} GPU(s) visible, world sizes {worlds} need {max(worlds)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    args.runs_dir = str(out / "interleave-runs")
+    state = State(args=dict(vars(args)) | {"families": families, "world_sizes": worlds})
+    path = out / "interleave.json"
+    groups = [[f] for f in families] if args.pairwise else harness_groups(families, state)
+    n_p = args.repeats * len(families) * len(worlds)
+    est = estimate_s(groups, families, worlds, args)
+    log(state, f"{len(families)} families x world sizes {worlds} x {args.repeats} rounds: {n_p} plain runs; "
+               f"harness groups {groups}; about {est / 60:.1f} min on GPU (estimate); results -> {path}")
+    if est > args.deadline_s:
+        log(state, f"WARNING: the estimate exceeds --deadline-s {args.deadline_s:.0f}: later rounds will be cut; "
+                   "split the call (by --world-sizes or --families)")
+    longest = {"harness": 0.0, "plain": 0.0}
+
+    def fits(kind: str) -> bool:
+        ok = state.elapsed() + longest[kind] * 1.1 < args.deadline_s
+        if not ok:
+            log(state, f"deadline {args.deadline_s:.0f}s: not starting another {kind} run")
+        return ok
+
+    stop = False
+    for rnd in range(args.repeats):
+        for grp in groups:
+            worlds_now = [[w] for w in worlds] if args.pairwise else [worlds]
+            for ws in worlds_now:
+                if not fits("harness"):
+                    stop = True
+                    break
+                t = time.monotonic()
+                run_harness(grp, ws, rnd, args, state)
+                longest["harness"] = max(longest["harness"], time.monotonic() - t)
+                save(state, path)
+                for w in ws:
+                    for fam in grp:
+                        if not fits("plain"):
+                            stop = True
+                            break
+                        t = time.monotonic()
+                        run_plain(fam, w, rnd, args, state)
+                        longest["plain"] = max(longest["plain"], time.monotonic() - t)
+                        save(state, path)
+                    if stop:
+                        break
+                if stop:
+                    break
+            if stop:
+                break
+        if stop:
+            break
+    rows = table(state, families, worlds)
+    save(state, path, rows)
+    gpus = sorted({r["row"].get("gpu") for r in state.runs if r["side"] == "plain" and r["ok"]} - {None})
+    print(f"\nharness / plain step time, {args.workload}, {args.steps} steps after {args.warmup} warm-up, "
+          f"medians over rounds; ratio = median of per-round ratios [min, max]; device: {', '.join(gpus) or '?'}")
+    print_table(rows)
+    print(f"\nraw results: {path}", flush=True)
+    return 0 if all(r["n"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The plain reference programs (bench/baselines) run under torchrun on gloo/CPU and train the same
+model as one process: each family's final loss matches a single-process loop of the same steps."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.workloads import resolve
+
+pytestmark = pytest.mark.distributed
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS, WARMUP = 3, 1
+
+# (id, world size, module, flags, dims): every family at 2; pipeline and TP also at 4 (gpt-tiny has
+# 2 layers and 4 heads, so the 4-stage pipeline gets n_layer=4).
+CASES = [
+    ("ddp-options", 2, "plain_ddp", ["--bucket-mb", "1", "--grad-as-bucket-view", "--static-graph"], ""),
+    ("fsdp", 2, "plain_fsdp", [], ""),
+    ("gpipe", 2, "plain_pipeline", ["--schedule", "gpipe", "--micro-batches", "4"], ""),
+    ("1f1b-x4", 4, "plain_pipeline", ["--schedule", "1f1b", "--micro-batches", "4"], "n_layer=4"),
+    ("tp", 2, "plain_tp", [], ""),
+    ("tp-sp", 2, "plain_tp", ["--sequence-parallel"], ""),
+    ("tp-sp-x4", 4, "plain_tp", ["--sequence-parallel"], ""),
+]
+
+
+@functools.cache
+def reference_loss(dims: str) -> float:
+    """The last step's loss of a one-process fp32 SGD loop over the same global batches."""
+    kw = {k: int(v) for k, v in (kv.split("=") for kv in dims.split(",") if kv)}
+    wl = resolve("gpt-tiny", **kw)
+    model = wl.build(torch.device("cpu"))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    for s in range(WARMUP + STEPS):
+        x, y = wl.batch(s)
+        loss = wl.loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
+def run_plain(world: int, module: str, flags: list[str], dims: str) -> dict:
+    """torchrun the program on gloo/CPU and return its JSON line."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
+           "-m", f"bench.baselines.{module}", "--device", "cpu", "--backend", "gloo", "--workload", "gpt-tiny",
+           "--steps", str(STEPS), "--warmup", str(WARMUP), *flags, *(["--dims", dims] if dims else [])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "OMP_NUM_THREADS": "1"}
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, p.stdout  # one line, from rank 0 only
+    return lines[0]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_plain_program_matches_one_process(case):
+    _, world, module, flags, dims = case
+    row = run_plain(world, module, flags, dims)
+    assert row["world_size"] == world and row["backend"] == "gloo" and row["precision"] == "fp32"
+    assert len(row["step_times_s"]) == STEPS and min(row["step_times_s"]) > 0
+    assert row["step_time_median_s"] > 0 and row["gpu"] == "cpu"
+    ref = reference_loss(dims)
+    assert abs(row["loss_final"] - ref) <= 1e-4 * abs(ref), (row["loss_final"], ref)
+
+
+def test_titan_split_counts_embedding_and_head_as_one_block_each():
+    from bench.baselines.plain_pipeline import split
+
+    assert split(16, 4, "equal") == [4, 4, 4, 4]
+    assert split(16, 4, "titan") == [4, 5, 4, 3]  # 18 units: 5, 5, 4, 4, less the embedding and head
+    assert split(16, 2, "titan") == [8, 8]
+    assert split(6, 4, "titan") == [1, 2, 2, 1]
+    with pytest.raises(SystemExit):
+        split(6, 4, "equal")

@@ -1,0 +1,75 @@
+"""Noise handling on real gloo runs: repeats interleave, a time budget is kept, a slow rank and a
+contended host are named."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench import launch
+from bench.config import build_config
+from bench.results import load_run
+
+pytestmark = pytest.mark.distributed
+
+
+def run(tmp_path, **flags):
+    flags = {"out": str(tmp_path), "device": "cpu", "backends": "gloo", "sample_hz": 20, "profile_steps": 0, **flags}
+    cfg = build_config(toml=None, flags=flags, gpus=0)
+    d = launch.run(cfg, 0)
+    cells, steps, meta = load_run(d)
+    return cells, steps, meta
+
+
+def test_repeats_run_in_shuffled_rounds_and_every_repeat_is_kept(tmp_path):
+    cells, steps, _ = run(tmp_path, workloads="mlp", strategies="single,ddp,allreduce", world_sizes="1",
+                          steps=3, warmup=1, repeats=3, target_ci=0)
+    ok = cells[cells["status"] == "ok"]
+    assert len(ok) == 3 and (ok["repeats_done"] == 3).all() and ok["ci_basis"].str.startswith("repeats").all()
+    first = steps[steps["phase"] == "timed"].groupby(["repeat", "cell_id"])["t_unix"].min().reset_index()
+    order = first.sort_values("t_unix")
+    # round k of every cell before round k+1 of any: drift lands on every cell alike
+    assert order["repeat"].is_monotonic_increasing, order
+    orders = [tuple(g.sort_values("t_unix")["cell_id"]) for _, g in first.groupby("repeat")]
+    assert len(set(orders)) > 1, orders  # shuffled per round, from the seed
+    again, steps2, _ = run(tmp_path / "again", workloads="mlp", strategies="single,ddp,allreduce", world_sizes="1",
+                           steps=3, warmup=1, repeats=3, target_ci=0)
+    first2 = steps2[steps2["phase"] == "timed"].groupby(["repeat", "cell_id"])["t_unix"].min().reset_index()
+    assert orders == [tuple(g.sort_values("t_unix")["cell_id"]) for _, g in first2.groupby("repeat")]
+
+
+def test_a_time_budget_is_kept(tmp_path):
+    t0 = time.monotonic()
+    cells, _, meta = run(tmp_path, workloads="mlp,gpt-tiny", strategies="single,ddp,allreduce-bucketed",
+                         world_sizes="1,2", repeats=3, budget="40s")
+    took = time.monotonic() - t0
+    assert took <= 40 * 1.10, took
+    assert meta["plan"].startswith("budget 40s")
+    assert (cells["status"].isin(["ok", "skipped"])).all(), cells[["strategy", "status", "reason"]]
+
+
+def test_a_slow_rank_is_named(tmp_path):
+    cells, _, _ = run(tmp_path, workloads="mlp", strategies="tests.helpers:SlowRank", world_sizes="2", steps=8,
+                      warmup=1, target_ci=0, sample_hz=0)
+    row = cells.set_index("strategy").loc["test-slowrank"]
+    assert row["slow_rank"] == 1 and not row["stable"] and "rank 1 slow" in row["noise"]
+
+
+def test_a_contended_host_is_flagged(tmp_path):
+    hog = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        time.sleep(1.0)
+        cells, _, _ = run(tmp_path, workloads="mlp", strategies="single", world_sizes="1", steps=30, warmup=2,
+                          target_ci=0)
+    finally:
+        for p in hog:
+            p.kill()
+            p.wait()
+    row = cells.iloc[0]
+    assert row["status"] == "ok" and row["contended"], row[["contended", "host_other_cpu_cores", "host_load1"]]
+    assert not row["stable"] and "contended" in row["noise"]
+    assert json.dumps(row["host_other_cpu_cores"]) and row["host_other_cpu_cores"] >= 0.5

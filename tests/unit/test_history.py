@@ -1,0 +1,94 @@
+"""The append-only history: add, step detection over commits, trend figures, compare against it."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bench import UserError
+from bench.history import add, baseline, detect_steps, fingerprint, read_index, show
+from bench.regress import compare
+from bench.results import load_run
+from tests.regress_helpers import write_run
+
+
+def fill(tmp_path, levels, store=None, **kw):
+    """One run per commit c0, c1, ... with step time levels[i]; returns the store path."""
+    store = store or tmp_path / "hist"
+    for i, t in enumerate(levels):
+        add(write_run(tmp_path / f"run{i}", {"ddp": t, "single": 1.0}, commit=f"c{i}", seed=i, **kw), store)
+    return store
+
+
+def test_add_is_append_only(tmp_path):
+    run = write_run(tmp_path / "r", {"ddp": 1.0})
+    e = add(run, tmp_path / "h")
+    assert e["commit"] == "c0" and e["machine"] == fingerprint(json.loads((run / "meta.json").read_text()))
+    with pytest.raises(UserError, match="already in"):
+        add(run, tmp_path / "h")
+    before = (tmp_path / "h" / "index.jsonl").read_text()
+    add(write_run(tmp_path / "r2", {"ddp": 1.0}), tmp_path / "h")
+    assert (tmp_path / "h" / "index.jsonl").read_text().startswith(before)
+    assert read_index(tmp_path / "h")["seq"].tolist() == [0, 1]
+
+
+def test_add_needs_a_commit(tmp_path):
+    run = write_run(tmp_path / "r", {"ddp": 1.0}, commit=None)
+    with pytest.raises(UserError, match="--commit"):
+        add(run, tmp_path / "h")
+    assert add(run, tmp_path / "h", commit="abc", machine="ci-cpu")["machine"] == "ci-cpu"
+    with pytest.raises(UserError, match="machine name"):
+        add(write_run(tmp_path / "r3", {"ddp": 1.0}), tmp_path / "h", machine="../x")
+
+
+def test_fingerprint_follows_the_machine():
+    a = {"host": "h", "gpus": ["H100", "H100"], "torch": "2.13", "nccl": "2.28", "cpu": "x"}
+    assert fingerprint(a) == fingerprint({**a, "run_id": "other", "gpus": ["H100", "H100"]})
+    for k, v in (("gpus", ["H200"]), ("torch", "2.12"), ("nccl", "2.27"), ("host", "g")):
+        assert fingerprint(a) != fingerprint({**a, k: v})
+    no_cpu = {k: v for k, v in a.items() if k != "cpu"}
+    assert fingerprint({**no_cpu, "fingerprint": {"cpu_model": "EPYC"}, "platform": "Linux"}) != \
+        fingerprint({**no_cpu, "fingerprint": {"cpu_model": "Xeon"}, "platform": "Linux"})
+
+
+def test_detect_steps():
+    rng = np.random.default_rng(0)
+    y = np.r_[np.full(12, 1.0), np.full(10, 1.2)] + rng.normal(0, 0.01, 22)
+    assert detect_steps(y) == [0, 12]
+    assert detect_steps(1.0 + rng.normal(0, 0.01, 30)) == [0]
+    assert detect_steps([1.0, 1.0]) == [0]
+
+
+def test_show_finds_the_regression_commit_and_draws(tmp_path):
+    store = fill(tmp_path, [1.0] * 5 + [1.2] * 4)
+    t = show(store, plots=tmp_path / "png").set_index("cell")
+    ddp = t.loc["w/ddp/gloo/cpu/ws2"]
+    assert ddp["commits"] == 9 and ddp["regressions"] == 1 and ddp["changes"].startswith("c5 +")
+    assert ddp["stable_since"] == "c5" and ddp["stable_s"] == pytest.approx(1.2, rel=0.01)
+    assert t.loc["w/single/gloo/cpu/ws2", "regressions"] == 0
+    assert (tmp_path / "png" / "w_ddp_gloo_cpu_ws2.png").stat().st_size > 1000
+
+
+def test_show_needs_one_machine(tmp_path):
+    store = fill(tmp_path, [1.0])
+    add(write_run(tmp_path / "other", {"ddp": 1.0}, meta={"host": "elsewhere"}), store)
+    with pytest.raises(UserError, match="--machine"):
+        show(store)
+    with pytest.raises(UserError, match="no history"):
+        show(tmp_path / "empty")
+
+
+def test_compare_against_the_last_stable_value(tmp_path):
+    store = fill(tmp_path, [1.0] * 4 + [1.2] * 4)
+    base, samples, meta = baseline(store)
+    assert samples[0].unit == "runs" and len(samples[0].values) == 4  # the stable segment's runs only
+    _, pooled, _ = baseline(store, min_runs=5)
+    assert pooled[0].unit == "steps" and len(pooled[0].values) == 4 * 30
+    for t, verdict in ((1.2, "same"), (1.3, "regression"), (1.0, "improvement")):
+        cells, steps, m = load_run(write_run(tmp_path / f"cur{t}", {"ddp": t, "single": 1.0}, seed=99))
+        out = compare(base, cells, 0.05, base_samples=samples, cur_steps=steps, base_meta=meta,
+                      cur_meta=m).set_index("strategy")
+        assert out.loc["ddp", "verdict"] == verdict
+    cells, steps, m = load_run(write_run(tmp_path / "newtorch", {"ddp": 1.2}, meta={"torch": "9"}))
+    with pytest.raises(UserError, match="torch"):
+        compare(base, cells, 0.05, base_samples=samples, cur_steps=steps, base_meta=meta, cur_meta=m)
