@@ -170,12 +170,14 @@ def _pick(refs: pd.DataFrame, global_batch) -> pd.Series | None:
 class RunWriter:
     """Appends rows to a run folder's tables, one immutable part per call; never rewrites."""
 
-    def __init__(self, run_dir: Path, *, cell_schema: dict[str, str] | None = None, resume: bool = False):
+    def __init__(self, run_dir: Path, *, cell_schema: dict[str, str] | None = None, resume: bool = False,
+                 tables: dict[str, dict[str, str]] | None = None):
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=resume)
         self.run_id = self.dir.name
+        # ``tables``: further tables of this run (e.g. serving's requests), name -> column dtypes
         self.schemas = {"cells": cell_schema or CELL_COLUMNS, "steps": STEP_COLUMNS, "comm": COMM_COLUMNS,
-                        "samples": SAMPLE_COLUMNS}
+                        "samples": SAMPLE_COLUMNS, **(tables or {})}
         self._arrow = {k: arrow_schema(v) for k, v in self.schemas.items()}
         self._seq = itertools.count(1 + max((_part_seq(p) for p in self.dir.glob("*.parquet/part-*.parquet")),
                                             default=0))
