@@ -98,7 +98,8 @@ def breakdown(compute: list[Interval], comm: list[Interval], window: Interval, s
     busy = length(compute + comm)
     n = max(steps, 1)
     return {"compute_time_s": t_comp / n, "comm_time_s": t_comm / n, "exposed_comm_s": (t_comm - both) / n,
-            "overlap_frac": both / t_comm if t_comm > 0 else math.nan, "idle_frac": max(0.0, span - busy) / span}
+            "overlap_frac": both / t_comm if t_comm > 0 else math.nan, "idle_frac": max(0.0, span - busy) / span,
+            "profiled_step_s": span / n}
 
 
 def _dims_bytes(args: dict[str, Any]) -> float | None:

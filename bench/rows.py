@@ -31,7 +31,7 @@ TELEMETRY_MEANS = {"gpu_util_pct": "gpu_util_mean", "sm_active_pct": "sm_active_
 #: sampled host metric -> cell column (mean over the timed window)
 HOST_CONTENTION = {"other_cpu_cores": "host_other_cpu_cores", "load1": "host_load1",
                    "cpu_steal_cores": "host_cpu_steal_cores"}
-BREAKDOWN_KEYS = ("compute_time_s", "comm_time_s", "exposed_comm_s", "overlap_frac", "idle_frac")
+BREAKDOWN_KEYS = ("compute_time_s", "comm_time_s", "exposed_comm_s", "overlap_frac", "idle_frac", "profiled_step_s")
 
 
 def base_row(spec: CellSpec) -> dict[str, Any]:
@@ -205,6 +205,10 @@ def build_row(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]], *, w
         vals = [b[key] for b in bds if b.get(key) is not None and b[key] == b[key]]
         if vals:
             row[key] = sum(vals) / len(vals)
+    if row.get("profiled_step_s") and median > 0:
+        # compute + exposed comm + idle add up to the profiled step by construction; how far that is
+        # from the timed median says how much the profiler itself moved the step.
+        row["breakdown_gap"] = row["profiled_step_s"] / median - 1
     parity = [r.self_parity for r in ranks if r.self_parity is not None]
     if parity:
         row["parity_rel_err"] = parity[0]

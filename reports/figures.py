@@ -1,4 +1,7 @@
-"""Figures from the run tables. Each takes frames and ``ax=None``, draws, and returns the Axes."""
+"""Figures from the run tables. Each takes frames and ``ax=None`` (or a figure size), draws, and
+returns the Axes; sizes follow the content (bars x rows), units are on every axis, backends have a
+legend. ``MAX_BARS`` keeps a huge run's figures readable: the rest is in the table.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +11,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+BACKEND_COLORS = {"nccl": "tab:green", "gloo": "tab:blue", "mpi": "tab:orange", "ucc": "tab:purple"}
+MAX_BARS = 40
+BAR_IN, BASE_IN, WIDTH_IN = 0.24, 1.3, 8.0
 
 
-def _ax(ax, size=(8, 4)):
+def _ax(ax, size):
     if ax is None:
         _, ax = plt.subplots(figsize=size)
     return ax
@@ -21,132 +29,216 @@ def cell_label(r) -> str:
     return f"{r['strategy']}{extra} {r['backend']} x{r['world_size']}"
 
 
+def _ok(cells: pd.DataFrame, workload: str) -> pd.DataFrame:
+    return cells[(cells["workload"] == workload) & (cells["status"] == "ok")]
+
+
+def _backend_legend(ax, backends) -> None:
+    handles = [Patch(color=BACKEND_COLORS.get(b, "tab:gray"), label=b) for b in sorted(set(backends))]
+    if handles:
+        ax.legend(handles=handles, title="backend", fontsize=7, title_fontsize=7, loc="lower right")
+
+
 def throughput_bars(cells: pd.DataFrame, workload: str, ax=None):
-    """Horizontal bars: samples/s per ok cell of ``workload``, with the bootstrap CI of the median
-    turned into a throughput interval, coloured by backend."""
-    ax = _ax(ax, (8, max(2.5, 0.35 * len(cells) + 1)))
-    d = cells[(cells["workload"] == workload) & (cells["status"] == "ok")].copy()
-    d = d.sort_values(["strategy", "backend", "world_size"])
-    labels = [cell_label(r) for _, r in d.iterrows()]
+    """Throughput of each ok cell, fastest first within each world size (world sizes top to
+    bottom), the 95% interval of the median as error bars, coloured by backend."""
+    d = _ok(cells, workload).sort_values(["world_size", "throughput_samples_s"], ascending=[True, False])
+    d = d.groupby("world_size", group_keys=False).head(MAX_BARS // max(d["world_size"].nunique(), 1) or 1)
+    ax = _ax(ax, (WIDTH_IN, BASE_IN + BAR_IN * len(d)))
     tput = d["throughput_samples_s"].to_numpy(float)
     gb = d["global_batch"].to_numpy(float)
     lo = tput - gb / d["step_time_ci_high_s"].to_numpy(float)
     hi = gb / d["step_time_ci_low_s"].to_numpy(float) - tput
-    colors = {"nccl": "tab:green", "gloo": "tab:blue", "none": "tab:gray"}
     y = np.arange(len(d))
-    ax.barh(y, tput, xerr=np.vstack([np.clip(lo, 0, None), np.clip(hi, 0, None)]),
-            color=[colors.get(b, "tab:purple") for b in d["backend"]], capsize=2)
-    ax.set_yticks(y, labels)
+    ax.barh(y, tput, xerr=np.nan_to_num(np.vstack([np.clip(lo, 0, None), np.clip(hi, 0, None)])),
+            color=[BACKEND_COLORS.get(b, "tab:gray") for b in d["backend"]], capsize=2)
+    ax.set_yticks(y, [cell_label(r) for _, r in d.iterrows()], fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("throughput (samples/s), bars: 95% CI of the median step")
-    ax.set_title(f"{workload}: throughput by strategy and backend")
-    return ax
-
-
-def step_time_boxes(cells: pd.DataFrame, steps: pd.DataFrame, workload: str, ax=None):
-    """Box plot of per-step time (max over ranks) for each ok cell of ``workload``."""
-    ax = _ax(ax, (8, max(2.5, 0.35 * len(cells) + 1)))
-    d = cells[(cells["workload"] == workload) & (cells["status"] == "ok")].sort_values(
-        ["strategy", "backend", "world_size"])
-    timed = steps[steps["phase"] == "timed"]
-    per_step = timed.groupby(["cell_id", "step"])["step_time_s"].max()
-    data, labels = [], []
-    for _, r in d.iterrows():
-        if r["cell_id"] in per_step.index.get_level_values(0):
-            data.append(per_step.loc[r["cell_id"]].to_numpy() * 1e3)
-            labels.append(cell_label(r))
-    if data:
-        ax.boxplot(data, orientation="horizontal", tick_labels=labels, showfliers=True)
-        ax.invert_yaxis()
-    ax.set_xlabel("step time (ms), max over ranks")
-    ax.set_title(f"{workload}: step-time distribution")
+    ax.set_xlabel("throughput (samples/s); error bars: 95% interval of the median step")
+    ax.set_title(f"{workload}: throughput, fastest first per world size", fontsize=9)
+    _backend_legend(ax, d["backend"])
     return ax
 
 
 def scaling_lines(cells: pd.DataFrame, workload: str, ax=None):
-    """Throughput against world size, one line per (strategy, backend), with ideal linear scaling
-    from the single-device reference."""
-    ax = _ax(ax, (6, 4))
-    d = cells[(cells["workload"] == workload) & (cells["status"] == "ok")]
-    ref = d[d["strategy"] == "single"]["throughput_samples_s"]
-    for (strat, backend), g in d[d["strategy"] != "single"].groupby(["strategy", "backend"]):
+    """Scaling efficiency against world size per (strategy, backend), strong and weak scaling
+    drawn apart; 1.0 is ideal. World sizes are the integer ticks that were run."""
+    ax = _ax(ax, (6.5, 3.6))
+    d = _ok(cells, workload)
+    d = d[d["scaling_efficiency"].notna() & (d["strategy"] != "single")]
+    if "scaling" not in d:
+        d = d.assign(scaling="strong")
+    for (strat, backend, mode), g in d.groupby(["strategy", "backend", d["scaling"].fillna("strong")]):
         g = g.sort_values("world_size")
         if g["world_size"].nunique() > 1:
-            ax.plot(g["world_size"], g["throughput_samples_s"], marker="o", label=f"{strat} {backend}")
-    if not ref.empty:
-        ws = np.array(sorted(d["world_size"].unique()))
-        ax.plot(ws, ws * float(ref.iloc[0]), "k--", lw=1, label="ideal (single x N)")
-    ax.set_xlabel("world size")
-    ax.set_ylabel("samples/s")
-    ax.set_title(f"{workload}: scaling")
+            ax.plot(g["world_size"], g["scaling_efficiency"], marker="o", lw=1,
+                    ls="-" if mode != "weak" else ":", label=f"{strat} {backend}" + (" (weak)" if mode == "weak" else ""))
+    sizes = sorted(int(x) for x in _ok(cells, workload)["world_size"].unique())
+    ax.set_xticks(sizes)
+    ax.axhline(1.0, color="k", ls="--", lw=0.8, label="ideal")
+    ax.set_xlabel("world size (devices)")
+    ax.set_ylabel("scaling efficiency (1 = ideal)")
+    ax.set_title(f"{workload}: scaling against one device", fontsize=9)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6, ncol=2)
     return ax
 
 
-def save(ax, path) -> None:
-    fig = ax.figure
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _ok_sorted(cells: pd.DataFrame, workload: str) -> pd.DataFrame:
-    d = cells[(cells["workload"] == workload) & (cells["status"] == "ok")]
-    return d.sort_values(["strategy", "backend", "world_size"])
+def pareto(cells: pd.DataFrame, workload: str, ax=None):
+    """Throughput against peak memory per device; the Pareto front (no other cell is both faster
+    and smaller) is joined and its cells labelled."""
+    d = _ok(cells, workload)
+    d = d[d["peak_mem_bytes"].notna()]
+    ax = _ax(ax, (6.5, 4.0))
+    if d.empty:
+        return ax
+    mem, tput = d["peak_mem_bytes"].to_numpy(float) / 2**30, d["throughput_samples_s"].to_numpy(float)
+    ax.scatter(mem, tput, c=[BACKEND_COLORS.get(b, "tab:gray") for b in d["backend"]], s=18)
+    order = np.argsort(mem)
+    front, best = [], -np.inf
+    for i in order:
+        if tput[i] > best:
+            front.append(i)
+            best = tput[i]
+    ax.plot(mem[front], tput[front], "k-", lw=0.8, label="Pareto front")
+    for i in front:
+        ax.annotate(cell_label(d.iloc[i]), (mem[i], tput[i]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("peak memory per device (GiB)")
+    ax.set_ylabel("throughput (samples/s)")
+    ax.set_title(f"{workload}: throughput against memory", fontsize=9)
+    _backend_legend(ax, d["backend"])
+    return ax
 
 
 def breakdown_bars(cells: pd.DataFrame, workload: str, ax=None):
-    """Per step (profiled steps, mean over ranks): compute, then communication split into the part
-    hidden under compute and the exposed part. Cells without a breakdown are left out."""
-    d = _ok_sorted(cells, workload)
-    if "comm_time_s" not in d:
+    """The measured step split into compute, exposed communication, pipeline bubble or idle, and
+    other (stacked: they sum to the timed median), hidden communication beside it (hatched).
+    The split is the profiled steps' proportions applied to the timed median; a cell whose profiled
+    step differs from the timed one by more than 5% says so in its label."""
+    d = _ok(cells, workload)
+    if "compute_time_s" not in d:
         d = d.iloc[0:0]
-    d = d[d["comm_time_s"].notna()] if len(d) else d
-    ax = _ax(ax, (8, max(2.5, 0.35 * len(d) + 1)))
-    y = np.arange(len(d))
-    comp = d["compute_time_s"].to_numpy(float) * 1e3 if len(d) else np.array([])
-    exposed = d["exposed_comm_s"].to_numpy(float) * 1e3 if len(d) else np.array([])
-    hidden = (d["comm_time_s"].to_numpy(float) * 1e3 - exposed) if len(d) else np.array([])
-    ax.barh(y, comp, color="tab:blue", label="compute")
-    ax.barh(y, hidden, color="none", edgecolor="tab:orange", hatch="//", label="comm hidden under compute")
-    ax.barh(y, exposed, left=comp, color="tab:red", label="exposed comm")
-    ax.set_yticks(y, [cell_label(r) for _, r in d.iterrows()])
+    d = d[d["compute_time_s"].notna()].copy()
+    # Runs written before profiled_step_s: the profiled step from its parts (busy / (1 - idle)).
+    span = (d["compute_time_s"] + d["exposed_comm_s"]) / (1 - d["idle_frac"].clip(upper=0.99))
+    d["profiled_step_s"] = d["profiled_step_s"].fillna(span) if "profiled_step_s" in d else span
+    d["breakdown_gap"] = d["profiled_step_s"] / d["step_time_median_s"] - 1
+    d = d.sort_values("step_time_median_s").head(MAX_BARS)
+    ax = _ax(ax, (WIDTH_IN, BASE_IN + BAR_IN * 1.6 * len(d)))
+    if d.empty:
+        return ax
+    prof = d["profiled_step_s"].to_numpy(float)
+    step = d["step_time_median_s"].to_numpy(float) * 1e3
+    comp, exposed = d["compute_time_s"].to_numpy(float), d["exposed_comm_s"].to_numpy(float)
+    idle = np.clip(prof - comp - exposed, 0, None)
+    scale = step / prof
+    parts = {"compute": comp * scale, "exposed comm": exposed * scale, "idle / bubble": idle * scale}
+    parts["other"] = np.clip(step - sum(parts.values()), 0, None)
+    colors = {"compute": "tab:blue", "exposed comm": "tab:red", "idle / bubble": "tab:gray", "other": "tab:olive"}
+    y = np.arange(len(d)) * 1.6
+    left = np.zeros(len(d))
+    for name, v in parts.items():
+        ax.barh(y, v, left=left, color=colors[name], label=name, height=0.9)
+        left += v
+    hidden = (d["comm_time_s"].to_numpy(float) - exposed) * scale
+    ax.barh(y + 0.75, hidden, height=0.45, color="none", edgecolor="tab:orange", hatch="////",
+            label="comm hidden under compute")
+    gap = d["breakdown_gap"].to_numpy(float)
+    labels = [cell_label(r) + (f" (profiled step {g:+.0%})" if abs(g) > 0.05 else "")
+              for (_, r), g in zip(d.iterrows(), gap)]
+    ax.set_yticks(y, labels, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("ms per step (profiled steps, mean over ranks)")
-    ax.set_title(f"{workload}: compute / communication breakdown")
-    if len(d):
-        ax.legend(fontsize=7, loc="lower right")
+    ax.set_xlabel("ms per step (stacked parts sum to the timed median)")
+    ax.set_title(f"{workload}: where the step goes", fontsize=9)
+    ax.legend(fontsize=6, loc="lower center", bbox_to_anchor=(0.5, 1.04), ncol=5, frameon=False)
     return ax
 
 
 def memory_bars(cells: pd.DataFrame, workload: str, ax=None):
-    """Peak allocated memory per GPU (max over ranks), GiB."""
-    d = _ok_sorted(cells, workload)
-    d = d[d["peak_mem_bytes"].notna()]
-    ax = _ax(ax, (8, max(2.5, 0.35 * len(d) + 1)))
+    """Peak allocated memory per device (max over ranks), GiB, smallest first."""
+    d = _ok(cells, workload)
+    d = d[d["peak_mem_bytes"].notna()].sort_values("peak_mem_bytes").head(MAX_BARS)
+    ax = _ax(ax, (WIDTH_IN, BASE_IN + BAR_IN * len(d)))
     y = np.arange(len(d))
-    ax.barh(y, d["peak_mem_bytes"].to_numpy(float) / 2**30, color="tab:purple")
-    ax.set_yticks(y, [cell_label(r) for _, r in d.iterrows()])
+    ax.barh(y, d["peak_mem_bytes"].to_numpy(float) / 2**30,
+            color=[BACKEND_COLORS.get(b, "tab:gray") for b in d["backend"]])
+    ax.set_yticks(y, [cell_label(r) for _, r in d.iterrows()], fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("peak memory per GPU (GiB, max over ranks)")
-    ax.set_title(f"{workload}: memory")
+    ax.set_xlabel("peak memory per device (GiB, max over ranks)")
+    ax.set_title(f"{workload}: memory", fontsize=9)
+    _backend_legend(ax, d["backend"])
     return ax
 
 
-def telemetry_lines(samples: pd.DataFrame, cells: pd.DataFrame, metric: str = "gpu_util_pct", ax=None):
-    """One line per device of a sampled metric over the run, timed windows of the cells shaded."""
-    ax = _ax(ax, (10, 3.2))
+def energy_bars(cells: pd.DataFrame, workload: str, ax=None):
+    """Energy per training sample (J), lowest first; cells whose timed window was under 1 s have
+    no figure (NVML's counter moves in ~12 J steps) and are left out."""
+    d = _ok(cells, workload)
+    d = d[d["energy_per_sample_j"].notna()].sort_values("energy_per_sample_j").head(MAX_BARS) \
+        if "energy_per_sample_j" in d else d.iloc[0:0]
+    ax = _ax(ax, (WIDTH_IN, BASE_IN + BAR_IN * len(d)))
+    y = np.arange(len(d))
+    ax.barh(y, d["energy_per_sample_j"].to_numpy(float) if len(d) else [],
+            color=[BACKEND_COLORS.get(b, "tab:gray") for b in d["backend"]])
+    ax.set_yticks(y, [cell_label(r) for _, r in d.iterrows()], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("energy per sample (J), all GPUs of the cell")
+    ax.set_title(f"{workload}: energy", fontsize=9)
+    return ax
+
+
+def collective_bandwidth(annotated: pd.DataFrame, ax=None):
+    """Achieved bus bandwidth of every recorded call against the machine's sweep curve (from
+    :func:`bench.commmodel.annotate_comm`): calls far below it are flagged in the report."""
+    ax = _ax(ax, (6.5, 3.8))
+    d = annotated.dropna(subset=["busbw_gbs", "size_bytes"])
+    for op, g in d.groupby("op_norm"):
+        ax.scatter(g["size_bytes"], g["busbw_gbs"], s=6, label=f"{op} (recorded)")
+        c = g.sort_values("size_bytes")
+        ax.plot(c["size_bytes"], c["curve_busbw_gbs"], lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title("recorded collectives against the machine's curve (lines)", fontsize=9)
+    if len(d):
+        ax.legend(fontsize=6)
+    return ax
+
+
+TELEMETRY_UNITS = {"gpu_util_pct": "GPU util (%)", "power_w": "power (W)", "sm_active_pct": "SM active (%)",
+                   "cpu_util_pct": "host CPU (%)", "other_cpu_cores": "cores used by others"}
+
+
+def telemetry_small_multiples(samples: pd.DataFrame, cells: pd.DataFrame, metric: str, *, limit: int = 12):
+    """One small panel per cell (its timed window, every device it used), the cell's name on top,
+    units on the y axis. The ``limit`` cells with the longest windows are drawn."""
+    d = cells[cells["timed_start_unix"].notna()].copy() if "timed_start_unix" in cells else cells.iloc[0:0]
+    d["span"] = d["timed_end_unix"] - d["timed_start_unix"]
+    d = d.sort_values("span", ascending=False).head(limit)
     s = samples[samples["metric"] == metric]
-    if s.empty:
-        return ax
-    t0 = s["t"].min()
-    for dev, g in s.groupby("device"):
-        ax.plot(g["t"] - t0, g["value"], lw=0.7, label=str(dev))
-    if "timed_start_unix" in cells:
-        for _, r in cells[cells["timed_start_unix"].notna()].iterrows():
-            ax.axvspan(r["timed_start_unix"] - t0, r["timed_end_unix"] - t0, color="gray", alpha=0.12, lw=0)
-    ax.set_xlabel("seconds since the first sample (shaded: timed steps of a cell)")
-    ax.set_ylabel(metric)
-    ax.legend(fontsize=7, ncol=4)
-    return ax
+    n = max(len(d), 1)
+    cols = min(4, n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.4 * cols, 1.7 * rows), squeeze=False, sharey=True)
+    for ax, (_, r) in zip(axes.flat, d.iterrows()):
+        w = s[(s["t"] >= r["timed_start_unix"]) & (s["t"] <= r["timed_end_unix"])]
+        for dev, g in w.groupby("device"):
+            ax.plot(g["t"] - r["timed_start_unix"], g["value"], lw=0.8, label=str(dev))
+        ax.set_title(f"{r['workload']} {cell_label(r)}"[:48], fontsize=6)
+        ax.tick_params(labelsize=6)
+    for ax in axes.flat[len(d):]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel(TELEMETRY_UNITS.get(metric, metric), fontsize=6)
+    for ax in axes[-1, :]:
+        ax.set_xlabel("s into the timed steps", fontsize=6)
+    fig.suptitle(f"{TELEMETRY_UNITS.get(metric, metric)} per cell", fontsize=8)
+    return axes.flat[0]
+
+
+def save(ax, path) -> None:
+    """Write the Axes' figure as PNG and close it."""
+    fig = ax.figure
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,7 +1,16 @@
-"""The HTML report: one self-contained page (PNG figures beside it, no network)."""
+"""The HTML report: one self-contained page that answers which strategy, why, at what cost, and
+what changed.
+
+The first screen is the recommendation (``reports.recommend``) per workload, backend and world
+size; then, per workload, figures sized to their content (embedded as base64 PNG, also written
+beside the page for slides); the comparison with a baseline run or a history when asked
+(regressions first); skipped and failed cells in their own section; a sortable table of every
+cell. No script or style is fetched from anywhere: the page opens offline.
+"""
 
 from __future__ import annotations
 
+import base64
 import re
 from pathlib import Path
 
@@ -10,41 +19,75 @@ import pandas as pd
 
 from bench.results import load_run
 from reports import figures
+from reports.recommend import candidates, is_false, recommend
 
 TEMPLATE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>parbench {{ meta.run_id }}</title>
 <style>
-body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}
-table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}
-th{background:#f0f0f0}td.l{text-align:left}.bad{background:#fdd}.skip{color:#888}
-img{max-width:100%;border:1px solid #eee;margin:6px 0}code{background:#f6f6f6}
+body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1200px;color:#222}
+h1{font-size:1.4em;margin:.2em 0}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 5px;text-align:right}
+th{background:#f0f0f0;cursor:pointer}td.l{text-align:left}.bad{background:#fdd}.warn{background:#fff4d6}
+.pick{font-size:14px}.pick td{padding:4px 8px}.muted{color:#777;font-size:12px}
+img{max-width:100%;border:1px solid #eee;margin:4px 0;display:block}code{background:#f6f6f6}
 </style></head><body>
 <h1>parbench run <code>{{ meta.run_id }}</code></h1>
-<p>{{ meta.created_utc }} &middot; host <code>{{ meta.host }}</code> &middot; torch {{ meta.torch }}
-{% if meta.cuda %}&middot; CUDA {{ meta.cuda }}{% endif %}{% if meta.nccl %} &middot; NCCL {{ meta.nccl }}{% endif %}
-{% if meta.gpus %}&middot; GPUs: {{ meta.gpus|join(", ") }}{% endif %}
-{% if meta.driver %}&middot; driver {{ meta.driver }}{% endif %} &middot; commit <code>{{ meta.git_commit }}</code></p>
-<p>{{ n_ok }} cells ok, {{ n_skipped }} skipped, {{ n_bad }} failed or timed out.
-Step time is the maximum over ranks of each step; throughput is global batch / median step time;
-scaling efficiency is throughput / (world size x single-device throughput); parity compares the
-loss at every step with the single-device run on the same batches.</p>
+<p class="muted">{{ meta.created_utc }} &middot; host <code>{{ meta.host }}</code> &middot; torch {{ meta.torch }}
+{% if meta.nccl %}&middot; NCCL {{ meta.nccl }}{% endif %}{% if meta.gpus %} &middot; {{ meta.gpus|join(", ") }}{% endif %}
+&middot; commit <code>{{ meta.git_commit }}</code> &middot; {{ n_ok }} cells ok, {{ n_bad }} failed or timed out,
+{{ n_skipped }} skipped{% if meta.plan %} &middot; {{ meta.plan }}{% endif %}</p>
+<h2>Recommendation</h2>
+{% if picks %}<table class="pick"><tr><th>workload</th><th>backend</th><th>devices</th><th>use</th><th>ms/step</th><th>vs one device</th>
+<th>ahead of</th><th>margin</th><th>beyond noise?</th><th>why</th></tr>
+{% for p in picks %}<tr><td class="l">{{ p.workload }}</td><td class="l">{{ p.backend }}</td><td>{{ p.world_size }}</td>
+<td class="l"><b>{{ p.winner }}</b></td><td>{{ "%.1f"|format(p.step_ms) }}</td>
+<td class="{{ 'l' if p.speedup is none else ('' if p.speedup >= 1 else 'bad') }}">{{ "%.2fx"|format(p.speedup) if p.speedup is not none else "-" }}</td>
+<td class="l">{{ p.runner_up or "-" }}</td>
+<td>{{ "%+.0f%%"|format(100 * p.margin) if p.margin is not none else "-" }}</td>
+<td class="l">{{ "yes" if p.significant else ("no: intervals overlap" if p.significant is not none else "-") }}</td>
+<td class="l">{{ p.why }}{% if p.excluded %}<br><span class="muted">left out: {{ p.excluded }}</span>{% endif %}</td></tr>
+{% endfor %}</table>
+<p class="muted">Candidates: cells that ran (status ok, which includes the check that the work was really
+distributed) and matched one device (parity ok); independent models (ensemble) are left out. The
+margin is beyond the noise when the two 95% intervals of the median step do not overlap.</p>
+{% else %}<p>No strategy on more than one device passed; see the failed and skipped cells below.</p>{% endif %}
+{% if comparison %}<h2>Against {{ comparison.base }}</h2>{{ comparison.html|safe }}{% endif %}
 {% for wl in workloads %}
-<h2>{{ wl.name }}</h2><p>{{ wl.description }}</p>
-{% for img in wl.images %}<img src="{{ img }}" alt="{{ img }}">{% endfor %}
-{% endfor %}
-{% if telemetry %}<h2>Telemetry</h2>{% for img in telemetry %}<img src="{{ img }}" alt="{{ img }}">{% endfor %}
-{% endif %}{% if meta.telemetry %}<p>Telemetry notes: {% for k, v in meta.telemetry.items() %}
-<code>{{ k }}</code>: {{ v }}; {% endfor %}</p>{% endif %}
-<h2>All cells</h2>
-<table><tr>{% for c in columns %}<th>{{ c }}</th>{% endfor %}</tr>
+<h2>{{ wl.name }}</h2><p class="muted">{{ wl.description }}</p>
+{% for img in wl.images %}<img src="data:image/png;base64,{{ img.data }}" alt="{{ img.name }}" title="{{ img.name }}">
+{% endfor %}{% endfor %}
+{% if telemetry %}<h2>Telemetry per cell</h2>{% for img in telemetry %}
+<img src="data:image/png;base64,{{ img.data }}" alt="{{ img.name }}">{% endfor %}{% endif %}
+{% if meta.telemetry %}<p class="muted">Telemetry notes: {% for k, v in meta.telemetry.items() %}<code>{{ k }}</code>:
+{{ v }}; {% endfor %}</p>{% endif %}
+<h2>Failed and skipped cells</h2>
+{% if not_run %}<table><tr><th>workload</th><th>strategy</th><th>backend</th><th>ws</th><th>status</th><th>reason</th></tr>
+{% for r in not_run %}<tr class="{{ 'bad' if r.status != 'skipped' else '' }}"><td class="l">{{ r.workload }}</td>
+<td class="l">{{ r.strategy }}</td><td class="l">{{ r.backend }}</td><td>{{ r.world_size }}</td><td class="l">{{ r.status }}</td>
+<td class="l">{{ r.reason }}</td></tr>{% endfor %}</table>{% else %}<p>None.</p>{% endif %}
+<p class="muted">Blank energy: the timed window was under 1 s (NVML's energy counter moves in ~12 J steps) or
+no NVML. Blank MFU: a GPU without a known peak. Blank parity: the cell did not run, or trains its own models.</p>
+<h2>All cells</h2><p class="muted">Click a header to sort.</p>
+<table id="cells"><thead><tr>{% for c in columns %}<th>{{ c }}</th>{% endfor %}</tr></thead><tbody>
 {% for r in rows %}<tr class="{{ r.cls }}">{% for v in r.vals %}
 <td class="{{ 'l' if loop.index <= 5 or loop.last else '' }}">{{ v }}</td>{% endfor %}</tr>
-{% endfor %}</table>
+{% endfor %}</tbody></table>
+<script>
+document.querySelectorAll("#cells th").forEach((th, i) => th.addEventListener("click", () => {
+  const body = document.querySelector("#cells tbody"), rows = Array.from(body.rows);
+  const dir = th.dataset.dir === "1" ? -1 : 1; th.dataset.dir = dir === 1 ? "1" : "-1";
+  const key = r => { const t = r.cells[i].textContent.trim(), n = parseFloat(t); return isNaN(n) ? t : n; };
+  rows.sort((a, b) => { const x = key(a), y = key(b);
+    return (typeof x === typeof y ? (x > y) - (x < y) : (typeof x === "number" ? -1 : 1)) * dir; });
+  rows.forEach(r => body.appendChild(r));
+}));
+</script>
 </body></html>
 """
 
+
 def table_columns(columns) -> list:
-    """The report table's columns: keys and status, the registry's report metrics, then the reason."""
+    """The table's columns: keys and status, the registry's report metrics, then the reason."""
     from bench.metrics import lookup, shown
 
     head = [lookup(c) for c in ("workload", "strategy", "backend", "world_size", "status")]
@@ -56,51 +99,143 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
 
-def build_report(run_dir: Path, out: Path | None = None) -> Path:
-    """Write ``index.html`` and its PNG figures into ``out`` (default RUN_DIR/report); returns the
-    HTML path."""
+def _figure(fn, out: Path, name: str) -> dict:
+    """Draw, write NAME.png beside the page, return it for embedding."""
+    ax = fn()
+    path = out / f"{name}.png"
+    figures.save(ax, path)
+    return {"name": name, "data": base64.b64encode(path.read_bytes()).decode()}
+
+
+def _workload_figures(cells: pd.DataFrame, wl: str, out: Path, annotated: pd.DataFrame | None) -> list[dict]:
+    ok = cells[(cells["workload"] == wl) & (cells["status"] == "ok")]
+    if ok.empty:
+        return []
+    kinds = [("throughput", lambda: figures.throughput_bars(cells, wl))]
+    if ok["scaling_efficiency"].notna().any() and ok["world_size"].nunique() > 1:
+        kinds.append(("scaling", lambda: figures.scaling_lines(cells, wl)))
+    if "compute_time_s" in ok and ok["compute_time_s"].notna().any():
+        kinds.append(("breakdown", lambda: figures.breakdown_bars(cells, wl)))
+    if ok["peak_mem_bytes"].notna().any():
+        kinds.append(("pareto", lambda: figures.pareto(cells, wl)))
+    if "energy_per_sample_j" in ok and ok["energy_per_sample_j"].notna().any():
+        kinds.append(("energy", lambda: figures.energy_bars(cells, wl)))
+    if annotated is not None and len(annotated):
+        ids = set(ok["cell_id"])
+        mine = annotated[annotated["cell_id"].isin(ids)]
+        if len(mine):
+            kinds.append(("collectives", lambda: figures.collective_bandwidth(mine)))
+    return [_figure(fn, out, f"{_slug(wl)}-{kind}") for kind, fn in kinds]
+
+
+def _annotated_comm(run_dir: Path, meta: dict) -> pd.DataFrame | None:
+    """The run's recorded collectives against a sweep of the same machine, when one is at hand
+    (in the run folder, or a stored sweep of the same fingerprint under the results folder)."""
+    comm_path = run_dir / "comm.parquet"
+    if not comm_path.exists():
+        return None
+    try:
+        from bench.commmodel import annotate_comm, find_sweep
+
+        sweep = None
+        if (run_dir / "collectives.parquet").exists():
+            sweep = pd.read_parquet(run_dir / "collectives.parquet")
+        else:
+            found = find_sweep(run_dir.parent, meta)
+            sweep = pd.read_parquet(found) if found is not None else None
+        if sweep is None:
+            return None
+        return annotate_comm(pd.read_parquet(comm_path), sweep)
+    except Exception:  # noqa: BLE001 - the annotation is extra; the report stands without it
+        return None
+
+
+def build_report(run_dir: Path, out: Path | None = None, *, baseline: Path | None = None,
+                 history: Path | None = None) -> Path:
+    """Write ``index.html`` (self-contained) and its PNG figures into ``out`` (default
+    RUN_DIR/report); returns the HTML path. ``baseline`` (a run) or ``history`` (a store) adds the
+    comparison, regressions first."""
+    from bench import UserError
+
     run_dir = Path(run_dir)
     cells, steps, meta = load_run(run_dir)
     out = Path(out) if out else run_dir / "report"
+    if out.exists() and not out.is_dir():
+        raise UserError(f"report output {out} is a file; pass a folder with -o")
     out.mkdir(parents=True, exist_ok=True)
     described = meta.get("workloads", {})
-    wls = []
-    for wl in cells["workload"].dropna().unique():
-        images = []
-        ok = cells[(cells["workload"] == wl) & (cells["status"] == "ok")]
-        if not ok.empty:
-            kinds = [("throughput", lambda: figures.throughput_bars(cells, wl)),
-                     ("steptime", lambda: figures.step_time_boxes(cells, steps, wl)),
-                     ("scaling", lambda: figures.scaling_lines(cells, wl))]
-            if "comm_time_s" in ok and ok["comm_time_s"].notna().any():
-                kinds.append(("breakdown", lambda: figures.breakdown_bars(cells, wl)))
-            if ok["peak_mem_bytes"].notna().any():
-                kinds.append(("memory", lambda: figures.memory_bars(cells, wl)))
-            for kind, fn in kinds:
-                name = f"{_slug(wl)}-{kind}.png"
-                figures.save(fn(), out / name)  # noqa: B023 - called at once
-                images.append(name)
-        wls.append({"name": wl, "description": described.get(wl, ""), "images": images})
+    annotated = _annotated_comm(run_dir, meta)
+    wls = [{"name": wl, "description": described.get(wl, ""),
+            "images": _workload_figures(cells, wl, out, annotated)} for wl in cells["workload"].dropna().unique()]
     telemetry = []
     samples_path = run_dir / "samples.parquet"
-    if samples_path.is_file():
-        samples = pd.read_parquet(samples_path)
-        for metric in ("gpu_util_pct", "power_w", "sm_active_pct", "cpu_util_pct"):
-            if (samples["metric"] == metric).any():
-                name = f"telemetry-{metric}.png"
-                figures.save(figures.telemetry_lines(samples, cells, metric), out / name)
-                telemetry.append(name)
+    if samples_path.exists():
+        from bench.results import read_table
+
+        samples = read_table(run_dir, "samples")
+        ok = cells[cells["status"] == "ok"]
+        for metric in ("gpu_util_pct", "power_w", "cpu_util_pct"):
+            if (samples["metric"] == metric).any() and len(ok):
+                telemetry.append(_figure(lambda: figures.telemetry_small_multiples(samples, ok, metric), out,  # noqa: B023
+                                         f"telemetry-{metric}"))
+                if metric.startswith("gpu"):
+                    continue
+    gpu_mem = None
+    picks = recommend(cells, gpu_mem)
+    comparison = _comparison(run_dir, cells, steps, meta, baseline, history, out)
     cols = table_columns(cells.columns)
+    _, excluded = candidates(cells)
     rows = []
-    for _, r in cells.iterrows():
+    for i, r in cells.iterrows():
         bad = r["status"] in ("failed", "timeout") or r.get("parity_ok") is False
-        cls = "bad" if bad else ("skip" if r["status"] == "skipped" else "")
-        rows.append({"cls": cls, "vals": [m.show(r.get(m.name)) for m in cols]})
+        warn = is_false(r.get("stable")) or pd.notna(r.get("scaling_note", None))
+        rows.append({"cls": "bad" if bad else ("warn" if warn else ""), "vals": [m.show(r.get(m.name)) for m in cols]})
+    not_run = cells[cells["status"] != "ok"].sort_values(["status", "workload", "strategy"])
     html = jinja2.Environment(autoescape=True).from_string(TEMPLATE).render(
-        meta={"run_id": run_dir.name, **meta}, workloads=wls, telemetry=telemetry,
-        columns=[m.title for m in cols], rows=rows,
-        n_ok=int((cells["status"] == "ok").sum()), n_skipped=int((cells["status"] == "skipped").sum()),
+        meta={"run_id": run_dir.name, **meta}, picks=picks, workloads=wls, telemetry=telemetry,
+        columns=[m.title for m in cols], rows=rows, not_run=[r for _, r in not_run.iterrows()],
+        comparison=comparison, n_ok=int((cells["status"] == "ok").sum()),
+        n_skipped=int((cells["status"] == "skipped").sum()),
         n_bad=int(cells["status"].isin(["failed", "timeout"]).sum()))
     path = out / "index.html"
     path.write_text(html)
     return path
+
+
+def _comparison(run_dir: Path, cells, steps, meta, baseline: Path | None, history: Path | None,
+                out: Path) -> dict | None:
+    """The statistical comparison as an HTML table, regressions first; with a history, its trend
+    figures for the cells that are not 'same'."""
+    if baseline is None and history is None:
+        return None
+    from bench import regress
+    from bench.ciout import cell_name, shift_text
+
+    figs = []
+    if baseline is not None:
+        bc, bs, bm = load_run(baseline)
+        table = regress.compare(bc, cells, 0.05, base_steps=bs, cur_steps=steps, base_meta=bm, cur_meta=meta)
+        base_name = str(baseline)
+    else:
+        from bench import history as hist
+
+        machine = hist.fingerprint(meta)
+        base, samples, base_meta = hist.baseline(history, machine)
+        table = regress.compare(base, cells, 0.05, base_samples=samples, cur_steps=steps, base_meta=base_meta,
+                                cur_meta=meta)
+        base_name = f"the history in {history}"
+        trends = out / "trends"
+        hist.show(history, machine, 0.05, plots=trends)
+        figs = sorted(trends.glob("*.png"))[:12]
+    order = {"regression": 0, "broken": 1, "noisy": 2, "incomparable": 3, "improvement": 4, "fixed": 5}
+    table = table.assign(_o=table["verdict"].map(order).fillna(9)).sort_values("_o").drop(columns="_o")
+    esc = jinja2.filters.escape
+    rows = "".join(
+        f"<tr class='{'bad' if r['verdict'] in ('regression', 'broken') else ''}'><td class='l'>{esc(cell_name(r))}</td>"
+        f"<td class='l'><b>{esc(r['verdict'])}</b></td><td class='l'>{esc(shift_text(r))}</td>"
+        f"<td class='l'>{esc(r.get('note') or '')}</td></tr>" for _, r in table.iterrows())
+    imgs = "".join(f"<img src='data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}' alt='{esc(p.name)}'>"
+                   for p in figs)
+    html = ("<table><tr><th>cell</th><th>verdict</th><th>shift [interval]</th><th>note</th></tr>"
+            f"{rows}</table>{imgs}")
+    return {"base": base_name, "html": html}

@@ -101,7 +101,22 @@ def stage_modules(wl: Workload, model: nn.Module, n_stages: int, costs: list[flo
         costs = [max(param_count(b), 1) for b in blocks]
     if len(costs) != len(blocks):
         raise ValueError(f"{len(costs)} block costs for {len(blocks)} blocks")
-    return [nn.Sequential(*blocks[a:b]) for a, b in partition(costs, n_stages)]
+    stages = [nn.Sequential(*blocks[a:b]) for a, b in partition(costs, n_stages)]
+    check_untied(model, stages)
+    return stages
+
+
+def check_untied(model: nn.Module, stages: list[nn.Module]) -> None:
+    """Refuse a cut that puts one parameter in two stages (tied embedding and head): each stage
+    would train its own copy on part of the gradient, silently another model."""
+    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+    where: dict[int, int] = {}
+    for k, stage in enumerate(stages):
+        for p in stage.parameters():
+            if where.setdefault(id(p), k) != k:
+                raise ValueError(f"parameter {names.get(id(p), '?')} is shared by stages {where[id(p)]} and {k} "
+                                 "(tied weights): cutting the model here would untie it; untie it in the workload "
+                                 "or run a data-parallel strategy")
 
 
 _BLOCK_COSTS: dict[tuple, list[float]] = {}

@@ -53,6 +53,10 @@ def shard_model(wl: Workload, model, mesh, *, reshard: bool, mp: MixedPrecisionP
     """fully_shard every block that has parameters, then the root."""
     kw = {"mp_policy": mp} if mp is not None else {}
     blocks = [b for b in wl.blocks(model) if param_count(b)]
+    inside = {id(m) for m in model.modules()}
+    if any(id(b) not in inside for b in blocks):
+        raise ValueError(f"workload {wl.name}: blocks(model) returned modules that are not submodules of the model; "
+                         "FSDP shards the modules the forward calls, so blocks must return those")
     for i, block in enumerate(blocks):
         last = i == len(blocks) - 1
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard and (reshard_last or not last), **kw)

@@ -34,9 +34,17 @@ TP_PLAN = Option(name="tp_plan", type=str, default="sp", choices=("sp", "megatro
 
 
 def apply_tp(wl: Workload, model, mesh, ctx: Context):
-    """Apply the workload's plan; returns the loss context it needs (or None)."""
+    """Apply the workload's plan; returns the loss context it needs (or None). A plan that splits no
+    parameter fails the cell here: under FSDP (fsdp-tp) the data-parallel sharding alone would
+    otherwise pass the distribution check."""
+    from torch.distributed.tensor import DTensor
+
     assert wl.tp_plan is not None, "planner checks has_tp_plan"
-    return wl.tp_plan(model, mesh, plan=ctx.options.get("tp_plan", TP_PLAN.default))
+    loss_ctx = wl.tp_plan(model, mesh, plan=ctx.options.get("tp_plan", TP_PLAN.default))
+    if mesh.size() > 1 and not any(isinstance(p, DTensor) and p.device_mesh == mesh for p in model.parameters()):
+        raise ValueError(f"did not distribute: the tensor-parallel plan of {wl.name} split no parameter "
+                         "(its module names do not match the plan?)")
+    return loss_ctx
 
 
 class TensorParallel(Strategy):

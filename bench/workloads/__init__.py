@@ -41,6 +41,9 @@ class Workload:
     loss: Callable[[Tensor, Tensor], Tensor]
     global_batch: int
     flops_per_sample: float | None = None
+    # The model's blocks in order: submodules of the model that its forward calls one after another
+    # (running them in sequence must equal the forward). Pipelines cut between them; FSDP shards
+    # each; a parameter shared by two blocks (tied embedding and head) cannot be cut apart.
     blocks: Callable[[nn.Module], list[nn.Module]] = field(default=lambda m: list(m.children()))
     n_blocks: int = 1
     n_heads: int | None = None  # attention heads, for tensor-parallel divisibility

@@ -22,7 +22,9 @@ def write_run(path) -> list[float]:
     per_cell = []
     for c in range(N_CELLS):
         t0 = time.perf_counter()
-        w.add({"cell_id": c, "workload": "w", "strategy": "ddp", "backend": "gloo", "device": "cpu", "world_size": 2,
+        w.add({"cell_id": c, "workload": "w", "strategy": "ddp", "backend": "gloo", "device": "cpu",
+               "world_size": 1 if c == 0 else 2, "global_batch": 8, "step_time_ci_low_s": 0.0099,
+               "step_time_ci_high_s": 0.0101, "timed_start_unix": float(c), "timed_end_unix": c + 0.9,
                "status": "ok", "role": "reference" if c == 0 else "", "precision": "fp32",
                "throughput_samples_s": 100.0, "step_time_median_s": 0.01},
               [{"cell_id": c, "rank": r, "step": s, "phase": "timed", "step_time_s": 0.01, "loss": 1.0,
@@ -46,17 +48,25 @@ def test_thousand_cells_and_a_million_samples(benchmark, tmp_path, capsys):
         cells, steps, _ = load_run(d)
         samples = read_table(d, "samples")
         t_read = time.perf_counter() - t1
-        return per_cell, t_write, t_read, cells, steps, samples
+        t2 = time.perf_counter()
+        RunWriter(d, resume=True).compact()  # what the end of a run does
+        t_compact = time.perf_counter() - t2
+        t3 = time.perf_counter()
+        cells2, _, _ = load_run(d)
+        assert len(cells2) == len(cells) and len(read_table(d, "samples")) == len(samples)
+        t_read_compacted = time.perf_counter() - t3
+        return per_cell, t_write, t_read, cells, steps, samples, t_compact, t_read_compacted
 
-    per_cell, t_write, t_read, cells, steps, samples = benchmark.pedantic(once, rounds=1, iterations=1)
+    per_cell, t_write, t_read, cells, steps, samples, t_compact, t_read2 = benchmark.pedantic(
+        once, rounds=1, iterations=1)
     assert len(cells) == N_CELLS and len(steps) == N_CELLS * STEPS_PER_CELL
     assert len(samples) == N_CELLS * SAMPLES_PER_CELL
     first, last = sum(per_cell[:100]), sum(per_cell[-100:])
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     with capsys.disabled():
         print(f"\nstorage: wrote {N_CELLS} cells + {len(samples):,} samples in {t_write:.2f} s "
-              f"(first 100 cells {first:.2f} s, last 100 {last:.2f} s), read back in {t_read:.2f} s, "
-              f"peak RSS {peak_mib:.0f} MiB")
+              f"(first 100 cells {first:.2f} s, last 100 {last:.2f} s), read back in {t_read:.2f} s; "
+              f"compacted in {t_compact:.2f} s, read back in {t_read2:.2f} s; peak RSS {peak_mib:.0f} MiB")
     benchmark.extra_info.update(write_s=t_write, read_s=t_read, first100_s=first, last100_s=last,
                                 peak_rss_mib=peak_mib)
     # Linear growth: the last hundred cells cost about what the first hundred did (rewriting whole

@@ -1,41 +1,111 @@
+import base64
 import json
+import re
+import shutil
+import subprocess
 
 import matplotlib.pyplot as plt
+import pytest
 
 from bench.results import RunWriter, load_run
 from reports import build_report, figures
+from reports.recommend import recommend
+
+MAX_W, MAX_H = 1400, 1600  # pixels: no figure taller than about a screen and a half
 
 
-def fake_run(tmp_path):
-    w = RunWriter(tmp_path / "r")
-    for cid, (strategy, backend, ws, t) in enumerate([("single", "gloo", 1, 0.1), ("ddp", "gloo", 2, 0.06),
-                                                      ("ddp", "nccl", 2, 0.055)]):
+def fake_run(tmp_path, name="r", slow=1.0):
+    w = RunWriter(tmp_path / name)
+    cells = [("single", "gloo", 1, 0.1), ("ddp", "gloo", 2, 0.06 * slow), ("ddp", "nccl", 2, 0.055 * slow),
+             ("fsdp", "nccl", 2, 0.09), ("ensemble", "nccl", 2, 0.04)]
+    for cid, (strategy, backend, ws, t) in enumerate(cells):
         w.add(dict(cell_id=cid, workload="gpt-tiny", strategy=strategy, backend=backend, device="cpu",
-                   role="reference" if strategy == "single" else "",
+                   role={"single": "reference", "ensemble": "independent"}.get(strategy, ""),
                    world_size=ws, status="ok", precision="fp32", global_batch=8, step_time_median_s=t,
-                   step_time_ci_low_s=t * 0.95, step_time_ci_high_s=t * 1.05, throughput_samples_s=8 / t),
-              [dict(cell_id=cid, rank=0, step=s, phase="timed", step_time_s=t * (1 + s / 100), loss=1.0,
+                   step_time_ci_low_s=t * 0.99, step_time_ci_high_s=t * 1.01, throughput_samples_s=8 / t,
+                   compute_time_s=t * 0.5, comm_time_s=t * 0.4, exposed_comm_s=t * 0.35, idle_frac=0.1,
+                   profiled_step_s=t * 1.1, breakdown_gap=0.1, peak_mem_bytes=2**30 * (3 - ws), repeats=1),
+              [dict(cell_id=cid, repeat=0, rank=0, step=s, phase="timed", step_time_s=t * (1 + s / 100), loss=1.0,
                     loss_weight=1.0) for s in range(5)])
-    w.add(dict(cell_id=3, workload="gpt-tiny", strategy="dataparallel", backend="gloo", device="cpu",
-               world_size=2, status="skipped", reason="needs CUDA"))
-    (tmp_path / "r" / "meta.json").write_text(json.dumps({"host": "h", "torch": "x"}))
-    return w
+    w.add(dict(cell_id=9, workload="gpt-tiny", strategy="dataparallel", backend="gloo", device="cpu",
+               world_size=2, status="skipped", reason="needs CUDA [/x]"))
+    (tmp_path / name / "meta.json").write_text(json.dumps({"host": "h", "torch": "x", "run_id": name}))
+    return tmp_path / name
 
 
-def test_throughput_bars_draw_one_bar_per_ok_cell(tmp_path):
-    fake_run(tmp_path)
-    cells, _, _ = load_run(tmp_path / "r")
+def test_throughput_bars_draw_one_bar_per_ok_cell_fastest_first(tmp_path):
+    cells, _, _ = load_run(fake_run(tmp_path))
     ax = figures.throughput_bars(cells, "gpt-tiny")
-    assert len(ax.patches) == 3
-    assert [t.get_text() for t in ax.get_yticklabels()][0].startswith("ddp gloo x2")
+    assert len(ax.patches) == 5
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[0].startswith("single") and labels[1].startswith("ensemble nccl x2")  # per world size, fastest first
+    assert {t.get_text() for t in ax.get_legend().get_texts()} == {"gloo", "nccl"}
     plt.close(ax.figure)
 
 
-def test_report_is_self_contained(tmp_path):
-    fake_run(tmp_path)
-    html = build_report(tmp_path / "r")
-    text = html.read_text()
-    assert "http://" not in text and "https://" not in text
-    for png in ("gpt-tiny-throughput.png", "gpt-tiny-steptime.png", "gpt-tiny-scaling.png"):
-        assert png in text and (html.parent / png).stat().st_size > 1000
-    assert "needs CUDA" in text
+def test_breakdown_stacks_sum_to_the_measured_step(tmp_path):
+    cells, _, _ = load_run(fake_run(tmp_path))
+    ax = figures.breakdown_bars(cells, "gpt-tiny")
+    solid = [p for p in ax.patches if abs(p.get_height() - 0.9) < 1e-9]  # the stacked bars, not the hatched
+    ends = {}
+    for p in solid:
+        y = round(p.get_y(), 3)
+        ends[y] = max(ends.get(y, 0), p.get_x() + p.get_width())
+    steps = sorted(cells[(cells["status"] == "ok")]["step_time_median_s"] * 1e3)
+    assert sorted(round(v, 6) for v in ends.values()) == pytest.approx(sorted(steps), rel=1e-6)
+    assert "profiled step +10%" in " ".join(t.get_text() for t in ax.get_yticklabels())
+    plt.close(ax.figure)
+
+
+def test_recommendation_matches_the_data(tmp_path):
+    cells, _, _ = load_run(fake_run(tmp_path))
+    picks = {(p.backend, p.world_size): p for p in recommend(cells)}
+    nccl = picks[("nccl", 2)]
+    assert nccl.winner == "ddp" and nccl.runner_up == "fsdp"  # the ensemble is left out: other models
+    assert nccl.margin == pytest.approx(0.09 / 0.055 - 1) and nccl.significant
+    assert "ensemble: trains independent models" in nccl.excluded
+    assert nccl.speedup == pytest.approx(0.1 / 0.055)
+    assert "communication-bound" in nccl.why
+
+
+def test_report_is_self_contained_and_figures_fit(tmp_path):
+    from PIL import Image
+
+    html = build_report(fake_run(tmp_path)).read_text()
+    assert "http://" not in html and "https://" not in html and "<link" not in html
+    assert re.search(r"<script[^>]+src=", html) is None
+    imgs = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
+    assert len(imgs) >= 3
+    for data in imgs:
+        (tmp_path / "x.png").write_bytes(base64.b64decode(data))
+        w, h = Image.open(tmp_path / "x.png").size
+        assert w <= MAX_W and h <= MAX_H, (w, h)
+    assert "Recommendation" in html and "<b>ddp</b>" in html
+    assert "needs CUDA [/x]" in html  # skipped cells in their own section, text verbatim
+
+
+def test_report_with_a_baseline_puts_regressions_first(tmp_path):
+    base = fake_run(tmp_path, "base")
+    cur = fake_run(tmp_path, "cur", slow=1.3)
+    html = build_report(cur, tmp_path / "out", baseline=base).read_text()
+    assert "Against" in html and "verdict" in html
+
+
+def test_report_onto_a_file_is_a_one_line_error(tmp_path):
+    from bench import UserError
+
+    run = fake_run(tmp_path)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UserError, match="is a file"):
+        build_report(run, tmp_path / "f")
+
+
+@pytest.mark.skipif(not any(shutil.which(b) for b in ("chromium", "chromium-browser", "headless_shell")),
+                    reason="headless Chromium is not installed (Debian: apt install chromium)")
+def test_report_in_headless_chromium(tmp_path):
+    browser = next(shutil.which(b) for b in ("chromium", "chromium-browser", "headless_shell") if shutil.which(b))
+    page = build_report(fake_run(tmp_path))
+    r = subprocess.run([browser, "--headless", "--disable-gpu", "--no-sandbox", "--dump-dom", f"file://{page}"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "Recommendation" in r.stdout
+    assert "Uncaught" not in r.stderr

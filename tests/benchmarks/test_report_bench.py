@@ -1,0 +1,33 @@
+"""The report of a large run (1,000 cells, 1,000,000 telemetry samples) builds in at most 15 s."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from reports import build_report
+from tests.benchmarks.test_storage_bench import write_run
+
+LIMIT_S = 15.0
+
+
+@pytest.mark.benchmark(group="report")
+def test_report_of_a_thousand_cells(benchmark, tmp_path_factory, capsys):
+    from bench.results import RunWriter
+
+    run = tmp_path_factory.mktemp("big") / "run"
+    write_run(run)
+    RunWriter(run, resume=True).compact()  # as the end of `parbench run` leaves it
+    outs = iter(range(100))
+
+    def once():
+        t0 = time.perf_counter()
+        page = build_report(run, run / f"report{next(outs)}")
+        return page, time.perf_counter() - t0
+
+    page, took = benchmark.pedantic(once, rounds=1, iterations=1)
+    with capsys.disabled():
+        print(f"\nreport: 1000 cells, 1,000,000 samples built in {took:.1f} s ({page.stat().st_size / 1e6:.1f} MB)")
+    benchmark.extra_info["build_s"] = took
+    assert took <= LIMIT_S, took
