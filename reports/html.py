@@ -54,6 +54,7 @@ margin is beyond the noise when the two 95% intervals of the median step do not 
 {% if comparison %}<h2>Against {{ comparison.base }}</h2>{{ comparison.html|safe }}{% endif %}
 {% for wl in workloads %}
 <h2>{{ wl.name }}</h2><p class="muted">{{ wl.description }}</p>
+{% for f in wl.flags %}<p class="warn">{{ f }}</p>{% endfor %}
 {% for img in wl.images %}<img src="data:image/png;base64,{{ img.data }}" alt="{{ img.name }}" title="{{ img.name }}">
 {% endfor %}{% endfor %}
 {% if telemetry %}<h2>Telemetry per cell</h2>{% for img in telemetry %}
@@ -128,6 +129,27 @@ def _workload_figures(cells: pd.DataFrame, wl: str, out: Path, annotated: pd.Dat
     return [_figure(fn, out, f"{_slug(wl)}-{kind}") for kind, fn in kinds]
 
 
+def _comm_flags(cells: pd.DataFrame, wl: str, annotated: pd.DataFrame | None) -> list[str]:
+    """Cells whose recorded collectives ran far below the machine's curve, and whether waiting for
+    a slower peer explains it (the record includes the wait; the fastest rank's copy shows the link)."""
+    if annotated is None or not len(annotated) or "below_curve" not in annotated:
+        return []
+    from reports.figures import cell_label
+
+    out = []
+    ok = cells[(cells["workload"] == wl) & (cells["status"] == "ok")]
+    for _, r in ok.iterrows():
+        a = annotated[annotated["cell_id"] == r["cell_id"]]
+        below = a[a["below_curve"] == True]  # noqa: E712 - may hold NA
+        if len(a) and len(below) / len(a) > 0.25:
+            waits = int((below.get("wait_explains", pd.Series(dtype=bool)) == True).sum())  # noqa: E712
+            out.append(f"{cell_label(r)}: {len(below)} of {len(a)} recorded collectives ran below half of this "
+                       f"machine's bandwidth curve (median {a['ratio'].median():.2f} of it); "
+                       + (f"{waits} of them are explained by waiting for a slower peer (the fastest rank's copy "
+                          "was on the curve)" if waits else "waiting for a peer does not explain them"))
+    return out
+
+
 def _annotated_comm(run_dir: Path, meta: dict) -> pd.DataFrame | None:
     """The run's recorded collectives against a sweep of the same machine, when one is at hand
     (in the run folder, or a stored sweep of the same fingerprint under the results folder)."""
@@ -165,7 +187,7 @@ def build_report(run_dir: Path, out: Path | None = None, *, baseline: Path | Non
     out.mkdir(parents=True, exist_ok=True)
     described = meta.get("workloads", {})
     annotated = _annotated_comm(run_dir, meta)
-    wls = [{"name": wl, "description": described.get(wl, ""),
+    wls = [{"name": wl, "description": described.get(wl, ""), "flags": _comm_flags(cells, wl, annotated),
             "images": _workload_figures(cells, wl, out, annotated)} for wl in cells["workload"].dropna().unique()]
     telemetry = []
     samples_path = run_dir / "samples.parquet"

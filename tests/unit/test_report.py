@@ -109,3 +109,25 @@ def test_report_in_headless_chromium(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "Recommendation" in r.stdout
     assert "Uncaught" not in r.stderr
+
+
+@pytest.mark.parametrize("run", ["two-gpus-h100", "four-gpus-h100"])
+def test_breakdown_adds_up_on_the_committed_gpu_runs(run):
+    """On real H100 runs: the stacked parts of every drawn cell sum to its timed median, and a cell
+    whose profiled step is more than 5% off says so in its label."""
+    from pathlib import Path
+
+    d = Path(__file__).resolve().parents[2] / "docs" / "runs" / run
+    cells, _, _ = load_run(d)
+    ax = figures.breakdown_bars(cells, "gpt-200m")
+    ends = {}
+    for p in ax.patches:
+        if abs(p.get_height() - 0.9) < 1e-9:
+            y = round(p.get_y(), 3)
+            ends[y] = max(ends.get(y, 0), p.get_x() + p.get_width())
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    drawn = cells[(cells["status"] == "ok") & cells["compute_time_s"].notna()].sort_values("step_time_median_s")
+    assert len(ends) == len(drawn) == len(labels) > 5
+    assert sorted(ends.values()) == pytest.approx(sorted(drawn["step_time_median_s"] * 1e3), rel=1e-6)
+    assert any("profiled step" in lab for lab in labels)  # the profiler's own cost is shown, not hidden
+    plt.close(ax.figure)
