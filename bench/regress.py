@@ -291,7 +291,12 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
     ``require_repeats``: a cell tested on one run's steps a side is at most ``noisy``, since that
     test cannot see run-to-run drift.
     """
-    key = KEY + [c for c in OPTIONAL_KEY if c in base.columns and c in cur.columns]
+    # The cell's identity comes from the metric registry: core keys and every strategy label and
+    # option column both runs have (a cell run with other settings is another cell).
+    from bench.metrics import key_columns
+
+    key = [c for c in key_columns(set(base.columns) & set(cur.columns)) if c in base.columns and c in cur.columns]
+    key = KEY + [c for c in key if c not in KEY]
     _check_inputs(base, cur, key)
     extra = ["cell_id", "status", "throughput_samples_s", "step_time_median_s", "step_time_ci_low_s",
              "step_time_ci_high_s", *DIMENSIONS]
