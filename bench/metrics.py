@@ -91,6 +91,7 @@ CORE: tuple[Metric, ...] = (
     Metric(name="strategy", dtype="string", kind="key", shown=S),
     Metric(name="backend", dtype="string", kind="key", shown=S, doc="process-group backend the cell ran under"),
     Metric(name="device", dtype="string", kind="key"),
+    Metric(name="mode", dtype="string", kind="key", doc="train (a training step) or serve (requests, bench/serve)"),
     Metric(name="world_size", dtype="Int64", kind="key", header="ws", shown=S, doc="devices the cell uses"),
     Metric(name="nproc", dtype="Int64", kind="fact", doc="processes the cell uses"),
     Metric(name="status", dtype="string", kind="fact", shown=S),
@@ -222,7 +223,9 @@ def all_metrics() -> list[Metric]:
     """The registry over every built-in strategy (what the summary, report and compare read)."""
     import strategies
 
-    return registry(m for cls in strategies.REGISTRY.values() for m in cls.columns())
+    from bench.serve.schema import SERVE_METRICS
+
+    return registry([*(m for cls in strategies.REGISTRY.values() for m in cls.columns()), *SERVE_METRICS])
 
 
 def lookup(name: str, metrics: Iterable[Metric] | None = None) -> Metric | None:

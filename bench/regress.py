@@ -43,7 +43,7 @@ OPTIONAL_KEY = ["mesh", "micro_batches", "schedule"]
 #: two-sided level of the test and 1 - coverage of the interval: an A/A pair fails with p <= ALPHA/2
 ALPHA = 0.02
 #: repeats needed before per-repeat medians replace per-step times as the samples
-MIN_REPEATS = 3
+MIN_REPEATS = 3  # repeats are the samples from 3 on; a verdict past noisy needs min_samples() = 5 a side
 #: verdicts that fail a CI job
 FAILING = ("regression", "broken")
 #: verdicts that mean "these two cells were measured against each other"
@@ -298,7 +298,7 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
     key = [c for c in key_columns(set(base.columns) & set(cur.columns)) if c in base.columns and c in cur.columns]
     key = KEY + [c for c in key if c not in KEY]
     _check_inputs(base, cur, key)
-    extra = ["cell_id", "status", "throughput_samples_s", "step_time_median_s", "step_time_ci_low_s",
+    extra = ["cell_id", "status", "parity_ok", "throughput_samples_s", "step_time_median_s", "step_time_ci_low_s",
              "step_time_ci_high_s", *DIMENSIONS]
     b = base.reindex(columns=key + extra).drop_duplicates(key).copy()
     c = cur.reindex(columns=key + extra).drop_duplicates(key).copy()
@@ -350,6 +350,10 @@ def _verdict(r: pd.Series, row: dict, bs: dict, cs: dict, run_diff: list[str], c
         return "broken", f"now {r['status_c']}"
     if not ok_b:
         return ("fixed", "") if ok_c else ("not run", "")
+    # A cell that trains another model than one device is broken however fast it got.
+    par_b, par_c = r.get("parity_ok_b"), r.get("parity_ok_c")
+    if par_c is not None and not pd.isna(par_c) and not bool(par_c) and (par_b is None or pd.isna(par_b) or bool(par_b)):
+        return "broken", "parity with one device failed"
     diffs = list(run_diff)
     for dim in DIMENSIONS:
         if _differs(r[f"{dim}_b"], r[f"{dim}_c"]):

@@ -39,7 +39,7 @@ def base_row(spec: CellSpec) -> dict[str, Any]:
     m = spec.measure
     return {"cell_id": spec.cell_id, "workload": spec.workload.name, "strategy": spec.strategy,
             "backend": spec.backend, "device": spec.device, "world_size": spec.n_devices, "nproc": spec.n_procs,
-            "role": spec.role, "steps": m.steps, "warmup": m.warmup, "precision": m.precision,
+            "role": spec.role, "mode": spec.mode, "steps": m.steps, "warmup": m.warmup, "precision": m.precision,
             "global_batch": spec.workload.global_batch, "params": spec.workload.params, "scaling": spec.scaling,
             "repeats": m.repeats,
             "flops_per_sample": spec.workload.flops_per_sample, **spec.labels,

@@ -171,9 +171,19 @@ class ContractError(ValueError):
     """A plan or event that does not match its dataclass."""
 
 
+def _scalar(v: Any) -> Any:
+    """numpy and 0-d tensor scalars as Python numbers (a strategy's finish() may return them);
+    anything else is refused rather than turned into a string that breaks a typed column later."""
+    if type(v).__module__ == "numpy" and hasattr(v, "item"):
+        return v.item()
+    if hasattr(v, "dim") and hasattr(v, "item") and v.dim() == 0:
+        return v.item()
+    raise TypeError(f"{type(v).__name__} {v!r} is not a JSON value; return plain numbers and strings")
+
+
 def dump(obj: Any) -> str:
     """JSON of a contract dataclass (tuples become lists; NaN stays NaN, as JSON allows in Python)."""
-    return json.dumps(dataclasses.asdict(obj), default=str)
+    return json.dumps(dataclasses.asdict(obj), default=_scalar)
 
 
 def load(cls: type, text: str | dict) -> Any:

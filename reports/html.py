@@ -44,12 +44,13 @@ img{max-width:100%;border:1px solid #eee;margin:4px 0;display:block}code{backgro
 <td class="{{ 'l' if p.speedup is none else ('' if p.speedup >= 1 else 'bad') }}">{{ "%.2fx"|format(p.speedup) if p.speedup is not none else "-" }}</td>
 <td class="l">{{ p.runner_up or "-" }}</td>
 <td>{{ "%+.0f%%"|format(100 * p.margin) if p.margin is not none else "-" }}</td>
-<td class="l">{{ "yes" if p.significant else ("no: intervals overlap" if p.significant is not none else "-") }}</td>
+<td class="l">{{ "yes" if p.significant else ("no: intervals overlap" if p.significant is not none else "not judged: one run (use --repeats 3+)") }}</td>
 <td class="l">{{ p.why }}{% if p.excluded %}<br><span class="muted">left out: {{ p.excluded }}</span>{% endif %}</td></tr>
 {% endfor %}</table>
 <p class="muted">Candidates: cells that ran (status ok, which includes the check that the work was really
 distributed) and matched one device (parity ok); independent models (ensemble) are left out. The
-margin is beyond the noise when the two 95% intervals of the median step do not overlap.</p>
+margin is beyond the noise when the two 95% intervals of the median step, built from at least three
+repeats each, do not overlap; the steps of a single run are correlated and cannot say it.</p>
 {% else %}<p>No strategy on more than one device passed; see the failed and skipped cells below.</p>{% endif %}
 {% if comparison %}<h2>Against {{ comparison.base }}</h2>{{ comparison.html|safe }}{% endif %}
 {% for wl in workloads %}

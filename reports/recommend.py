@@ -43,6 +43,8 @@ class Pick:
             tail = "the only strategy that passed"
         elif self.significant:
             tail = f"{self.margin:+.0%} ahead of {self.runner_up}, beyond the noise"
+        elif self.significant is None:
+            tail = f"{self.margin:+.0%} ahead of {self.runner_up}, noise not judged (measure with --repeats 3 or more)"
         else:
             tail = f"{self.margin:+.0%} ahead of {self.runner_up}, within the noise (intervals overlap)"
         return f"{head}; {tail}; {self.why}" + (f" [{self.excluded}]" if self.excluded else "")
@@ -55,7 +57,10 @@ def candidates(cells: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
     if "role" in ok:
         why[ok["role"] == "independent"] = "trains independent models"
     if "parity_ok" in ok:
-        why[(why == "") & (ok["parity_ok"] == False)] = "parity failed"  # noqa: E712 - pandas boolean
+        par = ok["parity_ok"]
+        why[(why == "") & (par == False)] = "parity failed"  # noqa: E712 - pandas boolean
+        # Never checked is not passed: no reference, or no losses to compare (one device is its own).
+        why[(why == "") & par.isna() & (ok["world_size"] > 1)] = "parity not checked (no single-device reference)"
     return ok[why == ""], why[why != ""]
 
 
@@ -113,7 +118,11 @@ def recommend(cells: pd.DataFrame, gpu_mem: float | None = None) -> list[Pick]:
             second = g.iloc[1]
             overlap = _overlap(win, second)
             margin = float(second["step_time_median_s"] / win["step_time_median_s"] - 1)
-            runner, sig = str(second["strategy"]), (None if overlap is None else not overlap)
+            # Only intervals built from repeats can call a margin beyond the noise: the steps of one
+            # run are correlated and their interval is too narrow (bench/noise.py).
+            judged = all(str(x.get("ci_basis", "")).startswith("repeats") for x in (win, second))
+            runner = str(second["strategy"])
+            sig = None if (overlap is None or not judged) else not overlap
         else:
             runner, margin, sig = None, None, None
         single = cells[(cells["workload"] == wl) & (cells["status"] == "ok") & (cells["world_size"] == 1)
