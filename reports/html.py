@@ -53,6 +53,10 @@ margin is beyond the noise when the two 95% intervals of the median step, built 
 repeats each, do not overlap; the steps of a single run are correlated and cannot say it.</p>
 {% else %}<p>No strategy on more than one device passed; see the failed and skipped cells below.</p>{% endif %}
 {% if comparison %}<h2>Against {{ comparison.base }}</h2>{{ comparison.html|safe }}{% endif %}
+{% if serve %}<h2>Serving</h2><p class="muted">One model per device serving requests (parbench serve): per
+placement, policy and load level the achieved rate and the latency percentiles that have enough samples
+(LoadGen's rule); parity of every replica against one device.</p><pre>{{ serve.table }}</pre>
+{% for img in serve.images %}<img src="data:image/png;base64,{{ img.data }}" alt="{{ img.name }}">{% endfor %}{% endif %}
 {% for wl in workloads %}
 <h2>{{ wl.name }}</h2><p class="muted">{{ wl.description }}</p>
 {% for f in wl.flags %}<p class="warn">{{ f }}</p>{% endfor %}
@@ -130,6 +134,23 @@ def _workload_figures(cells: pd.DataFrame, wl: str, out: Path, annotated: pd.Dat
     return [_figure(fn, out, f"{_slug(wl)}-{kind}") for kind, fn in kinds]
 
 
+def _serving(run_dir: Path, serving: pd.DataFrame, out: Path) -> dict | None:
+    """The serving section: the placements x policies x loads table and the rate-vs-p99 curve."""
+    if serving.empty:
+        return None
+    from bench.serve import tables
+
+    cells = serving.assign(run=run_dir.name, gpu=serving["gpu_name"].fillna(serving["device"]))
+    text = tables.levels_table(cells) if "serve_scenario" in cells else ""
+    images = []
+    cv = tables.curve(cells) if "serve_scenario" in cells else pd.DataFrame()
+    if len(cv):
+        path = out / "serve-rate-vs-p99.png"
+        tables.plot(cv, str(path))
+        images.append({"name": path.name, "data": base64.b64encode(path.read_bytes()).decode()})
+    return {"table": text or "(no load-level cells in this run)", "images": images}
+
+
 def _comm_flags(cells: pd.DataFrame, wl: str, annotated: pd.DataFrame | None) -> list[str]:
     """Cells whose recorded collectives ran far below the machine's curve, and whether waiting for
     a slower peer explains it (the record includes the wait; the fastest rank's copy shows the link)."""
@@ -182,6 +203,8 @@ def build_report(run_dir: Path, out: Path | None = None, *, baseline: Path | Non
 
     run_dir = Path(run_dir)
     cells, steps, meta = load_run(run_dir)
+    serving = cells[cells["mode"] == "serve"] if "mode" in cells else cells.iloc[:0]
+    cells = cells.drop(serving.index)  # training cells: figures and the recommendation are about steps
     out = Path(out) if out else run_dir / "report"
     if out.exists() and not out.is_dir():
         raise UserError(f"report output {out} is a file; pass a folder with -o")
@@ -214,10 +237,11 @@ def build_report(run_dir: Path, out: Path | None = None, *, baseline: Path | Non
         warn = is_false(r.get("stable")) or pd.notna(r.get("scaling_note", None))
         rows.append({"cls": "bad" if bad else ("warn" if warn else ""), "vals": [m.show(r.get(m.name)) for m in cols]})
     not_run = cells[cells["status"] != "ok"].sort_values(["status", "workload", "strategy"])
+    serve = _serving(run_dir, serving, out)
     html = jinja2.Environment(autoescape=True).from_string(TEMPLATE).render(
         meta={"run_id": run_dir.name, **meta}, picks=picks, workloads=wls, telemetry=telemetry,
         columns=[m.title for m in cols], rows=rows, not_run=[r for _, r in not_run.iterrows()],
-        comparison=comparison, n_ok=int((cells["status"] == "ok").sum()),
+        comparison=comparison, serve=serve, n_ok=int((cells["status"] == "ok").sum()),
         n_skipped=int((cells["status"] == "skipped").sum()),
         n_bad=int(cells["status"].isin(["failed", "timeout"]).sum()))
     path = out / "index.html"

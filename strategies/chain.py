@@ -24,7 +24,7 @@ class Chain(Strategy):
     needs = "world size >= 2 and <= blocks; CUDA+NCCL, CUDA+Gloo (through host memory) or CPU+Gloo"
     min_world = 2
     labels = (MESH,)
-    distributes = ("comm", "split")
+    distributes = ("comm",)  # activations and gradients cross ranks every step (see pipeline.py)
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         r = common_check(cell, gpus=gpus, min_world=self.min_world)

@@ -182,7 +182,10 @@ class Pipeline(Strategy):
     options = (MICRO_BATCHES, BALANCE)
     labels = PIPELINE_LABELS
     metrics = PIPELINE_METRICS
-    distributes = ("comm", "split")
+    # A pipeline distributes work and activations, not necessarily parameters: a stage cut by
+    # time can hold most of a model whose parameters sit in cheap layers (a conv net's classifier).
+    # The evidence is the activations and gradients crossing stages every step.
+    distributes = ("comm",)
 
     def degrees(self, n: int, options: dict) -> tuple[int, int]:
         """(data-parallel, pipeline) degrees."""
