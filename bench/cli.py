@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -46,6 +47,8 @@ def _add_run(sub) -> None:
     p.add_argument("--option", action="append", metavar="KEY=VALUE", default=[],
                    help="strategy option, repeatable: mesh=2x2, micro_batches=8, bucket_mb=25")
     p.add_argument("--out", help="results folder (default: results)")
+    p.add_argument("--resume", metavar="RUN", help="finish the run folder RUN (killed or interrupted): run only the "
+                                                   "cells it has no row for, with its own settings, appending to it")
     p.add_argument("--report", action="store_true", help="also write the HTML report into the run folder")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -68,6 +71,53 @@ def parse_options(items: list[str]) -> dict[str, object]:
     return out
 
 
+#: Signals that stop a run like Ctrl-C: a CI cancel or `timeout` sends SIGTERM, a closed terminal SIGHUP.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def install_stop_handlers() -> None:
+    """SIGTERM and SIGHUP stop the run as SIGINT does (the launcher kills its process trees, keeps
+    the finished cells and writes meta.json); a second signal during that cleanup is ignored."""
+    from bench.launch import Interrupted
+
+    def handler(signum, _frame):
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    for s in STOP_SIGNALS:
+        signal.signal(s, handler)
+
+
+def check_gpus(cfg, gpus: int) -> None:
+    """A GPU run on a machine without GPUs is an error, not a run of nothing that exits 0."""
+    if gpus > 0:
+        return
+    if cfg.device == "cuda":
+        raise UserError("--device cuda: no GPU visible; use --device cpu (with --backends gloo)")
+    if "nccl" in cfg.backends:
+        raise UserError("--backends nccl: no GPU visible (NCCL needs CUDA); use --backends gloo")
+
+
+def resumed_config(run_dir: str, gpus: int):
+    """The settings of the run folder ``run_dir`` (its meta.json), for ``--resume``: the plan, and so
+    the cell ids, are the original's."""
+    from bench.config import RunConfig, validate
+    from bench.results import load_meta
+
+    d = Path(run_dir)
+    if not d.is_dir() or not (d / "meta.json").is_file():
+        raise UserError(f"--resume {run_dir!r} is not a parbench run folder (no meta.json); pass results/<run-id>")
+    config = load_meta(d).get("config")
+    if not isinstance(config, dict) or not config:
+        raise UserError(f"--resume {run_dir!r}: meta.json has no config; run it again instead")
+    try:
+        return validate(RunConfig(**config))
+    except TypeError as e:
+        raise UserError(f"--resume {run_dir!r}: its config is from another parbench version ({e}); "
+                        "run it again instead") from None
+
+
 def cmd_run(args) -> int:
     from bench import launch
     from bench.config import build_config, load_toml
@@ -79,21 +129,36 @@ def cmd_run(args) -> int:
                                            "cell_timeout_s", "out", "sample_hz", "scaling", "repeats", "budget",
                                            "warmup_max", "steps_max", "target_ci", "time_cap_s",
                                            "profile_steps", "trace")}
-    toml = load_toml(args.config) if args.config else {}
-    if args.option:
-        flags["options"] = {**toml.get("options", {}), **parse_options(args.option)}
-    cfg = build_config(toml=toml, flags=flags, gpus=gpus)
+    if args.resume:
+        given = [k for k, v in flags.items() if v is not None] + (["option"] if args.option else []) \
+            + (["config"] if args.config else [])
+        if given:
+            raise UserError(f"--resume takes the run's own settings; drop --{given[0].replace('_', '-')}")
+        cfg = resumed_config(args.resume, gpus)
+    else:
+        toml = load_toml(args.config) if args.config else {}
+        if args.option:
+            flags["options"] = {**toml.get("options", {}), **parse_options(args.option)}
+        cfg = build_config(toml=toml, flags=flags, gpus=gpus)
+    check_gpus(cfg, gpus)
     from bench.progress import MatrixProgress
 
+    install_stop_handlers()
     try:
         with MatrixProgress(enabled=not args.no_progress) as bar:
-            run_dir = launch.run(cfg, gpus, on_progress=bar)
-    except KeyboardInterrupt:
-        print("interrupted: the cells that finished are in the run folder", file=sys.stderr)
-        return 130
+            run_dir = launch.run(cfg, gpus, on_progress=bar, resume=Path(args.resume) if args.resume else None)
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"interrupted by {signal.Signals(signum).name}: the cells that finished are in the run folder; "
+              "finish it with parbench run --resume RUN", file=sys.stderr)
+        return 128 + signum
+    finally:
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_DFL if s != signal.SIGINT else signal.default_int_handler)
     from bench.summary import print_summary
 
     print_summary(run_dir)
+    print_recommendation(run_dir)
     if args.report:
         from reports import build_report
 
@@ -101,10 +166,39 @@ def cmd_run(args) -> int:
     return 0
 
 
+def print_recommendation(run_dir: Path) -> None:
+    """The report's first screen, as lines at the end of `parbench run` (plain text, never markup)."""
+    from rich.console import Console
+    from rich.text import Text
+
+    from bench.results import load_run
+    from reports.recommend import recommend
+
+    cells, _, _ = load_run(run_dir)
+    if "mode" in cells:
+        cells = cells[cells["mode"] != "serve"]
+    picks = recommend(cells)
+    console = Console(width=None if Console().is_terminal else 150)
+    console.print(Text("recommendation:" if picks else "recommendation: no strategy on more than one device passed"))
+    for p in picks:
+        console.print(Text(f"  {p.line()}"), soft_wrap=True)
+
+
 def cmd_report(args) -> int:
     from reports import build_report
 
-    out = build_report(Path(args.run_dir), Path(args.output) if args.output else None)
+    if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
+        raise UserError(f"-o {args.output!r} is an existing file; the report is a folder: pass a new or existing "
+                        "folder name")
+    if args.baseline and args.history:
+        raise UserError("give --baseline RUN or --history DIR, not both")
+    for flag, path in (("--baseline", args.baseline), ("--history", args.history)):
+        if path and not Path(path).is_dir():
+            raise UserError(f"{flag} {path!r} is not a folder; pass a run folder (--baseline) or a history store "
+                            "(--history)")
+    out = build_report(Path(args.run_dir), Path(args.output) if args.output else None,
+                       baseline=Path(args.baseline) if args.baseline else None,
+                       history=Path(args.history) if args.history else None)
     print(out)
     return 0
 
@@ -132,11 +226,14 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("report", help="HTML + PNG report of a run folder")
     p.add_argument("run_dir")
     p.add_argument("-o", "--output", help="output folder (default: RUN_DIR/report)")
+    p.add_argument("--baseline", help="add the statistical comparison with this run (regressions first)")
+    p.add_argument("--history", help="add the comparison with this history store's last stable values")
     sub.add_parser("list", help="workloads and strategies, with what each needs")
-    from bench import cli_comm, cli_regress
+    from bench import cli_comm, cli_regress, cli_serve
 
     cli_comm.register(sub)
     cli_regress.register(sub)  # compare, history, export
+    cli_serve.register(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     handlers = {"run": cmd_run, "report": cmd_report, "list": cmd_list, "comm": cli_comm.cmd_comm}

@@ -19,7 +19,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-BACKENDS = ("nccl", "gloo")
+from bench import backends as _backends
+
+BACKENDS = tuple(_backends.names())  # the backend registry is the one list
 DEVICES = ("cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")
 

@@ -5,22 +5,36 @@ follows the workers' event files: measurements become a row at once (:func:`benc
 with the telemetry of the cell's window); a cell that raises is ``failed`` with its message; a cell
 that outlives ``cell_timeout_s`` is ``timeout``, the group is stopped and relaunched with the cells
 it had not run. Progress goes to a callback, so the caller decides how to show it.
+
+One process tree per run, which dies with it: the launcher is the Linux child subreaper of its
+descendants (a rank whose agent dies is re-parented to it, not to init); each launch's ranks are
+captured while alive and found again by their plan file (:class:`ProcessTree`), so a timeout, a
+signal or an exception kills all of them, and a process still alive after its launch ended is
+killed and named in the row and in ``meta.json`` (``survivors``). Each rank also runs a watchdog
+(:func:`bench.worker.start_watchdog`) that exits it when the launcher or its agent is gone, which
+covers SIGKILL of the launcher. ``run(..., resume=RUN)`` runs only the cells RUN has no row for.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import errno
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+import psutil
 
 import strategies
 from bench import UserError, backends, spec
@@ -34,6 +48,9 @@ from bench.workloads import Workload, resolve
 
 log = logging.getLogger("parbench")
 STARTUP_S = 120.0  # torchrun + import torch + process group, before the first cell starts
+#: The launcher's pid, for the watchdog in every rank (bench.worker exits when it is gone).
+LAUNCHER_ENV = "PARBENCH_LAUNCHER_PID"
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,40 +198,42 @@ def group(cells: list[Planned]) -> list[Group]:
 #: What a budget plan assumes a torchrun group and a cell cost beyond their timed steps (start-up,
 #: model build, warm-up, profiled steps), by device; measured on this project's machines.
 GROUP_START_S = {"cpu": 4.0, "cuda": 15.0}
-CELL_OVERHEAD_S = {"cpu": 1.5, "cuda": 4.0}
+#: Per cell beyond its timed steps (build, staging, warm-up, one profiled step, teardown): the first
+#: 4-GPU session measured 0.5-1.3 s for NCCL cells and 2-4 s for Gloo and DataParallel cells on H100.
+CELL_OVERHEAD_S = {"cpu": 1.0, "cuda": 1.5}
 
 
 def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float) -> tuple[list[Planned], str]:
     """Fit the run into ``budget_s``: fewer repeats if needed, then each cell's timed steps capped
-    by time (at least 3 steps; more while the interval is wide and time is left). Returns the cells
-    with their new measurement settings and the plan in one sentence; UserError if even one repeat
-    of three steps per cell cannot fit."""
+    by time (at least 2 steps, 1 warm-up and at most 1 profiled step; more timed steps while the
+    interval is wide and time is left). The run's deadline cuts what still does not fit (those cells
+    are skipped with that reason). Returns the cells with their new settings and the plan in one
+    sentence; UserError when the fixed costs alone are far beyond the budget."""
     runnable = [p for p in cells if p.reason is None]
     if not runnable:
         return cells, "nothing to run"
     n_groups = len({(p.spec.n_procs, p.spec.backend) for p in runnable})
-    usable = 0.8 * budget_s - n_groups * GROUP_START_S[cfg.device]
-    overhead = CELL_OVERHEAD_S[cfg.device]
-    repeats = cfg.repeats
-    while True:
-        cap = usable / (len(runnable) * repeats) - overhead
-        if cap >= 0.5 or repeats == 1:
-            break
-        repeats -= 1
-    if cap < 0.2:
-        need = (n_groups * GROUP_START_S[cfg.device] + len(runnable) * (overhead + 0.5)) / 0.85
+    fixed = n_groups * GROUP_START_S[cfg.device] + len(runnable) * CELL_OVERHEAD_S[cfg.device]
+    if fixed > 1.5 * budget_s:
         raise UserError(f"budget {budget_s:g}s is too small for {len(runnable)} cells in {n_groups} process groups "
-                        f"(about {need:.0f}s needed); raise --budget or narrow the matrix")
+                        f"(about {fixed:.0f}s before any timed step); raise --budget or narrow the matrix")
+    usable = 0.8 * budget_s - fixed
+    repeats = cfg.repeats
+    while repeats > 1 and usable / (len(runnable) * repeats) < 0.5:
+        repeats -= 1
+    cap = max(usable / (len(runnable) * repeats), 0.1)
     out = []
     for p in cells:
-        m = dataclasses.replace(p.spec.measure, repeats=repeats, steps=min(p.spec.measure.steps, 3),
-                                warmup=min(p.spec.measure.warmup, 2), steps_max=max(p.spec.measure.steps_max, 500),
-                                time_cap_s=cap)
+        m = dataclasses.replace(p.spec.measure, repeats=repeats, steps=min(p.spec.measure.steps, 2),
+                                warmup=min(p.spec.measure.warmup, 1), steps_max=max(p.spec.measure.steps_max, 500),
+                                warmup_max=min(p.spec.measure.warmup_max, 10),
+                                profile_steps=min(p.spec.measure.profile_steps, 1), time_cap_s=cap)
         out.append(dataclasses.replace(p, spec=dataclasses.replace(p.spec, measure=m)))
     text = (f"budget {budget_s:g}s: {len(runnable)} cells x {repeats} repeat(s) in {n_groups} process group(s); "
-            f"each repeat times at least 3 steps and stops adding steps after {cap:.1f}s "
-            f"(or when its interval is within {cfg.target_ci:.0%})"
-            + (f"; repeats lowered from {cfg.repeats} to fit" if repeats < cfg.repeats else ""))
+            f"each repeat times at least 2 steps and stops adding steps after {cap:.1f}s "
+            f"(or when its interval is within {cfg.target_ci:.0%}); cells the deadline reaches are skipped"
+            + (f"; repeats lowered from {cfg.repeats} to fit" if repeats < cfg.repeats else "")
+            + ("; tight: expect skipped cells" if usable <= 0 else ""))
     return out, text
 
 
@@ -232,6 +251,7 @@ def child_env(nproc: int) -> dict[str, str]:
     env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_threads() // nproc)))
     env.setdefault("NCCL_NVLS_ENABLE", "0")
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    env[LAUNCHER_ENV] = str(os.getpid())
     return env
 
 
@@ -256,26 +276,196 @@ class EventReader:
         return out
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def _log_tail(path: Path, n: int = 1) -> str:
+def become_subreaper() -> bool:
+    """Make this process the Linux child subreaper of its descendants: a rank whose torchrun agent
+    dies is re-parented to the launcher (not to init), so the launcher can still find, kill and reap
+    it. False where prctl is not available (other systems): the tree walk below still applies."""
+    if not sys.platform.startswith("linux"):
+        return False
     try:
-        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _describe(p: psutil.Process, cmds: dict[int, str] | None = None) -> str:
+    """'pid N (bench.worker)' from the command line seen while it was alive."""
+    cmd = (cmds or {}).get(p.pid)
+    if cmd is None:
+        try:
+            cmd = " ".join(p.cmdline()[-3:])
+        except psutil.Error:
+            cmd = "?"
+    return f"pid {p.pid} ({cmd})"
+
+
+class ProcessTree:
+    """Every process of one torchrun launch: the agent, and its ranks captured while they are
+    alive (ranks run in sessions of their own, so the agent's process group does not reach them),
+    plus any process whose command line names this launch's plan file (an orphaned rank)."""
+
+    def __init__(self, proc: subprocess.Popen, plan_path: str):
+        self.proc, self.plan_path = proc, plan_path
+        self.known: dict[int, psutil.Process] = {}
+        self.cmds: dict[int, str] = {}
+        self._last = 0.0
+
+    def refresh(self, every_s: float = 0.5) -> None:
+        """Capture the agent's descendants (at most every ``every_s``: a /proc walk)."""
+        if time.monotonic() - self._last < every_s:
+            return
+        self._last = time.monotonic()
+        try:
+            for c in psutil.Process(self.proc.pid).children(recursive=True):
+                if c.pid not in self.known:
+                    self.known[c.pid] = c
+                    try:
+                        self.cmds[c.pid] = "bench.worker" if "bench.worker" in c.cmdline() else c.name()
+                    except psutil.Error:
+                        pass
+        except psutil.Error:
+            pass
+
+    def members(self) -> list[psutil.Process]:
+        """The launch's processes other than the agent that are still running (zombies reaped)."""
+        found = dict(self.known)
+        for p in psutil.process_iter(["cmdline"]):
+            cmd = p.info.get("cmdline") or []
+            if p.pid != os.getpid() and any(self.plan_path in a for a in cmd):
+                found.setdefault(p.pid, p)
+        alive = []
+        for pid, p in found.items():
+            if pid == self.proc.pid:
+                continue
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+                else:
+                    _reap(p)
+            except psutil.Error:
+                continue
+        return alive
+
+    def kill(self, grace_s: float = 3.0) -> list[str]:
+        """SIGTERM to the agent's group and every member, SIGKILL to what is left after
+        ``grace_s``; returns the processes that had to be SIGKILLed."""
+        self.refresh(0)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+            members = self.members()
+            for p in members:
+                try:
+                    p.send_signal(sig)
+                except psutil.Error:
+                    pass
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+            _, left = psutil.wait_procs(members, timeout=grace_s if sig == signal.SIGTERM else 1.0)
+            if self.proc.poll() is not None and not left:
+                return [] if sig == signal.SIGTERM else [_describe(p, self.cmds) for p in members]
+        return [_describe(p, self.cmds) for p in self.members()]
+
+    def survivors(self, grace_s: float) -> list[str]:
+        """After the agent exited: members still running ``grace_s`` later are killed and named."""
+        left = self.members()
+        if not left:
+            return []
+        _, left = psutil.wait_procs(left, timeout=grace_s)
+        names = [_describe(p, self.cmds) for p in left]
+        for p in left:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(left, timeout=2.0)
+        return names
+
+
+def _reap(p: psutil.Process) -> None:
+    """Collect an adopted child that has exited (it would stay a zombie under a subreaper)."""
+    try:
+        os.waitpid(p.pid, os.WNOHANG)
+    except (ChildProcessError, OSError):
+        pass
+
+
+#: torchrun lines that say nothing about the error (its own boilerplate)
+_BOILERPLATE = re.compile(r"To enable traceback|error_file|traceback\s*:|torch.distributed.elastic|"
+                          r"^\s*(time|host|rank|exitcode|root cause|failures|\[\d+\])\s*[:(]|^[=-]{5,}|"
+                          r"ChildFailedError|^\*+$|^\s*<NO_OTHER_FAILURES>", re.IGNORECASE)
+
+
+def exit_text(code: int | None) -> str:
+    """'exit code 3' or 'signal 9 (SIGKILL)' for a process's return code."""
+    if code is None:
+        return "no exit code"
+    if code < 0:
+        try:
+            return f"signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def root_cause(log_text: str) -> tuple[int | None, int | None]:
+    """(rank, exit code) of the first failure torchrun reports in its summary ("Root Cause"; its
+    "Failures" list comes first and holds the ranks it stopped afterwards), if any."""
+    i = log_text.rfind("Root Cause")
+    log_text = log_text[i:] if i >= 0 else log_text
+    rank = re.search(r"^\s*rank\s*:\s*(\d+)", log_text, re.MULTILINE)
+    code = re.search(r"^\s*exitcode\s*:\s*(-?\d+)", log_text, re.MULTILINE)
+    return (int(rank[1]) if rank else None), (int(code[1]) if code else None)
+
+
+def rank_error(prefix: str, rank: int) -> str:
+    """The last error line a rank wrote to its own error file (bench.worker writes it)."""
+    try:
+        lines = [ln.strip() for ln in Path(f"{prefix}-r{rank}.err").read_text(errors="replace").splitlines()]
     except OSError:
         return ""
-    errs = [ln for ln in lines if "Error" in ln or "error" in ln]
-    return " ".join((errs or lines)[-n:]).strip()[:300]
+    lines = [ln for ln in lines if ln]
+    return lines[-1][:300] if lines else ""
+
+
+def _log_tail(path: Path) -> str:
+    """The last line of the torchrun log that looks like an error and is not torchrun's own."""
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    lines = [ln for ln in lines if not _BOILERPLATE.search(ln)]
+    errs = [ln for ln in lines if re.search(r"(Error|Exception|error:|Killed|Aborted)", ln)]
+    return (errs or lines or [""])[-1][:300]
+
+
+def crash_reason(prefix: str, logpath: Path, rc: int | None, n_procs: int) -> str:
+    """Which rank died, how (exit code or signal), and its last error line; the agent's own exit
+    when no rank is named (the agent itself was killed)."""
+    try:
+        text = logpath.read_text(errors="replace")
+    except OSError:
+        text = ""
+    rank, code = root_cause(text)
+    if rank is None:
+        errs = [(r, rank_error(prefix, r)) for r in range(n_procs)]
+        errs = [(r, e) for r, e in errs if e]
+        if errs:
+            r, e = errs[0]
+            return f"torchrun exited with {exit_text(rc)}; rank {r}: {e}"
+        tail = _log_tail(logpath)
+        return f"torchrun exited with {exit_text(rc)}" + (f": {tail}" if tail else "")
+    line = rank_error(prefix, rank)
+    if not line:  # a rank killed by a signal writes nothing: its peers' lines say what they saw
+        others = [(r, rank_error(prefix, r)) for r in range(n_procs) if r != rank]
+        seen = [f"rank {r}: {e}" for r, e in others if e]
+        line = f"no error line from it; {seen[0]}" if seen else "no error line from it"
+    return f"rank {rank} exited with {exit_text(code)}: {line}"
 
 
 class Telemetry:
@@ -307,10 +497,13 @@ class Pending:
     wall_s: float = 0.0
 
 
-def run_group(g: Group, gid: int, cfg: RunConfig, writer: RunWriter, work: Path, telemetry: Telemetry,
-              on_progress: ProgressFn, trace_dir: Path | None, deadline_unix: float | None = None) -> None:
+def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work: Path, telemetry: Telemetry,
+              on_progress: ProgressFn, trace_dir: Path | None, deadline_unix: float | None = None,
+              survivors: list[str] | None = None) -> None:
     """Run a group's cells (all their repeats, in rounds), relaunching after a timeout or a crash,
-    until every cell has a row."""
+    until every cell has a row. Processes of a launch still alive when it ended are killed and
+    named in ``survivors`` (and in the reason of the cell that was running)."""
+    survivors = survivors if survivors is not None else []
     pending = {c.cell_id: Pending(spec=c) for c in g.cells}
     attempt = 0
 
@@ -326,8 +519,16 @@ def run_group(g: Group, gid: int, cfg: RunConfig, writer: RunWriter, work: Path,
         del pending[c.cell_id]
         on_progress(Progress(kind="done", group=g.label, cell=c, status=row["status"]))
 
+    launch_notes: list[str] = []
+
+    def note(text: str) -> None:
+        survivors.append(text)
+        launch_notes.append(text)
+        log.warning(text)
+
     while pending:
         attempt += 1
+        launch_notes.clear()
         prefix = str(work / f"g{gid}-a{attempt}")
         gplan = GroupPlan(backend=g.backend, device=cfg.device, n_procs=g.n_procs, events_prefix=prefix,
                           pg_timeout_s=cfg.cell_timeout_s, trace_dir=str(trace_dir) if trace_dir else None,
@@ -342,50 +543,74 @@ def run_group(g: Group, gid: int, cfg: RunConfig, writer: RunWriter, work: Path,
         with open(logpath, "w") as logf:
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=child_env(g.n_procs),
                                     start_new_session=True)
+        tree = ProcessTree(proc, prefix + ".json")
         reader = EventReader(prefix, g.n_procs)
         current: CellSpec | None = None
         errors: dict[int, str] = {}
         started_any = stopped = False
         deadline = time.monotonic() + STARTUP_S + cfg.cell_timeout_s
         timed_out = False
+
+        def handle(ev: spec.Event) -> None:
+            """One event of a rank: a cell starts, fails on a rank, or is measured (its row)."""
+            nonlocal current, started_any, stopped, deadline
+            if isinstance(ev, spec.Stopped):
+                stopped = True
+                return
+            p = pending.get(ev.cell_id)
+            if p is None:
+                return
+            if isinstance(ev, spec.Start):
+                current, started_any = p.spec, True
+                deadline = time.monotonic() + cfg.cell_timeout_s
+                on_progress(Progress(kind="start", group=g.label, cell=p.spec))
+            elif isinstance(ev, spec.Error):
+                errors.setdefault(p.spec.cell_id, f"rank {ev.rank}: {ev.reason}")
+            elif isinstance(ev, spec.Measured):
+                samples = telemetry.take()
+                window = ev.ranks[0].window if ev.ranks and ev.ranks[0].window else None
+                p.telemetry.append(telemetry_means(samples, p.spec, window) if window else {})
+                telemetry.flush()
+                p.repeats.append(ev.ranks)
+                p.wall_s += ev.wall_s
+                current = None
+                deadline = time.monotonic() + cfg.cell_timeout_s
+                failed = any(r.status != "ok" for r in ev.ranks)
+                if failed or len(p.repeats) >= p.spec.measure.repeats:
+                    finish(p)
+
         try:
             while True:
+                tree.refresh()
                 exited = proc.poll() is not None
                 for ev in reader.poll():
-                    if isinstance(ev, spec.Stopped):
-                        stopped = True
-                        continue
-                    p = pending.get(ev.cell_id)
-                    if p is None:
-                        continue
-                    if isinstance(ev, spec.Start):
-                        current, started_any = p.spec, True
-                        deadline = time.monotonic() + cfg.cell_timeout_s
-                        on_progress(Progress(kind="start", group=g.label, cell=p.spec))
-                    elif isinstance(ev, spec.Error):
-                        errors.setdefault(p.spec.cell_id, f"rank {ev.rank}: {ev.reason}")
-                    elif isinstance(ev, spec.Measured):
-                        samples = telemetry.take()
-                        window = ev.ranks[0].window if ev.ranks and ev.ranks[0].window else None
-                        p.telemetry.append(telemetry_means(samples, p.spec, window) if window else {})
-                        telemetry.flush()
-                        p.repeats.append(ev.ranks)
-                        p.wall_s += ev.wall_s
-                        current = None
-                        deadline = time.monotonic() + cfg.cell_timeout_s
-                        failed = any(r.status != "ok" for r in ev.ranks)
-                        if failed or len(p.repeats) >= p.spec.measure.repeats:
-                            finish(p)
+                    handle(ev)
                 if exited:
                     break
                 if time.monotonic() > deadline:
                     timed_out = True
-                    _kill(proc)
+                    left = tree.kill()
+                    if left:  # ignored SIGTERM: worth knowing, its CPU time skewed the cell
+                        note(f"{g.label} attempt {attempt}: killed with SIGKILL after ignoring SIGTERM: "
+                             + ", ".join(left))
                     break
                 time.sleep(0.05)
-        except BaseException:
-            _kill(proc)
+        except BaseException as stop:
+            if isinstance(stop, KeyboardInterrupt):
+                # A cell measured just before the signal is finished: its row must not be lost.
+                try:
+                    for ev in reader.poll():
+                        if isinstance(ev, spec.Measured):
+                            handle(ev)
+                except Exception as e:  # noqa: BLE001 - stopping anyway; the kill below matters more
+                    log.warning("last events not recorded: %s", e)
+            tree.kill(grace_s=1.0)
             raise
+        # No process of this launch may outlive it (a rank that lost its agent would run on beside
+        # the next launch and skew its times): a survivor is killed and named.
+        left = tree.survivors(grace_s=2.0 if proc.returncode else 0.5)
+        if left:
+            note(f"{g.label} attempt {attempt}: still running after torchrun exited, killed: " + ", ".join(left))
         if stopped or (proc.returncode == 0 and not timed_out):
             # The worker ended its rounds (the time budget) or finished: cells keep the repeats they got.
             for p in list(pending.values()):
@@ -411,14 +636,94 @@ def run_group(g: Group, gid: int, cfg: RunConfig, writer: RunWriter, work: Path,
                           if started_any else f"group did not start within {STARTUP_S + cfg.cell_timeout_s:g}s")
             else:
                 status = "failed"
-                reason = f"worker exited with code {rc}: {_log_tail(logpath)}"
+                reason = crash_reason(prefix, logpath, rc, g.n_procs)
+            if launch_notes:
+                reason += "; " + "; ".join(launch_notes)
             telemetry.take()
             telemetry.flush()
             finish(pending[v.cell_id], status, reason)
 
 
-def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None) -> Path:
-    """Run the whole matrix; returns the run folder. Rows land on disk as cells finish."""
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped by a signal (SIGINT, SIGTERM, SIGHUP): cleaned up like Ctrl-C."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def check_out(out: str) -> None:
+    """The results folder can be created and written, before anything launches; a one-line
+    UserError naming the value and the fix otherwise."""
+    p = Path(out)
+    for part in p.parts:
+        if len(os.fsencode(part)) > 255:
+            raise UserError(f"--out {out[:40]!r}...: the name {part[:20]!r}... is {len(os.fsencode(part))} bytes, over "
+                            "the file system's 255; pass a shorter folder name")
+    if p.exists() and not p.is_dir():
+        raise UserError(f"--out {out!r} is a file, not a folder; pass a folder, e.g. --out results")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=p, prefix=".parbench-probe-"):
+            pass
+    except OSError as e:
+        why = "a part of the path is a file" if e.errno in (errno.ENOTDIR, errno.EEXIST) else e.strerror
+        raise UserError(f"--out {out!r} is not writable ({why}); pass a folder you can write to") from None
+
+
+def finished_cells(run_dir: Path) -> set[int]:
+    """cell_ids that already have a row in a run folder (any status: a row is final)."""
+    from bench.results import read_table
+
+    cells = read_table(run_dir, "cells")
+    if cells.empty or "cell_id" not in cells:
+        return set()
+    return {int(c) for c in cells["cell_id"].dropna()}
+
+
+def _open_run(cfg: RunConfig, metrics: list[Metric], resume: Path | None) -> tuple[Path, RunWriter, Path, set[int]]:
+    """(run folder, writer, work folder, cell_ids already done): a new run, or the folder of a run
+    to resume (appended to; its earlier work files kept)."""
+    if resume is None:
+        check_out(cfg.out)
+        run_dir = Path(cfg.out) / new_run_id()
+        writer = RunWriter(run_dir, cell_schema=cell_columns(metrics))
+        work = run_dir / "work"
+        work.mkdir()
+        return run_dir, writer, work, set()
+    run_dir = Path(resume)
+    done = finished_cells(run_dir)
+    writer = RunWriter(run_dir, cell_schema=cell_columns(metrics), resume=True)
+    n = 1 + sum(1 for _ in (run_dir / "work").glob("resume*"))
+    work = run_dir / "work" / f"resume{n}"
+    work.mkdir(parents=True)
+    set_aside_orphans(run_dir, done, work / "orphans")
+    return run_dir, writer, work, done
+
+
+def set_aside_orphans(run_dir: Path, done: set[int], to: Path) -> list[Path]:
+    """Steps and comm parts of cells that have no row (the run was killed between a cell's parts
+    and its row) move to ``to``: the cell runs again, and its rows must not appear twice."""
+    import pyarrow.parquet as pq
+
+    moved = []
+    for table in ("steps", "comm"):
+        for part in sorted((run_dir / f"{table}.parquet").glob("part-*.parquet")):
+            try:
+                ids = set(pq.read_table(part, columns=["cell_id"]).column("cell_id").to_pylist())
+            except Exception:  # noqa: BLE001 - an unreadable part is read_table's to report, by name
+                continue
+            if ids and not ids & done:
+                to.mkdir(parents=True, exist_ok=True)
+                dest = to / f"{table}-{part.name}"
+                os.replace(part, dest)
+                moved.append(dest)
+    return moved
+
+
+def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, resume: Path | None = None) -> Path:
+    """Run the whole matrix (or, with ``resume``, the cells that run folder has no row for, appended
+    to it); returns the run folder. Rows land on disk as cells finish."""
     cells, wls, metrics = plan(cfg, gpus)
     from bench.config import parse_duration
 
@@ -426,46 +731,78 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None) -> 
     plan_text = ""
     if budget_s is not None:
         cells, plan_text = budget_plan(cfg, cells, budget_s)
-    run_dir = Path(cfg.out) / new_run_id()
-    writer = RunWriter(run_dir, cell_schema=cell_columns(metrics))
-    work = run_dir / "work"
-    work.mkdir()
+    run_dir, writer, work, done = _open_run(cfg, metrics, resume)
+    become_subreaper()
+    cells = [p for p in cells if p.spec.cell_id not in done]
     trace_dir = run_dir / "traces" if cfg.trace else None
     if trace_dir:
-        trace_dir.mkdir()
+        trace_dir.mkdir(exist_ok=True)
     described = {n: w.description for n, w in wls.items()}
-    write_meta(run_dir, cfg.to_dict(), workloads=described, plan=plan_text)
+    extra: dict[str, Any] = {"resumed": sorted(done)} if resume is not None else {}
+    write_meta(run_dir, cfg.to_dict(), workloads=described, plan=plan_text, status="running", **extra)
     from bench.samplers import start_samplers
 
     sampler, notes = start_samplers(cfg.sample_hz, gpu=cfg.device == "cuda")
     telemetry = Telemetry(sampler, writer)
-    writer.append("cells", [failure_row(p.spec, status="skipped", reason=p.reason)
-                            for p in cells if p.reason is not None])
-    groups = group(cells)
-    report = on_progress or (lambda _p: None)
-    report(Progress(kind="plan", group="", n=runnable(cells)))
-    if plan_text:
-        report(Progress(kind="note", group="", text=plan_text))
-    deadline = time.time() + budget_s if budget_s else None
+    survivors: list[str] = []
+    status = "failed"  # what meta.json says if something unforeseen stops the run
     try:
+        writer.append("cells", [failure_row(p.spec, status="skipped", reason=p.reason)
+                                for p in cells if p.reason is not None])
+        groups = group(cells)
+        report = on_progress or (lambda _p: None)
+        report(Progress(kind="plan", group="", n=runnable(cells)))
+        if plan_text:
+            report(Progress(kind="note", group="", text=plan_text))
+        deadline = time.time() + budget_s if budget_s else None
         for gid, g in enumerate(groups):
-            if deadline is not None and time.time() > deadline:
+            # A group that cannot even start and build its cells before the deadline is not started.
+            needed = GROUP_START_S[cfg.device] + CELL_OVERHEAD_S[cfg.device] * min(len(g.cells), 3)
+            if deadline is not None and time.time() + needed > deadline:
                 for c in g.cells:
                     writer.add(failure_row(c, status="skipped", reason="time budget: the run's deadline passed "
                                                                      "before this cell's group"))
                     report(Progress(kind="done", group=g.label, cell=c, status="skipped"))
                 continue
             report(Progress(kind="group", group=g.label, n=len(g.cells)))
-            run_group(g, gid, cfg, writer, work, telemetry, report, trace_dir, deadline)
+            run_group(g, gid, cfg, writer, work, telemetry, report, trace_dir, deadline, survivors)
+        status = "complete"
+    except Interrupted as e:
+        status = f"interrupted by {signal.Signals(e.signum).name}"
+        raise
+    except KeyboardInterrupt:
+        status = "interrupted by SIGINT"
+        raise
+    except UserError as e:
+        status = f"stopped: {e}"
+        raise
     finally:
+        _finish_meta(run_dir, cfg, sampler, notes, telemetry, described=described, plan=plan_text, status=status,
+                     survivors=survivors, **extra)
+    # One part per table from here on (reading a long run's thousands of parts costs seconds);
+    # only after a complete run: an interrupted one keeps its parts for --resume.
+    writer.compact()
+    return run_dir
+
+
+def _finish_meta(run_dir: Path, cfg: RunConfig, sampler, notes: dict, telemetry: Telemetry, **more: Any) -> None:
+    """Stop the sampler and write the final meta.json; a full disk here must not hide the error
+    that stopped the run (it is logged instead)."""
+    try:
         if sampler is not None:
             sampler.stop()
             notes.update(sampler.notes())
             telemetry.take()
             telemetry.flush()
-        write_meta(run_dir, cfg.to_dict(), workloads=described, telemetry=notes, plan=plan_text,
-                   sample_hz=cfg.sample_hz, sampler_ticks=sampler.ticks if sampler else 0)
-    return run_dir
+    except (OSError, UserError) as e:
+        log.warning("samples of the last cell not written: %s", e)
+    described = more.pop("described")
+    try:
+        write_meta(run_dir, cfg.to_dict(), workloads=described, telemetry=notes, sample_hz=cfg.sample_hz,
+                   sampler_ticks=sampler.ticks if sampler else 0, interrupted=more["status"].startswith("interr"),
+                   **more)
+    except (OSError, UserError) as e:
+        log.warning("meta.json not updated: %s", e)
 
 
 def runnable(cells: list[Planned]) -> int:

@@ -222,7 +222,6 @@ def registry(strategy_metrics: Iterable[Metric] = ()) -> list[Metric]:
 def all_metrics() -> list[Metric]:
     """The registry over every built-in strategy (what the summary, report and compare read)."""
     import strategies
-
     from bench.serve.schema import SERVE_METRICS
 
     return registry([*(m for cls in strategies.REGISTRY.values() for m in cls.columns()), *SERVE_METRICS])

@@ -67,7 +67,10 @@ def parse_threshold(text: str) -> float:
         v = float(t.rstrip("%"))
     except ValueError:
         raise UserError(f"threshold {text!r} is not a number; e.g. --threshold 5%") from None
-    frac = v / 100 if (t.endswith("%") or v >= 1) else v
+    if not t.endswith("%") and v >= 1:  # "1" is 1%? "0.999" 99.9%? say it with a unit instead
+        raise UserError(f"threshold {text!r} is ambiguous; write it as a percentage ({v:g}%) or a fraction "
+                        f"({v / 100:g})")
+    frac = v / 100 if t.endswith("%") else v
     if not 0 < frac < 1:
         raise UserError(f"threshold {text!r} must be between 0% and 100%; e.g. --threshold 5%")
     return frac
@@ -352,7 +355,8 @@ def _verdict(r: pd.Series, row: dict, bs: dict, cs: dict, run_diff: list[str], c
         return ("fixed", "") if ok_c else ("not run", "")
     # A cell that trains another model than one device is broken however fast it got.
     par_b, par_c = r.get("parity_ok_b"), r.get("parity_ok_c")
-    if par_c is not None and not pd.isna(par_c) and not bool(par_c) and (par_b is None or pd.isna(par_b) or bool(par_b)):
+    was_ok = par_b is None or pd.isna(par_b) or bool(par_b)
+    if par_c is not None and not pd.isna(par_c) and not bool(par_c) and was_ok:
         return "broken", "parity with one device failed"
     diffs = list(run_diff)
     for dim in DIMENSIONS:

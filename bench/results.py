@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -48,8 +49,11 @@ SAMPLE_COLUMNS: dict[str, str] = {
 }
 #: cells.parquet columns of the core registry (strategies' declared columns follow)
 CELL_COLUMNS: dict[str, str] = {m.name: m.dtype for m in CORE}
-#: relative tolerance of the parity check, by precision
+#: relative tolerance of the parity check, by precision, over the first PARITY_STEPS steps: a
+#: legitimate reordering of sums (micro-batches, buckets) differs by float rounding that training
+#: then amplifies step after step, so the adaptive loops' longer runs are compared on a fixed horizon
 PARITY_TOL = {"fp32": 1e-5, "bf16": 2e-2}
+PARITY_STEPS = 25
 _ARROW = {"string": pa.string(), "Int64": pa.int64(), "float64": pa.float64(), "boolean": pa.bool_()}
 
 
@@ -99,8 +103,10 @@ def global_losses(steps: pd.DataFrame) -> pd.Series:
 
 def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """The columns that need other cells, computed when a run is read: parity against the
-    single-device reference of the same workload/device/precision (cells that check their own
-    parity keep their error), and scaling efficiency against its throughput."""
+    single-device reference that trained the same global batch (same workload, device, precision;
+    cells that check their own parity keep their error), and scaling efficiency against the
+    reference of the same global batch (strong) or the same batch per device (weak), flagged where
+    it cannot be read as a number. Lookups are by key, so reading a run is linear in its cells."""
     cells = cells.copy()
     for col, dtype in (("scaling_efficiency", "float64"), ("scaling_note", "string"), ("parity_rel_err", "float64"),
                        ("parity_tol", "float64"), ("parity_ok", "boolean")):
@@ -109,62 +115,63 @@ def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     if cells.empty:
         return cells
     losses = global_losses(steps) if not steps.empty else pd.Series(dtype=float)
+    by_cell = {cid: g.droplevel(0) for cid, g in losses.groupby(level=0)} if len(losses) else {}
     ok = cells["status"] == "ok"
     refs = cells[ok & (cells["role"] == "reference")] if "role" in cells else cells.iloc[:0]
     if refs.empty and "strategy" in cells:  # runs written before the role column said so
         refs = cells[ok & (cells["strategy"] == "single")]
-    for i, row in cells[ok].iterrows():
-        tol = PARITY_TOL.get(str(row["precision"]), 1e-5)
-        if str(row.get("role")) == "independent":  # checked its own parity (collaborating models)
-            if pd.notna(row["parity_rel_err"]):
-                cells.at[i, "parity_tol"] = tol
-                cells.at[i, "parity_ok"] = bool(row["parity_rel_err"] <= tol)
-        same = refs[(refs["workload"] == row["workload"]) & (refs["device"] == row["device"])
-                    & (refs["precision"] == row["precision"])]
-        if same.empty:
-            continue
-        gb = row.get("global_batch")
-        weak = str(row.get("scaling")) == "weak"
-        # Scaling: against the single device of the same global batch (strong) or of the same batch
-        # per device (weak); parity: against the single device that trained the same global batch.
-        base_gb = gb // row["world_size"] if (weak and pd.notna(gb)) else gb
-        scale_ref = _pick(same, base_gb)
-        tput = scale_ref["throughput_samples_s"] if scale_ref is not None else None
-        if tput is not None and pd.notna(tput) and tput > 0 and pd.notna(row["throughput_samples_s"]):
-            eff = row["throughput_samples_s"] / (row["world_size"] * tput)
-            cells.at[i, "scaling_efficiency"] = eff
+    has_gb = "global_batch" in cells
+    ref_by: dict[tuple, Any] = {}
+    for r in refs.itertuples():
+        ref_by.setdefault((r.workload, r.device, r.precision, r.global_batch if has_gb else None), r)
+        ref_by.setdefault((r.workload, r.device, r.precision, "any"), r)
+    eff, note, err_col, tol_col, ok_col = ({} for _ in range(5))
+    for r in cells[ok].itertuples():
+        i = r.Index
+        tol = PARITY_TOL.get(str(r.precision), 1e-5)
+        role = str(getattr(r, "role", ""))
+        if role == "independent" and pd.notna(r.parity_rel_err):  # checked its own parity
+            tol_col[i], ok_col[i] = tol, bool(r.parity_rel_err <= tol)
+        gb = r.global_batch if has_gb and pd.notna(r.global_batch) else None
+        weak = str(getattr(r, "scaling", "strong")) == "weak"
+        base_gb = gb // r.world_size if (weak and gb is not None) else gb
+
+        def find(batch):
+            return ref_by.get((r.workload, r.device, r.precision, batch if batch is not None else "any"))
+
+        scale_ref = find(base_gb)
+        tput = getattr(scale_ref, "throughput_samples_s", None) if scale_ref is not None else None
+        if tput is not None and pd.notna(tput) and tput > 0 and pd.notna(r.throughput_samples_s):
+            e = r.throughput_samples_s / (r.world_size * tput)
+            eff[i] = e
             notes = []
-            if eff > EFFICIENCY_MAX:
-                notes.append(f"efficiency {eff:.2f} > {EFFICIENCY_MAX}: not physical, noise or a slow reference")
-            if "stable" in scale_ref and scale_ref["stable"] is False:
+            if e > EFFICIENCY_MAX:
+                notes.append(f"efficiency {e:.2f} > {EFFICIENCY_MAX}: not physical, noise or a slow reference")
+            stable = getattr(scale_ref, "stable", None)
+            if stable is not None and not pd.isna(stable) and not bool(stable):
                 notes.append("the single-device reference is not stable")
             if notes:
-                cells.at[i, "scaling_note"] = "; ".join(notes)
-        ref = _pick(same, gb)
-        if ref is None or str(row.get("role")) == "independent":
+                note[i] = "; ".join(notes)
+        ref = find(gb)
+        if ref is None or role == "independent":
             continue
-        try:
-            mine, theirs = losses.loc[row["cell_id"]], losses.loc[ref["cell_id"]]
-        except KeyError:
+        mine, theirs = by_cell.get(r.cell_id), by_cell.get(ref.cell_id)
+        if mine is None or theirs is None:
             continue
         # Adaptive warm-up and timed loops take different numbers of steps; the steps both ran on
-        # the same batches are compared (at least the planned ones).
+        # the same batches are compared.
         common = mine.index.intersection(theirs.index)
-        if len(common) == 0 or len(common) < min(len(mine), len(theirs)):
+        if len(common) == 0 or len(common) < min(len(mine), len(theirs), PARITY_STEPS):
             continue
+        common = common[common < PARITY_STEPS]
         a, b = mine.loc[common].to_numpy(), theirs.loc[common].to_numpy()
         err = float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-12)))
-        cells.at[i, "parity_rel_err"] = err
-        cells.at[i, "parity_tol"] = tol
-        cells.at[i, "parity_ok"] = bool(err <= tol)
+        err_col[i], tol_col[i], ok_col[i] = err, tol, bool(err <= tol)
+    for col, vals in (("scaling_efficiency", eff), ("scaling_note", note), ("parity_rel_err", err_col),
+                      ("parity_tol", tol_col), ("parity_ok", ok_col)):
+        if vals:
+            cells.loc[list(vals), col] = pd.Series(vals, dtype=cells[col].dtype)
     return cells
-
-
-def _pick(refs: pd.DataFrame, global_batch) -> pd.Series | None:
-    """The reference of that global batch (any, for runs without the column)."""
-    if "global_batch" in refs and pd.notna(global_batch):
-        refs = refs[refs["global_batch"] == global_batch]
-    return refs.iloc[0] if len(refs) else None
 
 
 class RunWriter:
@@ -200,9 +207,36 @@ class RunWriter:
         try:
             pq.write_table(data, tmp)
             os.replace(tmp, folder / name)
+        except OSError as e:
+            # A full disk (ENOSPC), a quota or a folder gone read-only: the parts already written
+            # stay whole; the run stops with one line and can be resumed once there is room.
+            _unlink_quietly(tmp)
+            raise UserError(f"cannot write {folder / name} ({e.strerror or e}); the finished cells are kept: free "
+                            f"space and run parbench run --resume {self.dir}") from None
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            _unlink_quietly(tmp)
             raise
+
+    def compact(self) -> None:
+        """Merge each table's parts into one (at the end of a run: reading 1,000 parts costs
+        seconds, one part milliseconds). The merged table is written beside the parts and swapped
+        in with renames, so a killed compaction leaves either the parts or the merged table."""
+        for name in self.schemas:
+            folder = self.dir / f"{name}.parquet"
+            parts = sorted(folder.glob("part-*.parquet")) if folder.is_dir() else []
+            if len(parts) < 2:
+                continue
+            table = read_table(self.dir, name)
+            tmp = self.dir / f".{name}.parquet.compact"
+            old = self.dir / f".{name}.parquet.old"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
+            tmp.mkdir()
+            data = pa.Table.from_pandas(table, preserve_index=False)
+            pq.write_table(data, tmp / f"part-{next(self._seq):06d}.parquet")
+            os.replace(folder, old)
+            os.replace(tmp, folder)
+            shutil.rmtree(old, ignore_errors=True)
 
     def add(self, row: dict[str, Any], steps: Sequence[dict[str, Any]] = (),
             comm: Sequence[dict[str, Any]] = ()) -> None:
@@ -211,6 +245,13 @@ class RunWriter:
         self.append("steps", steps)
         self.append("comm", comm)
         self.append("cells", [row])
+
+
+def _unlink_quietly(p: Path) -> None:
+    try:
+        p.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _part_seq(p: Path) -> int:
@@ -237,14 +278,21 @@ def read_table(run_dir: str | os.PathLike, name: str, schema: dict[str, str] | N
     frame with ``schema``'s columns when absent. Raises UserError naming a part that cannot be read."""
     path = Path(run_dir) / f"{name}.parquet"
     if not path.exists():
+        # A compaction killed between its two renames leaves the parts under this name.
+        old = Path(run_dir) / f".{name}.parquet.old"
+        if old.is_dir():
+            os.replace(old, path)
+    if not path.exists():
         return frame([], schema or {})
     files = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
     if not files:
         return frame([], schema or {})
     try:
-        # One dataset over every part (read in parallel); parts of a resumed run may hold columns
-        # the first part lacks, so the schema is the union of the parts'.
-        unified = pa.unify_schemas([pq.read_schema(f) for f in files], promote_options="permissive")
+        # One dataset over every part (read in parallel). Every part of one writer has one schema
+        # (the registry's); a resumed run appends parts whose schema may add columns, so the first
+        # and the last part's schemas are unified (reading all of them costs a second per 1,000).
+        ends = [files[0]] if len(files) == 1 else [files[0], files[-1]]
+        unified = pa.unify_schemas([pq.read_schema(f) for f in ends], promote_options="permissive")
         table = ds.dataset([str(f) for f in files], schema=unified, format="parquet").to_table()
     except (OSError, pa.ArrowException):
         table = _read_parts_one_by_one(files)
@@ -272,6 +320,10 @@ def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, di
         raise UserError(f"{d} is not a parbench run folder (no cells.parquet); pass results/<run-id>")
     cells = read_table(d, "cells")
     require_columns(cells, ["workload", "strategy", "backend", "world_size", "status"], str(d / "cells.parquet"))
+    missing = cells["cell_id"][cells["status"].isna()] if "cell_id" in cells else cells.index[cells["status"].isna()]
+    if len(missing):  # every row parbench writes has one: this table was edited or damaged
+        raise UserError(f"{d / 'cells.parquet'}: cell(s) {', '.join(map(str, list(missing)[:5]))} have no status; "
+                        "restore the run folder or move the damaged part aside")
     from bench.metrics import all_metrics
 
     cells = frame(cells, {m.name: m.dtype for m in all_metrics() if m.name in cells or m.name == "role"})
@@ -352,5 +404,12 @@ def write_meta(run_dir: Path, config: dict[str, Any], **more: Any) -> dict[str, 
         except (OSError, ValueError):
             pass
     meta["updated_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    (run_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+    tmp = run_dir / ".meta.json.tmp"
+    try:  # whole or not at all: a reader never sees half a meta.json
+        tmp.write_text(json.dumps(meta, indent=2, default=str))
+        os.replace(tmp, run_dir / "meta.json")
+    except OSError as e:
+        _unlink_quietly(tmp)
+        raise UserError(f"cannot write {run_dir / 'meta.json'} ({e.strerror or e}); free space or pass a writable "
+                        "--out") from None
     return meta

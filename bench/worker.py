@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -145,8 +146,10 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = 
                       devices=devices, backend=cell.backend, seed=m.seed, precision=m.precision, lr=m.lr,
                       options=dict(cell.options))
         if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
             out.gpu_name = torch.cuda.get_device_name(device)
+            # What every device held before this cell (the group's warm-up tensors, caches): a
+            # device counts as used only if the cell's training grew it.
+            before = [torch.cuda.memory_allocated(d) for d in devices]
         backend = backends.get(cell.backend)
         # Every strategy gets the same global batches, staged on the device before timing starts.
         most = max(m.warmup, m.warmup_max) + max(m.steps, m.steps_max)
@@ -172,7 +175,9 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = 
         out.warmup_steps = len(losses)
         meter = EnergyMeter([d.index for d in devices]) if device.type == "cuda" else None
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            for d in devices:  # the peak of training, not of building the full model before sharding it
+                torch.cuda.synchronize(d)
+                torch.cuda.reset_peak_memory_stats(d)
         e0, t0 = (meter.read() if meter else None), time.time()
         # Timed: the asked steps, then more in chunks until the median's interval is narrow enough,
         # the step cap or the time cap.
@@ -190,6 +195,10 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = 
                 run_steps(timer, min(CHUNK, m.steps_max - x.size))
         out.times = timer.times()  # synchronises the device
         t1, e1 = time.time(), (meter.read() if meter else None)
+        if device.type == "cuda":
+            peaks = [torch.cuda.max_memory_allocated(d) for d in devices]
+            out.peak_mem = float(max(peaks))
+            out.devices_used = sum(p - b > 2**20 for p, b in zip(peaks, before))
         out.window = (t0, t1)
         out.starts = timer.starts(t0)
         if e0 is not None and e1 is not None:
@@ -217,10 +226,6 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = 
             out.metrics.update(step.finish())
         if step.self_parity is not None:
             out.self_parity = step.self_parity()
-        if device.type == "cuda":
-            peaks = [torch.cuda.max_memory_allocated(d) for d in devices]
-            out.peak_mem = float(max(peaks))
-            out.devices_used = sum(p > 0 for p in peaks)
     except Exception as e:  # noqa: BLE001 - a failing cell is a row, not a crash
         out.status, out.reason = "failed", one_line(e)
         if os.environ.get("PARBENCH_DEBUG"):
@@ -271,8 +276,72 @@ def rounds(plan: GroupPlan) -> list[list[tuple[CellSpec, int]]]:
     return out
 
 
+LAUNCHER_ENV = "PARBENCH_LAUNCHER_PID"  # bench.launch.LAUNCHER_ENV (not imported: keeps ranks light)
+WATCHDOG_EXIT = 70  # a rank that left because its launcher or torchrun agent is gone
+WATCHDOG_POLL_S = 0.5
+
+
+def _alive(p) -> bool:
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def start_watchdog(err_path: Path) -> None:
+    """Exit this rank when the launcher or the torchrun agent is gone (killed, even by SIGKILL,
+    which nothing can catch): otherwise the rank would run the group's remaining cells, or hang in
+    a collective, with nobody left to read its results or stop it. The agent is gone when this
+    process is re-parented (to the launcher, a subreaper, or to init)."""
+    import psutil
+
+    agent = os.getppid()
+    launcher = None
+    if os.environ.get(LAUNCHER_ENV, "").isdigit():
+        try:
+            launcher = psutil.Process(int(os.environ[LAUNCHER_ENV]))
+        except psutil.Error:  # killed while this rank was importing torch
+            _write_error(err_path, "watchdog: the launcher is gone; this rank exits")
+            os._exit(WATCHDOG_EXIT)
+
+    def watch() -> None:
+        while True:
+            time.sleep(WATCHDOG_POLL_S)
+            gone = ("torchrun agent" if os.getppid() != agent
+                    else "launcher" if launcher is not None and not _alive(launcher) else None)
+            if gone:
+                _write_error(err_path, f"watchdog: the {gone} is gone; this rank exits")
+                os._exit(WATCHDOG_EXIT)
+
+    threading.Thread(target=watch, name="parbench-watchdog", daemon=True).start()
+
+
+def _write_error(path: Path, line: str) -> None:
+    """One error line into this rank's own error file, for the launcher's failure row."""
+    try:
+        with open(path, "a") as f:
+            f.write(line.replace("\n", " ") + "\n")
+    except OSError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     plan: GroupPlan = spec.load(GroupPlan, Path((argv or sys.argv[1:])[0]).read_text())
+    rank = int(os.environ["RANK"])
+    err_path = Path(plan.events_prefix + f"-r{rank}.err")
+    start_watchdog(err_path)
+    try:
+        return _main(plan)
+    except BaseException as e:
+        # The launcher names this line in the failure row (torchrun's own summary says only
+        # "To enable traceback see ..."); the traceback still goes to the log.
+        _write_error(err_path, one_line(e))
+        raise
+
+
+def _main(plan: GroupPlan) -> int:
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     backend = backends.get(plan.backend)
     if plan.device == "cuda":
@@ -293,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     precisions = {c.measure.precision for c in plan.cells}
     warm_group(device, "bf16" if "bf16" in precisions else "fp32", tuple(extra))
     try:
+        failed_cells: set[int] = set()
         for r, order in enumerate(rounds(plan)):
             if r > 0 and plan.deadline_unix is not None:
                 late = [time.time() > plan.deadline_unix]
@@ -302,7 +372,21 @@ def main(argv: list[str] | None = None) -> int:
                         events.emit(spec.Stopped(reason="time budget: no time left for another round", t=time.time(),
                                                  rounds_done=r))
                     break
+            stop = False
             for cell, repeat in order:
+                if cell.cell_id in failed_cells:  # failed once: its later repeats are not run
+                    continue
+                if plan.deadline_unix is not None:
+                    # Past the run's deadline no new cell starts (its build and warm-up alone could
+                    # overrun the budget); one decision for every rank.
+                    late = [time.time() > plan.deadline_unix]
+                    dist.broadcast_object_list(late, src=0)
+                    if late[0]:
+                        if rank == 0:
+                            events.emit(spec.Stopped(reason="time budget: the deadline passed", t=time.time(),
+                                                     rounds_done=r))
+                        stop = True
+                        break
                 if rank == 0:
                     events.emit(spec.Start(cell_id=cell.cell_id, t=time.time(), repeat=repeat))
                 t0 = time.perf_counter()
@@ -311,9 +395,13 @@ def main(argv: list[str] | None = None) -> int:
                     events.emit(spec.Error(cell_id=cell.cell_id, rank=rank, reason=mine.reason, t=time.time()))
                 per_rank: list[Any] = [None] * dist.get_world_size()
                 dist.all_gather_object(per_rank, mine)
+                if any(m.status != "ok" for m in per_rank):  # every rank sees the same list
+                    failed_cells.add(cell.cell_id)
                 if rank == 0:
                     events.emit(spec.Measured(cell_id=cell.cell_id, wall_s=time.perf_counter() - t0,
                                               ranks=per_rank, t=time.time(), repeat=repeat))
+            if stop:
+                break
     finally:
         # Without this, gloo can abort at interpreter exit: its run-loop thread frees work during
         # finalisation (seen in 2-11 of 20 runs on CPU; 0 of 20 with the explicit destroy).

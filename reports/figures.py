@@ -71,8 +71,9 @@ def scaling_lines(cells: pd.DataFrame, workload: str, ax=None):
     for (strat, backend, mode), g in d.groupby(["strategy", "backend", d["scaling"].fillna("strong")]):
         g = g.sort_values("world_size")
         if g["world_size"].nunique() > 1:
-            ax.plot(g["world_size"], g["scaling_efficiency"], marker="o", lw=1,
-                    ls="-" if mode != "weak" else ":", label=f"{strat} {backend}" + (" (weak)" if mode == "weak" else ""))
+            label = f"{strat} {backend}" + (" (weak)" if mode == "weak" else "")
+            ax.plot(g["world_size"], g["scaling_efficiency"], marker="o", lw=1, ls="-" if mode != "weak" else ":",
+                    label=label)
     sizes = sorted(int(x) for x in _ok(cells, workload)["world_size"].unique())
     ax.set_xticks(sizes)
     ax.axhline(1.0, color="k", ls="--", lw=0.8, label="ideal")

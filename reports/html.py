@@ -232,7 +232,7 @@ def build_report(run_dir: Path, out: Path | None = None, *, baseline: Path | Non
     cols = table_columns(cells.columns)
     _, excluded = candidates(cells)
     rows = []
-    for i, r in cells.iterrows():
+    for _, r in cells.iterrows():
         bad = r["status"] in ("failed", "timeout") or r.get("parity_ok") is False
         warn = is_false(r.get("stable")) or pd.notna(r.get("scaling_note", None))
         rows.append({"cls": "bad" if bad else ("warn" if warn else ""), "vals": [m.show(r.get(m.name)) for m in cols]})

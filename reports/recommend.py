@@ -88,6 +88,9 @@ def reason(r: pd.Series, gpu_mem: float | None = None) -> str:
         parts.append(f"compute-bound (MFU {mfu:.0%})" if pd.notna(mfu) else "compute-bound")
     if is_false(r.get("stable")):
         parts.append(f"noisy: {r.get('noise')}")
+    note = r.get("scaling_note")
+    if note is not None and not pd.isna(note):
+        parts.append(f"scaling: {note}")
     return "; ".join(parts)
 
 

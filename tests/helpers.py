@@ -150,3 +150,88 @@ class KnownCommOverlap(KnownCommSerial):
     # 2 cores (which stretches a 16 MiB all-reduce past 100 ms here): 256 KiB under 64 matmuls.
     matmuls = 64
     numel = 2**16
+
+
+# --- Faults (tests/distributed/test_faults.py): each must become a row with its status and reason,
+# and leave no process behind.
+
+class KillsRank(Strategy):
+    """The last rank SIGKILLs itself in the middle of the cell's steps (a segfault, the OOM killer)."""
+
+    name = "test-killsrank"
+    summary = needs = "test only"
+
+    def prepare(self, wl: Workload, ctx: Context) -> Step:
+        import os
+        import signal
+
+        model = wl.build(ctx.device)
+        opt = make_optimizer(model.parameters(), ctx)
+        calls = [0]
+
+        def run(b):
+            calls[0] += 1
+            if ctx.rank == ctx.world_size - 1 and calls[0] == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return train_step(model, wl, ctx, opt, local_share(b, ctx))
+
+        return Step(run=run, loss_weight=1.0 / ctx.world_size)
+
+
+class HangsInCollective(Strategy):
+    """Rank 0 waits in an all-reduce the last rank never joins; the last rank also ignores SIGTERM,
+    so stopping it takes the launcher's SIGKILL."""
+
+    name = "test-hangs-collective"
+    summary = needs = "test only"
+
+    def prepare(self, wl: Workload, ctx: Context) -> Step:
+        import signal
+
+        import torch
+
+        def run(_b):
+            if ctx.rank == ctx.world_size - 1:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                time.sleep(3600)
+            dist.all_reduce(torch.ones(4))
+            return None
+
+        return Step(run=run, loss_weight=0.0)
+
+
+class OutOfMemory(Strategy):
+    """The last rank raises what torch raises when the GPU is full (with brackets in the text, which
+    a terminal must show verbatim)."""
+
+    name = "test-oom"
+    summary = needs = "test only"
+
+    def prepare(self, wl: Workload, ctx: Context) -> Step:
+        import torch
+
+        def run(_b):
+            if ctx.rank == ctx.world_size - 1:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB [/x] [bold]err == 0.[/]")
+            return None
+
+        return Step(run=run, loss_weight=0.0)
+
+
+def broken_batches(*, seed: int = 0, global_batch: int = 8) -> Workload:
+    """A user workload that plans fine but whose data loader raises inside the ranks."""
+    from bench.workloads import resolve
+
+    wl = resolve("mlp", seed=seed, global_batch=global_batch)
+
+    def batch(step: int):
+        raise ValueError(f"broken user data loader at step {step}")
+
+    import dataclasses
+
+    return dataclasses.replace(wl, name="broken-batches", batch=batch)
+
+
+def factory_raises(*, seed: int = 0) -> Workload:
+    """A user workload factory that raises while the run is planned."""
+    raise RuntimeError("deliberate failure in the factory [/x]")

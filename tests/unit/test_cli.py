@@ -34,3 +34,154 @@ def test_list_names_everything(capsys):
     out = capsys.readouterr().out
     for name in ("mlp", "convnet", "gpt-tiny", "gpt-200m", "single", "dataparallel", "ddp", "allreduce-bucketed"):
         assert name in out
+
+
+def _fake_groups(monkeypatch, seen: list[int], stop_after: int | None = None):
+    """launch.run_group replaced by one that writes a failed row per cell without starting torchrun,
+    and raises SIGTERM's Interrupted after ``stop_after`` cells (as the signal handler would)."""
+    import signal as _signal
+
+    from bench import launch
+    from bench.rows import failure_row
+
+    def fake(g, gid, cfg, writer, *a, **k):
+        for c in g.cells:
+            if stop_after is not None and len(seen) >= stop_after:
+                raise launch.Interrupted(_signal.SIGTERM)
+            seen.append(c.cell_id)
+            writer.add(failure_row(c, status="failed", reason="fake"))
+
+    monkeypatch.setattr(launch, "run_group", fake)
+
+
+def test_sigterm_then_resume_runs_only_the_missing_cells(tmp_path, monkeypatch, capsys):
+    import json
+
+    from bench.results import read_table
+
+    args = ["run", "--out", str(tmp_path), "--device", "cpu", "--workloads", "mlp", "--strategies", "ddp,fsdp",
+            "--world-sizes", "1,2", "--sample-hz", "0", "--no-progress"]
+    first: list[int] = []
+    _fake_groups(monkeypatch, first, stop_after=2)
+    assert main(args) == 143
+    assert "interrupted by SIGTERM" in capsys.readouterr().err
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["interrupted"] is True and meta["status"] == "interrupted by SIGTERM"
+    assert sorted(read_table(run_dir, "cells")["cell_id"]) == sorted(first)
+
+    second: list[int] = []
+    _fake_groups(monkeypatch, second)
+    assert main(["run", "--resume", str(run_dir), "--no-progress"]) == 0
+    assert second and not set(first) & set(second)  # only what the first run had not finished
+    ids = read_table(run_dir, "cells")["cell_id"].tolist()
+    assert len(ids) == len(set(ids)) and set(first) | set(second) <= set(ids)
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["status"] == "complete" and meta["interrupted"] is False and meta["resumed"] == sorted(first)
+    assert (run_dir / "work" / "resume1").is_dir()
+
+
+def test_disk_full_mid_run_stops_with_one_line_and_keeps_finished_cells(tmp_path, monkeypatch, capsys):
+    """ENOSPC on the second cell's part: exit 2, one line naming the fix, the first cell kept, no
+    temporary file, meta.json says why the run stopped."""
+    import errno
+    import json
+
+    import pyarrow.parquet as pq
+
+    from bench import launch
+    from bench.results import read_table
+    from bench.rows import failure_row
+
+    real = pq.write_table
+
+    written: list[int] = []
+
+    def fake(g, gid, cfg, writer, *a, **k):
+        for c in g.cells:
+            if written:
+                def full(table, where, *a, **k):
+                    open(where, "wb").write(b"PAR1")
+                    raise OSError(errno.ENOSPC, "No space left on device")
+
+                monkeypatch.setattr(pq, "write_table", full)
+            writer.add(failure_row(c, status="failed", reason="fake"))
+            written.append(c.cell_id)
+
+    monkeypatch.setattr(launch, "run_group", fake)
+    code = main(["run", "--out", str(tmp_path), "--device", "cpu", "--workloads", "mlp", "--strategies", "ddp",
+                 "--world-sizes", "1,2", "--sample-hz", "0", "--no-progress"])
+    monkeypatch.setattr(pq, "write_table", real)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "No space left on device" in err and "--resume" in err
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert (read_table(run_dir, "cells")["status"] == "failed").sum() == 1
+    assert not list(run_dir.rglob("*.tmp"))
+    assert json.loads((run_dir / "meta.json").read_text())["status"].startswith("stopped: cannot write")
+
+
+TORCHRUN_LOG = """\
+[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4242
+E1126 10:06:31.080000 27500 api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 27521) of binary: python
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+=======================================================
+bench.worker FAILED
+-------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-26_10:06:31
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 27519)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+-------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-26_10:06:30
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 27521)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 27521
+=======================================================
+"""
+
+
+def test_crash_reason_names_the_root_cause_rank_its_signal_and_a_real_error_line(tmp_path):
+    from bench.launch import crash_reason, exit_text
+
+    log = tmp_path / "g0-a1.log"
+    log.write_text(TORCHRUN_LOG)
+    prefix = str(tmp_path / "g0-a1")
+    (tmp_path / "g0-a1-r0.err").write_text("RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:4242\n")
+    reason = crash_reason(prefix, log, 1, 2)
+    assert reason.startswith("rank 1 exited with signal 9 (SIGKILL): no error line from it; rank 0: RuntimeError")
+    assert "To enable traceback" not in reason and "error_file" not in reason
+    (tmp_path / "g0-a1-r1.err").write_text("first\nValueError: the last line [/x]\n")
+    assert crash_reason(prefix, log, 1, 2) == "rank 1 exited with signal 9 (SIGKILL): ValueError: the last line [/x]"
+    # the agent itself killed: no summary in its log, the ranks' own lines say what happened
+    log.write_text("W1126 starting\n")
+    assert crash_reason(prefix, log, -9, 2).startswith("torchrun exited with signal 9 (SIGKILL); rank 0: ")
+    assert exit_text(3) == "exit code 3" and exit_text(-15) == "signal 15 (SIGTERM)"
+
+
+def test_summary_and_compare_print_brackets_verbatim(tmp_path):
+    """Names and reasons with rich markup in them are printed as they are, never interpreted."""
+    import io
+
+    import pandas as pd
+    from rich.console import Console
+
+    from bench.results import RunWriter
+    from bench.summary import print_compare, print_summary
+
+    d = tmp_path / "run"
+    RunWriter(d).append("cells", [{"cell_id": 0, "workload": "w[/x]", "strategy": "s[bold]", "backend": "gloo",
+                                   "world_size": 2, "status": "failed", "reason": "RuntimeError: [/x] err == 0."}])
+    buf = io.StringIO()
+    print_summary(d, Console(file=buf, width=300))
+    assert "w[/x]" in buf.getvalue() and "failed: RuntimeError: [/x] err == 0." in buf.getvalue()
+    table = pd.DataFrame([{"workload": "w[/x]", "strategy": "[bold]s", "backend": "gloo", "world_size": 2,
+                           "base_tput": 1.0, "cur_tput": 2.0, "change": 1.0, "ci_overlap": False, "verdict": "[red]x"}])
+    buf = io.StringIO()
+    print_compare(table, 0.05, Console(file=buf, width=300))
+    assert "[bold]s" in buf.getvalue() and "[red]x" in buf.getvalue()

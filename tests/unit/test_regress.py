@@ -173,14 +173,16 @@ def test_calibration_on_recorded_distributions(repeats):
     assert (resolvable["verdict"] == "regression").mean() >= 0.95
 
 
-@pytest.mark.parametrize("text, frac", [("5%", 0.05), ("5", 0.05), ("0.05", 0.05), ("12.5%", 0.125)])
+@pytest.mark.parametrize("text, frac", [("5%", 0.05), ("0.05", 0.05), ("12.5%", 0.125), ("0.999", 0.999)])
 def test_threshold_parsing(text, frac):
     assert parse_threshold(text) == pytest.approx(frac)
 
 
-def test_bad_threshold():
-    with pytest.raises(UserError, match="'five'"):
-        parse_threshold("five")
+@pytest.mark.parametrize("text, needle", [("five", "'five'"), ("5", "ambiguous.*5%.*0.05"), ("1", "ambiguous"),
+                                          ("100%", "between 0% and 100%")])
+def test_bad_threshold(text, needle):
+    with pytest.raises(UserError, match=needle):
+        parse_threshold(text)
 
 
 def test_real_pair_bookkeeping(tmp_path):

@@ -1,0 +1,121 @@
+"""What a ``parbench serve`` run does: the settings, checked, and the load levels they expand to."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from bench import UserError
+from bench.serve.launcher import PLACEMENTS
+from bench.serve.loadgen import Tenant, parse_tenants
+from bench.serve.policies import POLICIES
+
+
+@dataclass(kw_only=True)
+class Load:
+    """One load level: open loop (tenants' rates scaled to ``rate``) or closed loop (``clients``)."""
+
+    label: str
+    scenario: str  # levels | sweep | noisy-alone | noisy-flood
+    tenants: list[Tenant]
+    clients: int = 0
+    rate: float = 0.0
+
+
+@dataclass(kw_only=True)
+class ServeConfig:
+    workload: str = "gpt-tiny"
+    dims: dict[str, int] = field(default_factory=dict)
+    task: str = "auto"
+    gen_tokens: int = 8
+    placements: list[str] = field(default_factory=lambda: ["replicas"])
+    policies: list[str] = field(default_factory=lambda: ["round-robin", "jsq"])
+    world_sizes: list[int] = field(default_factory=lambda: [2])
+    device: str = "cpu"
+    precision: str = "auto"
+    seed: int = 0
+    rates: list[float] = field(default_factory=lambda: [20.0])
+    clients: list[int] = field(default_factory=list)
+    tenants: list[Tenant] = field(default_factory=lambda: [Tenant()])
+    duration_s: float = 5.0
+    max_requests: int = 0  # 0: as many as the duration holds
+    batch_max: int = 8
+    batch_wait_ms: float = 5.0
+    slo_ms: float = 0.0  # > 0: run the rate sweep against this p99 target
+    sweep_rates: list[float] = field(default_factory=list)
+    noisy: bool = False
+    noisy_rates: tuple[float, float] = (5.0, 50.0)  # victim, flood
+    slow: dict[int, float] = field(default_factory=dict)  # process -> seconds added per batch
+    parity: bool = True
+    sample_hz: float = 10.0
+    cell_timeout_s: float = 600.0
+    out: str = "results"
+
+    def check(self) -> None:
+        for p in self.placements:
+            if p not in PLACEMENTS:
+                raise UserError(f"--placements has {p!r}; use a comma list of {', '.join(PLACEMENTS)}")
+        for p in self.policies:
+            if p not in POLICIES:
+                raise UserError(f"--policies has {p!r}; use a comma list of {', '.join(POLICIES)}")
+        if self.device not in ("cpu", "cuda"):
+            raise UserError(f"--device {self.device!r} must be cpu or cuda")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise UserError(f"--precision {self.precision!r} must be auto, fp32 or bf16")
+        if any(w < 1 for w in self.world_sizes):
+            raise UserError("--world-sizes must be positive integers, e.g. 2,4")
+        if any(r <= 0 for r in self.rates + self.sweep_rates):
+            raise UserError("--rates must be positive requests per second, e.g. 10,40,80")
+        if any(c < 1 for c in self.clients):
+            raise UserError("--clients must be positive integers, e.g. 1,4")
+        if not self.duration_s > 0:
+            raise UserError(f"--duration {self.duration_s} must be > 0 seconds")
+        if self.batch_max < 1 or self.batch_wait_ms < 0:
+            raise UserError("--batch-max must be >= 1 and --batch-wait-ms >= 0")
+        if self.gen_tokens < 1:
+            raise UserError(f"--gen-tokens {self.gen_tokens} must be >= 1")
+        if self.task not in ("auto", "score", "generate", "classify"):
+            raise UserError(f"--task {self.task!r} must be auto, score, generate or classify")
+        for t in self.tenants:
+            t.check()
+        if not (self.rates or self.clients):
+            raise UserError("give --rates or --clients: at least one load level")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["tenants"] = [asdict(t) for t in self.tenants]
+        return d
+
+    def levels(self) -> list[Load]:
+        """The load levels every (placement, policy) is measured at."""
+        loads = [Load(label=f"{_arrivals(self.tenants)}@{r:g}/s", scenario="levels", tenants=scaled(self.tenants, r),
+                      rate=r) for r in self.rates]
+        loads += [Load(label=f"closed@{c}", scenario="levels", tenants=self.tenants, clients=c) for c in self.clients]
+        return loads
+
+    def sweep_loads(self, rates: list[float]) -> list[Load]:
+        return [Load(label=f"{_arrivals(self.tenants)}@{r:g}/s", scenario="sweep", tenants=scaled(self.tenants, r),
+                     rate=r) for r in rates]
+
+    def noisy_loads(self) -> list[Load]:
+        """A victim tenant alone, then with a flooding neighbour (its rate, bursty)."""
+        victim = replace(self.tenants[0], name="victim", rate=self.noisy_rates[0])
+        flood = replace(self.tenants[0], name="flood", rate=self.noisy_rates[1], arrival="gamma")
+        return [Load(label=f"victim@{victim.rate:g}/s", scenario="noisy-alone", tenants=[victim], rate=victim.rate),
+                Load(label=f"victim@{victim.rate:g}+flood@{flood.rate:g}/s", scenario="noisy-flood",
+                     tenants=[victim, flood], rate=victim.rate + flood.rate)]
+
+
+def _arrivals(tenants: list[Tenant]) -> str:
+    kinds = sorted({t.arrival for t in tenants})
+    return "+".join(kinds) if len(tenants) == 1 else f"{len(tenants)}tenants-{'+'.join(kinds)}"
+
+
+def scaled(tenants: list[Tenant], total: float) -> list[Tenant]:
+    """The tenants with their rates scaled to sum to ``total`` (their ratios kept)."""
+    s = sum(t.rate for t in tenants)
+    return [replace(t, rate=t.rate * total / s) for t in tenants]
+
+
+def tenants_from(text: str | None, default: Tenant) -> list[Tenant]:
+    return parse_tenants(text, default=default) if text else [default]

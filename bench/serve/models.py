@@ -1,0 +1,225 @@
+"""Inference versions of the workloads: what one request computes, on one device or cut in stages.
+
+* GPT, ``task="score"``: prefill only; a request is one prompt of ``size`` tokens and its answer the
+  mean log-likelihood of the prompt under the model (one forward, no cache).
+* GPT, ``task="generate"``: prefill the prompt, then ``gen_tokens`` greedy steps with a KV cache
+  (fixed output length, so every request does the same decode work). The cache is built here by
+  calling the training GPT's own modules (its Linear/LayerNorm/Embedding weights): ``gpt.py`` is
+  untouched and the weights are the ones training uses.
+* Everything else (convnet, user workloads through ``package.module:factory``): a request is
+  ``size`` rows of the workload's batch; the answer is the model's output for those rows
+  (classification logits for the convnet).
+
+Inputs are made from (seed, request id, size), so any process makes the same request's input
+without it crossing a queue. Precision: bf16 on CUDA, fp32 on CPU (``auto``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bench.workloads import Workload
+from bench.workloads.gpt import GPT, Block, Embed, Head
+
+TASKS = ("score", "generate", "classify")
+#: distinct input batches requests draw from (request rid uses batch rid mod this)
+INPUT_POOL = 32
+
+
+def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
+    """auto: bf16 on CUDA, fp32 on CPU."""
+    if precision == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+
+
+class KVGenerate(nn.Module):
+    """Greedy generation of ``new_tokens`` tokens with a KV cache over a :class:`GPT`'s modules."""
+
+    def __init__(self, gpt: GPT, new_tokens: int):
+        super().__init__()
+        # only the GPT is a submodule: nn.DataParallel's replicas must see their own copy's parts
+        self.gpt, self.new_tokens = gpt, new_tokens
+
+    @property
+    def embed(self) -> Embed:
+        return self.gpt[0]
+
+    @property
+    def blocks(self) -> list[Block]:
+        return list(self.gpt)[1:-1]
+
+    @property
+    def head(self) -> Head:
+        return self.gpt[-1]
+
+    def _step(self, idx: Tensor, start: int, cache: list[tuple[Tensor, Tensor]] | None) -> \
+            tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+        """Logits of the last position for tokens ``idx`` at positions start.., and the cache after."""
+        pos = torch.arange(start, start + idx.shape[1], device=idx.device)
+        x = self.embed.tok(idx) + self.embed.pos(pos)
+        new_cache = []
+        for i, blk in enumerate(self.blocks):
+            a = blk.attn
+            h = blk.ln1(x)
+            b, t, _ = h.shape
+            q, k, v = (p(h).view(b, t, -1, a.head_dim).transpose(1, 2) for p in (a.q, a.k, a.v))
+            if cache is not None:
+                k = torch.cat([cache[i][0], k], dim=2)
+                v = torch.cat([cache[i][1], v], dim=2)
+            new_cache.append((k, v))
+            # prefill: causal over the prompt; decode: one query sees every cached position
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None)
+            x = x + a.o(y.transpose(1, 2).reshape(b, t, -1))
+            x = x + blk.mlp(blk.ln2(x))
+        return self.head(x[:, -1:]), new_cache
+
+    @torch.no_grad()
+    def forward(self, idx: Tensor) -> Tensor:
+        logits, cache = self._step(idx, 0, None)
+        out = []
+        pos = idx.shape[1]
+        for _ in range(self.new_tokens):
+            nxt = logits[:, -1].float().argmax(-1, keepdim=True)
+            out.append(nxt)
+            if len(out) == self.new_tokens:
+                break
+            logits, cache = self._step(nxt, pos, cache)
+            pos += 1
+        return torch.cat(out, dim=1)
+
+
+@torch.no_grad()
+def generate_naive(gpt: GPT, idx: Tensor, new_tokens: int) -> Tensor:
+    """Greedy generation recomputing the whole sequence each step: the reference the cache must equal."""
+    seq, out = idx, []
+    for _ in range(new_tokens):
+        nxt = gpt(seq)[:, -1].float().argmax(-1, keepdim=True)
+        out.append(nxt)
+        seq = torch.cat([seq, nxt], dim=1)
+    return torch.cat(out, dim=1)
+
+
+def score(logits: Tensor, idx: Tensor) -> Tensor:
+    """Mean log-likelihood of each prompt's tokens 2..T given their prefixes: (B,) fp32."""
+    if idx.shape[1] < 2:
+        return torch.zeros(idx.shape[0], device=logits.device)
+    lp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    return lp.gather(-1, idx[:, 1:, None]).squeeze(-1).mean(dim=1)
+
+
+@dataclass
+class ServeModel:
+    """A workload's model ready to answer requests on ``device`` at ``dtype``."""
+
+    workload: Workload
+    task: str
+    gen_tokens: int
+    seed: int
+    is_gpt: bool
+    max_size: int
+
+    @staticmethod
+    def create(wl: Workload, *, task: str, gen_tokens: int, seed: int) -> ServeModel:
+        probe = wl.build(torch.device("meta"))
+        is_gpt = isinstance(probe, GPT)
+        if task == "auto":
+            task = "score" if is_gpt else "classify"
+        if task not in TASKS or (task != "classify") != is_gpt:
+            raise ValueError(f"task {task!r} does not fit {wl.name}: GPT workloads take score or generate, "
+                             "others classify")
+        x = wl.batch(0)[0]
+        if is_gpt:
+            max_size = x.shape[1] - (gen_tokens if task == "generate" else 0)
+        else:
+            max_size = x.shape[0]
+        if max_size < 1:
+            raise ValueError(f"{wl.name}: seq_len {x.shape[1]} leaves no room for {gen_tokens} generated tokens")
+        return ServeModel(workload=wl, task=task, gen_tokens=gen_tokens, seed=seed, is_gpt=is_gpt, max_size=max_size)
+
+    def build(self, device: torch.device, dtype: torch.dtype) -> nn.Module:
+        """The model on ``device`` in eval mode at ``dtype`` (floating parameters only)."""
+        m = self.workload.build(device).eval()
+        if dtype != torch.float32:
+            m = m.to(dtype=dtype)
+        for p in m.parameters():
+            p.requires_grad_(False)
+        return m
+
+    def _data(self, step: int) -> Tensor:
+        # The workload's batch of ``step``, cached: making a convnet batch costs about a millisecond
+        # of the serving process's time, which would otherwise sit in every request's queue time.
+        cache = self.__dict__.setdefault("_cache", {})
+        if step not in cache:
+            if len(cache) >= INPUT_POOL:
+                cache.pop(next(iter(cache)))
+            cache[step] = self.workload.batch(step)[0]
+        return cache[step]
+
+    def make_input(self, rid: int, size: int) -> Tensor:
+        """The input of request ``rid``: ``size`` tokens of one prompt (GPT) or ``size`` rows of the
+        workload's batch number ``rid mod INPUT_POOL`` (deterministic: any process makes the same)."""
+        x = self._data(rid % INPUT_POOL)
+        size = min(size, self.max_size)
+        return x[:1, :size].contiguous() if self.is_gpt else x[:size].contiguous()
+
+    def parts(self, model: nn.Module, n: int) -> list[nn.Module]:
+        """``model``'s blocks cut into ``n`` contiguous stages of near-equal block count."""
+        blocks = self.workload.blocks(model)
+        if n > len(blocks):
+            raise ValueError(f"{self.workload.name} has {len(blocks)} blocks, fewer than {n} stages")
+        cuts = [round(i * len(blocks) / n) for i in range(n + 1)]
+        return [nn.Sequential(*blocks[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+
+    def finish(self, out: Tensor, inp: Tensor) -> Tensor:
+        """What a request gets back from the last block's output."""
+        return score(out, inp.to(out.device)) if self.task == "score" else out.float()
+
+    def runner(self, model: nn.Module) -> nn.Module:
+        """A module input -> answer (what a replica or nn.DataParallel runs)."""
+        return KVGenerate(model, self.gen_tokens) if self.task == "generate" else _Finish(self, model)
+
+    def tokens(self, size: int) -> int:
+        """Tokens a request of ``size`` processes (prompt and generated), 0 for non-GPT."""
+        if not self.is_gpt:
+            return 0
+        return min(size, self.max_size) + (self.gen_tokens if self.task == "generate" else 0)
+
+    def samples(self, size: int) -> int:
+        """Samples in a request: one sequence for GPT, ``size`` rows otherwise."""
+        return 1 if self.is_gpt else min(size, self.max_size)
+
+
+class _Finish(nn.Module):
+    def __init__(self, sm: ServeModel, model: nn.Module):
+        super().__init__()
+        self.sm, self.model = sm, model
+
+    @torch.no_grad()
+    def forward(self, x: Tensor) -> Tensor:
+        return self.sm.finish(self.model(x), x)
+
+
+def run_grouped(fn, inputs: list[Tensor], device: torch.device, dtype: torch.dtype) -> list[Tensor]:
+    """Run ``fn`` on a batch of requests: inputs of one shape are concatenated into one call (a
+    dynamic batch of equal-length prompts or of images), answers split back per request, on CPU."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, x in enumerate(inputs):
+        groups.setdefault(tuple(x.shape[1:]), []).append(i)
+    out: list[Tensor | None] = [None] * len(inputs)
+    for idx in groups.values():
+        xs = torch.cat([inputs[i] for i in idx]).to(device, non_blocking=True)
+        if xs.is_floating_point():
+            xs = xs.to(dtype)
+        ys = fn(xs)
+        ys = ys.float().cpu()  # the copy to host waits for the device: the answer exists
+        k = 0
+        for i in idx:
+            rows = inputs[i].shape[0]
+            out[i] = ys[k:k + rows]
+            k += rows
+    return out  # type: ignore[return-value]

@@ -1,0 +1,268 @@
+"""A serving run: for each world size and placement, one pool of processes; through it, every
+(policy, load level) cell, then the rate sweep and the noisy-neighbour cells; all written to the
+run folder as they finish (cells with mode=serve, requests, serve_tenants, samples)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bench.metrics import registry
+from bench.results import RunWriter, cell_columns, new_run_id, write_meta
+from bench.serve import schema, sweep
+from bench.serve.config import Load, ServeConfig
+from bench.serve.launcher import Pool, ServeError
+from bench.serve.loadgen import closed_sizes, schedule
+from bench.serve.models import ServeModel, resolve_precision, run_grouped
+from bench.workloads import resolve
+
+log = logging.getLogger(__name__)
+#: most requests a closed-loop cell may send within its duration
+CLOSED_MAX = 20_000
+def _probe_items(sm: ServeModel) -> list[tuple[int, int]]:
+    """Fixed probe requests: a full-size one, four of one shape (so a dynamic batch and
+    nn.DataParallel's scatter have rows to split), and the smallest."""
+    half = max(1, sm.max_size // 2)
+    sizes = [sm.max_size, half, half, half, half, 1]
+    return [(10_000_000 + i, s) for i, s in enumerate(sizes)]
+
+
+def reference(cfg: ServeConfig, sm: ServeModel, items: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """The answers of one device (cuda:0 or the CPU) to the probe inputs: what every placement must return."""
+    dev = torch.device("cuda:0" if cfg.device == "cuda" else "cpu")
+    dtype = resolve_precision(cfg.precision, dev)
+    model = sm.build(dev, dtype)
+    out = run_grouped(sm.runner(model), [sm.make_input(r, s) for r, s in items], dev, dtype)
+    del model
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def parity_err(ref: list[torch.Tensor], answers: dict[int, list]) -> float:
+    """Largest relative difference of any process's answers from the reference's (normalised by
+    the reference's largest magnitude, so near-zero entries do not blow it up)."""
+    worst = 0.0
+    for outs in answers.values():
+        for a, b in zip(outs, ref):
+            if a.shape != b.shape:
+                return float("inf")
+            worst = max(worst, float((a - b).abs().max() / b.abs().max().clamp_min(1e-12)))
+    return worst
+
+
+def requests_for(cfg: ServeConfig, load: Load, sm: ServeModel, seed: int) -> list:
+    """The requests of a load level (sizes clipped to what the model takes)."""
+    tenants = [t if t.size_max <= sm.max_size else _clip(t, sm.max_size) for t in load.tenants]
+    if load.clients:  # as many as the clients send within the duration (or --requests)
+        return closed_sizes(tenants, seed=seed, n=cfg.max_requests or CLOSED_MAX)
+    if cfg.max_requests:
+        return schedule(tenants, seed=seed, n_requests=cfg.max_requests)
+    return schedule(tenants, seed=seed, duration_s=cfg.duration_s)
+
+
+def _clip(t, hi):
+    from dataclasses import replace
+
+    return replace(t, size_max=hi, size_min=min(t.size_min, hi))
+
+
+class ServeRun:
+    """State of one run: its writer, model facts, parity reference and cell counter."""
+
+    def __init__(self, cfg: ServeConfig, on_cell: Callable[[dict[str, Any]], None] | None = None):
+        cfg.check()
+        self.cfg = cfg
+        self.wl = resolve(cfg.workload, seed=cfg.seed, **cfg.dims)
+        try:
+            self.sm = ServeModel.create(self.wl, task=cfg.task, gen_tokens=cfg.gen_tokens, seed=cfg.seed)
+        except ValueError as e:
+            from bench import UserError
+
+            raise UserError(f"--task/--workload: {e}") from None
+        self.precision = "bf16" if resolve_precision(cfg.precision, torch.device(cfg.device)) == torch.bfloat16 \
+            else "fp32"
+        self.cell_id = 0
+        self.on_cell = on_cell or (lambda row: None)
+        self.sampler = None
+        self.items = _probe_items(self.sm)
+        self.ref = reference(cfg, self.sm, self.items) if cfg.parity else None
+        self.rows: list[dict[str, Any]] = []
+        # the run folder only once the workload and task are known good: bad input leaves no folder
+        self.dir = Path(cfg.out) / new_run_id()
+        self.writer = RunWriter(self.dir, cell_schema=cell_columns(registry(schema.SERVE_METRICS)),
+                                tables=schema.TABLES)
+
+    def devices(self, world: int) -> list[str]:
+        return [f"cuda:{i}" for i in range(world)] if self.cfg.device == "cuda" else [f"cpu:{i}" for i in range(world)]
+
+    def base_row(self, placement: str, world: int, policy: str, load: Load) -> dict[str, Any]:
+        gpu = torch.cuda.get_device_name(0) if self.cfg.device == "cuda" else None
+        return {"cell_id": self.cell_id, "workload": self.wl.name, "strategy": placement, "backend": "mp-queue",
+                "device": self.cfg.device, "world_size": world, "status": "ok", "role": "independent",
+                "precision": self.precision, "params": self.wl.params, "gpu_name": gpu, "mode": "serve",
+                "serve_policy": policy, "serve_load": load.label, "serve_scenario": load.scenario,
+                "serve_task": self.sm.task, "serve_offered_rps": load.rate or None,
+                "serve_batch_max": self.cfg.batch_max if policy == "batch" else 1,
+                "serve_batch_wait_s": self.cfg.batch_wait_ms / 1e3 if policy == "batch" else 0.0,
+                "global_batch": self.cfg.batch_max if policy == "batch" else 1,
+                "slo_s": self.cfg.slo_ms / 1e3 if self.cfg.slo_ms else None}
+
+    def cell(self, pool: Pool | None, placement: str, world: int, policy: str, load: Load,
+             parity: float | None, failure: str | None = None, skip: str | None = None) -> dict[str, Any]:
+        """Run one cell through ``pool`` (or record why it is ``skip``-ped or its ``failure``) and
+        append its rows."""
+        self.cell_id += 1
+        row = self.base_row(placement, world, policy, load)
+        row["parity_rel_err"] = parity
+        if skip is not None:
+            row.update(status="skipped", reason=skip)
+        elif failure is None and pool is not None:
+            reqs = requests_for(self.cfg, load, self.sm, self.cfg.seed)
+            row["serve_requests"] = len(reqs)
+            row["nproc"] = len(pool.specs)
+            try:
+                res = pool.run_cell(policy=policy, requests=reqs, clients=load.clients, batch_max=self.cfg.batch_max,
+                                    batch_wait_s=self.cfg.batch_wait_ms / 1e3, slow_s=self.cfg.slow,
+                                    seed=self.cfg.seed + self.cell_id, tenants=[t.name for t in load.tenants],
+                                    timeout_s=self.cfg.cell_timeout_s,
+                                    closed_s=0.0 if self.cfg.max_requests else self.cfg.duration_s)
+            except ServeError as e:
+                failure = str(e)
+            else:
+                self._finish(row, res, pool)
+        if failure is not None:
+            row.update(status="error", reason=failure.strip().splitlines()[-1][:300])
+        self.writer.append("cells", [row])
+        self.rows.append(row)
+        self.on_cell(row)
+        return row
+
+    def _finish(self, row: dict[str, Any], res, pool: Pool) -> None:
+        devs = {s.wid: ",".join(s.devices) for s in pool.specs}
+        if pool.placement == "pipeline":
+            devs = {i: "pipeline:" + ",".join(d for s in pool.specs for d in s.devices) for i in devs}
+        reqs = schema.request_rows(self.cell_id, res.records, devs, self.sm.tokens)
+        row["serve_requests"] = len(res.records)  # sent (a closed loop sends what its duration holds)
+        self.writer.append("requests", reqs)
+        self.writer.append("serve_tenants", schema.tenant_rows(self.cell_id, reqs))
+        row.update(schema.cell_metrics(reqs, res.workers, res.wall_s, self.sm.samples))
+        row.update(cell_wall_s=res.wall_s, timed_start_unix=res.t0_unix, timed_end_unix=res.t0_unix + res.wall_s,
+                   dispatch_lag_max_s=res.lag_max_s)
+        span = max(r["end_s"] for r in reqs) - min(r["arrival_s"] for r in reqs) if reqs else 0
+        if span > 0 and self.sm.is_gpt:
+            row["serve_tokens_s"] = sum(r["tokens"] for r in reqs) / span
+        if row.get("energy_j") is not None and row.get("throughput_samples_s"):
+            row["energy_per_sample_j"] = row["energy_j"] / sum(self.sm.samples(r["size"]) for r in reqs)
+        if self.cfg.slo_ms:
+            p99, kept_up = row.get("latency_p99_s"), True
+            if row.get("serve_offered_rps") and row.get("serve_achieved_rps"):
+                kept_up = row["serve_achieved_rps"] >= 0.9 * row["serve_offered_rps"]
+            row["slo_met"] = bool(p99 == p99 and p99 is not None and p99 <= self.cfg.slo_ms / 1e3 and kept_up)
+        self._telemetry(row, res, pool)
+
+    def _telemetry(self, row: dict[str, Any], res, pool: Pool) -> None:
+        """The sampler's rows to the samples table; GPU utilisation and power of the cell's GPUs."""
+        if self.sampler is None:
+            return
+        rows = self.sampler.drain()
+        self.writer.append("samples", rows)
+        gpus = {f"gpu{torch.device(d).index}" for s in pool.specs for d in s.devices if d.startswith("cuda")}
+        lo, hi = res.t0_unix, res.t0_unix + res.wall_s
+        for metric, col in (("gpu_util_pct", "gpu_util_mean"), ("power_w", "power_mean_w")):
+            v = [r["value"] for r in rows if r["device"] in gpus and r["metric"] == metric and lo <= r["t"] <= hi]
+            if v:
+                row[col] = float(np.mean(v))
+
+
+def run(cfg: ServeConfig, on_cell: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    """Run every cell of ``cfg``; returns the run folder."""
+    from bench.samplers import start_samplers
+
+    sr = ServeRun(cfg, on_cell)
+    sr.sampler, notes = start_samplers(cfg.sample_hz, gpu=cfg.device == "cuda")
+    write_meta(sr.dir, cfg.to_dict(), mode="serve", sampler_notes=notes)
+    summary: dict[str, Any] = {}
+    try:
+        for world in cfg.world_sizes:
+            for placement in cfg.placements:
+                policies = cfg.policies if placement == "replicas" else \
+                    ["pinned" if placement == "pinned-tenants" else "-"]
+                _placement(sr, placement, world, policies, summary)
+    finally:
+        if sr.sampler is not None:
+            sr.writer.append("samples", sr.sampler.drain())
+            sr.sampler.stop()
+        write_meta(sr.dir, cfg.to_dict(), mode="serve", sampler_notes=notes, serve_sweep=summary)
+    return sr.dir
+
+
+def _placement(sr: ServeRun, placement: str, world: int, policies: list[str], summary: dict[str, Any]) -> None:
+    cfg = sr.cfg
+    base = {"workload": cfg.workload, "dims": cfg.dims, "seed": cfg.seed, "task": sr.sm.task,
+            "gen_tokens": cfg.gen_tokens, "precision": cfg.precision}
+    loads = cfg.levels() + (cfg.noisy_loads() if cfg.noisy else [])
+    why = skip = None
+    if placement == "pipeline" and sr.sm.task == "generate":
+        skip = "pipeline placement serves score/classify only: generation across stages is not implemented"
+    elif cfg.device == "cuda" and world > torch.cuda.device_count():
+        skip = f"needs {world} GPUs, {torch.cuda.device_count()} visible"
+    pool, parity = None, None
+    if skip is None:
+        t = time.perf_counter()
+        try:
+            pool = Pool(placement, world, sr.devices(world), base, start_timeout_s=cfg.cell_timeout_s)
+            log.info("%s x%d started in %.1f s", placement, world, time.perf_counter() - t)
+            if sr.ref is not None:
+                parity = parity_err(sr.ref, pool.probe(sr.items))
+        except ServeError as e:
+            why = str(e)
+            if pool is not None:
+                pool.close()
+                pool = None
+    try:
+        for policy in policies:
+            for load in loads:
+                row = sr.cell(pool, placement, world, policy, load, parity, failure=why, skip=skip)
+                if row["status"] == "error" and pool is not None:
+                    # its processes may hold a half-served cell: later cells of this pool are not run
+                    pool.close()
+                    pool, why = None, f"not run: an earlier cell of this pool failed ({row['reason']})"
+            if cfg.slo_ms and why is None and skip is None:
+                key = f"{placement}/{policy}/ws{world}"
+                summary[key] = sweep.run_sweep(lambda load: sr.cell(pool, placement, world, policy, load, parity),
+                                               cfg, sr.sm)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per cell for the terminal."""
+    out = []
+    for r in rows:
+        if r["status"] != "ok":
+            out.append(f"{r['strategy']:<19} ws{r['world_size']} {r['serve_policy']:<12} {r['serve_load']:<22} "
+                       f"{r['status']}: {r.get('reason')}")
+            continue
+
+        def ms(k):
+            v = r.get(k)
+            return "  -  " if v is None or v != v else f"{v * 1e3:7.2f}"
+
+        out.append(f"{r['strategy']:<19} ws{r['world_size']} {r['serve_policy']:<12} {r['serve_load']:<22} "
+                   f"{r.get('serve_achieved_rps') or 0:8.1f} req/s  p50 {ms('latency_p50_s')} ms  "
+                   f"p99 {ms('latency_p99_s')} ms  n={r.get('latency_n')}  parity "
+                   f"{'-' if r.get('parity_rel_err') is None else format(r['parity_rel_err'], '.1e')}")
+    return out
+
+
+def dumps(summary: dict[str, Any]) -> str:
+    return json.dumps(summary, indent=2, default=str)

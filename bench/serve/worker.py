@@ -1,0 +1,219 @@
+"""A serving process: one replica, one nn.DataParallel front, or one pipeline stage.
+
+Messages arrive on the process's own queue (and, under the shared policy, on the shared queue):
+
+* ``("probe", [(rid, size), ...])``: answer fixed inputs (the parity check), reply ``("probe", wid, outs)``;
+* ``("begin", cfg)``: serve one cell until its ``("end",)`` sentinel; cfg has ``source`` (own or
+  shared), ``batch_max``, ``batch_wait_s`` and ``slow_s`` (seconds added to each batch: a
+  deliberately slow replica for the balancing checks);
+* ``("req", rid, tenant, size)``: a request; answers go back as ``("done", wid, records)``;
+* ``("quit",)``.
+
+Stages pass ``("act", metas, x, inputs)`` down the chain. Times are ``time.perf_counter()``, which
+on Linux is CLOCK_MONOTONIC: one clock for every process on the host, so the launcher's arrival
+stamps and the workers' start/end stamps subtract.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class WorkerSpec:
+    """What one process builds; plain data, so it pickles to a spawned process."""
+
+    wid: int
+    role: str  # replica | dp | stage
+    devices: list[str]  # torch device strings; dp: all of them, else one
+    workload: str
+    dims: dict[str, int]
+    seed: int
+    task: str
+    gen_tokens: int
+    precision: str
+    stage: int = 0
+    n_stages: int = 1
+
+
+def main(spec: WorkerSpec, own_q: Any, shared_q: Any, next_q: Any, result_q: Any) -> None:
+    """Process entry point: build, report ready, then serve until told to quit."""
+    try:
+        w = _Worker(spec, own_q, shared_q, next_q, result_q)
+    except BaseException:  # noqa: BLE001 - the launcher prints it and marks the cells failed
+        result_q.put(("error", spec.wid, traceback.format_exc()))
+        return
+    result_q.put(("ready", spec.wid, {"pid": os.getpid()}))
+    try:
+        w.loop()
+    except BaseException:  # noqa: BLE001
+        result_q.put(("error", spec.wid, traceback.format_exc()))
+
+
+class _Worker:
+    def __init__(self, spec: WorkerSpec, own_q: Any, shared_q: Any, next_q: Any, result_q: Any):
+        from bench.serve.models import ServeModel, resolve_precision
+        from bench.workloads import resolve
+
+        self.spec, self.own_q, self.shared_q, self.next_q, self.result_q = spec, own_q, shared_q, next_q, result_q
+        self.device = torch.device(spec.devices[0])
+        if self.device.type == "cpu":
+            torch.set_num_threads(1)  # processes as devices: one core's worth each
+        else:
+            torch.cuda.set_device(self.device)
+        self.dtype = resolve_precision(spec.precision, self.device)
+        wl = resolve(spec.workload, seed=spec.seed, **spec.dims)
+        self.sm = ServeModel.create(wl, task=spec.task, gen_tokens=spec.gen_tokens, seed=spec.seed)
+        model = self.sm.build(self.device, self.dtype)
+        if spec.role == "stage":
+            self.part = self.sm.parts(model, spec.n_stages)[spec.stage]
+            del model
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            self.last = spec.stage == spec.n_stages - 1
+        else:
+            self.fn = self.sm.runner(model)
+            if spec.role == "dp" and self.device.type == "cuda":
+                ids = [torch.device(d).index for d in spec.devices]
+                self.fn = torch.nn.DataParallel(self.fn, device_ids=ids, output_device=ids[0])
+        from bench.samplers.nvml import EnergyMeter
+
+        self.energy = EnergyMeter([torch.device(d).index for d in spec.devices]) \
+            if self.device.type == "cuda" else None
+
+    # --- computing ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def _answer(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        from bench.serve.models import run_grouped
+
+        return run_grouped(self.fn, inputs, self.device, self.dtype)
+
+    @torch.no_grad()
+    def _stage(self, x: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.device)
+        if x.is_floating_point():
+            x = x.to(self.dtype)
+        y = self.part(x)
+        if self.last:
+            y = self.sm.finish(y, inputs)
+        return y.float().cpu() if self.last else y.cpu()  # activations cross processes on the host
+
+    # --- the loop ----------------------------------------------------------------------------
+    def loop(self) -> None:
+        while True:
+            msg = self.own_q.get()
+            kind = msg[0]
+            if kind == "quit":
+                return
+            if kind == "probe":
+                self._probe(msg)
+            elif kind == "probe_act":
+                self._probe(msg)
+            elif kind == "begin":
+                self._cell(msg[1])
+
+    def _probe(self, msg: tuple) -> None:
+        if self.spec.role != "stage":
+            outs = self._answer([self.sm.make_input(r, s) for r, s in msg[1]])
+            self.result_q.put(("probe", self.spec.wid, outs))
+            return
+        if msg[0] == "probe":  # stage 0: the requests' inputs, one at a time
+            items = [(self.sm.make_input(r, s), self.sm.make_input(r, s)) for r, s in msg[1]]
+        else:
+            items = msg[1]
+        outs = [(self._stage(x, inp), inp) for x, inp in items]
+        if self.last:
+            self.result_q.put(("probe", self.spec.wid, [y for y, _ in outs]))
+        else:
+            self.next_q.put(("probe_act", outs))
+
+    def _cell(self, cfg: dict[str, Any]) -> None:
+        src = self.shared_q if cfg.get("source") == "shared" and self.shared_q is not None else self.own_q
+        bmax, wait, slow = int(cfg.get("batch_max", 1)), float(cfg.get("batch_wait_s", 0.0)), \
+            float(cfg.get("slow_s", {}).get(self.spec.wid, 0.0))
+        if self.device.type == "cuda":
+            for d in self.spec.devices:
+                torch.cuda.reset_peak_memory_stats(torch.device(d))
+        e0 = self.energy.read() if self.energy else None
+        busy, batches, served = 0.0, 0, 0
+        ending = False
+        while not ending:
+            first = src.get()
+            if first[0] == "end":
+                break
+            batch = [first]
+            if first[0] == "req" and bmax > 1:  # dynamic batching: more until full or the wait is over
+                deadline = time.perf_counter() + wait
+                while len(batch) < bmax:
+                    left = deadline - time.perf_counter()
+                    try:
+                        m = src.get(timeout=left) if left > 0 else src.get_nowait()
+                    except queue.Empty:
+                        break
+                    if m[0] == "end":
+                        ending = True
+                        break
+                    batch.append(m)
+            t, n = self._run_batch(batch, slow)
+            busy += t
+            batches += 1
+            served += n
+        e1 = self.energy.read() if self.energy else None
+        stats = {"busy_s": busy, "batches": batches, "served": served, "peak_mem_bytes": self._peak_mem(),
+                 "energy_j": (e1 - e0) if e0 is not None and e1 is not None else None}
+        self.result_q.put(("ended", self.spec.wid, stats))
+        if self.spec.role == "stage" and not self.last:
+            self.next_q.put(("end",))
+
+    def _run_batch(self, batch: list[tuple], slow: float) -> tuple[float, int]:
+        """Serve one batch; returns its busy seconds and the requests in it."""
+        if batch[0][0] == "act":  # a later pipeline stage: one micro-batch from upstream
+            _, metas, x, inputs = batch[0]
+            t0 = time.perf_counter()
+            y = self._stage(x, inputs)
+            t1 = time.perf_counter()
+            self._emit(metas, y, inputs, t0, t1)
+            return t1 - t0, len(metas)
+        inputs = [self.sm.make_input(m[1], m[3]) for m in batch]
+        start = time.perf_counter()
+        if self.spec.role == "stage":  # stage 0: concatenate equal shapes as one micro-batch each
+            groups: dict[tuple, list[int]] = {}
+            for i, x in enumerate(inputs):
+                groups.setdefault(tuple(x.shape[1:]), []).append(i)
+            for idx in groups.values():
+                inp = torch.cat([inputs[i] for i in idx])
+                metas = [(batch[i][1], start, len(batch)) for i in idx]
+                y = self._stage(inp, inp)
+                self._emit(metas, y, inp, start, time.perf_counter())
+        else:
+            self._answer(inputs)
+        if slow > 0:
+            time.sleep(slow)
+        end = time.perf_counter()
+        if self.spec.role != "stage":
+            self.result_q.put(("done", self.spec.wid, [(m[1], start, end, len(batch)) for m in batch]))
+        return end - start, len(batch)
+
+    def _emit(self, metas: list[tuple], y: torch.Tensor, inputs: torch.Tensor, t0: float, t1: float) -> None:
+        """Pass a micro-batch down the pipeline, or report it from the last stage."""
+        if self.last:
+            self.result_q.put(("done", self.spec.wid, [(rid, start, t1, nb) for rid, start, nb in metas]))
+        else:
+            self.next_q.put(("act", metas, y, inputs))
+
+    def _peak_mem(self) -> float | None:
+        if self.device.type == "cuda":
+            return float(max(torch.cuda.max_memory_allocated(torch.device(d)) for d in self.spec.devices))
+        try:
+            import psutil
+
+            return float(psutil.Process().memory_info().rss)
+        except Exception:  # noqa: BLE001 - no figure rather than a wrong one
+            return None

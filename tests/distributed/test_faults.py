@@ -1,0 +1,203 @@
+"""Faults injected into real torchrun groups (gloo, CPU): each is a row with its status and reason,
+the matrix goes on, no finished cell is lost and no process of the run survives it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+
+from bench import launch
+from bench.config import build_config
+from bench.results import load_run, read_table
+
+pytestmark = pytest.mark.distributed
+
+FAULTS = ("tests.helpers:KillsRank,tests.helpers:HangsInCollective,tests.helpers:OutOfMemory,"
+          "tests.helpers:Raises,ddp")
+QUICK = {"steps": 2, "warmup": 1, "profile_steps": 0, "sample_hz": 0, "settle": 0, "target_ci": 0}
+
+
+def leftovers(*needles: str) -> list[str]:
+    """Running processes (not zombies) whose command line holds any of ``needles``."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
+            continue
+        cmd = " ".join(p.info["cmdline"] or [])
+        if any(n in cmd for n in needles):
+            out.append(f"{p.pid}: {cmd[:120]}")
+    return out
+
+
+def no_leftovers(*needles: str, within_s: float = 5.0) -> list[str]:
+    """Polls until no such process is left (or ``within_s`` passed); returns what is left."""
+    end = time.monotonic() + within_s
+    while True:
+        left = leftovers(*needles)
+        if not left or time.monotonic() > end:
+            return left
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory) -> tuple[pd.DataFrame, dict, Path]:
+    """One run over every in-rank fault, a broken user workload and a healthy strategy after them."""
+    out = tmp_path_factory.mktemp("faults")
+    cfg = build_config(toml=None, flags={"out": str(out), "device": "cpu", "backends": "gloo", "world_sizes": "2",
+                                         "workloads": "mlp,tests.helpers:broken_batches", "strategies": FAULTS,
+                                         "cell_timeout_s": 8, **QUICK}, gpus=0)
+    run_dir = launch.run(cfg, 0)
+    cells, _, meta = load_run(run_dir)
+    return cells, meta, run_dir
+
+
+def _row(cells: pd.DataFrame, strategy: str, workload: str = "mlp") -> pd.Series:
+    rows = cells[(cells["strategy"] == strategy) & (cells["workload"] == workload)]
+    assert len(rows) == 1, cells[["workload", "strategy", "status"]].to_string()
+    return rows.iloc[0]
+
+
+def test_rank_sigkill_names_rank_and_signal(faults):
+    r = _row(faults[0], "test-killsrank")
+    assert r["status"] == "failed"
+    assert "rank 1" in r["reason"] and "SIGKILL" in r["reason"], r["reason"]
+    assert "To enable traceback" not in r["reason"] and "error_file" not in r["reason"]
+
+
+def test_hang_in_collective_is_a_timeout_and_the_sigterm_ignorer_is_killed(faults):
+    r = _row(faults[0], "test-hangs-collective")
+    assert r["status"] == "timeout", r["reason"]
+    assert "cell_timeout_s=8" in r["reason"]
+    # the rank that ignored SIGTERM was killed, and both the row and meta.json say so
+    assert "killed with SIGKILL after ignoring SIGTERM: pid" in r["reason"], r["reason"]
+    assert any("ignoring SIGTERM" in s for s in faults[1]["survivors"])
+
+
+def test_oom_and_exceptions_keep_their_text_verbatim(faults):
+    oom = _row(faults[0], "test-oom")
+    assert oom["status"] == "failed"
+    assert oom["reason"].startswith("rank 1: OutOfMemoryError: CUDA out of memory")
+    assert "[/x] [bold]err == 0.[/]" in oom["reason"]
+    raises = _row(faults[0], "test-raises")
+    assert raises["status"] == "failed" and "deliberate failure in prepare" in raises["reason"]
+
+
+def test_broken_user_workload_fails_every_cell_with_its_message(faults):
+    cells = faults[0]
+    broken = cells[cells["workload"] == "broken-batches"]
+    assert len(broken) >= 5
+    ran = broken[broken["status"] != "skipped"]
+    assert (ran["status"] == "failed").all()
+    assert ran["reason"].str.contains("broken user data loader").all(), ran["reason"].tolist()
+
+
+def test_matrix_goes_on_and_nothing_is_lost(faults):
+    cells, meta, run_dir = faults
+    assert _row(cells, "ddp")["status"] == "ok" and _row(cells, "single")["status"] == "ok"
+    assert cells["cell_id"].is_unique and cells["status"].notna().all()
+    assert meta["status"] == "complete" and meta["interrupted"] is False
+    assert not list(run_dir.rglob("*.tmp")) and not list(run_dir.rglob(".*.tmp"))
+    assert not no_leftovers(str(run_dir))  # (other runs share this machine: only this run's folder)
+
+
+# --- The launcher itself is stopped or killed (the CLI in a subprocess).
+
+def _start(tmp_path: Path, strategies: str, *extra: str) -> subprocess.Popen:
+    """`parbench run` in a process of its own. World size 1: the faulty cell shares one torchrun with
+    the reference (one start-up instead of two on a loaded machine); the kill paths are the same."""
+    args = ["run", "--out", str(tmp_path), "--device", "cpu", "--backends", "gloo", "--world-sizes", "1",
+            "--workloads", "mlp", "--strategies", strategies, "--steps", "2", "--warmup", "1", "--profile-steps",
+            "0", "--sample-hz", "0", "--target-ci", "0", "--no-progress", *extra]
+    return subprocess.Popen([sys.executable, "-m", "bench.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_start(tmp_path: Path, strategy_cell: str, timeout: float = 150) -> Path:
+    """The run folder, once rank 0 reported the start of the cell whose plan names ``strategy_cell``."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for ev in tmp_path.glob("*/work/**/g*-a*-r0.jsonl"):
+            plan = json.loads(Path(str(ev).rsplit("-r0.jsonl", 1)[0] + ".json").read_text())
+            ids = {c["cell_id"] for c in plan["cells"] if c["strategy"] == strategy_cell}
+            for line in ev.read_text().splitlines():
+                if '"start"' in line and json.loads(line)["cell_id"] in ids:
+                    return ev.parents[1] if ev.parent.name == "work" else ev.parents[2]
+        time.sleep(0.2)
+    raise AssertionError(f"cell {strategy_cell} never started")
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_parent_stop_signal_is_a_clean_interrupt(tmp_path, sig, code):
+    proc = _start(tmp_path, "tests.helpers:Hangs", "--cell-timeout", "300")
+    run_dir = _wait_for_start(tmp_path, "test-hangs")
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == code, err
+    assert time.monotonic() - t0 < 15
+    assert "Traceback" not in err and f"interrupted by {sig.name}" in err
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["interrupted"] is True and meta["status"] == f"interrupted by {sig.name}"
+    assert (read_table(run_dir, "cells")["status"] == "ok").any()  # the reference cell before it is kept
+    assert not no_leftovers(str(run_dir), within_s=5)
+
+
+def test_parent_sigkill_leaves_no_process(tmp_path):
+    proc = _start(tmp_path, "tests.helpers:Hangs", "--cell-timeout", "300")
+    run_dir = _wait_for_start(tmp_path, "test-hangs")
+    proc.kill()
+    proc.wait(timeout=10)
+    # The ranks' watchdog sees the launcher gone; the agent follows its ranks.
+    assert not no_leftovers(str(run_dir), within_s=5)
+
+
+def test_torchrun_agent_sigkill_is_a_row_and_the_matrix_goes_on(tmp_path):
+    proc = _start(tmp_path, "tests.helpers:Hangs,ddp", "--cell-timeout", "300")
+    run_dir = _wait_for_start(tmp_path, "test-hangs")
+    agents = [p for p in psutil.Process(proc.pid).children() if "torch.distributed.run" in " ".join(p.cmdline())]
+    assert len(agents) == 1
+    agents[0].kill()
+    _, err = proc.communicate(timeout=150)
+    assert proc.returncode == 0, err
+    cells = read_table(run_dir, "cells").set_index("strategy")
+    assert cells.loc["test-hangs", "status"] == "failed"
+    assert "torchrun exited with signal 9 (SIGKILL)" in cells.loc["test-hangs", "reason"]
+    assert cells.loc["ddp", "status"] == "ok" and cells.loc["single", "status"] == "ok"
+    assert not no_leftovers(str(run_dir), within_s=5)
+
+
+def test_resume_runs_only_the_unfinished_cell_and_sets_aside_its_partial_rows(tmp_path):
+    """A run killed after a cell's steps were written but before its row: --resume runs that cell
+    alone, appends to the same folder, and its steps appear once."""
+    proc = _start(tmp_path, "ddp")
+    _, err = proc.communicate(timeout=150)
+    assert proc.returncode == 0, err
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    cells = read_table(run_dir, "cells")
+    ddp = int(cells.loc[cells["strategy"] == "ddp", "cell_id"].iloc[0])
+    for part in (run_dir / "cells.parquet").glob("part-*.parquet"):
+        if pd.read_parquet(part)["cell_id"].tolist() == [ddp]:
+            part.unlink()  # as if killed between the cell's steps part and its row
+    r = subprocess.run([sys.executable, "-m", "bench.cli", "run", "--resume", str(run_dir), "--no-progress"],
+                       capture_output=True, text=True, timeout=150)
+    assert r.returncode == 0, r.stderr
+    cells = read_table(run_dir, "cells")
+    assert sorted(cells["cell_id"]) == sorted(set(cells["cell_id"])) and ddp in set(cells["cell_id"])
+    assert (cells["status"] == "ok").all()
+    steps = read_table(run_dir, "steps")
+    timed = steps[(steps["cell_id"] == ddp) & (steps["phase"] == "timed")]
+    assert not timed.duplicated(["rank", "repeat", "step"]).any()
+    assert list((run_dir / "work" / "resume1" / "orphans").glob("steps-*"))
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["status"] == "complete" and ddp not in meta["resumed"]
+    _, _, loaded = load_run(run_dir)  # the folder still loads as one run
+    assert loaded["run_id"] == run_dir.name

@@ -1,0 +1,81 @@
+"""`parbench serve` end to end on CPU: 2 replicas (processes as devices) and a 2-stage pipeline of
+gpt-tiny, one process made slow on purpose; checks parity, routing, the tables and Little's law."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from bench.results import load_run, read_table
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("serve")
+    cmd = [sys.executable, "-m", "bench.cli_serve", "--device", "cpu", "--workload", "gpt-tiny",
+           "--placements", "replicas,pipeline", "--policies", "round-robin,jsq,batch", "--world-sizes", "2",
+           "--rates", "40", "--duration", "4", "--size", "uniform", "--size-min", "8", "--size-max", "24",
+           "--slow", "1=25", "--sample-hz", "0", "--out", str(out), "--cell-timeout", "120"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (run_dir,) = list(out.iterdir())
+    cells, _, meta = load_run(run_dir)
+    return cells.set_index(["strategy", "serve_policy"]), read_table(run_dir, "requests"), meta, p.stdout
+
+
+def test_every_cell_ok_serve_mode_and_parity(run):
+    cells, _, meta, out = run
+    assert (cells["status"] == "ok").all(), cells["reason"].tolist()
+    assert (cells["mode"] == "serve").all() and meta["mode"] == "serve"
+    assert len(cells) == 4
+    # every replica and the pipeline answer the probe inputs as one device does (fp32 on CPU)
+    assert cells["parity_ok"].all() and (cells["parity_rel_err"] <= 1e-5).all()
+    assert "req/s" in out
+
+
+def test_slow_replica_avoided_by_jsq_not_by_round_robin(run):
+    cells, req, _, _ = run
+    share = {}
+    for pol in ("round-robin", "jsq"):
+        r = req[req["cell_id"] == cells.loc[("replicas", pol), "cell_id"]]
+        share[pol] = (r["worker"] == 1).mean()
+    assert share["round-robin"] == pytest.approx(0.5, abs=0.02)
+    assert share["jsq"] < share["round-robin"] - 0.08
+
+
+def test_requests_table_is_complete_and_ordered(run):
+    cells, req, _, _ = run
+    for cid in cells["cell_id"]:
+        r = req[req["cell_id"] == cid]
+        row = cells[cells["cell_id"] == cid].iloc[0]
+        assert len(r) == row["serve_requests"] == row["serve_requests_done"] == row["latency_n"]
+        assert r["rid"].is_unique
+        assert (r["arrival_s"] <= r["dispatch_s"]).all()
+        assert (r["dispatch_s"] <= r["start_s"]).all() and (r["start_s"] < r["end_s"]).all()
+        assert set(r["tenant"]) == {"t0"} and r["size"].between(8, 24).all()
+    batched = req[req["cell_id"] == cells.loc[("replicas", "batch"), "cell_id"]]
+    assert batched["batch"].max() > 1  # dynamic batching formed batches
+    assert (req[req["cell_id"] == cells.loc[("replicas", "round-robin"), "cell_id"]]["batch"] == 1).all()
+
+
+def test_littles_law_on_the_recorded_requests(run):
+    cells, _, _, _ = run
+    for key, row in cells.iterrows():
+        assert row["little_rel_err"] < 0.05, (key, row["little_L"], row["little_lambda_W"])
+
+
+def test_measures_present(run):
+    cells, _, _, _ = run
+    r = cells.loc[("replicas", "jsq")]
+    assert r["latency_p50_s"] > 0 and pd.isna(r["latency_p99_s"])  # ~160 requests: p99 refused
+    assert "p99 (needs 662)" in r["latency_refused"]
+    assert r["queue_mean_s"] >= 0 and r["service_mean_s"] > 0 and 0 < r["util_mean"] < 1
+    assert r["util_imbalance"] >= 1 and r["peak_mem_bytes"] > 0 and r["serve_tokens_s"] > 0
+    per = json.loads(r["per_device"])
+    assert set(per) == {"0", "1"} and sum(v["requests"] for v in per.values()) == r["serve_requests"]

@@ -1,0 +1,273 @@
+"""Bad input, as a new user gives it: every case is one line on stderr that names the value and the
+fix, exit code 2, no traceback, and no run folder started."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.results import RunWriter
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PARBENCH_TEST_SECRET_TOKEN": "hunter2"}
+    return subprocess.run([sys.executable, "-m", "bench.cli", *args], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=cwd)
+
+
+def _run_folder(tmp: Path) -> Path:
+    """A small, valid run folder written without running anything (for report and compare)."""
+    d = tmp / "run"
+    w = RunWriter(d)
+    for i, (strategy, ws) in enumerate((("single", 1), ("ddp", 2))):
+        w.append("cells", [{"cell_id": i, "workload": "mlp", "strategy": strategy, "backend": "gloo",
+                            "world_size": ws, "device": "cpu", "precision": "fp32", "status": "ok",
+                            "role": "reference" if ws == 1 else "data-parallel", "throughput_samples_s": 100.0}])
+    (d / "meta.json").write_text(json.dumps({"run_id": "run", "config": {}}))
+    return d
+
+
+def _truncate_part(d: Path, table: str) -> None:
+    part = sorted((d / f"{table}.parquet").glob("part-*.parquet"))[0]
+    part.write_bytes(part.read_bytes()[:40])
+
+
+def _empty_part(d: Path, table: str) -> None:
+    (d / f"{table}.parquet").mkdir(exist_ok=True)
+    (d / f"{table}.parquet" / "part-000099.parquet").write_bytes(b"")
+
+
+def setup(tmp: Path, what: str) -> None:
+    """Files a case needs, in ``tmp``."""
+    if what == "file":
+        (tmp / "afile").write_text("x")
+    elif what.startswith("toml:"):
+        (tmp / "c.toml").write_text(what[5:].replace(";", "\n"))
+    elif what.startswith("run"):
+        d = _run_folder(tmp)
+        kind = what.partition(":")[2]
+        if kind == "truncated-cells":
+            _truncate_part(d, "cells")
+        elif kind == "empty-cells":
+            _empty_part(d, "cells")
+        elif kind == "empty-steps":
+            _empty_part(d, "steps")
+        elif kind == "meta-invalid":
+            (d / "meta.json").write_text("{not json")
+        elif kind == "meta-list":
+            (d / "meta.json").write_text("[1, 2]")
+        elif kind == "report-file":
+            (tmp / "out.html").write_text("x")
+        elif kind == "no-status":
+            RunWriter(d, resume=True).append("cells", [{"cell_id": 7, "workload": "mlp", "strategy": "fsdp",
+                                                        "backend": "gloo", "world_size": 2}])
+        elif kind == "no-meta":
+            (d / "meta.json").unlink()
+
+
+LONG = "x" * 300
+RUN = "run"  # marks a `parbench run` case: --out {tmp}/out is added unless the case gives --out
+
+CASES = [
+    # --out
+    ("out-is-file", "file", [RUN, "--out", "{tmp}/afile"], "--out '{tmp}/afile' is a file, not a folder"),
+    ("out-under-file", "file", [RUN, "--out", "{tmp}/afile/sub"], "is not writable (a part of the path is a file)"),
+    ("out-read-only", None, [RUN, "--out", "/proc/parbench-out"], "--out '/proc/parbench-out' is not writable"),
+    ("out-300-chars", None, [RUN, "--out", "{tmp}/" + LONG], "over the file system's 255; pass a shorter"),
+    # strategy options
+    ("option-not-int", None, [RUN, "--option", "micro_batches=abc"],
+     "option micro_batches='abc' must be an integer, e.g. micro_batches=8"),
+    ("option-unknown-key", None, [RUN, "--strategies", "ddp", "--option", "nosuch=1"],
+     "option 'nosuch' is not an option of the strategies in this run; known:"),
+    ("option-no-equals", None, [RUN, "--option", "micro_batches"], "must be KEY=VALUE"),
+    ("mesh-0x2", None, [RUN, "--option", "mesh=0x2"], "mesh '0x2': both degrees must be >= 1"),
+    ("mesh-words", None, [RUN, "--option", "mesh=four"], "mesh 'four' must look like 2x2"),
+    ("mesh-vs-world", None, [RUN, "--option", "mesh=2x4"], "mesh 2x4 has 8 ranks but world sizes are"),
+    # TOML
+    ("toml-steps-word", 'toml:steps = "five"', [RUN, "--config", "{tmp}/c.toml"], "steps='five' must be an integer"),
+    ("toml-steps-float", "toml:steps = 2.7", [RUN, "--config", "{tmp}/c.toml"], "steps=2.7 must be an integer"),
+    ("toml-warmup-bool", "toml:warmup = true", [RUN, "--config", "{tmp}/c.toml"], "warmup=True must be an integer"),
+    ("toml-unknown-key", "toml:stepz = 3", [RUN, "--config", "{tmp}/c.toml"], "unknown setting 'stepz'"),
+    ("toml-syntax", "toml:steps = = 3", [RUN, "--config", "{tmp}/c.toml"], "is not valid TOML"),
+    ("toml-options-not-table", "toml:options = 3", [RUN, "--config", "{tmp}/c.toml"], "options must be a TOML table"),
+    ("toml-lr-word", 'toml:lr = "fast"', [RUN, "--config", "{tmp}/c.toml"], "lr='fast' must be a number"),
+    ("config-missing", None, [RUN, "--config", "/no/such.toml"], "config '/no/such.toml' not found"),
+    # flags
+    ("steps-0", None, [RUN, "--steps", "0"], "steps=0 must be >= 1"),
+    ("warmup-negative", None, [RUN, "--warmup", "-1"], "warmup=-1 must be >= 0"),
+    ("repeats-0", None, [RUN, "--repeats", "0"], "repeats=0 must be >= 1"),
+    ("world-size-0", None, [RUN, "--world-sizes", "0"], "world sizes: 0 must be >= 1"),
+    ("world-size-word", None, [RUN, "--world-sizes", "a"], "world sizes: 'a' is not an integer"),
+    ("device-unknown", None, [RUN, "--device", "tpu"], "device 'tpu' unknown; use cpu or cuda"),
+    ("device-cuda-no-gpu", None, [RUN, "--device", "cuda"], "no GPU visible; use --device cpu"),
+    ("nccl-no-gpu", None, [RUN, "--backends", "nccl"], "--backends nccl: no GPU visible"),
+    ("backend-unknown", None, [RUN, "--backends", "mpi"], "backend 'mpi' unknown"),
+    ("precision-unknown", None, [RUN, "--precision", "fp16"], "precision 'fp16' unknown"),
+    ("bf16-on-cpu", None, [RUN, "--precision", "bf16", "--device", "cpu"], "use --precision fp32 on cpu"),
+    ("scaling-unknown", None, [RUN, "--scaling", "diagonal"], "scaling 'diagonal' unknown"),
+    ("sample-hz-high", None, [RUN, "--sample-hz", "5000"], "must be between 0 (off) and 1000"),
+    ("cell-timeout-0", None, [RUN, "--cell-timeout", "0"], "cell_timeout_s=0.0 must be > 0"),
+    ("budget-word", None, [RUN, "--budget", "soon"], "budget 'soon' is not a duration"),
+    ("budget-0", None, [RUN, "--budget", "0"], "budget '0' must be longer than 0 s"),
+    ("target-ci-high", None, [RUN, "--target-ci", "1.5"], "must be fractions in [0, 1)"),
+    ("global-batch-0", None, [RUN, "--global-batch", "0"], "global batch 0 must be >= 1"),
+    ("trace-without-profile", None, [RUN, "--trace", "--profile-steps", "0"], "--trace needs profiled steps"),
+    # workloads and strategies
+    ("workload-unknown", None, [RUN, "--workloads", "nope"], "unknown workload 'nope'"),
+    ("workload-dim-not-int", None, [RUN, "--workloads", "gpt-tiny[d_model=x]"], "must be key=<integer>"),
+    ("workload-brackets", None, [RUN, "--workloads", "gpt-tiny[d_model=8"], "write dimensions as name[key=value"),
+    ("workload-factory-raises", None, [RUN, "--workloads", "tests.helpers:factory_raises"],
+     "its factory raised RuntimeError: deliberate failure in the factory [/x]"),
+    ("workload-no-module", None, [RUN, "--workloads", "no_such_pkg:f"], "cannot import 'no_such_pkg'"),
+    ("workload-no-callable", None, [RUN, "--workloads", "tests.helpers:nothing"], "has no callable 'nothing'"),
+    ("strategy-unknown", None, [RUN, "--strategies", "zero3"], "unknown strategy 'zero3'"),
+    # resume
+    ("resume-missing", None, [RUN, "--resume", "/no/such/run"], "--resume '/no/such/run' is not a parbench run"),
+    ("resume-with-flags", "run", [RUN, "--resume", "{tmp}/run", "--steps", "3"], "drop --steps"),
+    ("resume-no-config", "run", [RUN, "--resume", "{tmp}/run"], "meta.json has no config"),
+    # report and compare on damaged run folders
+    ("report-missing", None, ["report", "/no/such/run"], "not a parbench run folder"),
+    ("report-truncated-cells", "run:truncated-cells", ["report", "{tmp}/run"], "cannot be read"),
+    ("report-empty-cells-part", "run:empty-cells", ["report", "{tmp}/run"], "part-000099.parquet cannot be read"),
+    ("report-empty-steps-part", "run:empty-steps", ["report", "{tmp}/run"], "part-000099.parquet cannot be read"),
+    ("report-meta-invalid", "run:meta-invalid", ["report", "{tmp}/run"], "meta.json is not valid JSON"),
+    ("report-meta-list", "run:meta-list", ["report", "{tmp}/run"], "holds a JSON list, not an object"),
+    ("report-onto-file", "run:report-file", ["report", "{tmp}/run", "-o", "{tmp}/out.html"],
+     "-o '{tmp}/out.html' is an existing file"),
+    ("compare-truncated", "run:truncated-cells", ["compare", "{tmp}/run", "{tmp}/run"], "cannot be read"),
+    ("compare-meta-list", "run:meta-list", ["compare", "{tmp}/run", "{tmp}/run"], "holds a JSON list"),
+    ("compare-no-status", "run:no-status", ["compare", "{tmp}/run", "{tmp}/run"], "cell(s) 7 have no status"),
+    ("report-no-status", "run:no-status", ["report", "{tmp}/run"], "cell(s) 7 have no status"),
+    ("compare-missing", None, ["compare", "/a", "/b"], "not a parbench run folder"),
+    ("compare-threshold-word", None, ["compare", "/a", "/b", "--threshold", "x"], "threshold 'x'"),
+]
+
+
+def argv_of(name: str, args: list[str], tmp: Path) -> list[str]:
+    argv = [a.replace("{tmp}", str(tmp)) for a in args]
+    if argv[0] == RUN:
+        argv[0] = "run"
+        if "--out" not in argv and "--resume" not in argv:
+            argv += ["--out", str(tmp / "out")]
+        if "--device" not in argv and name != "nccl-no-gpu" and "--resume" not in argv:
+            argv += ["--device", "cpu"]
+    return argv
+
+
+def in_process(argv: list[str], capsys) -> tuple[int, str]:
+    """bench.cli.main in this process (the same code path as the command, without paying a
+    Python + torch start per case on a loaded 2-core machine); argparse's exits count as codes."""
+    from bench.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, prep, args, needle", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2(tmp_path, capsys, name, prep, args, needle):
+    if prep:
+        setup(tmp_path, prep)
+    argv = argv_of(name, args, tmp_path)
+    before = {p for p in tmp_path.rglob("*")}
+    code, err = in_process(argv, capsys)
+    err = err.strip()
+    assert code == 2, (code, err[-2000:])
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err[-2000:]
+    assert err.startswith("parbench: error: ")
+    assert needle.replace("{tmp}", str(tmp_path)) in err, err
+    new = {p for p in tmp_path.rglob("*")} - before
+    assert not [p for p in new if p.name == "meta.json"], new  # no run folder was started
+
+
+#: A few cases through the real command, in a process of its own: exit status, stderr, no traceback.
+SUBPROCESS = ("out-is-file", "toml-steps-float", "device-cuda-no-gpu", "workload-factory-raises",
+              "report-truncated-cells", "report-onto-file")
+
+
+@pytest.mark.parametrize("name", SUBPROCESS)
+def test_bad_input_through_the_command(tmp_path, name):
+    _, prep, args, needle = next(c for c in CASES if c[0] == name)
+    if prep:
+        setup(tmp_path, prep)
+    r = cli(*argv_of(name, args, tmp_path), cwd=Path(__file__).parents[2])
+    err = r.stderr.strip()
+    assert r.returncode == 2, (r.returncode, err[-2000:])
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err[-2000:]
+    assert needle.replace("{tmp}", str(tmp_path)) in err, err
+
+
+def test_cases_are_many_and_distinct():
+    assert len(CASES) >= 40 and len({c[0] for c in CASES}) == len(CASES)
+
+
+def test_disk_full_keeps_parts_whole_and_says_so_in_one_line(tmp_path, monkeypatch):
+    """ENOSPC while a part is written: a one-line UserError naming the fix, the parts written
+    before are kept, no temporary file is left."""
+    import errno
+
+    import pyarrow.parquet as pq
+
+    from bench import UserError
+    from bench.results import read_table
+
+    w = RunWriter(tmp_path / "run")
+    w.append("cells", [{"cell_id": 0, "workload": "mlp", "strategy": "single", "backend": "gloo", "world_size": 1,
+                        "status": "ok"}])
+    real = pq.write_table
+
+    def full(table, where, *a, **k):
+        Path(where).write_bytes(b"PAR1 half")  # what a full disk leaves: a partial file
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pq, "write_table", full)
+    with pytest.raises(UserError, match=r"No space left on device.*finished cells are kept.*--resume") as e:
+        w.append("cells", [{"cell_id": 1, "workload": "mlp", "strategy": "ddp", "backend": "gloo", "world_size": 2,
+                            "status": "ok"}])
+    assert "\n" not in str(e.value)
+    monkeypatch.setattr(pq, "write_table", real)
+    assert not list((tmp_path / "run").rglob("*.tmp"))
+    assert read_table(tmp_path / "run", "cells")["cell_id"].tolist() == [0]
+
+
+def test_meta_json_full_disk_is_a_user_error(tmp_path, monkeypatch):
+    import errno
+
+    from bench import UserError
+    from bench.results import write_meta
+
+    d = tmp_path / "run"
+    d.mkdir()
+
+    def full(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(UserError, match="cannot write .*meta.json .No space left on device"):
+        write_meta(d, {})
+    assert not list(d.iterdir())
+
+
+def test_no_secret_looking_variable_reaches_meta_or_report(tmp_path, monkeypatch):
+    """meta.json keeps allowlisted variables only: a token-like name never appears."""
+    from bench.results import write_meta
+
+    monkeypatch.setenv("PARBENCH_API_TOKEN", "hunter2-token")
+    monkeypatch.setenv("NCCL_SECRET_KEY", "hunter2-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hunter2-aws")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    d = tmp_path / "run"
+    d.mkdir()
+    meta = write_meta(d, {})
+    text = (d / "meta.json").read_text()
+    assert "hunter2" not in text and "TOKEN" not in text and "SECRET" not in text
+    assert json.loads(text)["fingerprint"]["env"].get("OMP_NUM_THREADS") == "1" or "OMP_NUM_THREADS" in text
+    assert meta["run_id"] == "run"

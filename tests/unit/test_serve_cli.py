@@ -1,0 +1,72 @@
+"""`parbench serve` flags (bad input is a one-line error, exit 2) and the rate sweep's search."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from bench import UserError
+from bench.cli_serve import config_from_args, main, register
+from bench.serve.config import ServeConfig
+from bench.serve.sweep import run_sweep
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    register(p.add_subparsers(dest="cmd"))
+    return p.parse_args(["serve", *argv])
+
+
+def test_defaults_and_parsing():
+    cfg = config_from_args(_args("--workload", "gpt-tiny[n_layer=4]", "--rates", "10,40", "--clients", "2",
+                                 "--tenants", "a:rate=3;b:rate=1,size=pareto", "--slow", "1=20"), gpus=0)
+    assert cfg.device == "cpu" and cfg.dims == {"n_layer": 4} and cfg.world_sizes == [2]
+    assert [t.name for t in cfg.tenants] == ["a", "b"] and cfg.slow == {1: 0.02}
+    levels = cfg.levels()
+    assert [lv.label for lv in levels] == ["2tenants-poisson@10/s", "2tenants-poisson@40/s", "closed@2"]
+    assert sum(t.rate for t in levels[1].tenants) == pytest.approx(40)  # ratios kept, total scaled
+    assert levels[1].tenants[0].rate == pytest.approx(30)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--placements", "replicas,magic"], ["--policies", "fastest"], ["--rates", "ten"], ["--rates", "-5"],
+    ["--world-sizes", "1.5"], ["--workload", "gpt-tiny[n_layer=x]"], ["--slow", "one=5"], ["--device", "cuda"],
+    ["--noisy-rates", "5"], ["--task", "dance"], ["--arrival", "uniform"],
+])
+def test_bad_input_is_a_user_error(argv):
+    with pytest.raises(UserError):
+        config_from_args(_args(*argv), gpus=0)
+
+
+def test_main_exits_2_with_one_line(capsys):
+    assert main(["--policies", "fastest"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("parbench: error: --policies") and "\n" not in err
+
+
+def test_sweep_finds_the_highest_passing_rate():
+    capacity = 100.0  # a fake server: p99 meets the target below this rate
+
+    def cell(load):
+        ok = load.rate < capacity
+        return {"status": "ok", "slo_met": ok, "latency_p99_s": 0.01 if ok else 1.0}
+
+    cfg = ServeConfig(rates=[10.0], slo_ms=50.0)
+    found = run_sweep(cell, cfg, None)
+    rates = [t["rate"] for t in found["tried"]]
+    # doubling until the first failure, then bisection between 80 (pass) and 160 (fail)
+    assert rates == [10, 20, 40, 80, 160, 120, 100, 90]
+    assert found["max_rate_rps"] == 90 and found["first_failing_rps"] == 100
+
+
+def test_sweep_with_nothing_passing_says_so():
+    found = run_sweep(lambda load: {"status": "ok", "slo_met": False}, ServeConfig(slo_ms=1.0), None)
+    assert found["max_rate_rps"] is None and found["note"]
+
+
+def test_unknown_workload_or_task_exits_2_and_leaves_no_run_folder(tmp_path, capsys):
+    assert main(["--workload", "nope", "--out", str(tmp_path)]) == 2
+    assert main(["--workload", "convnet", "--task", "generate", "--out", str(tmp_path)]) == 2
+    assert "--task" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

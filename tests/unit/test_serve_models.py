@@ -1,0 +1,56 @@
+"""Inference models: the KV cache generates what full recomputation does; batching changes no answer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.serve.models import ServeModel, generate_naive, run_grouped
+from bench.workloads import resolve
+
+CPU = torch.device("cpu")
+
+
+def test_kv_cache_generation_equals_recomputation():
+    sm = ServeModel.create(resolve("gpt-tiny", seed=1), task="generate", gen_tokens=6, seed=1)
+    model = sm.build(CPU, torch.float32)
+    x = torch.cat([sm.make_input(i, 12) for i in range(4)])
+    assert torch.equal(sm.runner(model)(x), generate_naive(model, x, 6))
+
+
+def test_batched_answers_equal_one_at_a_time():
+    for name, task, sizes in (("gpt-tiny", "score", [5, 9, 5, 9]), ("convnet", "classify", [1, 3, 2])):
+        sm = ServeModel.create(resolve(name), task=task, gen_tokens=1, seed=0)
+        fn = sm.runner(sm.build(CPU, torch.float32))
+        inputs = [sm.make_input(i, s) for i, s in enumerate(sizes)]
+        together = run_grouped(fn, inputs, CPU, torch.float32)
+        alone = [run_grouped(fn, [x], CPU, torch.float32)[0] for x in inputs]
+        for a, b in zip(together, alone):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert [a.shape[0] for a in together] == [1 if task == "score" else s for s in sizes]
+
+
+def test_pipeline_parts_compose_to_the_model():
+    sm = ServeModel.create(resolve("gpt-tiny"), task="score", gen_tokens=1, seed=0)
+    model = sm.build(CPU, torch.float32)
+    x = sm.make_input(0, 16)
+    y = x
+    for part in sm.parts(model, 2):
+        y = part(y)
+    torch.testing.assert_close(sm.finish(y, x), sm.runner(model)(x))
+
+
+def test_task_must_fit_the_workload_and_sizes_are_clipped():
+    with pytest.raises(ValueError):
+        ServeModel.create(resolve("convnet"), task="generate", gen_tokens=4, seed=0)
+    sm = ServeModel.create(resolve("gpt-tiny"), task="generate", gen_tokens=8, seed=0)
+    assert sm.max_size == 32 - 8 and sm.make_input(0, 1000).shape == (1, 24)
+    assert sm.tokens(10) == 18 and sm.samples(10) == 1
+
+
+def test_user_workload_through_the_import_seam():
+    sm = ServeModel.create(resolve("tests.foreign_models:encoder_stack"), task="auto", gen_tokens=1, seed=0)
+    assert sm.task == "classify" and not sm.is_gpt
+    fn = sm.runner(sm.build(CPU, torch.float32))
+    out = run_grouped(fn, [sm.make_input(1, 2), sm.make_input(2, 3)], CPU, torch.float32)
+    assert [o.shape[0] for o in out] == [2, 3]

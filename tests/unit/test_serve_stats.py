@@ -1,0 +1,68 @@
+"""Percentile rule (LoadGen early stopping, derived), Little's law, imbalance."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import binom
+
+from bench.serve.policies import RoundRobin, simulate
+from bench.serve.stats import imbalance, littles_law, min_samples, percentiles, refused
+
+
+def test_min_samples_reproduces_loadgen():
+    assert min_samples(90) == 64
+    assert min_samples(99) == 662
+
+
+def test_min_samples_is_the_smallest_that_bounds_the_percentile():
+    for p in (50, 90, 95, 99):
+        n, q = min_samples(p), 1 - p / 100
+        assert binom.cdf(1, n, q) <= 0.01 < binom.cdf(1, n - 1, q)
+
+
+def test_min_samples_moves_with_confidence_and_percentile():
+    assert min_samples(99, confidence=0.9) < min_samples(99) < min_samples(99, confidence=0.999)
+    assert min_samples(50) < min_samples(90) < min_samples(95) < min_samples(99)
+    with pytest.raises(ValueError):
+        min_samples(100)
+
+
+def test_percentiles_refuse_too_few_samples():
+    few = percentiles(np.arange(63.0))
+    assert few["n"] == 63 and not math.isnan(few["p50"]) and math.isnan(few["p90"]) and math.isnan(few["p99"])
+    ok = percentiles(np.arange(1.0, 65.0))
+    assert ok["p90"] == 58.0  # an observed value (inverted CDF): ceil(0.9 * 64) = 58th
+    assert math.isnan(ok["p99"])
+    assert percentiles(np.arange(700.0))["p99"] == 692.0  # the 693rd of 0..699
+    assert refused(100) == ["p95 (needs 130)", "p99 (needs 662)"]
+    assert refused(1000) == []
+
+
+def _mm1(rate, service, n, seed=0):
+    rng = np.random.default_rng(seed)
+    arr = np.cumsum(rng.exponential(1 / rate, n))
+    res = simulate(RoundRobin(1), arr, [service])
+    return arr, res.end
+
+
+def test_littles_law_holds_on_a_stable_queue():
+    arr, end = _mm1(rate=50, service=0.012, n=4000)  # utilisation 0.6
+    ll = littles_law(arr, end)
+    assert ll["rel_err"] < 0.05
+    assert ll["L"] > 0.5  # a real queue, not an empty system
+
+
+def test_littles_law_breaks_when_the_run_is_not_stationary():
+    # arrivals twice the service capacity: the queue grows all run long, the window's L and the
+    # window arrivals' W disagree by far more than 5%
+    arr, end = _mm1(rate=100, service=0.02, n=2000)
+    assert littles_law(arr, end)["rel_err"] > 0.05
+
+
+def test_imbalance():
+    assert imbalance([1, 1, 1]) == 1.0
+    assert imbalance([3, 1]) == 1.5
+    assert math.isnan(imbalance([]))
