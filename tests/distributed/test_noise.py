@@ -3,7 +3,6 @@ contended host are named."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -72,4 +71,6 @@ def test_a_contended_host_is_flagged(tmp_path):
     row = cells.iloc[0]
     assert row["status"] == "ok" and row["contended"], row[["contended", "host_other_cpu_cores", "host_load1"]]
     assert not row["stable"] and "contended" in row["noise"]
-    assert json.dumps(row["host_other_cpu_cores"]) and row["host_other_cpu_cores"] >= 0.5
+    # The hogs are children of this test process, which is also the launcher here, so they may count
+    # as the benchmark's own CPU; the load they add is seen either way.
+    assert row["host_load1"] > 1.5 or row["host_other_cpu_cores"] >= 0.5
