@@ -579,12 +579,15 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
                 if failed or len(p.repeats) >= p.spec.measure.repeats:
                     finish(p)
 
+        queue: list[spec.Event] = []  # read but not yet handled: a signal between the two must not lose them
         try:
             while True:
                 tree.refresh()
                 exited = proc.poll() is not None
-                for ev in reader.poll():
-                    handle(ev)
+                queue.extend(reader.poll())
+                while queue:
+                    handle(queue[0])
+                    queue.pop(0)
                 if exited:
                     break
                 if time.monotonic() > deadline:
@@ -599,7 +602,7 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
             if isinstance(stop, KeyboardInterrupt):
                 # A cell measured just before the signal is finished: its row must not be lost.
                 try:
-                    for ev in reader.poll():
+                    for ev in [*queue, *reader.poll()]:
                         if isinstance(ev, spec.Measured):
                             handle(ev)
                 except Exception as e:  # noqa: BLE001 - stopping anyway; the kill below matters more
@@ -781,7 +784,8 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
                      survivors=survivors, **extra)
     # One part per table from here on (reading a long run's thousands of parts costs seconds);
     # only after a complete run: an interrupted one keeps its parts for --resume.
-    writer.compact()
+    if not os.environ.get("PARBENCH_KEEP_PARTS"):
+        writer.compact()
     return run_dir
 
 

@@ -177,8 +177,13 @@ def test_torchrun_agent_sigkill_is_a_row_and_the_matrix_goes_on(tmp_path):
 
 def test_resume_runs_only_the_unfinished_cell_and_sets_aside_its_partial_rows(tmp_path):
     """A run killed after a cell's steps were written but before its row: --resume runs that cell
-    alone, appends to the same folder, and its steps appear once."""
-    proc = _start(tmp_path, "ddp")
+    alone, appends to the same folder, and its steps appear once. (A complete run is compacted to
+    one part per table; PARBENCH_KEEP_PARTS keeps the parts, as a killed run leaves them.)"""
+    os.environ["PARBENCH_KEEP_PARTS"] = "1"
+    try:
+        proc = _start(tmp_path, "ddp")
+    finally:
+        del os.environ["PARBENCH_KEEP_PARTS"]
     _, err = proc.communicate(timeout=150)
     assert proc.returncode == 0, err
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
