@@ -276,16 +276,10 @@ def register(sub: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point (the device script uses it before cli.py is wired)."""
-    parser = argparse.ArgumentParser(prog="parbench")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    register(sub)
-    args = parser.parse_args(["comm", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.handler(args)
-    except UserError as e:
-        print(f"parbench: error: {e}", file=sys.stderr)
-        return 2
+    """``python -m bench.cli_comm`` = ``parbench comm`` (device scripts call it this way)."""
+    from bench.cli import main as parbench
+
+    return parbench(["comm", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

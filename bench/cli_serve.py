@@ -162,16 +162,10 @@ def register(sub: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point (until bench/cli.py wires ``serve``)."""
-    parser = argparse.ArgumentParser(prog="parbench")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    register(sub)
-    args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.func(args)
-    except UserError as e:
-        print(f"parbench: error: {e}", file=sys.stderr)
-        return 2
+    """``python -m bench.cli_serve`` = ``parbench serve`` (device scripts call it this way)."""
+    from bench.cli import main as parbench
+
+    return parbench(["serve", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
