@@ -167,7 +167,9 @@ def run_test(base_runs: np.ndarray, cur: np.ndarray, alpha: float = ALPHA) -> di
     b, c = np.log(np.asarray(base_runs, float)), np.log(np.asarray(cur, float))
     k, n = len(b), len(c)
     sd = max(float(np.std(b, ddof=1)), 1e-9)
-    se = sd * math.sqrt(1 / k + 1 / n)
+    # CURRENT is one run: its repeats share that run's drift, so it counts as one draw of the
+    # run-to-run spread whatever its repeat count (n only sets what is reported).
+    se = sd * math.sqrt(1 / k + 1)
     d = float(c.mean() - b.mean())
     p = 2 * stats.t.sf(abs(d) / se, k - 1)
     half = stats.t.ppf(1 - alpha / 2, k - 1) * se
@@ -177,13 +179,15 @@ def run_test(base_runs: np.ndarray, cur: np.ndarray, alpha: float = ALPHA) -> di
 
 
 def runs_needed(base_runs: np.ndarray, threshold: float, alpha: float = ALPHA) -> int | None:
-    """CURRENT repeats that bring :func:`run_test`'s interval under the threshold, or None when
-    even many would not (the history's run-to-run noise alone is too wide: it needs more runs)."""
+    """History runs that bring :func:`run_test`'s interval under the threshold, or None when no
+    number would (one new run's own drift, the history's run-to-run spread, is wider than the
+    threshold: the machine is too noisy for it)."""
     b = np.log(np.asarray(base_runs, float))
-    k = len(b)
-    half_max = threshold / 2 / (stats.t.ppf(1 - alpha / 2, k - 1) * max(float(np.std(b, ddof=1)), 1e-9))
-    room = half_max ** 2 - 1 / k
-    return int(math.ceil(1 / room)) if room > 0 and 1 / room < 1000 else None
+    sd = max(float(np.std(b, ddof=1)), 1e-9)
+    for k in range(max(len(b), 3), 1000):
+        if 2 * stats.t.ppf(1 - alpha / 2, k - 1) * sd * math.sqrt(1 / k + 1) <= threshold:
+            return k
+    return None
 
 
 def samples_needed(base: np.ndarray, cur: np.ndarray, width: float, threshold: float,
@@ -300,9 +304,12 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
 
     key = [c for c in key_columns(set(base.columns) & set(cur.columns)) if c in base.columns and c in cur.columns]
     key = KEY + [c for c in key if c not in KEY]
+    # Weak scaling plans one single-device cell per global batch: then the batch is part of the key.
+    if "global_batch" in base and "global_batch" in cur and (base.duplicated(key).any() or cur.duplicated(key).any()):
+        key.append("global_batch")
     _check_inputs(base, cur, key)
-    extra = ["cell_id", "status", "parity_ok", "throughput_samples_s", "step_time_median_s", "step_time_ci_low_s",
-             "step_time_ci_high_s", *DIMENSIONS]
+    extra = [c for c in ("cell_id", "status", "parity_ok", "throughput_samples_s", "step_time_median_s",
+                         "step_time_ci_low_s", "step_time_ci_high_s", *DIMENSIONS) if c not in key]
     b = base.reindex(columns=key + extra).drop_duplicates(key).copy()
     c = cur.reindex(columns=key + extra).drop_duplicates(key).copy()
     for df in (b, c):
@@ -360,6 +367,8 @@ def _verdict(r: pd.Series, row: dict, bs: dict, cs: dict, run_diff: list[str], c
         return "broken", "parity with one device failed"
     diffs = list(run_diff)
     for dim in DIMENSIONS:
+        if f"{dim}_b" not in r:  # part of the key (weak scaling's global batch): equal by construction
+            continue
         if _differs(r[f"{dim}_b"], r[f"{dim}_c"]):
             diffs.append(f"{dim} {r[f'{dim}_b']} vs {r[f'{dim}_c']}")
     if pd.isna(r["gpu_name_b"]) or pd.isna(r["gpu_name_c"]):  # no per-cell model: the run's GPUs
@@ -381,9 +390,9 @@ def _verdict(r: pd.Series, row: dict, bs: dict, cs: dict, run_diff: list[str], c
             need = runs_needed(sb.values, threshold, alpha)
             row["needed"] = need
             spread = float(np.std(np.log(sb.values), ddof=1))
-            note += (f"; about {need} repeats in CURRENT would resolve it" if need else
-                     f"; its {len(sb.values)} runs differ by ~{spread:.0%} run to run: it needs more runs, "
-                     "and CURRENT repeats")
+            note += (f"; a history of about {need} runs would resolve it" if need else
+                     f"; its {len(sb.values)} runs differ by ~{spread:.0%} run to run, more than this threshold "
+                     "can resolve on this machine")
         return verdict, note
     # Repeats on one side only: compare like with like, steps against steps.
     if sb.unit != sc.unit:
