@@ -78,12 +78,13 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 def install_stop_handlers() -> None:
     """SIGTERM and SIGHUP stop the run as SIGINT does (the launcher kills its process trees, keeps
     the finished cells and writes meta.json); a second signal during that cleanup is ignored."""
-    from bench.launch import Interrupted
+    from bench.launch import Interrupted, request_stop
 
     def handler(signum, _frame):
         for s in STOP_SIGNALS:
             signal.signal(s, signal.SIG_IGN)
-        raise Interrupted(signum)
+        if not request_stop(signum):  # inside a group the launcher raises it at a safe point
+            raise Interrupted(signum)
 
     for s in STOP_SIGNALS:
         signal.signal(s, handler)

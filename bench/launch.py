@@ -580,8 +580,10 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
                     finish(p)
 
         queue: list[spec.Event] = []  # read but not yet handled: a signal between the two must not lose them
+        _IN_GROUP[0] = True
         try:
             while True:
+                _check_stop()
                 tree.refresh()
                 exited = proc.poll() is not None
                 queue.extend(reader.poll())
@@ -609,6 +611,8 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
                     log.warning("last events not recorded: %s", e)
             tree.kill(grace_s=1.0)
             raise
+        finally:
+            _IN_GROUP[0] = False
         # No process of this launch may outlive it (a rank that lost its agent would run on beside
         # the next launch and skew its times): a survivor is killed and named.
         left = tree.survivors(grace_s=2.0 if proc.returncode else 0.5)
@@ -653,6 +657,24 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+#: While a group runs, a stop signal is only noted here and raised by the group's loop at a safe
+#: point (between reading events and handling them a raise could lose a finished cell's row).
+_STOP: list[int] = []
+_IN_GROUP: list[bool] = [False]
+
+
+def request_stop(signum: int) -> bool:
+    """Note a stop signal; True if a group's loop will raise it within 50 ms, False if the caller
+    must raise it now."""
+    _STOP.append(signum)
+    return _IN_GROUP[0]
+
+
+def _check_stop() -> None:
+    if _STOP:
+        raise Interrupted(_STOP[0])
 
 
 def check_out(out: str) -> None:
@@ -727,6 +749,7 @@ def set_aside_orphans(run_dir: Path, done: set[int], to: Path) -> list[Path]:
 def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, resume: Path | None = None) -> Path:
     """Run the whole matrix (or, with ``resume``, the cells that run folder has no row for, appended
     to it); returns the run folder. Rows land on disk as cells finish."""
+    _STOP.clear()  # a signal noted by an earlier run in this process is not this run's
     cells, wls, metrics = plan(cfg, gpus)
     from bench.config import parse_duration
 
