@@ -59,18 +59,22 @@ def test_a_slow_rank_is_named(tmp_path):
 
 
 def test_a_contended_host_is_flagged(tmp_path):
+    """Two busy loops outside the benchmark's process tree (as another job on the host is: the run
+    is a `parbench run` process of its own, not this test's) are seen as contention."""
     hog = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         time.sleep(1.0)
-        cells, _, _ = run(tmp_path, workloads="mlp", strategies="single", world_sizes="1", steps=30, warmup=2,
-                          target_ci=0)
+        r = subprocess.run([sys.executable, "-m", "bench.cli", "run", "--out", str(tmp_path), "--device", "cpu",
+                            "--backends", "gloo", "--workloads", "mlp", "--strategies", "single", "--world-sizes",
+                            "1", "--steps", "30", "--warmup", "2", "--target-ci", "0", "--profile-steps", "0",
+                            "--sample-hz", "20", "--no-progress"], capture_output=True, text=True, timeout=300)
     finally:
         for p in hog:
             p.kill()
             p.wait()
-    row = cells.iloc[0]
+    assert r.returncode == 0, r.stderr
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    row = load_run(run_dir)[0].iloc[0]
     assert row["status"] == "ok" and row["contended"], row[["contended", "host_other_cpu_cores", "host_load1"]]
     assert not row["stable"] and "contended" in row["noise"]
-    # The hogs are children of this test process, which is also the launcher here, so they may count
-    # as the benchmark's own CPU; the load they add is seen either way.
-    assert row["host_load1"] > 1.5 or row["host_other_cpu_cores"] >= 0.5
+    assert row["host_other_cpu_cores"] >= 0.5
