@@ -364,14 +364,6 @@ def _main(plan: GroupPlan) -> int:
     try:
         failed_cells: set[int] = set()
         for r, order in enumerate(rounds(plan)):
-            if r > 0 and plan.deadline_unix is not None:
-                late = [time.time() > plan.deadline_unix]
-                dist.broadcast_object_list(late, src=0)  # one decision for every rank
-                if late[0]:
-                    if rank == 0:
-                        events.emit(spec.Stopped(reason="time budget: no time left for another round", t=time.time(),
-                                                 rounds_done=r))
-                    break
             stop = False
             for cell, repeat in order:
                 if cell.cell_id in failed_cells:  # failed once: its later repeats are not run

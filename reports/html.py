@@ -110,7 +110,12 @@ def _figure(fn, out: Path, name: str) -> dict:
     ax = fn()
     path = out / f"{name}.png"
     figures.save(ax, path)
-    return {"name": name, "data": base64.b64encode(path.read_bytes()).decode()}
+    return _embedded(path)
+
+
+def _embedded(path: Path) -> dict:
+    """A PNG written beside the page, as the page embeds it (base64)."""
+    return {"name": path.stem, "data": base64.b64encode(path.read_bytes()).decode()}
 
 
 def _workload_figures(cells: pd.DataFrame, wl: str, out: Path, annotated: pd.DataFrame | None) -> list[dict]:
@@ -147,7 +152,7 @@ def _serving(run_dir: Path, serving: pd.DataFrame, out: Path) -> dict | None:
     if len(cv):
         path = out / "serve-rate-vs-p99.png"
         tables.plot(cv, str(path))
-        images.append({"name": path.name, "data": base64.b64encode(path.read_bytes()).decode()})
+        images.append(_embedded(path))
     return {"table": text or "(no load-level cells in this run)", "images": images}
 
 
@@ -281,8 +286,8 @@ def _comparison(run_dir: Path, cells, steps, meta, baseline: Path | None, histor
         f"<tr class='{'bad' if r['verdict'] in ('regression', 'broken') else ''}'><td class='l'>{esc(cell_name(r))}</td>"
         f"<td class='l'><b>{esc(r['verdict'])}</b></td><td class='l'>{esc(shift_text(r))}</td>"
         f"<td class='l'>{esc(r.get('note') or '')}</td></tr>" for _, r in table.iterrows())
-    imgs = "".join(f"<img src='data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}' alt='{esc(p.name)}'>"
-                   for p in figs)
+    imgs = "".join(f"<img src='data:image/png;base64,{img['data']}' alt='{esc(img['name'])}'>"
+                   for img in map(_embedded, figs))
     html = ("<table><tr><th>cell</th><th>verdict</th><th>shift [interval]</th><th>note</th></tr>"
             f"{rows}</table>{imgs}")
     return {"base": base_name, "html": html}
