@@ -1,4 +1,4 @@
-"""The `parbench` command: run | report | compare | history | export | comm | list."""
+"""The `parbench` command: run | report | compare | history | export | comm | serve | slurm | list."""
 
 from __future__ import annotations
 
@@ -13,6 +13,15 @@ from bench import UserError, __version__
 
 def _add_run(sub) -> None:
     p = sub.add_parser("run", help="run a benchmark matrix and write results/<run-id>/")
+    add_run_args(p)
+    p.add_argument("--resume", metavar="RUN", help="finish the run folder RUN (killed or interrupted): run only the "
+                                                   "cells it has no row for, with its own settings, appending to it")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_node_flags(p)
+
+
+def add_run_args(p) -> None:
+    """The matrix and measurement flags of `run` (`slurm` takes them too and passes them on)."""
     p.add_argument("--config", help="TOML file with any of the settings below (flags win)")
     p.add_argument("--workloads", help="comma list: mlp, convnet, gpt-tiny..gpt-200m, name[dim=N,...], "
                                        "or package.module:factory")
@@ -47,10 +56,18 @@ def _add_run(sub) -> None:
     p.add_argument("--option", action="append", metavar="KEY=VALUE", default=[],
                    help="strategy option, repeatable: mesh=2x2, micro_batches=8, bucket_mb=25")
     p.add_argument("--out", help="results folder (default: results)")
-    p.add_argument("--resume", metavar="RUN", help="finish the run folder RUN (killed or interrupted): run only the "
-                                                   "cells it has no row for, with its own settings, appending to it")
     p.add_argument("--report", action="store_true", help="also write the HTML report into the run folder")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_node_flags(p) -> None:
+    """The multi-node flags of `run` (docs/MULTINODE.md)."""
+    p.add_argument("--nnodes", type=int, help="machines the run spans, each running this command (default 1)")
+    p.add_argument("--node-rank", dest="node_rank", type=int,
+                   help="this machine's rank, 0..nnodes-1; node 0 hosts the rendezvous and writes the tables")
+    p.add_argument("--rdzv-endpoint", dest="rdzv_endpoint", metavar="HOST:PORT",
+                   help="node 0's address for torchrun's c10d rendezvous (default 127.0.0.1:29400, loopback)")
+    p.add_argument("--rdzv-timeout", dest="rdzv_timeout_s", type=float,
+                   help="seconds to wait for every node to join (default 300)")
 
 
 def parse_options(items: list[str]) -> dict[str, object]:
@@ -129,7 +146,8 @@ def cmd_run(args) -> int:
                                            "steps", "warmup", "seed", "precision", "global_batch",
                                            "cell_timeout_s", "out", "sample_hz", "scaling", "repeats", "budget",
                                            "warmup_max", "steps_max", "target_ci", "time_cap_s",
-                                           "profile_steps", "trace")}
+                                           "profile_steps", "trace", "nnodes", "node_rank", "rdzv_endpoint",
+                                           "rdzv_timeout_s")}
     if args.resume:
         given = [k for k, v in flags.items() if v is not None] + (["option"] if args.option else []) \
             + (["config"] if args.config else [])
@@ -145,9 +163,14 @@ def cmd_run(args) -> int:
     from bench.progress import MatrixProgress
 
     install_stop_handlers()
+    from bench.multinode import NodeLost
+
     try:
-        with MatrixProgress(enabled=not args.no_progress) as bar:
+        with MatrixProgress(enabled=not args.no_progress and cfg.node_rank == 0) as bar:
             run_dir = launch.run(cfg, gpus, on_progress=bar, resume=Path(args.resume) if args.resume else None)
+    except NodeLost as e:
+        print(f"parbench: node {cfg.node_rank}: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", signal.SIGINT)
         print(f"interrupted by {signal.Signals(signum).name}: the cells that finished are in the run folder; "
@@ -156,6 +179,9 @@ def cmd_run(args) -> int:
     finally:
         for s in STOP_SIGNALS:
             signal.signal(s, signal.SIG_DFL if s != signal.SIGINT else signal.default_int_handler)
+    if cfg.node_rank > 0:
+        print(f"node {cfg.node_rank}: done; node 0 wrote the tables (this node's logs: {run_dir})")
+        return 0
     from bench.summary import print_summary
 
     print_summary(run_dir)
@@ -230,11 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", help="add the statistical comparison with this run (regressions first)")
     p.add_argument("--history", help="add the comparison with this history store's last stable values")
     sub.add_parser("list", help="workloads and strategies, with what each needs")
-    from bench import cli_comm, cli_regress, cli_serve
+    from bench import cli_comm, cli_regress, cli_serve, cli_slurm
 
     cli_comm.register(sub)
     cli_regress.register(sub)  # compare, history, export
     cli_serve.register(sub)
+    cli_slurm.register(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     handlers = {"run": cmd_run, "report": cmd_report, "list": cmd_list, "comm": cli_comm.cmd_comm}

@@ -60,6 +60,16 @@ class RunConfig:
     time_cap_s: float = 20.0
     # A time budget for the whole run ("10m", "90s"): repeats, steps and caps are planned to fit it.
     budget: str | None = None
+    # Measurement settings the user gave (flags or TOML): a budget plan keeps them as given, and the
+    # machine's default budget stands aside when there is any (an explicit --budget still applies).
+    pinned: list[str] = field(default_factory=list)
+    # Past one machine (bench/multinode): the same plan on ``nnodes`` nodes, this one ``node_rank``;
+    # torchrun's c10d rendezvous at ``rdzv_endpoint`` (HOST:PORT, loopback unless given), hosted by
+    # node 0's launcher. Cells of one process run on node 0 alone; every other cell spans every node.
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_timeout_s: float = 300.0
 
     def effective_precision(self) -> str:
         if self.precision != "auto":
@@ -79,6 +89,10 @@ def default_config(gpus: int) -> RunConfig:
     # The full GPU matrix (about 170 cells on 4 GPUs) runs under a 10-minute budget by default.
     return RunConfig(workloads=["mlp", "convnet", "gpt-200m"], strategies=["all"], backends=["nccl", "gloo"],
                      world_sizes=sizes, device="cuda", steps=30, warmup=5, budget="10m")
+
+
+#: The settings that say how a cell is measured; given explicitly, a budget plan keeps them.
+MEASURE_KEYS = ("steps", "warmup", "repeats", "warmup_max", "steps_max", "target_ci", "time_cap_s", "profile_steps")
 
 
 def split_list(text: str) -> list[str]:
@@ -159,10 +173,17 @@ def build_config(*, toml: dict[str, Any] | None, flags: dict[str, Any], gpus: in
         for key in ("backends", "world_sizes", "workloads", "steps", "warmup", "cell_timeout_s", "budget"):
             if key not in given:
                 merged[key] = dev_default[key]
+    merged["pinned"] = [k for k in MEASURE_KEYS if k in given]
+    if merged["pinned"] and "budget" not in given:
+        merged["budget"] = None  # the user chose how to measure: no default budget rewrites it
     for key in ("workloads", "strategies", "backends"):
         if isinstance(merged[key], str):
             merged[key] = split_list(merged[key])
     merged["world_sizes"] = _int_list(merged["world_sizes"], "world sizes")
+    nnodes = merged["nnodes"]
+    if "world_sizes" not in given and isinstance(nnodes, int) and not isinstance(nnodes, bool) and nnodes > 1:
+        # The machine's defaults are per node: n nodes run n times each (and the one-device reference).
+        merged["world_sizes"] = sorted({1} | {w * nnodes for w in merged["world_sizes"]})
     cfg = RunConfig(**merged)
     return validate(cfg)
 
@@ -253,6 +274,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise UserError(f"global batch {cfg.global_batch} must be >= 1")
     if not isinstance(cfg.options, dict):
         raise UserError("options must be a TOML table, e.g. [options] bucket_mb = 25")
+    nnodes, node_rank, endpoint, rdzv_timeout_s = validate_nodes(cfg)
     if "mesh" in cfg.options:
         try:
             dp, mp = parse_mesh(cfg.options["mesh"], 0)
@@ -264,7 +286,55 @@ def validate(cfg: RunConfig) -> RunConfig:
     return replace(cfg, steps=steps, warmup=warmup, seed=seed, lr=lr, sample_hz=sample_hz,
                    profile_steps=profile_steps, cell_timeout_s=cell_timeout_s, global_batch=global_batch,
                    repeats=repeats, warmup_max=warmup_max, steps_max=steps_max, settle=settle, target_ci=target_ci,
-                   time_cap_s=time_cap_s, budget=None if budget is None else f"{budget:g}s")
+                   time_cap_s=time_cap_s, budget=None if budget is None else f"{budget:g}s", nnodes=nnodes,
+                   node_rank=node_rank, rdzv_endpoint=endpoint, rdzv_timeout_s=rdzv_timeout_s)
+
+
+#: torchrun's default c10d port; the rendezvous endpoint when --nnodes > 1 comes without one
+RDZV_DEFAULT = "127.0.0.1:29400"
+
+
+def parse_endpoint(text: Any) -> tuple[str, int]:
+    """'10.0.0.1:29400', 'node-a:29400', '[fe80::1]:29400' -> (host, port); a one-line UserError
+    naming the value and the fix otherwise."""
+    t = str(text).strip()
+    m = re.fullmatch(r"\[(?P<v6>[0-9A-Fa-f:.%a-z]+)\]:(?P<port>[^:]*)|(?P<host>[A-Za-z0-9_.-]+):(?P<port2>[^:]*)", t)
+    if not m:
+        raise UserError(f"--rdzv-endpoint {text!r} must be HOST:PORT, e.g. --rdzv-endpoint 10.0.0.1:29400 "
+                        "(an IPv6 address in brackets: [fe80::1]:29400)")
+    host, port = m["v6"] or m["host"], m["port"] if m["v6"] else m["port2"]
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise UserError(f"--rdzv-endpoint {text!r}: port {port!r} must be a number from 1 to 65535, "
+                        f"e.g. {host}:29400")
+    return host, int(port)
+
+
+def validate_nodes(cfg: RunConfig) -> tuple[int, int, str | None, float]:
+    """(nnodes, node_rank, endpoint, rendezvous timeout) checked: the node rank below the node count,
+    an endpoint only for several nodes (loopback by default), every world size above 1 split evenly
+    over the nodes."""
+    nnodes = _as_int("nnodes", cfg.nnodes, "--nnodes 2")
+    node_rank = _as_int("node_rank", cfg.node_rank, "--node-rank 0")
+    timeout = _as_float("rdzv_timeout_s", cfg.rdzv_timeout_s, "--rdzv-timeout 300")
+    if nnodes < 1:
+        raise UserError(f"--nnodes {nnodes} must be >= 1 (the number of machines, each running parbench run)")
+    if not 0 <= node_rank < nnodes:
+        raise UserError(f"--node-rank {node_rank} must be from 0 to {nnodes - 1} (below --nnodes {nnodes}); "
+                        "give each node its own rank, node 0 first")
+    if timeout <= 0:
+        raise UserError(f"--rdzv-timeout {cfg.rdzv_timeout_s} must be > 0 seconds, e.g. --rdzv-timeout 300")
+    if nnodes == 1:
+        if cfg.rdzv_endpoint not in (None, ""):
+            raise UserError(f"--rdzv-endpoint {cfg.rdzv_endpoint!r} is for runs on several nodes; add --nnodes N "
+                            "(N >= 2) or drop it")
+        return 1, 0, None, timeout
+    host, port = parse_endpoint(cfg.rdzv_endpoint or RDZV_DEFAULT)
+    endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    bad = [w for w in cfg.world_sizes if w > 1 and w % nnodes]
+    if bad:
+        raise UserError(f"world size {bad[0]} is not divisible by --nnodes {nnodes}: every node runs the same number "
+                        f"of ranks; use multiples of {nnodes}, e.g. --world-sizes {nnodes},{2 * nnodes}")
+    return nnodes, node_rank, endpoint, timeout
 
 
 def parse_duration(text: Any) -> float:

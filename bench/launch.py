@@ -1,4 +1,4 @@
-"""Plan the matrix, group cells by (processes, backend), start torchrun once per group.
+"""Plan the matrix, group cells by (nodes, processes, backend), start torchrun once per group.
 
 Inside a group one process group runs the cells one after another (``bench.worker``). The launcher
 follows the workers' event files: measurements become a row at once (:func:`bench.rows.build_row`,
@@ -13,6 +13,10 @@ signal or an exception kills all of them, and a process still alive after its la
 killed and named in the row and in ``meta.json`` (``survivors``). Each rank also runs a watchdog
 (:func:`bench.worker.start_watchdog`) that exits it when the launcher or its agent is gone, which
 covers SIGKILL of the launcher. ``run(..., resume=RUN)`` runs only the cells RUN has no row for.
+
+On several nodes (``--nnodes``) every node's launcher plans the same matrix; node 0 runs this module
+as on one node, each group of several processes as a torchrun over every node (c10d rendezvous),
+while the other nodes follow its commands (:mod:`bench.multinode`).
 """
 
 from __future__ import annotations
@@ -66,10 +70,11 @@ class Group:
     n_procs: int
     backend: str
     cells: list[CellSpec] = field(default_factory=list)
+    nnodes: int = 1
 
     @property
     def label(self) -> str:
-        return f"{self.backend} x{self.n_procs}"
+        return f"{self.backend} x{self.n_procs}" + (f" on {self.nnodes} nodes" if self.nnodes > 1 else "")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,10 +118,16 @@ def validate_options(given: dict[str, Any], strats: list[strategies.Strategy]) -
             raise UserError(str(e)) from None
 
 
-def plan_devices(device: str, n_devices: int) -> tuple[int, ...]:
-    """The CUDA indices a cell of ``n_devices`` runs on: the first n visible GPUs (torchrun binds
-    local rank r to the r-th); nothing else in the harness derives device ids."""
-    return tuple(range(n_devices)) if device == "cuda" else ()
+def plan_devices(device: str, n_devices: int, nnodes: int = 1) -> tuple[int, ...]:
+    """The CUDA indices a cell of ``n_devices`` runs on, on each of its ``nnodes`` nodes: the first
+    n / nnodes visible GPUs (torchrun binds local rank r to the r-th); nothing else in the harness
+    derives device ids."""
+    return tuple(range(n_devices // nnodes)) if device == "cuda" else ()
+
+
+def cell_nodes(cfg: RunConfig, n_procs: int) -> int:
+    """Nodes a cell spans: one-process cells run on node 0 alone, the others on every node."""
+    return cfg.nnodes if n_procs > 1 else 1
 
 
 def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload], list[Metric]]:
@@ -156,6 +167,7 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
                     scale = n if weak else 1
                     facts = dataclasses.replace(base, global_batch=base.global_batch * scale)
                     n = 1 if strat.name == "single" else n
+                    nodes = cell_nodes(cfg, strat.procs(n))
                     key = (wl.name, strat.name, backend, n, facts.global_batch)
                     if key in seen:
                         continue
@@ -168,11 +180,11 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
                         options, reason = {}, str(e)
                     cell = CellSpec(cell_id=len(cells), workload=facts, strategy=strat.name, strategy_spec=sp,
                                     backend=backend, device=cfg.device, n_devices=n, n_procs=strat.procs(n),
-                                    devices=plan_devices(cfg.device, n), options=options, labels={},
-                                    role=strat.role, measure=measure, scaling=cfg.scaling)
+                                    devices=plan_devices(cfg.device, n, nodes), options=options, labels={},
+                                    role=strat.role, measure=measure, scaling=cfg.scaling, nnodes=nodes)
                     reason = reason or strat.check(cell, gpus=gpus)
-                    if reason is None and cfg.device == "cpu" and n > cpu_threads() * 4:
-                        reason = f"world size {n} > 4 x {cpu_threads()} CPU threads"
+                    if reason is None and cfg.device == "cpu" and n // nodes > cpu_threads() * 4:
+                        reason = f"{n // nodes} ranks per node > 4 x {cpu_threads()} CPU threads"
                     if reason is None:
                         cell = dataclasses.replace(cell, labels=strat.label_values(cell))
                     cells.append(Planned(spec=cell, reason=reason))
@@ -181,18 +193,19 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
 
 
 def group(cells: list[Planned]) -> list[Group]:
-    """Runnable cells grouped by (processes, backend), one-process groups first, the reference
-    first in its group."""
-    groups: dict[tuple[int, str], Group] = {}
+    """Runnable cells grouped by (nodes, processes, backend), one-process groups first, the
+    reference first in its group."""
+    groups: dict[tuple[int, int, str], Group] = {}
     for p in cells:
         if p.reason is not None:
             continue
         c = p.spec
-        groups.setdefault((c.n_procs, c.backend), Group(n_procs=c.n_procs, backend=c.backend)).cells.append(c)
+        groups.setdefault((c.n_procs, c.nnodes, c.backend),
+                          Group(n_procs=c.n_procs, backend=c.backend, nnodes=c.nnodes)).cells.append(c)
     for g in groups.values():
         g.cells.sort(key=lambda c: (c.role != "reference", c.cell_id))
     first_backend = {c.spec.backend for c in cells if c.spec.role == "reference"}
-    return [groups[k] for k in sorted(groups, key=lambda k: (k[0], k[1] not in first_backend, k[1]))]
+    return [groups[k] for k in sorted(groups, key=lambda k: (k[0], k[1], k[2] not in first_backend, k[2]))]
 
 
 #: What a budget plan assumes a torchrun group and a cell cost beyond their timed steps (start-up,
@@ -212,27 +225,33 @@ def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float) -> tuple[
     runnable = [p for p in cells if p.reason is None]
     if not runnable:
         return cells, "nothing to run"
-    n_groups = len({(p.spec.n_procs, p.spec.backend) for p in runnable})
+    n_groups = len({(p.spec.n_procs, p.spec.nnodes, p.spec.backend) for p in runnable})
     fixed = n_groups * GROUP_START_S[cfg.device] + len(runnable) * CELL_OVERHEAD_S[cfg.device]
     if fixed > 1.5 * budget_s:
         raise UserError(f"budget {budget_s:g}s is too small for {len(runnable)} cells in {n_groups} process groups "
                         f"(about {fixed:.0f}s before any timed step); raise --budget or narrow the matrix")
     usable = 0.8 * budget_s - fixed
+    pinned = set(getattr(cfg, "pinned", ()) or ())  # the user's own settings stay as given
     repeats = cfg.repeats
-    while repeats > 1 and usable / (len(runnable) * repeats) < 0.5:
+    while "repeats" not in pinned and repeats > 1 and usable / (len(runnable) * repeats) < 0.5:
         repeats -= 1
     cap = max(usable / (len(runnable) * repeats), 0.1)
+    if "time_cap_s" in pinned:
+        cap = min(cap, cfg.time_cap_s)
     out = []
     for p in cells:
-        m = dataclasses.replace(p.spec.measure, repeats=repeats, steps=min(p.spec.measure.steps, 2),
-                                warmup=min(p.spec.measure.warmup, 1), steps_max=max(p.spec.measure.steps_max, 500),
-                                warmup_max=min(p.spec.measure.warmup_max, 10),
-                                profile_steps=min(p.spec.measure.profile_steps, 1), time_cap_s=cap)
+        m0 = p.spec.measure
+        planned = dict(repeats=repeats, steps=min(m0.steps, 2), warmup=min(m0.warmup, 1),
+                       steps_max=max(m0.steps_max, 500), warmup_max=min(m0.warmup_max, 10),
+                       profile_steps=min(m0.profile_steps, 1), time_cap_s=cap)
+        m = dataclasses.replace(m0, **{k: v for k, v in planned.items() if k not in pinned or k == "time_cap_s"})
         out.append(dataclasses.replace(p, spec=dataclasses.replace(p.spec, measure=m)))
     text = (f"budget {budget_s:g}s: {len(runnable)} cells x {repeats} repeat(s) in {n_groups} process group(s); "
-            f"each repeat times at least 2 steps and stops adding steps after {cap:.1f}s "
+            f"each repeat times at least {min(p.spec.measure.steps for p in out if p.reason is None)} steps "
+            f"and stops adding steps after {cap:.1f}s "
             f"(or when its interval is within {cfg.target_ci:.0%}); cells the deadline reaches are skipped"
             + (f"; repeats lowered from {cfg.repeats} to fit" if repeats < cfg.repeats else "")
+            + (f"; kept as given: {', '.join(sorted(pinned))}" if pinned else "")
             + ("; tight: expect skipped cells" if usable <= 0 else ""))
     return out, text
 
@@ -243,12 +262,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def child_env(nproc: int) -> dict[str, str]:
+def child_env(nproc: int, node_rank: int = 0, share: int = 1) -> dict[str, str]:
+    """The ranks' environment; ``share``: nodes of the run on this machine (their ranks split its
+    cores)."""
     env = dict(os.environ)
+    env["PARBENCH_NODE_RANK"] = str(node_rank)  # the worker's leader is the first rank of node 0
     # Workers import exactly what this process imports (the checkout, a user's workload module).
     env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
     # torchrun sets OMP_NUM_THREADS=1 only for nproc > 1; a lone worker would otherwise oversubscribe.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_threads() // nproc)))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_threads() // (nproc * share))))
     env.setdefault("NCCL_NVLS_ENABLE", "0")
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     env[LAUNCHER_ENV] = str(os.getpid())
@@ -256,24 +278,42 @@ def child_env(nproc: int) -> dict[str, str]:
 
 
 class EventReader:
-    """Reads new, complete lines from every rank's event file of one launch, as typed events."""
+    """Reads new, complete lines from every rank's event file of one launch, as typed events. Files
+    are named by global rank (``PREFIX-r<rank>.jsonl``); on a node of a multi-node run its ranks
+    are not 0..n-1, so the files are found by name."""
 
-    def __init__(self, prefix: str, nproc: int):
-        self.paths = [Path(f"{prefix}-r{r}.jsonl") for r in range(nproc)]
-        self.offsets = [0] * nproc
+    def __init__(self, prefix: str, nproc: int = 0):
+        self.prefix = prefix
+        self.offsets: dict[Path, int] = {}
 
-    def poll(self) -> list[spec.Event]:
-        out = []
-        for i, p in enumerate(self.paths):
-            if not p.exists():
-                continue
+    def lines(self) -> list[str]:
+        """New complete lines, as JSON text."""
+        out: list[str] = []
+        for p in sorted(Path(self.prefix).parent.glob(Path(self.prefix).name + "-r*.jsonl")):
             with open(p) as f:
-                f.seek(self.offsets[i])
+                f.seek(self.offsets.get(p, 0))
                 data = f.read()
             complete = data[: data.rfind("\n") + 1]
-            self.offsets[i] += len(complete)
-            out.extend(spec.load_event(line) for line in complete.splitlines() if line.strip())
+            self.offsets[p] = self.offsets.get(p, 0) + len(complete)
+            out.extend(line for line in complete.splitlines() if line.strip())
         return out
+
+    def poll(self) -> list[spec.Event]:
+        return [spec.load_event(line) for line in self.lines()]
+
+
+def torchrun_cmd(plan_path: str, nproc: int, *, nnodes: int = 1, endpoint: str | None = None,
+                 rdzv_id: str = "", rdzv_timeout_s: float = 300.0) -> list[str]:
+    """The torchrun command of one launch: on one node a private loopback rendezvous; on several,
+    torchrun's c10d rendezvous at ``endpoint``, whose store node 0's launcher hosts (is_host=0:
+    no agent hosts it, so the store outlives each launch and agents of any node may start first)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}"]
+    if nnodes == 1:
+        cmd += ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
+    else:
+        cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
+                f"--rdzv-conf=is_host=0,join_timeout={max(int(rdzv_timeout_s), 1)}"]
+    return cmd + ["--max-restarts=0", "-m", "bench.worker", plan_path]
 
 
 def become_subreaper() -> bool:
@@ -444,7 +484,17 @@ def _log_tail(path: Path) -> str:
     return (errs or lines or [""])[-1][:300]
 
 
-def crash_reason(prefix: str, logpath: Path, rc: int | None, n_procs: int) -> str:
+def err_ranks(prefix: str) -> list[int]:
+    """Global ranks of this launch that wrote an error file here."""
+    out = []
+    for p in Path(prefix).parent.glob(Path(prefix).name + "-r*.err"):
+        tail = p.name[len(Path(prefix).name) + 2:-4]
+        if tail.isdigit():
+            out.append(int(tail))
+    return sorted(out)
+
+
+def crash_reason(prefix: str, logpath: Path, rc: int | None, n_procs: int = 0) -> str:
     """Which rank died, how (exit code or signal), and its last error line; the agent's own exit
     when no rank is named (the agent itself was killed)."""
     try:
@@ -453,7 +503,7 @@ def crash_reason(prefix: str, logpath: Path, rc: int | None, n_procs: int) -> st
         text = ""
     rank, code = root_cause(text)
     if rank is None:
-        errs = [(r, rank_error(prefix, r)) for r in range(n_procs)]
+        errs = [(r, rank_error(prefix, r)) for r in err_ranks(prefix)]
         errs = [(r, e) for r, e in errs if e]
         if errs:
             r, e = errs[0]
@@ -462,24 +512,27 @@ def crash_reason(prefix: str, logpath: Path, rc: int | None, n_procs: int) -> st
         return f"torchrun exited with {exit_text(rc)}" + (f": {tail}" if tail else "")
     line = rank_error(prefix, rank)
     if not line:  # a rank killed by a signal writes nothing: its peers' lines say what they saw
-        others = [(r, rank_error(prefix, r)) for r in range(n_procs) if r != rank]
+        others = [(r, rank_error(prefix, r)) for r in err_ranks(prefix) if r != rank]
         seen = [f"rank {r}: {e}" for r, e in others if e]
         line = f"no error line from it; {seen[0]}" if seen else "no error line from it"
     return f"rank {rank} exited with {exit_text(code)}: {line}"
 
 
 class Telemetry:
-    """The launcher's view of the sampler: new rows since the last cell, appended per cell."""
+    """The launcher's view of the sampler: new rows since the last cell, appended per cell. On a
+    multi-node run, ``remote`` returns the rows the other nodes shipped (each with its ``node``)."""
 
-    def __init__(self, sampler, writer: RunWriter):
-        self.sampler, self.writer = sampler, writer
+    def __init__(self, sampler, writer: RunWriter, remote: Callable[[], list[dict[str, Any]]] | None = None):
+        self.sampler, self.writer, self.remote = sampler, writer, remote
         self.pending: list[dict[str, Any]] = []
 
     def take(self) -> list[dict[str, Any]]:
         """Samples since the last call (also kept for the cell's telemetry window)."""
         if self.sampler is None:
             return []
-        self.pending = self.sampler.drain()
+        self.pending = [{**r, "node": 0} for r in self.sampler.drain()]
+        if self.remote is not None:
+            self.pending += self.remote()
         return self.pending
 
     def flush(self) -> None:
@@ -499,10 +552,13 @@ class Pending:
 
 def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work: Path, telemetry: Telemetry,
               on_progress: ProgressFn, trace_dir: Path | None, deadline_unix: float | None = None,
-              survivors: list[str] | None = None) -> None:
+              survivors: list[str] | None = None, coord=None) -> None:
     """Run a group's cells (all their repeats, in rounds), relaunching after a timeout or a crash,
     until every cell has a row. Processes of a launch still alive when it ended are killed and
-    named in ``survivors`` (and in the reason of the cell that was running)."""
+    named in ``survivors`` (and in the reason of the cell that was running). A group on several
+    nodes is launched on every node through ``coord`` (:class:`bench.multinode.nodes.Coordinator`);
+    the other nodes' rank errors and crash reasons count as this node's, and a node that stops
+    answering fails the cell that was running and every later cell of the group."""
     survivors = survivors if survivors is not None else []
     pending = {c.cell_id: Pending(spec=c) for c in g.cells}
     attempt = 0
@@ -526,9 +582,16 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
         launch_notes.append(text)
         log.warning(text)
 
+    multi = g.nnodes > 1 and coord is not None
     while pending:
         attempt += 1
         launch_notes.clear()
+        gone = coord.lost() if multi else {}
+        if gone:
+            why = "; ".join(f"node {r}: {w}" for r, w in sorted(gone.items()))
+            for p in list(pending.values()):
+                finish(p, "failed", f"a node of the run is gone ({why}); nothing ran on {g.nnodes} nodes after that")
+            return
         prefix = str(work / f"g{gid}-a{attempt}")
         gplan = GroupPlan(backend=g.backend, device=cfg.device, n_procs=g.n_procs, events_prefix=prefix,
                           pg_timeout_s=cfg.cell_timeout_s, trace_dir=str(trace_dir) if trace_dir else None,
@@ -536,20 +599,29 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
                           first_repeat={str(k): len(p.repeats) for k, p in pending.items() if p.repeats},
                           deadline_unix=deadline_unix)
         Path(prefix + ".json").write_text(spec.dump(gplan))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
-               f"--nproc-per-node={g.n_procs}", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
-               "--max-restarts=0", "-m", "bench.worker", prefix + ".json"]
+        nproc = g.n_procs // g.nnodes
+        seq = -1
+        if multi:
+            rdzv_id = f"{writer.run_id}-g{gid}-a{attempt}"
+            seq = coord.launch(gplan, rdzv_id=rdzv_id, nproc_per_node=nproc)
+            cmd = torchrun_cmd(prefix + ".json", nproc, nnodes=g.nnodes, endpoint=cfg.rdzv_endpoint, rdzv_id=rdzv_id,
+                               rdzv_timeout_s=cfg.rdzv_timeout_s)
+        else:
+            cmd = torchrun_cmd(prefix + ".json", nproc)
         logpath = Path(prefix + ".log")
         with open(logpath, "w") as logf:
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=child_env(g.n_procs),
-                                    start_new_session=True)
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
+                                    env=child_env(nproc, share=coord.share if multi else 1), start_new_session=True)
         tree = ProcessTree(proc, prefix + ".json")
-        reader = EventReader(prefix, g.n_procs)
+        reader = EventReader(prefix)
         current: CellSpec | None = None
         errors: dict[int, str] = {}
         started_any = stopped = False
-        deadline = time.monotonic() + STARTUP_S + cfg.cell_timeout_s
+        # On several nodes the rendezvous may wait for the other nodes' agents to start.
+        deadline = time.monotonic() + STARTUP_S + cfg.cell_timeout_s + (cfg.rdzv_timeout_s if multi else 0)
         timed_out = False
+        lost: dict[int, str] = {}
+        last_remote = 0.0
 
         def handle(ev: spec.Event) -> None:
             """One event of a rank: a cell starts, fails on a rank, or is measured (its row)."""
@@ -587,10 +659,19 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
                 tree.refresh()
                 exited = proc.poll() is not None
                 queue.extend(reader.poll())
+                if multi and (exited or time.monotonic() - last_remote > 0.25):
+                    last_remote = time.monotonic()
+                    queue.extend(coord.events(seq))  # the other nodes' ranks' errors
+                    lost = coord.lost()
                 while queue:
                     handle(queue[0])
                     queue.pop(0)
                 if exited:
+                    break
+                if lost:
+                    note(f"{g.label} attempt {attempt}: " + "; ".join(f"node {r} stopped answering ({w})"
+                                                                     for r, w in sorted(lost.items())))
+                    tree.kill()
                     break
                 if time.monotonic() > deadline:
                     timed_out = True
@@ -613,11 +694,16 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
             raise
         finally:
             _IN_GROUP[0] = False
+            remote = coord.finish_launch(seq) if multi else {}
         # No process of this launch may outlive it (a rank that lost its agent would run on beside
         # the next launch and skew its times): a survivor is killed and named.
         left = tree.survivors(grace_s=2.0 if proc.returncode else 0.5)
         if left:
             note(f"{g.label} attempt {attempt}: still running after torchrun exited, killed: " + ", ".join(left))
+        for r, info in sorted(remote.items()):
+            if info.get("survivors"):
+                note(f"{g.label} attempt {attempt}: node {r}: still running after torchrun exited, killed: "
+                     + ", ".join(info["survivors"]))
         if stopped or (proc.returncode == 0 and not timed_out):
             # The worker ended its rounds (the time budget) or finished: cells keep the repeats they got.
             for p in list(pending.values()):
@@ -644,6 +730,14 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
             else:
                 status = "failed"
                 reason = crash_reason(prefix, logpath, rc, g.n_procs)
+                # The root cause may be on another node (its rank died; this node's peers only saw
+                # the connection close): its own reason comes first when it has one.
+                theirs = [f"node {r}: {i['reason']}" for r, i in sorted(remote.items()) if i.get("reason")]
+                if theirs:
+                    reason = "; ".join(theirs) + f"; node 0: {reason}"
+                gone = coord.lost() if multi else {}
+                if gone and not lost:
+                    reason += "; " + "; ".join(f"node {r} stopped answering ({w})" for r, w in sorted(gone.items()))
             if launch_notes:
                 reason += "; " + "; ".join(launch_notes)
             telemetry.take()
@@ -748,7 +842,12 @@ def set_aside_orphans(run_dir: Path, done: set[int], to: Path) -> list[Path]:
 
 def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, resume: Path | None = None) -> Path:
     """Run the whole matrix (or, with ``resume``, the cells that run folder has no row for, appended
-    to it); returns the run folder. Rows land on disk as cells finish."""
+    to it); returns the run folder. Rows land on disk as cells finish.
+
+    With ``cfg.nnodes > 1`` node 0 does this, hosting the rendezvous and waiting for the other
+    nodes to join with the same plan first; another node follows node 0 instead
+    (:func:`bench.multinode.follow.follow`) and returns its own work folder (the tables are on
+    node 0)."""
     _STOP.clear()  # a signal noted by an earlier run in this process is not this run's
     cells, wls, metrics = plan(cfg, gpus)
     from bench.config import parse_duration
@@ -757,7 +856,30 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
     plan_text = ""
     if budget_s is not None:
         cells, plan_text = budget_plan(cfg, cells, budget_s)
-    run_dir, writer, work, done = _open_run(cfg, metrics, resume)
+    coord = None
+    if cfg.nnodes > 1:
+        from bench.multinode import plan_digest
+
+        if resume is not None:
+            raise UserError("--resume of a run on several nodes is not supported; run it again")
+        if cfg.node_rank > 0:
+            from bench.multinode.follow import follow
+
+            check_out(cfg.out)
+            return follow(cfg, plan_digest(cells), len(cells), on_progress=on_progress)
+        from bench.multinode.nodes import Coordinator
+
+        check_out(cfg.out)
+        coord = Coordinator(cfg, plan_digest(cells), len(cells))
+        coord.wait_joined()
+    try:
+        run_dir, writer, work, done = _open_run(cfg, metrics, resume)
+    except BaseException:
+        if coord is not None:
+            coord.close("failed")
+        raise
+    if coord is not None:
+        coord.accept(run_dir)
     become_subreaper()
     cells = [p for p in cells if p.spec.cell_id not in done]
     trace_dir = run_dir / "traces" if cfg.trace else None
@@ -765,11 +887,14 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
         trace_dir.mkdir(exist_ok=True)
     described = {n: w.description for n, w in wls.items()}
     extra: dict[str, Any] = {"resumed": sorted(done)} if resume is not None else {}
+    if coord is not None:
+        extra["nodes"] = [{"node": r, **{k: v for k, v in n.items() if k in ("host", "addr", "iface")}}
+                          for r, n in sorted(coord.nodes.items())]
     write_meta(run_dir, cfg.to_dict(), workloads=described, plan=plan_text, status="running", **extra)
     from bench.samplers import start_samplers
 
     sampler, notes = start_samplers(cfg.sample_hz, gpu=cfg.device == "cuda")
-    telemetry = Telemetry(sampler, writer)
+    telemetry = Telemetry(sampler, writer, remote=coord.samples if coord is not None else None)
     survivors: list[str] = []
     status = "failed"  # what meta.json says if something unforeseen stops the run
     try:
@@ -791,7 +916,7 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
                     report(Progress(kind="done", group=g.label, cell=c, status="skipped"))
                 continue
             report(Progress(kind="group", group=g.label, n=len(g.cells)))
-            run_group(g, gid, cfg, writer, work, telemetry, report, trace_dir, deadline, survivors)
+            run_group(g, gid, cfg, writer, work, telemetry, report, trace_dir, deadline, survivors, coord=coord)
         status = "complete"
     except Interrupted as e:
         status = f"interrupted by {signal.Signals(e.signum).name}"
@@ -805,6 +930,8 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
     finally:
         _finish_meta(run_dir, cfg, sampler, notes, telemetry, described=described, plan=plan_text, status=status,
                      survivors=survivors, **extra)
+        if coord is not None:
+            coord.close(status)
     # One part per table from here on (reading a long run's thousands of parts costs seconds);
     # only after a complete run: an interrupted one keeps its parts for --resume.
     if not os.environ.get("PARBENCH_KEEP_PARTS"):

@@ -46,6 +46,7 @@ COMM_COLUMNS: dict[str, str] = {
 }
 SAMPLE_COLUMNS: dict[str, str] = {
     "host": "string", "device": "string", "t": "float64", "metric": "string", "value": "float64",
+    "node": "Int64",  # the node (--node-rank) that sampled it; 0 on one machine
 }
 #: cells.parquet columns of the core registry (strategies' declared columns follow)
 CELL_COLUMNS: dict[str, str] = {m.name: m.dtype for m in CORE}

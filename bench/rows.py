@@ -39,6 +39,7 @@ def base_row(spec: CellSpec) -> dict[str, Any]:
     m = spec.measure
     return {"cell_id": spec.cell_id, "workload": spec.workload.name, "strategy": spec.strategy,
             "backend": spec.backend, "device": spec.device, "world_size": spec.n_devices, "nproc": spec.n_procs,
+            "nnodes": spec.nnodes,
             "role": spec.role, "mode": spec.mode, "steps": m.steps, "warmup": m.warmup, "precision": m.precision,
             "global_batch": spec.workload.global_batch, "params": spec.workload.params, "scaling": spec.scaling,
             "repeats": m.repeats,
@@ -209,6 +210,7 @@ def build_row(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]], *, w
         # compute + exposed comm + idle add up to the profiled step by construction; how far that is
         # from the timed median says how much the profiler itself moved the step.
         row["breakdown_gap"] = row["profiled_step_s"] / median - 1
+    row.update(placement_columns(ranks))
     parity = [r.self_parity for r in ranks if r.self_parity is not None]
     if parity:
         row["parity_rel_err"] = parity[0]
@@ -217,6 +219,22 @@ def build_row(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]], *, w
     comm = [{"cell_id": spec.cell_id, "rank": r.rank, "backend": spec.backend, "world_size": spec.n_devices, **c}
             for r in ranks for c in r.comm]
     return row, steps, comm
+
+
+def placement_columns(ranks: Sequence[RankMeasurement]) -> dict[str, Any]:
+    """Where the ranks ran: ``rank_placement`` (JSON, one object a rank), ``hosts`` (the nodes in
+    node order as host(address)), ``cross_node`` (ranks in more than one node) and ``link`` ('N
+    nodes over IFACE' when they were, the interfaces their traffic between nodes took)."""
+    by_rank = sorted(ranks, key=lambda r: r.rank)
+    placed = [{"rank": r.rank, "node": r.node_rank, "host": r.host, "addr": r.addr, "iface": r.iface,
+               "local_rank": r.local_rank, "devices": list(r.device_ids)} for r in by_rank]
+    nodes: dict[int, str] = {}
+    for r in sorted(by_rank, key=lambda r: r.node_rank):
+        nodes.setdefault(r.node_rank, f"{r.host}({r.addr})" if r.addr else r.host)
+    crossed = len(nodes) > 1
+    ifaces = sorted({r.iface or "?" for r in by_rank})
+    return {"rank_placement": json.dumps(placed, separators=(",", ":")), "hosts": ",".join(nodes.values()),
+            "cross_node": crossed, "link": f"{len(nodes)} nodes over {'/'.join(ifaces)}" if crossed else None}
 
 
 #: A sharded rank may hold up to this multiple of 1/n of the parameters (FSDP pads each tensor's

@@ -68,13 +68,18 @@ class CellSpec:
     device: str  # cpu | cuda
     n_devices: int  # devices the cell uses (the world size column)
     n_procs: int  # processes it runs in (1 for DataParallel and layer split)
-    devices: tuple[int, ...]  # planned CUDA indices; empty on CPU
+    devices: tuple[int, ...]  # planned CUDA indices on each node (local rank r drives devices[r]); empty on CPU
     options: dict[str, Any]  # the strategy's declared options, validated, defaults filled in
     labels: dict[str, Any]  # the strategy's settings as row columns (mesh, schedule, ...)
     role: str  # reference | independent | ""
     measure: Measure
     scaling: Literal["strong", "weak"] = "strong"
     mode: Literal["train"] = "train"
+    nnodes: int = 1  # nodes (torchrun agents) its processes are spread over, n_procs / nnodes on each
+
+    @property
+    def procs_per_node(self) -> int:
+        return self.n_procs // self.nnodes
 
     @property
     def title(self) -> str:
@@ -124,6 +129,14 @@ class RankMeasurement:
     devices_used: int | None = None
     warmup_steps: int = 0  # warm-up steps taken (the adaptive warm-up may take more than asked)
     target_reached: bool | None = None  # the timed steps reached the interval target (None: not asked)
+    # Where this rank ran (bench.multinode.netinfo.placement): its node (launcher --node-rank), host
+    # name, the address and interface its traffic to other nodes takes, local rank and devices.
+    node_rank: int = 0
+    host: str = ""
+    addr: str = ""
+    iface: str = ""
+    local_rank: int = 0
+    device_ids: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,8 +2,10 @@
 
 Started by ``bench.launch`` through torchrun as ``python -m bench.worker PLAN.json`` (a
 :class:`bench.spec.GroupPlan`). Each rank measures each cell into a
-:class:`bench.spec.RankMeasurement`; rank 0 gathers them and sends them to the launcher as a
-``measured`` event, where the row is built. Any rank that fails reports an ``error`` event at once,
+:class:`bench.spec.RankMeasurement`; the leader gathers them and sends them to the launcher as a
+``measured`` event, where the row is built. The leader is the first rank of node 0 (on one node,
+rank 0): on several nodes c10d assigns global ranks by node, not by --node-rank, and node 0's
+launcher is the one that writes the tables. Any rank that fails reports an ``error`` event at once,
 so the launcher can tell a failed cell from a hung one.
 """
 
@@ -127,16 +129,24 @@ def settled(x: np.ndarray, tol: float) -> bool:
     return b > 0 and abs(a - b) / b < tol
 
 
+#: Where this process runs (bench.multinode.netinfo.placement), found once per process group.
+PLACE: dict[str, Any] = {}
+
+
 def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = True) -> RankMeasurement:
     """Build, warm up to steady state, time until the interval target or a cap, profile (first
     repeat only); returns this rank's measurements (never raises)."""
     rank = dist.get_rank()
-    out = RankMeasurement(rank=rank)
+    out = RankMeasurement(rank=rank, **PLACE)
     step = None
     m = cell.measure
     try:
         devices = rank_devices(cell, local_rank)
         device = devices[0]
+        if device.type == "cuda":
+            from bench.multinode.netinfo import device_names
+
+            out.device_ids = device_names([d.index for d in devices])
         wl = resolve(cell.workload.spec, seed=m.seed, global_batch=cell.workload.global_batch, **cell.workload.dims)
         if wl.global_batch != cell.workload.global_batch:
             raise ValueError(f"workload {cell.workload.name} built a global batch of {wl.global_batch}, the plan asked "
@@ -356,6 +366,12 @@ def _main(plan: GroupPlan) -> int:
     if backend.bind_device:
         kw["device_id"] = device
     dist.init_process_group(backend.name, **kw)
+    from bench.multinode.netinfo import placement
+
+    PLACE.update(placement(rank=rank, local_rank=local_rank, backend=plan.backend))
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (rank, PLACE["node_rank"]))
+    leader = rank == min(r for r, node in everyone if node == 0)
     events = Events(Path(plan.events_prefix + f"-r{rank}.jsonl"))
     extra = sorted({i for c in plan.cells for i in c.devices if c.n_procs == 1} - {device.index}) \
         if device.type == "cuda" and plan.n_procs == 1 else []
@@ -374,12 +390,12 @@ def _main(plan: GroupPlan) -> int:
                     late = [time.time() > plan.deadline_unix]
                     dist.broadcast_object_list(late, src=0)
                     if late[0]:
-                        if rank == 0:
+                        if leader:
                             events.emit(spec.Stopped(reason="time budget: the deadline passed", t=time.time(),
                                                      rounds_done=r))
                         stop = True
                         break
-                if rank == 0:
+                if leader:
                     events.emit(spec.Start(cell_id=cell.cell_id, t=time.time(), repeat=repeat))
                 t0 = time.perf_counter()
                 mine = run_cell(cell, plan, local_rank, first=repeat == 0)
@@ -389,7 +405,7 @@ def _main(plan: GroupPlan) -> int:
                 dist.all_gather_object(per_rank, mine)
                 if any(m.status != "ok" for m in per_rank):  # every rank sees the same list
                     failed_cells.add(cell.cell_id)
-                if rank == 0:
+                if leader:
                     events.emit(spec.Measured(cell_id=cell.cell_id, wall_s=time.perf_counter() - t0,
                                               ranks=per_rank, t=time.time(), repeat=repeat))
             if stop:

@@ -63,34 +63,39 @@ def throughput_bars(cells: pd.DataFrame, workload: str, ax=None):
 def scaling_lines(cells: pd.DataFrame, workload: str, ax=None):
     """Scaling efficiency against world size per (strategy, backend), strong and weak scaling
     drawn apart; 1.0 is ideal. World sizes are the integer ticks that were run."""
-    ax = _ax(ax, (6.5, 3.6))
+    ax = _ax(ax, (WIDTH_IN, 3.6))
     d = _ok(cells, workload)
     d = d[d["scaling_efficiency"].notna() & (d["strategy"] != "single")]
     if "scaling" not in d:
         d = d.assign(scaling="strong")
     for (strat, backend, mode), g in d.groupby(["strategy", "backend", d["scaling"].fillna("strong")]):
+        # A strategy run at one world size is a point (a line needs two); drawing only lines left the
+        # figure of a one-world-size run empty.
         g = g.sort_values("world_size")
-        if g["world_size"].nunique() > 1:
-            label = f"{strat} {backend}" + (" (weak)" if mode == "weak" else "")
-            ax.plot(g["world_size"], g["scaling_efficiency"], marker="o", lw=1, ls="-" if mode != "weak" else ":",
-                    label=label)
+        label = f"{strat} {backend}" + (" (weak)" if mode == "weak" else "")
+        ax.plot(g["world_size"], g["scaling_efficiency"], marker="o", lw=1, ls="-" if mode != "weak" else ":",
+                label=label)
     sizes = sorted(int(x) for x in _ok(cells, workload)["world_size"].unique())
     ax.set_xticks(sizes)
     ax.axhline(1.0, color="k", ls="--", lw=0.8, label="ideal")
     ax.set_xlabel("world size (devices)")
     ax.set_ylabel("scaling efficiency (1 = ideal)")
     ax.set_title(f"{workload}: scaling against one device", fontsize=9)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=6, ncol=2)
+    if ax.get_legend_handles_labels()[0]:  # beside the lines, never over them
+        ax.legend(fontsize=6, ncol=1 + len(ax.get_legend_handles_labels()[0]) // 14, loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return ax
 
 
 def pareto(cells: pd.DataFrame, workload: str, ax=None):
     """Throughput against peak memory per device; the Pareto front (no other cell is both faster
-    and smaller) is joined and its cells labelled."""
+    and smaller) is joined, its points numbered and the numbers named beside the plot (labels
+    written at the points overlapped wherever two front cells were close)."""
+    from matplotlib.lines import Line2D
+
     d = _ok(cells, workload)
     d = d[d["peak_mem_bytes"].notna()]
-    ax = _ax(ax, (6.5, 4.0))
+    ax = _ax(ax, (WIDTH_IN, 4.0))
     if d.empty:
         return ax
     mem, tput = d["peak_mem_bytes"].to_numpy(float) / 2**30, d["throughput_samples_s"].to_numpy(float)
@@ -101,13 +106,17 @@ def pareto(cells: pd.DataFrame, workload: str, ax=None):
         if tput[i] > best:
             front.append(i)
             best = tput[i]
-    ax.plot(mem[front], tput[front], "k-", lw=0.8, label="Pareto front")
-    for i in front:
-        ax.annotate(cell_label(d.iloc[i]), (mem[i], tput[i]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.plot(mem[front], tput[front], "k-", lw=0.8)
+    for k, i in enumerate(front, 1):
+        ax.annotate(str(k), (mem[i], tput[i]), fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("peak memory per device (GiB)")
     ax.set_ylabel("throughput (samples/s)")
     ax.set_title(f"{workload}: throughput against memory", fontsize=9)
-    _backend_legend(ax, d["backend"])
+    handles = [Patch(color=BACKEND_COLORS.get(b, "tab:gray"), label=b) for b in sorted(set(d["backend"]))]
+    handles.append(Line2D([], [], color="k", lw=0.8, label="Pareto front:"))
+    handles += [Line2D([], [], ls="", marker=f"${k}$", color="k", label=cell_label(d.iloc[i]))
+                for k, i in enumerate(front, 1)]
+    ax.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return ax
 
 
@@ -149,9 +158,14 @@ def breakdown_bars(cells: pd.DataFrame, workload: str, ax=None):
               for (_, r), g in zip(d.iterrows(), gap)]
     ax.set_yticks(y, labels, fontsize=7)
     ax.invert_yaxis()
+    # Each stacked segment is sticky at its left end, so autoscaling leaves no room after the longest
+    # bar (it looked cut off at the frame): leave 4%.
+    ax.set_xlim(0, max(float(np.nanmax(left)), float(np.nanmax(hidden, initial=0))) * 1.04 or 1)
     ax.set_xlabel("ms per step (stacked parts sum to the timed median)")
     ax.set_title(f"{workload}: where the step goes", fontsize=9)
-    ax.legend(fontsize=6, loc="lower center", bbox_to_anchor=(0.5, 1.04), ncol=5, frameon=False)
+    # Inside, top right: the fastest (shortest) bars are at the top. A legend above the Axes, centred
+    # on it, ran past the figure's right edge when the cell labels are long and pushed the Axes off it.
+    ax.legend(fontsize=6, loc="upper right", ncol=1)
     return ax
 
 
@@ -191,18 +205,30 @@ def energy_bars(cells: pd.DataFrame, workload: str, ax=None):
 def collective_bandwidth(annotated: pd.DataFrame, ax=None):
     """Achieved bus bandwidth of every recorded call against the machine's sweep curve (from
     :func:`bench.commmodel.annotate_comm`): calls far below it are flagged in the report."""
-    ax = _ax(ax, (6.5, 3.8))
+    ax = _ax(ax, (WIDTH_IN, 3.8))
     d = annotated.dropna(subset=["busbw_gbs", "size_bytes"])
-    for op, g in d.groupby("op_norm"):
-        ax.scatter(g["size_bytes"], g["busbw_gbs"], s=6, label=f"{op} (recorded)")
-        c = g.sort_values("size_bytes")
-        ax.plot(c["size_bytes"], c["curve_busbw_gbs"], lw=0.8)
+    if "group_size" in d:
+        ranks = d["group_size"].fillna(d["world_size"]) if "world_size" in d else d["group_size"]
+    else:
+        ranks = d["world_size"] if "world_size" in d else pd.Series(0, index=d.index)
+    d = d.assign(_ranks=ranks.fillna(0).astype(int))
+    styles = ["-", "--", ":", "-."]
+    sizes = sorted(d["_ranks"].unique())
+    for k, (op, g) in enumerate(d.groupby("op_norm")):
+        color = f"C{k % 10}"
+        ax.scatter(g["size_bytes"], g["busbw_gbs"], s=6, color=color, label=f"{op} (recorded)")
+        # The curve depends on how many ranks the call spans: one line per group size, never one
+        # line zigzagging between them.
+        for n, c in g.groupby("_ranks"):
+            c = c.drop_duplicates("size_bytes").sort_values("size_bytes")
+            ax.plot(c["size_bytes"], c["curve_busbw_gbs"], lw=0.8, color=color,
+                    ls=styles[sizes.index(n) % len(styles)], label=f"{op} curve, {n} ranks" if n else None)
     ax.set_xscale("log")
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("bus bandwidth (GB/s)")
     ax.set_title("recorded collectives against the machine's curve (lines)", fontsize=9)
     if len(d):
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return ax
 
 
@@ -217,6 +243,7 @@ def telemetry_small_multiples(samples: pd.DataFrame, cells: pd.DataFrame, metric
     d["span"] = d["timed_end_unix"] - d["timed_start_unix"]
     d = d.sort_values("span", ascending=False).head(limit)
     s = samples[samples["metric"] == metric]
+    colors = {dev: f"C{k % 10}" for k, dev in enumerate(sorted(s["device"].dropna().unique(), key=str))}
     n = max(len(d), 1)
     cols = min(4, n)
     rows = -(-n // cols)
@@ -224,7 +251,7 @@ def telemetry_small_multiples(samples: pd.DataFrame, cells: pd.DataFrame, metric
     for ax, (_, r) in zip(axes.flat, d.iterrows()):
         w = s[(s["t"] >= r["timed_start_unix"]) & (s["t"] <= r["timed_end_unix"])]
         for dev, g in w.groupby("device"):
-            ax.plot(g["t"] - r["timed_start_unix"], g["value"], lw=0.8, label=str(dev))
+            ax.plot(g["t"] - r["timed_start_unix"], g["value"], lw=0.8, label=str(dev), color=colors[dev])
         ax.set_title(f"{r['workload']} {cell_label(r)}"[:48], fontsize=6)
         ax.tick_params(labelsize=6)
     for ax in axes.flat[len(d):]:
@@ -234,6 +261,13 @@ def telemetry_small_multiples(samples: pd.DataFrame, cells: pd.DataFrame, metric
     for ax in axes[-1, :]:
         ax.set_xlabel("s into the timed steps", fontsize=6)
     fig.suptitle(f"{TELEMETRY_UNITS.get(metric, metric)} per cell", fontsize=8)
+    # Which line is which device: one colour per device in every panel, one legend for all.
+    if len(colors) > 1:
+        from matplotlib.lines import Line2D
+
+        fig.legend([Line2D([], [], color=c, lw=0.8) for c in colors.values()], [str(d) for d in colors],
+                   title="device", loc="upper right", fontsize=6, title_fontsize=6, ncol=min(8, len(colors)),
+                   frameon=False)
     return axes.flat[0]
 
 

@@ -27,25 +27,28 @@ TEMPLATE = """<!doctype html>
 body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1200px;color:#222}
 h1{font-size:1.4em;margin:.2em 0}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 5px;text-align:right}
-th{background:#f0f0f0;cursor:pointer}td.l{text-align:left}.bad{background:#fdd}.warn{background:#fff4d6}
+th{background:#f0f0f0}#cells th{cursor:pointer}td.l,th.l{text-align:left}.n{white-space:nowrap}.bad{background:#fdd}.warn{background:#fff4d6}
 .pick{font-size:14px}.pick td{padding:4px 8px}.muted{color:#777;font-size:12px}
 img{max-width:100%;border:1px solid #eee;margin:4px 0;display:block}code{background:#f6f6f6}
+.wide{overflow-x:auto;max-width:100%}#cells td{white-space:nowrap}#cells td.reason{white-space:normal;min-width:30em}details.flags{font-size:13px;background:#fff4d6;padding:3px 8px;margin:6px 0}
+details.flags li{margin:2px 0}details.flags summary{cursor:pointer}
 </style></head><body>
 <h1>parbench run <code>{{ meta.run_id }}</code></h1>
 <p class="muted">{{ meta.created_utc }} &middot; host <code>{{ meta.host }}</code> &middot; torch {{ meta.torch }}
-{% if meta.nccl %}&middot; NCCL {{ meta.nccl }}{% endif %}{% if meta.gpus %} &middot; {{ meta.gpus|join(", ") }}{% endif %}
-&middot; commit <code>{{ meta.git_commit }}</code> &middot; {{ n_ok }} cells ok, {{ n_bad }} failed or timed out,
+{% if meta.nccl %}&middot; NCCL {{ meta.nccl }}{% endif %}{% if gpus %} &middot; {{ gpus }}{% endif %}
+{% if meta.git_commit %}&middot; commit <code>{{ meta.git_commit }}</code>{% endif %} &middot; {{ n_ok }} cells ok, {{ n_bad }} failed or timed out,
 {{ n_skipped }} skipped{% if meta.plan %} &middot; {{ meta.plan }}{% endif %}</p>
 <h2>Recommendation</h2>
-{% if picks %}<table class="pick"><tr><th>workload</th><th>backend</th><th>devices</th><th>use</th><th>ms/step</th><th>vs one device</th>
-<th>ahead of</th><th>margin</th><th>beyond noise?</th><th>why</th></tr>
-{% for p in picks %}<tr><td class="l">{{ p.workload }}</td><td class="l">{{ p.backend }}</td><td>{{ p.world_size }}</td>
-<td class="l"><b>{{ p.winner }}</b></td><td>{{ "%.1f"|format(p.step_ms) }}</td>
+{% if picks %}<table class="pick" id="picks"><tr><th class="l">workload</th><th class="l">backend</th><th>devices</th><th class="l">use</th><th>ms/step</th><th>vs one device</th>
+<th class="l">ahead of</th><th>margin</th><th class="l">beyond noise?</th><th class="l">why</th></tr>
+{% for p in picks %}<tr><td class="l n">{{ p.workload }}</td><td class="l n">{{ p.backend }}</td><td>{{ p.world_size }}</td>
+<td class="l n"><b>{{ p.winner }}</b></td><td>{{ "%.1f"|format(p.step_ms) }}</td>
 <td class="{{ 'l' if p.speedup is none else ('' if p.speedup >= 1 else 'bad') }}">{{ "%.2fx"|format(p.speedup) if p.speedup is not none else "-" }}</td>
-<td class="l">{{ p.runner_up or "-" }}</td>
+<td class="l n">{{ p.runner_up or "-" }}</td>
 <td>{{ "%+.0f%%"|format(100 * p.margin) if p.margin is not none else "-" }}</td>
-<td class="l">{{ "yes" if p.significant else ("no: intervals overlap" if p.significant is not none else "not judged: one run (use --repeats 3+)") }}</td>
-<td class="l">{{ p.why }}{% if p.excluded %}<br><span class="muted">left out: {{ p.excluded }}</span>{% endif %}</td></tr>
+<td class="l">{% if p.significant %}yes{% elif p.significant is not none %}no: intervals overlap{% else %}not judged: one run (use <span class="n">--repeats 3+</span>){% endif %}</td>
+<td class="l">{{ p.why }}{% if p.speedup is not none and p.speedup < 1 %}<br><span class="bad">every candidate here is slower
+than one device ({{ "%.2fx"|format(p.speedup) }}): one device is the faster choice</span>{% endif %}{% if p.excluded %}<br><span class="muted">left out: {{ p.excluded }}</span>{% endif %}</td></tr>
 {% endfor %}</table>
 <p class="muted">Candidates: cells that ran (status ok, which includes the check that the work was really
 distributed) and matched one device (parity ok); independent models (ensemble) are left out. The
@@ -59,7 +62,9 @@ placement, policy and load level the achieved rate and the latency percentiles t
 {% for img in serve.images %}<img src="data:image/png;base64,{{ img.data }}" alt="{{ img.name }}">{% endfor %}{% endif %}
 {% for wl in workloads %}
 <h2>{{ wl.name }}</h2><p class="muted">{{ wl.description }}</p>
-{% for f in wl.flags %}<p class="warn">{{ f }}</p>{% endfor %}
+{% if wl.flags %}<details class="flags"><summary>{{ wl.flags|length }} cell{{ "s" if wl.flags|length > 1 else "" }}: recorded
+collectives ran below half of this machine's bandwidth curve (click for each)</summary><ul>
+{% for f in wl.flags %}<li>{{ f }}</li>{% endfor %}</ul></details>{% endif %}
 {% for img in wl.images %}<img src="data:image/png;base64,{{ img.data }}" alt="{{ img.name }}" title="{{ img.name }}">
 {% endfor %}{% endfor %}
 {% if telemetry %}<h2>Telemetry per cell</h2>{% for img in telemetry %}
@@ -67,17 +72,17 @@ placement, policy and load level the achieved rate and the latency percentiles t
 {% if meta.telemetry %}<p class="muted">Telemetry notes: {% for k, v in meta.telemetry.items() %}<code>{{ k }}</code>:
 {{ v }}; {% endfor %}</p>{% endif %}
 <h2>Failed and skipped cells</h2>
-{% if not_run %}<table><tr><th>workload</th><th>strategy</th><th>backend</th><th>ws</th><th>status</th><th>reason</th></tr>
+{% if not_run %}<table><tr><th class="l">workload</th><th class="l">strategy</th><th class="l">backend</th><th>ws</th><th class="l">status</th><th class="l">reason</th></tr>
 {% for r in not_run %}<tr class="{{ 'bad' if r.status != 'skipped' else '' }}"><td class="l">{{ r.workload }}</td>
 <td class="l">{{ r.strategy }}</td><td class="l">{{ r.backend }}</td><td>{{ r.world_size }}</td><td class="l">{{ r.status }}</td>
 <td class="l">{{ r.reason }}</td></tr>{% endfor %}</table>{% else %}<p>None.</p>{% endif %}
 <p class="muted">Blank energy: the timed window was under 1 s (NVML's energy counter moves in ~12 J steps) or
 no NVML. Blank MFU: a GPU without a known peak. Blank parity: the cell did not run, or trains its own models.</p>
 <h2>All cells</h2><p class="muted">Click a header to sort.</p>
-<table id="cells"><thead><tr>{% for c in columns %}<th>{{ c }}</th>{% endfor %}</tr></thead><tbody>
+<div class="wide"><table id="cells"><thead><tr>{% for c in columns %}<th class="{{ 'l' if loop.index <= 5 or loop.last else '' }}">{{ c }}</th>{% endfor %}</tr></thead><tbody>
 {% for r in rows %}<tr class="{{ r.cls }}">{% for v in r.vals %}
-<td class="{{ 'l' if loop.index <= 5 or loop.last else '' }}">{{ v }}</td>{% endfor %}</tr>
-{% endfor %}</tbody></table>
+<td class="{{ 'l' if loop.index <= 5 else ('l reason' if loop.last else '') }}">{{ v }}</td>{% endfor %}</tr>
+{% endfor %}</tbody></table></div>
 <script>
 document.querySelectorAll("#cells th").forEach((th, i) => th.addEventListener("click", () => {
   const body = document.querySelector("#cells tbody"), rows = Array.from(body.rows);
@@ -99,6 +104,14 @@ def table_columns(columns) -> list:
     head = [lookup(c) for c in ("workload", "strategy", "backend", "world_size", "status")]
     body = [m for m in shown("report", columns) if m.name not in {h.name for h in head}]
     return head + body + [lookup("reason")]
+
+
+def _gpus(gpus) -> str:
+    """'4 x NVIDIA H100 80GB HBM3' for four alike; names in order of first appearance."""
+    if not gpus:
+        return ""
+    names = list(dict.fromkeys(map(str, gpus)))
+    return ", ".join(f"{list(map(str, gpus)).count(n)} x {n}" for n in names)
 
 
 def _slug(text: str) -> str:
@@ -123,7 +136,8 @@ def _workload_figures(cells: pd.DataFrame, wl: str, out: Path, annotated: pd.Dat
     if ok.empty:
         return []
     kinds = [("throughput", lambda: figures.throughput_bars(cells, wl))]
-    if ok["scaling_efficiency"].notna().any() and ok["world_size"].nunique() > 1:
+    multi = ok[ok["strategy"] != "single"]
+    if multi["scaling_efficiency"].notna().any() and ok["world_size"].nunique() > 1:
         kinds.append(("scaling", lambda: figures.scaling_lines(cells, wl)))
     if "compute_time_s" in ok and ok["compute_time_s"].notna().any():
         kinds.append(("breakdown", lambda: figures.breakdown_bars(cells, wl)))
@@ -244,7 +258,7 @@ def build_report(run_dir: Path, out: Path | None = None, *, baseline: Path | Non
     not_run = cells[cells["status"] != "ok"].sort_values(["status", "workload", "strategy"])
     serve = _serving(run_dir, serving, out)
     html = jinja2.Environment(autoescape=True).from_string(TEMPLATE).render(
-        meta={"run_id": run_dir.name, **meta}, picks=picks, workloads=wls, telemetry=telemetry,
+        meta={"run_id": run_dir.name, **meta}, gpus=_gpus(meta.get("gpus")), picks=picks, workloads=wls, telemetry=telemetry,
         columns=[m.title for m in cols], rows=rows, not_run=[r for _, r in not_run.iterrows()],
         comparison=comparison, serve=serve, n_ok=int((cells["status"] == "ok").sum()),
         n_skipped=int((cells["status"] == "skipped").sum()),
@@ -288,6 +302,7 @@ def _comparison(run_dir: Path, cells, steps, meta, baseline: Path | None, histor
         f"<td class='l'>{esc(r.get('note') or '')}</td></tr>" for _, r in table.iterrows())
     imgs = "".join(f"<img src='data:image/png;base64,{img['data']}' alt='{esc(img['name'])}'>"
                    for img in map(_embedded, figs))
-    html = ("<table><tr><th>cell</th><th>verdict</th><th>shift [interval]</th><th>note</th></tr>"
+    html = ("<table><tr><th class='l'>cell</th><th class='l'>verdict</th><th class='l'>shift [interval]</th>"
+            "<th class='l'>note</th></tr>"
             f"{rows}</table>{imgs}")
     return {"base": base_name, "html": html}

@@ -191,7 +191,10 @@ def common_check(cell: CellSpec, *, gpus: int, min_world: int = 1) -> str | None
     reason = backends.get(cell.backend).unsupported(cell.device)
     if reason:
         return reason
-    if cell.device == "cuda" and cell.n_devices > gpus:
+    if cell.device == "cuda" and cell.nnodes > 1 and cell.n_devices // cell.nnodes > gpus:
+        return (f"world size {cell.n_devices} over {cell.nnodes} nodes needs {cell.n_devices // cell.nnodes} GPUs a "
+                f"node; {gpus} visible here")
+    if cell.device == "cuda" and cell.n_devices > gpus * cell.nnodes:
         return f"world size {cell.n_devices} > {gpus} visible GPU(s)"
     return None
 

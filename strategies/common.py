@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from bench.metrics import Metric
 from bench.spec import CellSpec
 from bench.workloads import Batch, Workload
 from strategies.base import Context, Option
@@ -175,6 +176,73 @@ def parse_mesh(text: str | None, world: int) -> tuple[int, int]:
 
 MESH_OPTION = Option(name="mesh", type=str, default=None,
                      help="2D layout DPxMP for the hybrids, e.g. 2x2 (default: dp=2, the rest model parallel)")
+
+#: Topology-aware placement of the 2D hybrids: which dimension's groups are made of neighbouring
+#: ranks. torchrun gives each node (agent) a contiguous block of global ranks, so neighbouring ranks
+#: share a node: model parallel, which talks every layer, belongs there; data parallel, which talks
+#: once a step, can cross the slower link between nodes.
+PLACEMENTS = ("mp-in-node", "dp-in-node")
+PLACEMENT_OPTION = Option(name="placement", type=str, default="mp-in-node", choices=PLACEMENTS,
+                          help="rank layout of a 2D hybrid: mp-in-node (default) keeps each model-parallel group "
+                               "on neighbouring ranks, inside a node, and data parallel across nodes; dp-in-node "
+                               "the reverse (model parallel crosses nodes)")
+PLACEMENT = Metric(name="mesh_placement", dtype="string", kind="label", header="placement",
+                   shown=frozenset({"report"}),
+                   doc="which mesh dimensions of a 2D hybrid stay inside a node and which cross nodes")
+
+
+def mesh_groups(dp: int, mp: int, placement: str) -> tuple[list[list[int]], list[list[int]]]:
+    """(dp groups, mp groups) of global ranks for a dp x mp mesh under ``placement``."""
+    if placement == "mp-in-node":
+        grid = [[d * mp + m for m in range(mp)] for d in range(dp)]  # row d: an mp group
+    else:
+        grid = [[m * dp + d for m in range(mp)] for d in range(dp)]  # column m: a dp group
+    return [list(col) for col in zip(*grid)], grid
+
+
+def hybrid_mesh(device_type: str, dp: int, mp: int, placement: str, names: tuple[str, str]):
+    """The 2D DeviceMesh (dims ``names``: data parallel, model parallel) laid out as ``placement``
+    asks; mp-in-node is exactly ``init_device_mesh``'s row-major layout."""
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    if placement == "mp-in-node":
+        return init_device_mesh(device_type, (dp, mp), mesh_dim_names=names)
+    _, grid = mesh_groups(dp, mp, placement)
+    return DeviceMesh(device_type, torch.tensor(grid), mesh_dim_names=names)
+
+
+def _crosses(groups: list[list[int]], per_node: int) -> bool:
+    return any(len({r // per_node for r in g}) > 1 for g in groups)
+
+
+def placement_check(cell: CellSpec, mp_name: str) -> str | None:
+    """On several nodes, the dimension ``placement`` keeps inside a node must fit in one."""
+    if cell.nnodes <= 1:
+        return None
+    dp, mp = parse_mesh(cell.options.get("mesh"), cell.n_devices)
+    placement = cell.options.get("placement") or PLACEMENT_OPTION.default
+    per = cell.n_procs // cell.nnodes
+    dps, mps = mesh_groups(dp, mp, placement)
+    inside, degree, groups = (mp_name, mp, mps) if placement == "mp-in-node" else ("dp", dp, dps)
+    if _crosses(groups, per):
+        other = "dp-in-node" if placement == "mp-in-node" else "mp-in-node"
+        return (f"placement {placement}: {inside}={degree} ranks cannot share a node of {per} ranks; use a mesh whose "
+                f"{inside} degree divides {per}, or option placement={other}")
+    return None
+
+
+def placement_label(cell: CellSpec, mp_name: str) -> str:
+    """'tp within nodes, dp across 2 nodes' (or 'one node')."""
+    if cell.nnodes <= 1:
+        return "one node"
+    dp, mp = parse_mesh(cell.options.get("mesh"), cell.n_devices)
+    dps, mps = mesh_groups(dp, mp, cell.options.get("placement") or PLACEMENT_OPTION.default)
+    per = cell.n_procs // cell.nnodes
+
+    def where(groups):
+        return f"across {cell.nnodes} nodes" if _crosses(groups, per) else "within nodes"
+
+    return f"{mp_name} {where(mps)}, dp {where(dps)}"
 
 
 def mesh_check(cell: CellSpec) -> str | None:

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from torch.distributed.device_mesh import init_device_mesh
-
 from bench.spec import CellSpec
 from bench.workloads import Workload
 from strategies.base import MESH, Context, Step, Strategy, common_check
-from strategies.common import MESH_OPTION, local_share, make_optimizer, mesh_check, parse_mesh, train_step
+from strategies.common import (
+    MESH_OPTION,
+    PLACEMENT,
+    PLACEMENT_OPTION,
+    hybrid_mesh,
+    local_share,
+    make_optimizer,
+    mesh_check,
+    parse_mesh,
+    placement_check,
+    placement_label,
+    train_step,
+)
 from strategies.ddp import divisible
 from strategies.fsdp import FSDP_MP, PARAM_DTYPE, mixed_precision, shard_model
 from strategies.tensor import TP_PLAN, apply_tp, tp_check
@@ -17,12 +27,12 @@ class FSDPxTP(Strategy):
     name = "fsdp-tp"
     summary = "2D: tensor parallel inside each mesh row, FSDP2 across rows (option mesh='DPxTP')"
     needs = "world size >= 4 = dp x tp (default dp=2); GPT workload; heads divisible by tp"
-    options = (MESH_OPTION, FSDP_MP, TP_PLAN)
-    labels = (MESH, PARAM_DTYPE)
+    options = (MESH_OPTION, FSDP_MP, TP_PLAN, PLACEMENT_OPTION)
+    labels = (MESH, PARAM_DTYPE, PLACEMENT)
     distributes = ("comm", "split")
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
-        r = common_check(cell, gpus=gpus) or mesh_check(cell)
+        r = common_check(cell, gpus=gpus) or mesh_check(cell) or placement_check(cell, "tp")
         if r:
             return r
         dp, tp = parse_mesh(cell.options["mesh"], cell.n_devices)
@@ -31,11 +41,12 @@ class FSDPxTP(Strategy):
     def label_values(self, cell: CellSpec) -> dict:
         dp, tp = parse_mesh(cell.options["mesh"], cell.n_devices)
         mp = mixed_precision(cell.options, cell.measure.precision)
-        return {"mesh": f"dp{dp}xtp{tp}", "fsdp_param_dtype": "bf16" if mp else "fp32"}
+        return {"mesh": f"dp{dp}xtp{tp}", "fsdp_param_dtype": "bf16" if mp else "fp32",
+                "mesh_placement": placement_label(cell, "tp")}
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         dp, tp = parse_mesh(ctx.options["mesh"], ctx.world_size)
-        mesh = init_device_mesh(ctx.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+        mesh = hybrid_mesh(ctx.device.type, dp, tp, ctx.options["placement"], ("dp", "tp"))
         model = wl.build(ctx.device)
         loss_ctx = apply_tp(wl, model, mesh["tp"], ctx)
         mp = mixed_precision(ctx.options, ctx.precision)

@@ -20,7 +20,6 @@ import inspect
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from bench import backends
@@ -31,11 +30,16 @@ from strategies.allreduce import allreduce_mean_bucketed
 from strategies.base import MESH, Context, Option, Step, Strategy, common_check
 from strategies.common import (
     MESH_OPTION,
+    PLACEMENT,
+    PLACEMENT_OPTION,
     block_costs,
+    hybrid_mesh,
     local_share,
     make_optimizer,
     mesh_check,
     parse_mesh,
+    placement_check,
+    placement_label,
     stage_modules,
     time_region,
 )
@@ -249,13 +253,17 @@ class DPxPipeline(Pipeline):
     needs = "world size >= 4 = dp x pp (option mesh, default dp=2); NCCL on CUDA or Gloo on CPU"
     schedule = "1f1b"
     min_world = 4
-    options = (MICRO_BATCHES, BALANCE, MESH_OPTION, BUCKET_MB)
+    options = (MICRO_BATCHES, BALANCE, MESH_OPTION, BUCKET_MB, PLACEMENT_OPTION)
+    labels = (*Pipeline.labels, PLACEMENT)
 
     def degrees(self, n: int, options: dict) -> tuple[int, int]:
         return parse_mesh(options.get("mesh"), n)
 
+    def label_values(self, cell: CellSpec) -> dict:
+        return {**super().label_values(cell), "mesh_placement": placement_label(cell, "pp")}
+
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
-        r = common_check(cell, gpus=gpus) or mesh_check(cell)
+        r = common_check(cell, gpus=gpus) or mesh_check(cell) or placement_check(cell, "pp")
         if r:
             return r
         dp, pp = self.degrees(cell.n_devices, cell.options)
@@ -266,7 +274,7 @@ class DPxPipeline(Pipeline):
         # (params_.size() == rebuilt_param_indices_.size()) unless there is one micro-batch, so the
         # dp gradients are all-reduced by hand.
         dp, pp = self.degrees(ctx.world_size, ctx.options)
-        mesh = init_device_mesh(ctx.device.type, (dp, pp), mesh_dim_names=("dp", "pp"))
+        mesh = hybrid_mesh(ctx.device.type, dp, pp, ctx.options["placement"], ("dp", "pp"))
         runner = PipelineRunner(wl, ctx, schedule=self.schedule, pp_rank=mesh.get_local_rank("pp"), pp=pp,
                                 m=ctx.options["micro_batches"], group=mesh.get_group("pp"), dp=dp)
         dp_group, dp_rank = mesh.get_group("dp"), mesh.get_local_rank("dp")

@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from bench.metrics import Metric
 from bench.workloads import Workload
-from strategies.base import Context, Step, Strategy
+from strategies.base import Context, Option, Step, Strategy
 from strategies.common import local_share, make_optimizer, train_step
 
 
@@ -235,3 +235,39 @@ def broken_batches(*, seed: int = 0, global_batch: int = 8) -> Workload:
 def factory_raises(*, seed: int = 0) -> Workload:
     """A user workload factory that raises while the run is planned."""
     raise RuntimeError("deliberate failure in the factory [/x]")
+
+
+# --- Links between nodes (tests/distributed/test_netns.py): a known amount of traffic per step.
+
+class LinkProbe(Strategy):
+    """Per step: one all-reduce of ``probe_kib`` KiB (2 ranks: each direction carries the whole
+    buffer, concurrently) and then ``pingpongs`` round trips of a 4-byte message from rank 0 to
+    the last rank and back. No model: what a slower link adds to a step is the link's own cost."""
+
+    name = "test-linkprobe"
+    summary = needs = "test only"
+    distributes = ()
+    options = (Option(name="probe_kib", type=int, default=1024, minimum=0, help="all-reduce size per step"),
+               Option(name="pingpongs", type=int, default=0, minimum=0, help="4-byte round trips per step"))
+
+    def prepare(self, wl: Workload, ctx: Context) -> Step:
+        import torch
+
+        buf = torch.ones(ctx.options["probe_kib"] * 256)
+        tiny = torch.ones(1)
+        last = ctx.world_size - 1
+
+        def run(_batch):
+            if buf.numel():
+                dist.all_reduce(buf)
+                buf.fill_(1.0)
+            for _ in range(ctx.options["pingpongs"]):
+                if ctx.rank == 0:
+                    dist.send(tiny, last)
+                    dist.recv(tiny, last)
+                elif ctx.rank == last:
+                    dist.recv(tiny, 0)
+                    dist.send(tiny, 0)
+            return None
+
+        return Step(run=run, loss_weight=0.0)

@@ -1,7 +1,9 @@
 """Strategies with a known, injected slowdown, for calibrating the regression gate.
 
 ``--strategies tests.regress_helpers:Slow5`` runs :class:`strategies.single.Single` with every step
-made 5% longer than it measured; ``Slow5DDP`` does the same to DDP. The delay is calibrated per
+made 5% longer than it measured; ``Slow5DDP`` does the same to DDP. ``DDPSlowed`` is ``Slow5DDP``
+under DDP's own name (``ddp``), so ``parbench compare`` pairs it with the ``ddp`` cell of a baseline
+run, as a real regression in the strategy would be paired (the 2-GPU A/B of issue 12). The delay is calibrated per
 step (5% of that step's own time), so it holds on any machine and workload, and it is spun rather
 than slept: a sleep wakes late by scheduler-sized amounts on a busy machine.
 """
@@ -59,15 +61,19 @@ def _slow_classes() -> dict[str, type]:
         def prepare(self, wl, ctx):
             return slowed(super().prepare(wl, ctx), ctx.device)
 
-    return {"Slow5": Slow5, "Slow5DDP": Slow5DDP}
+    class DDPSlowed(Slow5DDP):
+        name = "ddp"
+        summary = "ddp with every step 5% slower, under ddp's name (regression-gate A/B)"
+
+    return {"Slow5": Slow5, "Slow5DDP": Slow5DDP, "DDPSlowed": DDPSlowed}
 
 
 _CLASSES: dict[str, type] = {}
 
 
 def __getattr__(name: str) -> type:
-    """``tests.regress_helpers:Slow5`` and ``:Slow5DDP`` for ``--strategies``."""
-    if name in ("Slow5", "Slow5DDP"):
+    """``tests.regress_helpers:Slow5``, ``:Slow5DDP`` and ``:DDPSlowed`` for ``--strategies``."""
+    if name in ("Slow5", "Slow5DDP", "DDPSlowed"):
         if not _CLASSES:
             _CLASSES.update(_slow_classes())
         return _CLASSES[name]

@@ -4,6 +4,9 @@
 #   two    on 2 GPUs: plain loops vs harness (gpt-200m), every strategy on NCCL and Gloo
 #   overhead  on 2 GPUs: the same DDP cell with the sampler off / 20 Hz / 100 Hz / off again
 #   four   on 4 GPUs: DDP, FSDP, pipelines, TP at 1,2,4 and the 2x2 hybrids on NCCL (gpt-200m)
+#   i2, i4, il  harness vs plain loops interleaved (interleave.py, 6 families, 3 rounds) at 2, 4 or both
+#   gate   issue 11 + 12: A1 = ddp,fsdp,pipeline-1f1b at 2 and 4 GPUs with --repeats 5; then on 2 GPUs
+#          B (ddp 5% slower: tests.regress_helpers:DDPSlowed) and A2 (= A1); compare A2|A1 and B|A1
 # Results go to $OUT (tarred run folders + logs); a short table is printed last.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -30,6 +33,7 @@ bad = c[c.status != "ok"]
 if len(bad): print(bad[["strategy", "backend", "world_size", "status", "reason"]].to_string(index=False))
 PY
 }
+FIRST=${1:-none}
 for phase in "$@"; do
 case "$phase" in
 check)  # every strategy on NCCL at 2 and 4 GPUs (and the reference), a few fixed steps: does it all run?
@@ -96,11 +100,36 @@ for hz in ("0", "20", "100", "0b"):
           f"{r.step_time_ci_high_s*1e3:.3f}]  mean {r.step_time_mean_s*1e3:.3f} ms")
 PY
   ) ;;
+i2|i4|il)  # il: 2 and 4 GPUs in one call (one harness call per round covers both)
+  ws=${phase#i}; [ "$phase" = il ] && ws=2,4
+  PYTHONPATH=. timeout "${IL_TIMEOUT:-480}" python3 bench/baselines/interleave.py --world-sizes "$ws" \
+     --families ddp,fsdp,pipeline-gpipe,pipeline-1f1b,tensor,tensor-sp --repeats 3 --steps "${IL_STEPS:-10}" \
+     --warmup "${IL_WARMUP:-3}" --deadline-s "${IL_DEADLINE:-460}" --out "$OUT/$phase" > "$OUT/$phase.log" 2>&1
+  tail -n 16 "$OUT/$phase.log" ;;
+gate) (  # a subshell: the GPU mask and positional parameters stay inside
+  g=(--workloads "${G_WL:-gpt-200m}" --backends "${G_BE:-nccl}" --device "${G_DEV:-cuda}" --repeats 5
+     --steps "${G_STEPS:-20}" --warmup 5 --warmup-max 0 --steps-max 0
+     --budget off --profile-steps 0 --sample-hz 2 --cell-timeout 90)
+  timeout 190 python3 -m bench.cli run --no-progress --out "$R/gate-a1" --strategies ddp,fsdp,pipeline-1f1b \
+     --world-sizes 2,4 "${g[@]}" > "$OUT/gate-a1.log" 2>&1
+  show gate-a1
+  export CUDA_VISIBLE_DEVICES=0,1
+  timeout 130 python3 -m bench.cli run --no-progress --out "$R/gate-b" \
+     --strategies tests.regress_helpers:DDPSlowed,fsdp,pipeline-1f1b --world-sizes 2 "${g[@]}" > "$OUT/gate-b.log" 2>&1
+  timeout 130 python3 -m bench.cli run --no-progress --out "$R/gate-a2" --strategies ddp,fsdp,pipeline-1f1b \
+     --world-sizes 2 "${g[@]}" > "$OUT/gate-a2.log" 2>&1
+  unset CUDA_VISIBLE_DEVICES
+  a1=$(ls -d "$R"/gate-a1/*/ | tail -n 1); b=$(ls -d "$R"/gate-b/*/ | tail -n 1); a2=$(ls -d "$R"/gate-a2/*/ | tail -n 1)
+  for pair in "aa $a1 $a2" "ab $a1 $b" "ba2 $a2 $b"; do set -- $pair
+    python3 -m bench.cli compare "$2" "$3" --markdown "$OUT/compare-$1.md" --json "$OUT/compare-$1.json" \
+       > "$OUT/compare-$1.txt" 2>&1; echo "compare $1: exit $?"; tail -n 12 "$OUT/compare-$1.txt"
+  done ) ;;
 four)
   pb four --workloads gpt-200m --strategies ddp,fsdp,pipeline-gpipe,pipeline-1f1b,tensor,dp-pp,fsdp-tp \
      --backends nccl --world-sizes 1,2,4 --steps 30 --warmup 5 --cell-timeout 150 > "$OUT/four.log" 2>&1
   show four ;;
 esac
 done
-tar czf "$OUT/runs-$1.tgz" -C "$R" . 2>/dev/null
+tar czf "$OUT/runs-$FIRST.tgz" -C "$R" . 2>/dev/null
+for d in "$OUT"/i2 "$OUT"/i4 "$OUT"/il; do [ -d "$d/interleave-runs" ] && tar czf "$d-runs.tgz" -C "$d" interleave-runs && rm -rf "$d/interleave-runs"; done
 ls -la "$OUT"

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import socket
 import statistics
 import subprocess
@@ -54,6 +55,11 @@ class Pair:
     options: tuple[str, ...]
     program: str
     flags: tuple[str, ...] = ()
+    row_name: str | None = None  # the cells' `strategy` column, where ``strategy`` is a module:Class spec
+
+    @property
+    def cell(self) -> str:
+        return self.row_name or self.strategy
 
 
 # ---- the pairs: edit here ------------------------------------------------------------------------
@@ -71,8 +77,11 @@ PAIRS: dict[str, Pair] = {
                            ("--schedule", "gpipe", "--micro-batches", "8", "--split", "equal")),
     "pipeline-1f1b": Pair("pipeline-1f1b", ("micro_batches=8", "pp_balance=time"), "plain_pipeline",
                           ("--schedule", "1f1b", "--micro-batches", "8", "--split", "equal")),
-    "tensor": Pair("tensor", ("tp_plan=megatron",), "plain_tp"),              # no sequence parallel
-    "tensor-sp": Pair("tensor", ("tp_plan=sp",), "plain_tp", ("--sequence-parallel",)),
+    # Both plans by their strategies' defaults (tensor: megatron; variants.TensorSP: sp), so the two
+    # share a harness call (an --option tp_plan=... would apply to both).
+    "tensor": Pair("tensor", (), "plain_tp"),                                 # no sequence parallel
+    "tensor-sp": Pair("bench.baselines.variants:TensorSP", (), "plain_tp", ("--sequence-parallel",),
+                      row_name="tensor-sp"),
 }
 DEFAULT_FAMILIES = "ddp,fsdp,pipeline-gpipe,pipeline-1f1b,tensor,tensor-sp"
 # Environment for both sides, as bench/baselines/device_run.sh (NVLink multicast off on lent machines).
@@ -193,7 +202,7 @@ def run_harness(fams: list[str], worlds: list[int], rnd: int, args: argparse.Nam
         for w in worlds:
             rec = {"side": "harness", "round": rnd, "family": fam, "world_size": w, "cmd": cmd, "wall_s": wall,
                    "rc": p.returncode, "ok": False}
-            rows = None if cells is None else cells[(cells.strategy == PAIRS[fam].strategy) & (cells.world_size == w)]
+            rows = None if cells is None else cells[(cells.strategy == PAIRS[fam].cell) & (cells.world_size == w)]
             if rows is not None and len(rows):
                 row = json.loads(rows.iloc[0].to_json())
                 rec["row"] = row
@@ -224,6 +233,8 @@ def pin_flags(args: argparse.Namespace) -> list[str]:
         flags += ["--warmup-max", str(args.warmup)]
     if "--steps-max" in args._cli_help:
         flags += ["--steps-max", str(args.steps)]
+    if "--budget" in args._cli_help:  # a default budget would plan its own steps (seen on GPU: 2 to 500)
+        flags += ["--budget", "off"]
     return flags
 
 
@@ -233,14 +244,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(module: str, flags: list[str], world: int, args: argparse.Namespace) -> tuple[int, str, str]:
+def launch(module: str, flags: list[str], world: int, args: argparse.Namespace,
+           timeout: float | None = None) -> tuple[int, str, str]:
     """Start ``world`` ranks of ``module`` with the variables torchrun would set (direct launch: it
     spares the launcher's own start-up), or through torchrun with ``--launcher torchrun``."""
     env = env_for(world, args)
+    timeout = timeout or args.run_timeout_s
     if args.launcher == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
                "-m", module, *flags]
-        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.run_timeout_s)
+        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         return p.returncode, p.stdout, p.stderr
     port = free_port()
     procs = []
@@ -250,7 +263,7 @@ def launch(module: str, flags: list[str], world: int, args: argparse.Namespace) 
                 "MASTER_PORT": str(port), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         procs.append(subprocess.Popen([sys.executable, "-m", module, *flags], cwd=ROOT, env=renv,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    deadline = time.monotonic() + args.run_timeout_s
+    deadline = time.monotonic() + timeout
     outs: list[tuple[str, str]] = []
     rc = 0
     for pr in procs:
@@ -270,29 +283,43 @@ def launch(module: str, flags: list[str], world: int, args: argparse.Namespace) 
     return rc, outs[0][0], "\n".join(e for _, e in outs)
 
 
-def run_plain(fam: str, world: int, rnd: int, args: argparse.Namespace, state: State) -> None:
-    """One plain program run; one record."""
-    pair = PAIRS[fam]
-    flags = ["--device", args.device, "--backend", args.backend, "--workload", args.workload,
-             "--steps", str(args.steps), "--warmup", str(args.warmup), *pair.flags]
-    module = f"bench.baselines.{pair.program}"
-    t = time.monotonic()
-    try:
-        rc, out, err = launch(module, flags, world, args)
-    except subprocess.TimeoutExpired:
-        rc, out, err = 124, "", "timeout"
-    rec = {"side": "plain", "round": rnd, "family": fam, "world_size": world, "cmd": [module, *flags],
-           "launcher": args.launcher, "wall_s": time.monotonic() - t, "rc": rc, "ok": False}
-    lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
-    if rc == 0 and lines:
-        rec.update(ok=True, row=lines[-1], median_s=lines[-1]["step_time_median_s"],
-                   mean_s=lines[-1]["step_time_mean_s"])
-    else:
-        rec["error"] = f"rc {rc}: {err[-1500:]}"
-    state.runs.append(rec)
-    log(state, f"round {rnd + 1} plain   {fam:15s} x{world}: " +
-        (f"median {rec['median_s'] * 1e3:8.2f} ms ({rec['wall_s']:.0f}s)" if rec["ok"] else
-         f"FAILED {rec['error'][-300:]}"))
+def run_plain(fams: list[str], world: int, rnd: int, args: argparse.Namespace, state: State) -> None:
+    """The plain programs of these families at one world size; one record each. With
+    ``--separate-plain`` (or one family) each program is its own launch; otherwise one launch of
+    ``plain_many`` runs them in turn (each its own process group and JSON line, the interpreter and
+    CUDA context paid once)."""
+    flags = {f: ["--device", args.device, "--backend", args.backend, "--workload", args.workload,
+                 "--steps", str(args.steps), "--warmup", str(args.warmup), *PAIRS[f].flags] for f in fams}
+    batches = [[f] for f in fams] if (args.separate_plain or len(fams) == 1) else [fams]
+    for batch in batches:
+        if len(batch) == 1:
+            module, mflags = f"bench.baselines.{PAIRS[batch[0]].program}", flags[batch[0]]
+        else:
+            module = "bench.baselines.plain_many"
+            mflags = ["--ports", ",".join(str(free_port()) for _ in batch)]
+            for f in batch:
+                mflags += ["--run", shlex.join([PAIRS[f].program, *flags[f]])]
+        t = time.monotonic()
+        try:
+            rc, out, err = launch(module, mflags, world, args, timeout=args.run_timeout_s * len(batch))
+        except subprocess.TimeoutExpired:
+            rc, out, err = 124, "", "timeout"
+        wall = time.monotonic() - t
+        lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+        for k, fam in enumerate(batch):
+            rec = {"side": "plain", "round": rnd, "family": fam, "world_size": world,
+                   "cmd": [PAIRS[fam].program, *flags[fam]], "launcher": args.launcher,
+                   "batched_with": batch if len(batch) > 1 else None, "wall_s": wall, "rc": rc, "ok": False}
+            line = lines[k] if k < len(lines) else None
+            if line is not None and "step_time_median_s" in line:
+                rec.update(ok=True, row=line, median_s=line["step_time_median_s"], mean_s=line["step_time_mean_s"])
+            else:
+                rec["error"] = (f"{line['plain_many_error']}" if line else f"rc {rc}: no result line") + \
+                    f"; stderr: {err[-1200:]}"
+            state.runs.append(rec)
+            log(state, f"round {rnd + 1} plain   {fam:15s} x{world}: " +
+                (f"median {rec['median_s'] * 1e3:8.2f} ms" if rec["ok"] else f"FAILED {rec['error'][-300:]}"))
+        log(state, f"round {rnd + 1} plain call ({'+'.join(batch)} x{world}) took {wall:.0f}s")
 
 
 def table(state: State, families: list[str], worlds: list[int]) -> list[dict]:
@@ -342,14 +369,17 @@ def save(state: State, path: Path, rows: list[dict] | None = None) -> None:
 
 
 def estimate_s(groups: list[list[str]], families: list[str], worlds: list[int], args: argparse.Namespace) -> float:
-    """Device seconds the call will take, from a 4x H100 run (2026-11-26): a harness torchrun ~15 s
-    to start (one per world size plus one for the one-GPU reference cell) and ~3 s a cell besides
-    its steps; a plain run ~11 s besides its steps; a gpt-200m step ~0.1-0.25 s."""
+    """Device seconds the call will take, from a 4x H100 run (2026-11-26, gpt-200m): a harness
+    torchrun ~20 s to start (one per world size plus one for the one-GPU reference cell) and ~3 s a
+    cell besides its steps; a plain launch ~8 s, then ~4 s a program besides its steps; a step
+    ~0.05-0.25 s (0.15 assumed)."""
     step = 0.15 * (args.steps + args.warmup)
     calls = ([(1, [w]) for _ in families for w in worlds] if args.pairwise
              else [(len(g), worlds) for g in groups])
-    harness = sum(15 * (1 + len(ws)) + (step + 3) * (1 + n * len(ws)) for n, ws in calls)
-    return args.repeats * (harness + len(families) * len(worlds) * (11 + step))
+    harness = sum(20 * (1 + len(ws)) + (step + 3) * (1 + n * len(ws)) for n, ws in calls)
+    launches = len(families) if (args.pairwise or args.separate_plain) else len(groups)
+    plain = len(worlds) * (launches * 8 + len(families) * (4 + step))
+    return args.repeats * (harness + plain)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -368,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="let the harness extend warm-up and timed steps until the step time settles")
     ap.add_argument("--launcher", choices=("direct", "torchrun"), default="direct",
                     help="how the plain programs start (direct: the torchrun variables, no launcher process)")
+    ap.add_argument("--separate-plain", action="store_true",
+                    help="one launch per plain program (default: the plain programs of a harness group "
+                         "run in turn in one launch of plain_many, paying the start-up once)")
     ap.add_argument("--deadline-s", type=float, default=560.0, help="start nothing that would end after this")
     ap.add_argument("--run-timeout-s", type=int, default=240)
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for interleave.json (default $OUT)")
@@ -419,16 +452,13 @@ def main(argv: list[str] | None = None) -> int:
                 longest["harness"] = max(longest["harness"], time.monotonic() - t)
                 save(state, path)
                 for w in ws:
-                    for fam in grp:
-                        if not fits("plain"):
-                            stop = True
-                            break
-                        t = time.monotonic()
-                        run_plain(fam, w, rnd, args, state)
-                        longest["plain"] = max(longest["plain"], time.monotonic() - t)
-                        save(state, path)
-                    if stop:
+                    if not fits("plain"):
+                        stop = True
                         break
+                    t = time.monotonic()
+                    run_plain(grp, w, rnd, args, state)
+                    longest["plain"] = max(longest["plain"], time.monotonic() - t)
+                    save(state, path)
                 if stop:
                     break
             if stop:

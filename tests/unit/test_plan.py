@@ -64,3 +64,24 @@ def test_options_are_validated_and_resolved_per_strategy():
 def test_tensor_parallel_needs_a_plan_from_the_workload():
     by, _, _ = planned({"workloads": "mlp", "strategies": "tensor", "world_sizes": "2", "device": "cpu"}, 0)
     assert "declares no tensor-parallel plan" in by[("tensor", "gloo", 2)].reason
+
+
+def test_the_default_budget_stands_aside_when_the_user_fixes_the_measurement():
+    """Seen on 4x H100: `--steps 10 --steps-max 10` under the GPU's default 10-minute budget was
+    rewritten to 2 steps and up to 500, so a cell meant to run exactly as a plain loop did not."""
+    from bench.launch import budget_plan
+
+    cfg = build_config(toml=None, flags={"workloads": "mlp", "strategies": "ddp", "world_sizes": "1,2",
+                                         "steps": 10, "warmup": 3, "steps_max": 10, "warmup_max": 3}, gpus=2)
+    assert cfg.budget is None and set(cfg.pinned) == {"steps", "warmup", "steps_max", "warmup_max"}
+    assert build_config(toml=None, flags={"workloads": "mlp"}, gpus=2).budget in ("10m", "600s")  # nothing pinned
+
+    # An explicit budget still plans, but keeps what the user set and says so.
+    cfg = build_config(toml=None, flags={"workloads": "mlp", "strategies": "ddp", "world_sizes": "1,2",
+                                         "steps": 10, "steps_max": 10, "budget": "5m"}, gpus=2)
+    cells, _, _ = plan(cfg, gpus=2)
+    out, text = budget_plan(cfg, cells, 300.0)
+    m = [p.spec.measure for p in out if p.reason is None]
+    assert m and all(x.steps == 10 and x.steps_max == 10 for x in m)
+    assert all(x.warmup == 1 for x in m)  # not pinned: planned
+    assert "kept as given: steps, steps_max" in text and "at least 10 steps" in text

@@ -1,8 +1,7 @@
 import base64
 import json
 import re
-import shutil
-import subprocess
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from bench.results import RunWriter, load_run
 from reports import build_report, figures
 from reports.recommend import recommend
+from tests import chromium
 
 MAX_W, MAX_H = 1400, 1600  # pixels: no figure taller than about a screen and a half
 
@@ -101,15 +101,111 @@ def test_report_onto_a_file_is_a_one_line_error(tmp_path):
         build_report(run, tmp_path / "f")
 
 
-@pytest.mark.skipif(not any(shutil.which(b) for b in ("chromium", "chromium-browser", "headless_shell")),
-                    reason="headless Chromium is not installed (Debian: apt install chromium)")
+needs_chromium = pytest.mark.skipif(chromium.browser() is None,
+                                    reason="headless Chromium is not installed (Debian: apt install chromium)")
+MAX_PAGE_PX = 15000  # page height at 1400x1000: the committed 61-cell run is ~9,500 px
+FIRST_SCREEN_PX = chromium.VIEWPORT[1]
+# The recommendation table as the reader sees it (rows of cell texts) and where it ends.
+PICKS_JS = """(() => { const t = document.querySelector('#picks');
+  return t ? {bottom: t.getBoundingClientRect().bottom,
+              rows: Array.from(t.rows).slice(1).map(r => Array.from(r.cells).map(c => c.innerText.trim()))}
+           : null; })()"""
+RUNS = Path(__file__).resolve().parents[2] / "docs" / "runs"
+
+
+def shown_pick(p) -> list[str]:
+    """What the recommendation row of ``p`` must read, formatted here from the pick's numbers."""
+    sig = ("yes" if p.significant else "no: intervals overlap" if p.significant is not None
+           else "not judged: one run (use --repeats 3+)")
+    return [p.workload, p.backend, str(p.world_size), p.winner, f"{p.step_ms:.1f}",
+            f"{p.speedup:.2f}x" if p.speedup is not None else "-", p.runner_up or "-",
+            f"{100 * p.margin:+.0f}%" if p.margin is not None else "-", sig]
+
+
+def assert_page_ok(page: Path, cells) -> chromium.PageCheck:
+    seen = chromium.check_page(page, PICKS_JS)
+    assert seen.problems(MAX_PAGE_PX) == [], seen.problems(MAX_PAGE_PX)
+    written = sorted(page.parent.glob("*.png"))
+    assert len(seen.images) >= len(written) > 0  # every figure beside the page is shown, and loaded
+    for img in seen.images:  # pixel size of every figure, as the browser decoded it
+        assert 0 < img["w"] <= MAX_W and 0 < img["h"] <= MAX_H, img
+    picks = recommend(cells)
+    shown = seen.extra
+    assert shown is not None and len(shown["rows"]) == len(picks) > 0
+    assert shown["bottom"] <= FIRST_SCREEN_PX  # the answer is on the first screen
+    for p, row in zip(picks, shown["rows"]):
+        assert row[:9] == shown_pick(p), (row, p)
+        assert row[9].startswith(p.why)
+        # and the winner is the fastest qualifying cell of the raw table, not just what recommend() said
+        same = cells[(cells["workload"] == p.workload) & (cells["backend"] == p.backend)
+                     & (cells["world_size"] == p.world_size) & (cells["status"] == "ok")
+                     & (cells["parity_ok"] == True) & (cells["role"] != "independent")]  # noqa: E712
+        assert same.loc[same["step_time_median_s"].idxmin(), "strategy"] == row[3]
+    return seen
+
+
+# Click the samples/s header of the table of all cells twice; that column after each click.
+SORT_JS = """(() => { const th = Array.from(document.querySelectorAll('#cells th'));
+  const i = th.findIndex(h => h.textContent.trim() === 'samples/s');
+  const col = () => Array.from(document.querySelectorAll('#cells tbody tr')).map(r => r.cells[i].textContent.trim());
+  th[i].click(); const up = col(); th[i].click(); return [up, col()]; })()"""
+
+
+@needs_chromium
 def test_report_in_headless_chromium(tmp_path):
-    browser = next(shutil.which(b) for b in ("chromium", "chromium-browser", "headless_shell") if shutil.which(b))
-    page = build_report(fake_run(tmp_path))
-    r = subprocess.run([browser, "--headless", "--disable-gpu", "--no-sandbox", "--dump-dom", f"file://{page}"],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "Recommendation" in r.stdout
-    assert "Uncaught" not in r.stderr
+    seen = chromium.check_page(build_report(fake_run(tmp_path)), f"[{PICKS_JS}, {SORT_JS}]")
+    assert seen.problems(MAX_PAGE_PX) == []
+    seen.extra, (up, down) = seen.extra
+    ran = [float(v) for v in up if v]
+    assert len(ran) == 5 and ran == sorted(ran) and [float(v) for v in down if v] == sorted(ran, reverse=True)
+    rows = {(r[1], r[2]): r for r in seen.extra["rows"]}
+    # nccl x2: ddp 55 ms ahead of fsdp 90 ms (+64%), 0.1/0.055 = 1.82x one device, intervals apart
+    assert rows[("nccl", "2")][3:9] == ["ddp", "55.0", "1.82x", "fsdp", "+64%", "yes"]
+    assert rows[("gloo", "2")][3:9] == ["ddp", "60.0", "1.67x", "-", "-", "not judged: one run (use --repeats 3+)"]
+    assert "communication-bound" in rows[("nccl", "2")][9] and "ensemble: trains independent models" in \
+        rows[("nccl", "2")][9]
+    assert seen.extra["bottom"] <= FIRST_SCREEN_PX
+    for img in seen.images:
+        assert 0 < img["w"] <= MAX_W and 0 < img["h"] <= MAX_H, img
+
+
+@needs_chromium
+@pytest.mark.parametrize("run", ["two-gpus-h100", "four-gpus-h100", "check-h100-x4"])
+def test_committed_gpu_report_in_headless_chromium(run, tmp_path):
+    """The report of a recorded H100 run: no console errors, no requests, height bounded, every
+    figure loaded and within size, the recommendation on the first screen and matching the data."""
+    cells, _, _ = load_run(RUNS / run)
+    assert_page_ok(build_report(RUNS / run, tmp_path / "report"), cells[cells["mode"] != "serve"]
+                   if "mode" in cells else cells)
+
+
+BROKEN = {
+    "console.error": '<script>console.error("boom")</script>',
+    "uncaught": "<script>setTimeout(() => notDefinedAnywhere(), 0)</script>",
+    "thrown at load": '<script>throw new Error("at load")</script>',
+    "network": '<img src="http://192.0.2.1/pixel.png" alt="external">',
+    "fetch": '<script>fetch("https://example.invalid/x").catch(() => {})</script>',
+    "height": '<div style="height:40000px"></div>',
+}
+
+
+@pytest.fixture(scope="module")
+def good_page(tmp_path_factory):
+    return build_report(fake_run(tmp_path_factory.mktemp("good")))  # passes: test_report_in_headless_chromium
+
+
+@needs_chromium
+@pytest.mark.parametrize("kind", sorted(BROKEN))
+def test_the_browser_check_catches_a_broken_page(kind, good_page, tmp_path):
+    """The checks above can fail: a copy of a good report with one fault injected is caught."""
+    page = good_page
+    bad = tmp_path / "broken.html"
+    bad.write_text(page.read_text().replace("</body>", BROKEN[kind] + "</body>"))
+    problems = " | ".join(chromium.check_page(bad).problems(MAX_PAGE_PX))
+    expect = {"console.error": "console.error: boom", "uncaught": "uncaught: ReferenceError: notDefinedAnywhere",
+              "thrown at load": "uncaught: Error: at load", "network": "network request: http://192.0.2.1/pixel.png",
+              "fetch": "network request: https://example.invalid/x", "height": "px tall"}[kind]
+    assert expect in problems, problems
 
 
 @pytest.mark.parametrize("run", ["two-gpus-h100", "four-gpus-h100"])

@@ -1,0 +1,76 @@
+"""Several plain programs, one after another, in one set of rank processes.
+
+    RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. python -m bench.baselines.plain_many --ports 29501,29502 \\
+        --run "plain_ddp --steps 20" --run "plain_fsdp --no-mp --steps 20"
+
+Each ``--run`` is a plain program of this folder and its flags. It runs exactly as it would alone
+(its own ``main()``: its own process group, started from the environment with the next port of
+``--ports``, torn down at its end, and its one JSON line on stdout), but the interpreter, the
+``import torch`` and the CUDA context are paid once, not once per program: on a GPU host that is
+~5-8 s of the ~11 s a plain program takes to start, which is what made a 3-round interleave of six
+families too long for one 10-minute device call. What the timed steps measure is unchanged: the
+loop, its warm-up and its timing are each program's own; between programs the caching allocator
+is emptied and the garbage collected, so one program's memory does not shape the next one's.
+
+A program that fails prints ``{"plain_many_error": ...}`` on rank 0 and the next one still runs
+(its process group is torn down first where it exists); the exit code is 1 if any failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import json
+import os
+import shlex
+import sys
+import traceback
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", action="append", required=True, metavar="'PROGRAM FLAGS...'",
+                    help="a plain program (plain_ddp, plain_fsdp, plain_pipeline, plain_tp) and its flags")
+    ap.add_argument("--ports", default="", help="comma list, one MASTER_PORT per --run (default: MASTER_PORT)")
+    args = ap.parse_args(argv)
+    ports = [p for p in args.ports.split(",") if p]
+    if ports and len(ports) != len(args.run):
+        ap.error(f"--ports has {len(ports)} entries for {len(args.run)} --run")
+    import torch
+    import torch.distributed as dist
+
+    failed = 0
+    for i, run in enumerate(args.run):
+        prog, *flags = shlex.split(run)
+        if prog not in ("plain_ddp", "plain_fsdp", "plain_pipeline", "plain_tp"):
+            ap.error(f"--run {prog!r}: not a plain program of bench/baselines")
+        if ports:
+            os.environ["MASTER_PORT"] = ports[i]
+        mod = importlib.import_module(f"bench.baselines.{prog}")
+        sys.argv = [f"bench.baselines.{prog}", *flags]
+        try:
+            mod.main()
+        except SystemExit as e:  # argparse errors: a bad --run is the caller's bug, say which
+            if e.code:
+                failed += 1
+                _error(prog, flags, f"exit {e.code}")
+        except Exception as e:  # noqa: BLE001 - report it and go on with the next program
+            failed += 1
+            _error(prog, flags, f"{type(e).__name__}: {e}")
+            traceback.print_exc(file=sys.stderr)
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return 1 if failed else 0
+
+
+def _error(prog: str, flags: list[str], msg: str) -> None:
+    if os.environ.get("RANK", "0") == "0":
+        print(json.dumps({"plain_many_error": msg, "program": prog, "flags": flags}), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,340 @@
+"""The launchers of a multi-node run talking through the rendezvous store (see the package doc).
+
+Keys, under the prefix ``parbench/`` of node 0's TCPStore (torchrun's own keys live elsewhere):
+
+==========================  =====================================================================
+``hello``                   node 0's plan digest, node count and cell count (set first)
+``claim/R``                 counter: a second launcher claiming node rank R is refused
+``join/R``                  node R's plan digest, host and address
+``verdict``                 node 0's answer: the run id, or why the run cannot start
+``beat/R``                  counter each launcher bumps every second (its heartbeat)
+``bye/R``                   a launcher that stops says why
+``cmd/S``                   node 0's S-th command: ``launch`` (a group plan) or ``end``
+``stop/S``                  node 0 ended launch S: a node still running its part kills it
+``done/S/R``                node R's part of launch S exited: exit code, crash reason, survivors
+``ev/S/R/K``, ``ev/S/R/n``  the K-th error event of node R's ranks in launch S, and the count
+``smp/R/K``, ``smp/R/n``    the K-th batch of node R's telemetry rows, and the count
+==========================  =====================================================================
+
+A node is lost when its heartbeat has not moved for ``LOST_S`` seconds (measured on the
+observer's own clock, so clock skew between machines does not matter), when it said ``bye``, or,
+for node 0, when its store stops answering.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from bench import UserError, spec
+from bench.multinode import NodeLost
+from bench.multinode.netinfo import route
+
+log = logging.getLogger("parbench")
+HEARTBEAT_S = 1.0
+LOST_S = float(os.environ.get("PARBENCH_NODE_LOST_S", "30"))  # a heartbeat this old: the node is gone
+PUSH_S = 0.25  # how often a follower ships telemetry
+DONE_GRACE_S = 30.0  # how long node 0 waits for the other nodes to report a launch's end
+
+
+def _wait_port(host: str, port: int, timeout_s: float) -> bool:
+    """True once something accepts TCP connections at host:port (polled with plain sockets, so
+    that waiting for a node 0 that is not up yet prints nothing)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            with socket.create_connection((host, port), timeout=min(2.0, max(end - time.monotonic(), 0.1))):
+                return True
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+def _client(host: str, port: int, timeout_s: float):
+    from torch.distributed import PrefixStore, TCPStore
+
+    return PrefixStore("parbench", TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s)))
+
+
+class _Heartbeat(threading.Thread):
+    """Bumps ``beat/R`` every HEARTBEAT_S on a connection of its own."""
+
+    def __init__(self, host: str, port: int, rank: int):
+        super().__init__(name="parbench-heartbeat", daemon=True)
+        self.store = _client(host, port, 30.0)
+        self.rank = rank
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            try:
+                self.store.add(f"beat/{self.rank}", 1)
+            except Exception:  # noqa: BLE001 - the main loop notices a dead store on its own
+                return
+            self.halt.wait(HEARTBEAT_S)
+
+
+class _Watch:
+    """When each node's heartbeat last moved, on this machine's monotonic clock."""
+
+    def __init__(self, ranks: list[int]):
+        now = time.monotonic()
+        self.last = {r: (-1, now) for r in ranks}
+
+    def stale(self, store, lost_s: float = LOST_S) -> dict[int, str]:
+        out = {}
+        now = time.monotonic()
+        for r, (value, seen) in self.last.items():
+            if store.check([f"bye/{r}"]):
+                out[r] = store.get(f"bye/{r}").decode()
+                continue
+            v = store.add(f"beat/{r}", 0)
+            if v != value:
+                self.last[r] = (v, now)
+            elif now - seen > lost_s:
+                out[r] = f"no heartbeat for {now - seen:.0f} s"
+        return out
+
+
+def _hello(cfg, digest: str, n_cells: int) -> dict[str, Any]:
+    from bench import __version__
+
+    addr, iface = route(*_host_port(cfg.rdzv_endpoint))
+    return {"digest": digest, "nnodes": cfg.nnodes, "cells": n_cells, "version": __version__,
+            "host": socket.gethostname(), "addr": addr, "iface": iface}
+
+
+def _host_port(endpoint: str) -> tuple[str, int]:
+    from bench.config import parse_endpoint
+
+    return parse_endpoint(endpoint)
+
+
+class Coordinator:
+    """Node 0: hosts the store, checks that every node planned the same matrix, sends launch
+    commands, collects the other nodes' error events, telemetry and launch outcomes."""
+
+    def __init__(self, cfg, digest: str, n_cells: int):
+        from torch.distributed import PrefixStore, TCPStore
+
+        self.cfg = cfg
+        self.host, self.port = _host_port(cfg.rdzv_endpoint)
+        self.others = list(range(1, cfg.nnodes))
+        try:
+            self._server = TCPStore(self.host, self.port, is_master=True, wait_for_workers=False,
+                                    timeout=timedelta(seconds=60))
+        except Exception as e:  # noqa: BLE001 - DistNetworkError and friends: say what to do
+            text = " ".join(str(e).split())
+            why = "the port is in use" if "EADDRINUSE" in text or "in use" in text else text[:120]
+            raise UserError(f"--rdzv-endpoint {cfg.rdzv_endpoint}: node 0 cannot host the rendezvous on port "
+                            f"{self.port} ({why}); is another node started with --node-rank 0? pick a free port "
+                            "and pass the same endpoint to every node") from None
+        self.store = PrefixStore("parbench", self._server)
+        self.me = _hello(cfg, digest, n_cells)
+        self.store.set("hello", json.dumps(self.me))
+        self.nodes: dict[int, dict[str, Any]] = {0: self.me}
+        self.seq = 0
+        self._ev_seen: dict[tuple[int, int], int] = {}
+        self._smp_seen = {r: 0 for r in self.others}
+        self._lost: dict[int, str] = {}
+        self._watch = _Watch(self.others)
+        self._beat = _Heartbeat("127.0.0.1", self.port, 0)
+        self._beat.start()
+
+    def wait_joined(self) -> None:
+        """Every other node joined with the same plan, within the rendezvous timeout; else a
+        one-line UserError (and the same verdict for the nodes that did join)."""
+        end = time.monotonic() + self.cfg.rdzv_timeout_s
+        missing = list(self.others)
+        while missing and time.monotonic() < end:
+            for r in list(missing):
+                if self.store.check([f"join/{r}"]):
+                    info = json.loads(self.store.get(f"join/{r}"))
+                    self.nodes[r] = info
+                    missing.remove(r)
+                    if info["digest"] != self.me["digest"]:
+                        self.refuse(mismatch(r, info, self.me))
+            time.sleep(0.1)
+        if missing:
+            self.refuse(f"node(s) {', '.join(map(str, missing))} did not join the rendezvous at "
+                        f"{self.cfg.rdzv_endpoint} within {self.cfg.rdzv_timeout_s:g}s; start parbench run with the "
+                        "same flags and their --node-rank there (or raise --rdzv-timeout)")
+
+    def refuse(self, reason: str) -> None:
+        self.store.set("verdict", json.dumps({"ok": False, "reason": reason}))
+        time.sleep(0.5)  # let the nodes read it before the store goes away with this process
+        self.close()
+        raise UserError(reason)
+
+    @property
+    def share(self) -> int:
+        """Nodes on this machine (same host name; two agents on one host, or network namespaces,
+        share its cores): each launch's threads are divided among them."""
+        return sum(n.get("host") == self.me["host"] for n in self.nodes.values())
+
+    def accept(self, run_dir: Path) -> None:
+        hosts = {str(r): n.get("host") for r, n in self.nodes.items()}
+        self.store.set("verdict", json.dumps({"ok": True, "run_id": run_dir.name, "run_dir": str(run_dir),
+                                              "hosts": hosts}))
+
+    def launch(self, plan: spec.GroupPlan, *, rdzv_id: str, nproc_per_node: int) -> int:
+        """Tell the other nodes to start their part of a group; returns the launch's number."""
+        seq = self.seq
+        self.seq += 1
+        self.store.set(f"cmd/{seq}", json.dumps({"kind": "launch", "rdzv_id": rdzv_id, "nproc": nproc_per_node,
+                                                 "plan": json.loads(spec.dump(plan))}))
+        return seq
+
+    def events(self, seq: int) -> list[spec.Event]:
+        """New error events of the other nodes' ranks in launch ``seq``."""
+        out = []
+        for r in self.others:
+            n = self.store.add(f"ev/{seq}/{r}/n", 0)
+            k = self._ev_seen.get((seq, r), 0)
+            while k < n:
+                out.append(spec.load_event(self.store.get(f"ev/{seq}/{r}/{k}").decode()))
+                k += 1
+            self._ev_seen[(seq, r)] = k
+        return out
+
+    def samples(self) -> list[dict[str, Any]]:
+        """Telemetry rows the other nodes shipped since the last call (each with its ``node``)."""
+        rows: list[dict[str, Any]] = []
+        for r in self.others:
+            try:
+                n = self.store.add(f"smp/{r}/n", 0)
+                while self._smp_seen[r] < n:
+                    key = f"smp/{r}/{self._smp_seen[r]}"
+                    rows.extend(json.loads(self.store.get(key)))
+                    self.store.delete_key(key)
+                    self._smp_seen[r] += 1
+            except Exception as e:  # noqa: BLE001 - telemetry is extra: never stop a run for it
+                log.warning("telemetry of node %s not collected: %s", r, e)
+        return rows
+
+    def lost(self) -> dict[int, str]:
+        """Nodes that stopped answering, with why (they stay lost for the rest of the run)."""
+        for r, why in self._watch.stale(self.store).items():
+            self._lost.setdefault(r, why)
+        return dict(self._lost)
+
+    def finish_launch(self, seq: int) -> dict[int, dict[str, Any]]:
+        """Launch ``seq`` ended here: the other nodes stop their part if it still runs; their
+        outcomes (exit code, crash reason, survivors), waited for at most DONE_GRACE_S."""
+        self.store.set(f"stop/{seq}", "1")
+        out: dict[int, dict[str, Any]] = {}
+        end = time.monotonic() + DONE_GRACE_S
+        while time.monotonic() < end:
+            for r in self.others:
+                if r not in out and self.store.check([f"done/{seq}/{r}"]):
+                    out[r] = json.loads(self.store.get(f"done/{seq}/{r}"))
+            if len(out) + len(set(self.lost()) - set(out)) >= len(self.others):
+                break
+            time.sleep(0.1)
+        return out
+
+    def close(self, status: str = "complete") -> None:
+        """Tell the other nodes the run is over (they exit), then stop the heartbeat."""
+        try:
+            self.store.set(f"cmd/{self.seq}", json.dumps({"kind": "end", "status": status}))
+            self.seq += 1
+            end = time.monotonic() + 5.0
+            # Give the others a moment to read it: the store goes away with this process.
+            while time.monotonic() < end and not all(self.store.check([f"bye/{r}"]) for r in self.others
+                                                     if r not in self._lost):
+                time.sleep(0.1)
+        except Exception as e:  # noqa: BLE001
+            log.warning("could not tell the other nodes that the run ended: %s", e)
+        self._beat.halt.set()
+
+
+def mismatch(r: int, theirs: dict[str, Any], mine: dict[str, Any]) -> str:
+    """Why node ``r``'s plan is not node 0's, in one line."""
+    if theirs.get("nnodes") != mine.get("nnodes"):
+        what = f"--nnodes {theirs.get('nnodes')} on node {r} but {mine.get('nnodes')} on node 0"
+    elif theirs.get("version") != mine.get("version"):
+        what = f"parbench {theirs.get('version')} on node {r} but {mine.get('version')} on node 0"
+    else:
+        what = (f"node {r} planned {theirs.get('cells')} cells (digest {str(theirs.get('digest'))[:10]}), node 0 "
+                f"{mine.get('cells')} (digest {str(mine.get('digest'))[:10]})")
+    return (f"the nodes planned different matrices: {what}; run the same parbench version with the same flags, "
+            "config and visible devices on every node")
+
+
+class Follower:
+    """Node R > 0: joins node 0's store, checks the plan, then runs the launches node 0 sends."""
+
+    def __init__(self, cfg, digest: str, n_cells: int):
+        self.cfg, self.rank = cfg, cfg.node_rank
+        host, port = _host_port(cfg.rdzv_endpoint)
+        if not _wait_port(host, port, cfg.rdzv_timeout_s):
+            raise UserError(f"node 0 at --rdzv-endpoint {cfg.rdzv_endpoint} did not answer within "
+                            f"{cfg.rdzv_timeout_s:g}s; start parbench run --node-rank 0 there, or check the endpoint")
+        self.store = _client(host, port, 60.0)
+        if self.store.add(f"claim/{self.rank}", 1) > 1:
+            raise UserError(f"another node already joined as --node-rank {self.rank}; give each node its own rank "
+                            f"from 1 to {cfg.nnodes - 1} (node 0 hosts the rendezvous)")
+        while not self.store.check(["hello"]):
+            time.sleep(0.1)
+        self.node0 = json.loads(self.store.get("hello"))
+        self.me = _hello(cfg, digest, n_cells)
+        self.store.set(f"join/{self.rank}", json.dumps(self.me))
+        if self.me["digest"] != self.node0["digest"]:
+            raise UserError(mismatch(self.rank, self.me, self.node0))
+        self._watch = _Watch([0])
+        self._beat = _Heartbeat(host, port, self.rank)
+        self._beat.start()
+        verdict = json.loads(self._wait_key("verdict"))
+        if not verdict["ok"]:
+            raise UserError(verdict["reason"])
+        self.run_id = verdict["run_id"]
+        self.share = max(1, sum(h == self.me["host"] for h in verdict.get("hosts", {}).values()))
+        self._smp = 0
+
+    def _check_node0(self) -> None:
+        try:
+            stale = self._watch.stale(self.store)
+        except Exception as e:  # noqa: BLE001 - its store went away with it
+            raise NodeLost(f"node 0 at {self.cfg.rdzv_endpoint} stopped answering ({type(e).__name__}); "
+                           "this node stops") from None
+        if stale:
+            raise NodeLost(f"node 0 at {self.cfg.rdzv_endpoint} stopped answering ({stale[0]}); this node stops")
+
+    def _wait_key(self, key: str) -> bytes:
+        while True:
+            self._check_node0()
+            if self.store.check([key]):
+                return self.store.get(key)
+            time.sleep(0.2)
+
+    def push_samples(self, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        self.store.set(f"smp/{self.rank}/{self._smp}", json.dumps([{**r, "node": self.rank} for r in rows]))
+        self._smp += 1
+        self.store.add(f"smp/{self.rank}/n", 1)
+
+    def push_event(self, seq: int, line: str) -> None:
+        k = self.store.add(f"ev/{seq}/{self.rank}/k", 1) - 1
+        self.store.set(f"ev/{seq}/{self.rank}/{k}", line)
+        self.store.add(f"ev/{seq}/{self.rank}/n", 1)
+
+    def stopped(self, seq: int) -> bool:
+        return self.store.check([f"stop/{seq}"])
+
+    def done(self, seq: int, info: dict[str, Any]) -> None:
+        self.store.set(f"done/{seq}/{self.rank}", json.dumps(info))
+
+    def bye(self, why: str) -> None:
+        try:
+            self.store.set(f"bye/{self.rank}", why)
+        except Exception:  # noqa: BLE001 - node 0 may be gone already
+            pass
+        self._beat.halt.set()
