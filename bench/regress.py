@@ -343,6 +343,7 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
     for col in ("shift", "shift_low", "shift_high", "p_value", "noise_floor", "n_base", "n_cur", "needed", "unit"):
         if col not in out:
             out[col] = np.nan
+    out = _pair_changed_settings(out, key)
     if not out["verdict"].isin(COMPARED).any():
         raise UserError(_nothing_compared(out, key))
     return out.sort_values(key).reset_index(drop=True)
@@ -400,6 +401,11 @@ def _verdict(r: pd.Series, row: dict, bs: dict, cs: dict, run_diff: list[str], c
     t = shift_test(sb.values, sc.values, alpha, test)
     row.update(t, unit=sb.unit, base_time_s=float(np.median(sb.values)), cur_time_s=float(np.median(sc.values)))
     verdict, note = decide(t, threshold, alpha)
+    if not np.isfinite(t["noise_floor"]):
+        # Too few samples for any interval at this level: say that, not "[-100%, inf]" and "inf%".
+        row.update(shift_low=np.nan, shift_high=np.nan, noise_floor=np.nan)
+        note = (f"{min(len(sb.values), len(sc.values))} {sb.unit} a side cannot bound the interval at the "
+                f"{1 - alpha:.0%} level (>= {min_samples(alpha)} needed)")
     if verdict == "noisy":
         need = samples_needed(sb.values, sc.values, t["noise_floor"], threshold, alpha)
         row["needed"] = need
@@ -413,6 +419,35 @@ def _verdict(r: pd.Series, row: dict, bs: dict, cs: dict, run_diff: list[str], c
         # by more than that (docs/REGRESSION.md has the measured A/A rate).
         note = (note + "; " if note else "") + "one run a side: run-to-run drift is not in this test"
     return verdict, note
+
+
+def _pair_changed_settings(out: pd.DataFrame, key: list[str]) -> pd.DataFrame:
+    """A cell missing from CURRENT and a new one with the same workload, strategy, backend, device
+    and world size, one of each, are one cell whose settings changed (an option, the mesh, the
+    micro-batches): one ``incomparable`` row that names what changed and keeps both times, not a
+    `missing` and a `new` row that leave the reader to find the pair."""
+    extra = [k for k in key if k not in KEY]
+    if not extra or out.empty:
+        return out
+    drop, add = [], []
+    for _, grp in out[out["verdict"].isin(["missing", "new"])].groupby(KEY, dropna=False, sort=False):
+        miss, new = grp[grp["verdict"] == "missing"], grp[grp["verdict"] == "new"]
+        if len(miss) != 1 or len(new) != 1:
+            continue
+        a, b = miss.iloc[0], new.iloc[0]
+        changed = [f"{k} {a[k]} -> {b[k]}" for k in extra if str(a[k]) != str(b[k])]
+        row = a.copy()
+        for k in extra:
+            row[k] = b[k]
+        for col in ("cur_status", "cur_tput", "cur_time_s"):
+            row[col] = b[col]
+        row["change"] = row["cur_tput"] / row["base_tput"] - 1 if row["base_tput"] else np.nan
+        row["verdict"], row["note"] = "incomparable", "settings differ: " + "; ".join(changed)
+        drop += [miss.index[0], new.index[0]]
+        add.append(row)
+    if not add:
+        return out
+    return pd.concat([out.drop(index=drop), pd.DataFrame(add)], ignore_index=True)
 
 
 def _nothing_compared(out: pd.DataFrame, key: list[str]) -> str:

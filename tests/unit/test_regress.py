@@ -204,3 +204,25 @@ def test_real_pair_bookkeeping(tmp_path):
     hist = history_pairs(runs, args, k=4)
     assert len(hist) == 4 and (hist["unit"] == "runs").all()
     assert (hist.loc[hist["kind"] == "A/A", "verdict"] != "regression").all()
+
+
+def test_a_cell_whose_settings_changed_is_one_incomparable_row():
+    """Seen on docs/runs/ab-h100-x4 (new vs old defaults): each changed cell showed as a `missing`
+    and a `new` row; it is one cell with other settings, and the row says which."""
+    base = make_run({"fsdp": 1.0, "ddp": 1.0}, option_fsdp_mp="off")
+    cur = make_run({"fsdp": 0.9, "ddp": 1.0}, option_fsdp_mp="auto", seed=1)
+    base[0].loc[base[0].strategy == "ddp", "option_fsdp_mp"] = None
+    cur[0].loc[cur[0].strategy == "ddp", "option_fsdp_mp"] = None
+    t = cmp(base, cur)
+    assert len(t) == 2 and t.loc["ddp", "verdict"] == "same"
+    assert t.loc["fsdp", "verdict"] == "incomparable"
+    assert t.loc["fsdp", "note"] == "settings differ: option_fsdp_mp off -> auto"
+    assert t.loc["fsdp", "change"] == pytest.approx(1 / 0.9 - 1)  # both sides kept
+    assert not failed(t.reset_index())
+
+
+def test_too_few_repeats_give_no_interval_rather_than_an_infinite_one():
+    t = cmp(make_run({"ddp": 1.0}, repeats=3, n=5), make_run({"ddp": 1.0}, repeats=3, n=5, seed=1))
+    r = t.loc["ddp"]
+    assert r["verdict"] == "noisy" and np.isnan(r["noise_floor"]) and np.isnan(r["shift_low"])
+    assert "3 repeats a side cannot bound the interval" in r["note"] and "5 repeats a side" in r["note"]
