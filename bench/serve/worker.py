@@ -120,9 +120,19 @@ class _Worker:
                 self._cell(msg[1])
 
     def _probe(self, msg: tuple) -> None:
+        """Answer fixed requests, one at a time, through the serving path. ``("probe", items)``
+        returns the answers (parity); with a third element ``"warm"`` only their count returns:
+        the warm-up before a pool's first cell, which pays each request shape's first-call costs
+        (kernel selection, allocator growth) outside the measured cells."""
+        quiet = len(msg) > 2 and msg[2] == "warm"
         if self.spec.role != "stage":
-            outs = self._answer([self.sm.make_input(r, s) for r, s in msg[1]])
-            self.result_q.put(("probe", self.spec.wid, outs))
+            inputs = [self.sm.make_input(r, s) for r, s in msg[1]]
+            if quiet:  # one at a time, as most requests are served
+                for x in inputs:
+                    self._answer([x])
+                self.result_q.put(("probe", self.spec.wid, []))
+            else:  # together: equal shapes form a dynamic batch (parity of the batched path too)
+                self.result_q.put(("probe", self.spec.wid, self._answer(inputs)))
             return
         if msg[0] == "probe":  # stage 0: the requests' inputs, one at a time
             items = [(self.sm.make_input(r, s), self.sm.make_input(r, s)) for r, s in msg[1]]
@@ -130,9 +140,9 @@ class _Worker:
             items = msg[1]
         outs = [(self._stage(x, inp), inp) for x, inp in items]
         if self.last:
-            self.result_q.put(("probe", self.spec.wid, [y for y, _ in outs]))
+            self.result_q.put(("probe", self.spec.wid, [] if quiet else [y for y, _ in outs]))
         else:
-            self.next_q.put(("probe_act", outs))
+            self.next_q.put(("probe_act", outs, "warm") if quiet else ("probe_act", outs))
 
     def _cell(self, cfg: dict[str, Any]) -> None:
         src = self.shared_q if cfg.get("source") == "shared" and self.shared_q is not None else self.own_q
