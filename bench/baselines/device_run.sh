@@ -123,7 +123,10 @@ gate) (  # a subshell: the GPU mask and positional parameters stay inside
   for pair in "aa $a1 $a2" "ab $a1 $b" "ba2 $a2 $b"; do set -- $pair
     python3 -m bench.cli compare "$2" "$3" --markdown "$OUT/compare-$1.md" --json "$OUT/compare-$1.json" \
        > "$OUT/compare-$1.txt" 2>&1; echo "compare $1: exit $?"; tail -n 12 "$OUT/compare-$1.txt"
-  done ) ;;
+  done
+  # the device tool returns at most 8 files: logs, texts and JSON go back as one archive
+  (cd "$OUT" && tar czf gate-logs.tgz gate-*.log compare-*.txt compare-*.json && rm -f gate-*.log compare-*.txt compare-*.json)
+  ) ;;
 four)
   pb four --workloads gpt-200m --strategies ddp,fsdp,pipeline-gpipe,pipeline-1f1b,tensor,dp-pp,fsdp-tp \
      --backends nccl --world-sizes 1,2,4 --steps 30 --warmup 5 --cell-timeout 150 > "$OUT/four.log" 2>&1

@@ -244,6 +244,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def omp_threads(world: int) -> str:
+    """OMP_NUM_THREADS for a plain rank: what the harness gives its ranks (bench.launch.child_env:
+    the CPUs divided among the ranks, unless the caller set it), so the two sides differ in
+    nothing but the code under test."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return os.environ["OMP_NUM_THREADS"]
+    from bench.hardware import cpu_threads
+
+    return str(max(1, cpu_threads() // world))
+
+
 def launch(module: str, flags: list[str], world: int, args: argparse.Namespace,
            timeout: float | None = None) -> tuple[int, str, str]:
     """Start ``world`` ranks of ``module`` with the variables torchrun would set (direct launch: it
@@ -260,7 +271,7 @@ def launch(module: str, flags: list[str], world: int, args: argparse.Namespace,
     for r in range(world):
         renv = {**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world),
                 "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+                "MASTER_PORT": str(port), "OMP_NUM_THREADS": omp_threads(world)}
         procs.append(subprocess.Popen([sys.executable, "-m", module, *flags], cwd=ROOT, env=renv,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     deadline = time.monotonic() + timeout
@@ -398,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="let the harness extend warm-up and timed steps until the step time settles")
     ap.add_argument("--launcher", choices=("direct", "torchrun"), default="direct",
                     help="how the plain programs start (direct: the torchrun variables, no launcher process)")
+    ap.add_argument("--fixed-order", action="store_true",
+                    help="harness first in every round (default: harness first in even rounds, plain first in odd)")
     ap.add_argument("--separate-plain", action="store_true",
                     help="one launch per plain program (default: the plain programs of a harness group "
                          "run in turn in one launch of plain_many, paying the start-up once)")
@@ -444,21 +457,29 @@ def main(argv: list[str] | None = None) -> int:
         for grp in groups:
             worlds_now = [[w] for w in worlds] if args.pairwise else [worlds]
             for ws in worlds_now:
-                if not fits("harness"):
-                    stop = True
-                    break
-                t = time.monotonic()
-                run_harness(grp, ws, rnd, args, state)
-                longest["harness"] = max(longest["harness"], time.monotonic() - t)
-                save(state, path)
-                for w in ws:
-                    if not fits("plain"):
-                        stop = True
+                # A B in even rounds, B A in odd ones (ABBA): a drift of the machine over the call
+                # lands on both sides alike instead of always favouring the side that runs second.
+                sides = ("harness", "plain") if rnd % 2 == 0 or args.fixed_order else ("plain", "harness")
+                for side in sides:
+                    if side == "harness":
+                        if not fits("harness"):
+                            stop = True
+                            break
+                        t = time.monotonic()
+                        run_harness(grp, ws, rnd, args, state)
+                        longest["harness"] = max(longest["harness"], time.monotonic() - t)
+                        save(state, path)
+                        continue
+                    for w in ws:
+                        if not fits("plain"):
+                            stop = True
+                            break
+                        t = time.monotonic()
+                        run_plain(grp, w, rnd, args, state)
+                        longest["plain"] = max(longest["plain"], time.monotonic() - t)
+                        save(state, path)
+                    if stop:
                         break
-                    t = time.monotonic()
-                    run_plain(grp, w, rnd, args, state)
-                    longest["plain"] = max(longest["plain"], time.monotonic() - t)
-                    save(state, path)
                 if stop:
                     break
             if stop:
