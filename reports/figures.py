@@ -237,8 +237,9 @@ TELEMETRY_UNITS = {"gpu_util_pct": "GPU util (%)", "power_w": "power (W)", "sm_a
 
 
 def telemetry_small_multiples(samples: pd.DataFrame, cells: pd.DataFrame, metric: str, *, limit: int = 12):
-    """One small panel per cell (its timed window, every device it used), the cell's name on top,
-    units on the y axis. The ``limit`` cells with the longest windows are drawn."""
+    """One small panel per cell (its timed window, every device the sampler watched: devices the
+    cell did not use show as idle lines), the cell's name on top, units on the y axis. The
+    ``limit`` cells with the longest windows are drawn."""
     d = cells[cells["timed_start_unix"].notna()].copy() if "timed_start_unix" in cells else cells.iloc[0:0]
     d["span"] = d["timed_end_unix"] - d["timed_start_unix"]
     d = d.sort_values("span", ascending=False).head(limit)
