@@ -303,7 +303,7 @@ class EventReader:
 
 
 def torchrun_cmd(plan_path: str, nproc: int, *, nnodes: int = 1, endpoint: str | None = None,
-                 rdzv_id: str = "", rdzv_timeout_s: float = 300.0) -> list[str]:
+                 rdzv_id: str = "", rdzv_timeout_s: float = 300.0, local_addr: str | None = None) -> list[str]:
     """The torchrun command of one launch: on one node a private loopback rendezvous; on several,
     torchrun's c10d rendezvous at ``endpoint``, whose store node 0's launcher hosts (is_host=0:
     no agent hosts it, so the store outlives each launch and agents of any node may start first)."""
@@ -313,6 +313,8 @@ def torchrun_cmd(plan_path: str, nproc: int, *, nnodes: int = 1, endpoint: str |
     else:
         cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
                 f"--rdzv-conf=is_host=0,join_timeout={max(int(rdzv_timeout_s), 1)}"]
+        if local_addr:  # what the other nodes reach this one at (the host name may resolve to loopback)
+            cmd.append(f"--local-addr={local_addr}")
     return cmd + ["--max-restarts=0", "-m", "bench.worker", plan_path]
 
 
@@ -605,7 +607,7 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
             rdzv_id = f"{writer.run_id}-g{gid}-a{attempt}"
             seq = coord.launch(gplan, rdzv_id=rdzv_id, nproc_per_node=nproc)
             cmd = torchrun_cmd(prefix + ".json", nproc, nnodes=g.nnodes, endpoint=cfg.rdzv_endpoint, rdzv_id=rdzv_id,
-                               rdzv_timeout_s=cfg.rdzv_timeout_s)
+                               rdzv_timeout_s=cfg.rdzv_timeout_s, local_addr=coord.me["local_addr"])
         else:
             cmd = torchrun_cmd(prefix + ".json", nproc)
         logpath = Path(prefix + ".log")
@@ -735,9 +737,9 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
                 theirs = [f"node {r}: {i['reason']}" for r, i in sorted(remote.items()) if i.get("reason")]
                 if theirs:
                     reason = "; ".join(theirs) + f"; node 0: {reason}"
-                gone = coord.lost() if multi else {}
-                if gone and not lost:
-                    reason += "; " + "; ".join(f"node {r} stopped answering ({w})" for r, w in sorted(gone.items()))
+            gone = coord.lost() if multi else {}
+            if gone and not lost:  # seen after the launch ended (its ranks saw only a closed connection)
+                reason += "; " + "; ".join(f"node {r} stopped answering ({w})" for r, w in sorted(gone.items()))
             if launch_notes:
                 reason += "; " + "; ".join(launch_notes)
             telemetry.take()

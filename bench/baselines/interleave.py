@@ -309,7 +309,7 @@ def run_plain(fams: list[str], world: int, rnd: int, args: argparse.Namespace, s
             module = "bench.baselines.plain_many"
             mflags = ["--ports", ",".join(str(free_port()) for _ in batch)]
             for f in batch:
-                mflags += ["--run", shlex.join([PAIRS[f].program, *flags[f]])]
+                mflags += ["--program", shlex.join([PAIRS[f].program, *flags[f]])]
         t = time.monotonic()
         try:
             rc, out, err = launch(module, mflags, world, args, timeout=args.run_timeout_s * len(batch))
@@ -452,6 +452,16 @@ def main(argv: list[str] | None = None) -> int:
             log(state, f"deadline {args.deadline_s:.0f}s: not starting another {kind} run")
         return ok
 
+    def timed(kind: str, run) -> bool:
+        """Run one harness call or plain launch if it fits the deadline; False when it does not."""
+        if not fits(kind):
+            return False
+        t = time.monotonic()
+        run()
+        longest[kind] = max(longest[kind], time.monotonic() - t)
+        save(state, path)
+        return True
+
     stop = False
     for rnd in range(args.repeats):
         for grp in groups:
@@ -462,22 +472,9 @@ def main(argv: list[str] | None = None) -> int:
                 sides = ("harness", "plain") if rnd % 2 == 0 or args.fixed_order else ("plain", "harness")
                 for side in sides:
                     if side == "harness":
-                        if not fits("harness"):
-                            stop = True
-                            break
-                        t = time.monotonic()
-                        run_harness(grp, ws, rnd, args, state)
-                        longest["harness"] = max(longest["harness"], time.monotonic() - t)
-                        save(state, path)
-                        continue
-                    for w in ws:
-                        if not fits("plain"):
-                            stop = True
-                            break
-                        t = time.monotonic()
-                        run_plain(grp, w, rnd, args, state)
-                        longest["plain"] = max(longest["plain"], time.monotonic() - t)
-                        save(state, path)
+                        stop = not timed("harness", lambda: run_harness(grp, ws, rnd, args, state))
+                    else:
+                        stop = not all(timed("plain", lambda w=w: run_plain(grp, w, rnd, args, state)) for w in ws)
                     if stop:
                         break
                 if stop:

@@ -1,9 +1,9 @@
 """Several plain programs, one after another, in one set of rank processes.
 
     RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. python -m bench.baselines.plain_many --ports 29501,29502 \\
-        --run "plain_ddp --steps 20" --run "plain_fsdp --no-mp --steps 20"
+        --program "plain_ddp --steps 20" --program "plain_fsdp --no-mp --steps 20"
 
-Each ``--run`` is a plain program of this folder and its flags. It runs exactly as it would alone
+Each ``--program`` is a plain program of this folder and its flags. It runs exactly as it would alone
 (its own ``main()``: its own process group, started from the environment with the next port of
 ``--ports``, torn down at its end, and its one JSON line on stdout), but the interpreter, the
 ``import torch`` and the CUDA context are paid once, not once per program: on a GPU host that is
@@ -11,6 +11,10 @@ Each ``--run`` is a plain program of this folder and its flags. It runs exactly 
 families too long for one 10-minute device call. What the timed steps measure is unchanged: the
 loop, its warm-up and its timing are each program's own; between programs the caching allocator
 is emptied and the garbage collected, so one program's memory does not shape the next one's.
+
+Under torchrun, pass ``--ports`` (free ports, one per program): each program's group then gets a
+store of its own. (The flag is ``--program``, not ``--run``: under torchrun, argparse would take ``--run`` as an
+abbreviation of torchrun's own ``--run-path``.)
 
 A program that fails prints ``{"plain_many_error": ...}`` on rank 0 and the next one still runs
 (its process group is torn down first where it exists); the exit code is 1 if any failed.
@@ -30,28 +34,31 @@ import traceback
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--run", action="append", required=True, metavar="'PROGRAM FLAGS...'",
+    ap.add_argument("--program", action="append", required=True, metavar="'PROGRAM FLAGS...'",
                     help="a plain program (plain_ddp, plain_fsdp, plain_pipeline, plain_tp) and its flags")
-    ap.add_argument("--ports", default="", help="comma list, one MASTER_PORT per --run (default: MASTER_PORT)")
+    ap.add_argument("--ports", default="", help="comma list, one MASTER_PORT per --program (default: MASTER_PORT)")
     args = ap.parse_args(argv)
     ports = [p for p in args.ports.split(",") if p]
-    if ports and len(ports) != len(args.run):
-        ap.error(f"--ports has {len(ports)} entries for {len(args.run)} --run")
+    if ports and len(ports) != len(args.program):
+        ap.error(f"--ports has {len(ports)} entries for {len(args.program)} --program")
     import torch
     import torch.distributed as dist
 
     failed = 0
-    for i, run in enumerate(args.run):
+    for i, run in enumerate(args.program):
         prog, *flags = shlex.split(run)
         if prog not in ("plain_ddp", "plain_fsdp", "plain_pipeline", "plain_tp"):
-            ap.error(f"--run {prog!r}: not a plain program of bench/baselines")
+            ap.error(f"--program {prog!r}: not a plain program of bench/baselines")
         if ports:
             os.environ["MASTER_PORT"] = ports[i]
+            # Under torchrun each group would otherwise reuse the agent's store, whose keys the
+            # previous program's group left behind: rank 0 hosts a fresh store on this port instead.
+            os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
         mod = importlib.import_module(f"bench.baselines.{prog}")
         sys.argv = [f"bench.baselines.{prog}", *flags]
         try:
             mod.main()
-        except SystemExit as e:  # argparse errors: a bad --run is the caller's bug, say which
+        except SystemExit as e:  # argparse errors: a bad --program is the caller's bug, say which
             if e.code:
                 failed += 1
                 _error(prog, flags, f"exit {e.code}")

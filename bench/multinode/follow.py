@@ -28,6 +28,8 @@ log = logging.getLogger("parbench")
 def follow(cfg, digest: str, n_cells: int, *, on_progress=None) -> Path:
     """Join node 0's run and follow it until it ends; returns this node's work folder. Raises
     UserError when the plans differ or node 0 never answers, NodeLost when it stops answering."""
+    from torch.distributed import DistError
+
     from bench import launch
     from bench.samplers import start_samplers
 
@@ -50,13 +52,19 @@ def follow(cfg, digest: str, n_cells: int, *, on_progress=None) -> Path:
         while True:
             cmd = _next_command(node, seq, tick)
             if cmd["kind"] == "end":
-                why = f"node 0 ended the run ({cmd.get('status', '')})"
+                status = cmd.get("status", "")
+                why = f"node 0 ended the run ({status})"
+                if status != "complete":  # interrupted or stopped there: not a success here either
+                    raise NodeLost(f"node 0 ended the run early ({status}); this node stops")
                 break
             _run_launch(node, cfg, seq, cmd, work, tick)
             seq += 1
     except NodeLost as e:
         why = str(e)
         raise
+    except DistError as e:  # any request to node 0's store: it went away with node 0's launcher
+        why = f"node 0 at {cfg.rdzv_endpoint} stopped answering ({' '.join(str(e).split())[:80]}); this node stops"
+        raise NodeLost(why) from None
     except BaseException as e:
         why = f"stopped: {type(e).__name__}: {e}"
         raise
@@ -90,7 +98,8 @@ def _run_launch(node: Follower, cfg, seq: int, cmd: dict, work: Path, tick) -> N
     plan = dataclasses.replace(plan, events_prefix=prefix, trace_dir=trace_dir)
     Path(prefix + ".json").write_text(spec.dump(plan))
     argv = launch.torchrun_cmd(prefix + ".json", cmd["nproc"], nnodes=cfg.nnodes, endpoint=cfg.rdzv_endpoint,
-                               rdzv_id=cmd["rdzv_id"], rdzv_timeout_s=cfg.rdzv_timeout_s)
+                               rdzv_id=cmd["rdzv_id"], rdzv_timeout_s=cfg.rdzv_timeout_s,
+                               local_addr=node.me["local_addr"])
     logpath = Path(prefix + ".log")
     with open(logpath, "w") as logf:
         proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT,

@@ -106,9 +106,27 @@ class _Watch:
 def _hello(cfg, digest: str, n_cells: int) -> dict[str, Any]:
     from bench import __version__
 
-    addr, iface = route(*_host_port(cfg.rdzv_endpoint))
+    host, port = _host_port(cfg.rdzv_endpoint)
+    addr, iface = route(host, port)
     return {"digest": digest, "nnodes": cfg.nnodes, "cells": n_cells, "version": __version__,
-            "host": socket.gethostname(), "addr": addr, "iface": iface}
+            "host": socket.gethostname(), "addr": addr, "iface": iface, "local_addr": local_addr(cfg, host, addr)}
+
+
+def local_addr(cfg, endpoint_host: str, routed: str) -> str:
+    """The address this node's torchrun agent gives the others (``--local-addr``): the agent that
+    c10d makes rank 0 hosts the workers' store there. Node 0: the endpoint itself (every node
+    reaches it by definition; its own route to it may be a loopback alias such as 127.0.1.1).
+    Another node: the address of the interface named in GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME,
+    else the one its route to node 0 leaves from."""
+    if cfg.node_rank == 0:
+        return endpoint_host
+    from bench.multinode.netinfo import configured_iface, iface_addr
+
+    for backend in ("gloo", "nccl"):
+        name = configured_iface(backend)
+        if name and iface_addr(name):
+            return iface_addr(name)
+    return routed or endpoint_host
 
 
 def _host_port(endpoint: str) -> tuple[str, int]:
@@ -287,16 +305,23 @@ class Follower:
         self.me = _hello(cfg, digest, n_cells)
         self.store.set(f"join/{self.rank}", json.dumps(self.me))
         if self.me["digest"] != self.node0["digest"]:
-            raise UserError(mismatch(self.rank, self.me, self.node0))
+            self._refuse(mismatch(self.rank, self.me, self.node0))
         self._watch = _Watch([0])
         self._beat = _Heartbeat(host, port, self.rank)
         self._beat.start()
         verdict = json.loads(self._wait_key("verdict"))
         if not verdict["ok"]:
-            raise UserError(verdict["reason"])
+            self._refuse(verdict["reason"])
         self.run_id = verdict["run_id"]
         self.share = max(1, sum(h == self.me["host"] for h in verdict.get("hosts", {}).values()))
         self._smp = 0
+
+    def _refuse(self, reason: str) -> None:
+        """Say goodbye (node 0 need not wait for this node) and stop with ``reason``."""
+        self.store.set(f"bye/{self.rank}", reason)
+        if getattr(self, "_beat", None) is not None:
+            self._beat.halt.set()
+        raise UserError(reason)
 
     def _check_node0(self) -> None:
         try:

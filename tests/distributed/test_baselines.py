@@ -83,3 +83,35 @@ def test_titan_split_counts_embedding_and_head_as_one_block_each():
     assert split(6, 4, "titan") == [1, 2, 2, 1]
     with pytest.raises(SystemExit):
         split(6, 4, "equal")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_plain_many_runs_programs_in_turn_each_with_its_own_group_and_line():
+    """One launch of plain_many = the programs one after another, each its own process group and
+    JSON line, the same losses as when launched alone; a failing program is reported, the next runs."""
+    common = ["--device", "cpu", "--backend", "gloo", "--workload", "gpt-tiny", "--steps", str(STEPS),
+              "--warmup", str(WARMUP)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "bench.baselines.plain_many", "--ports", ",".join(str(free_port()) for _ in range(4)),
+           "--program", " ".join(["plain_ddp", *common]),
+           "--program", " ".join(["plain_pipeline", *common, "--schedule", "1f1b", "--micro-batches", "4"]),
+           "--program", " ".join(["plain_fsdp", *common, "--no-such-flag"]),
+           "--program", " ".join(["plain_fsdp", *common])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "OMP_NUM_THREADS": "1"}
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    assert p.returncode != 0  # one program failed
+    got = [x.get("baseline") or "error" for x in lines]
+    assert got == ["plain-ddp", "plain-pipeline-1f1b", "error", "plain-fsdp"], p.stdout + p.stderr[-2000:]
+    assert lines[2]["program"] == "plain_fsdp"
+    ref = reference_loss("")
+    for x in (lines[0], lines[1], lines[3]):
+        assert x["world_size"] == 2 and abs(x["loss_final"] - ref) <= 1e-4 * max(1.0, abs(ref)), x

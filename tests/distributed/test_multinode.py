@@ -11,8 +11,8 @@ nor leaves a process behind.
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import time
 

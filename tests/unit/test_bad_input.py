@@ -117,6 +117,28 @@ CASES = [
     ("target-ci-high", None, [RUN, "--target-ci", "1.5"], "must be fractions in [0, 1)"),
     ("global-batch-0", None, [RUN, "--global-batch", "0"], "global batch 0 must be >= 1"),
     ("trace-without-profile", None, [RUN, "--trace", "--profile-steps", "0"], "--trace needs profiled steps"),
+    # several nodes (docs/MULTINODE.md)
+    ("nnodes-0", None, [RUN, "--nnodes", "0"], "--nnodes 0 must be >= 1"),
+    ("node-rank-too-big", None, [RUN, "--nnodes", "2", "--node-rank", "2"], "--node-rank 2 must be from 0 to 1"),
+    ("node-rank-negative", None, [RUN, "--nnodes", "2", "--node-rank", "-1"], "--node-rank -1 must be from 0 to 1"),
+    ("node-rank-one-node", None, [RUN, "--node-rank", "1"], "--node-rank 1 must be from 0 to 0"),
+    ("endpoint-no-port", None, [RUN, "--nnodes", "2", "--rdzv-endpoint", "node-a"],
+     "--rdzv-endpoint 'node-a' must be HOST:PORT, e.g."),
+    ("endpoint-port-word", None, [RUN, "--nnodes", "2", "--rdzv-endpoint", "node-a:http"],
+     "port 'http' must be a number from 1 to 65535"),
+    ("endpoint-port-high", None, [RUN, "--nnodes", "2", "--rdzv-endpoint", "node-a:70000"],
+     "port '70000' must be a number from 1 to 65535"),
+    ("endpoint-url", None, [RUN, "--nnodes", "2", "--rdzv-endpoint", "tcp://node-a:29400"], "must be HOST:PORT"),
+    ("endpoint-one-node", None, [RUN, "--rdzv-endpoint", "node-a:29400"], "is for runs on several nodes; add --nnodes"),
+    ("world-size-vs-nnodes", None, [RUN, "--nnodes", "2", "--world-sizes", "3"],
+     "world size 3 is not divisible by --nnodes 2"),
+    ("rdzv-timeout-0", None, [RUN, "--nnodes", "2", "--rdzv-timeout", "0"], "--rdzv-timeout 0.0 must be > 0"),
+    ("resume-with-nnodes", "run", [RUN, "--resume", "{tmp}/run", "--nnodes", "2"], "drop --nnodes"),
+    ("slurm-nodes-0", None, ["slurm", "--nodes", "0", "--gpus-per-node", "1"], "--nodes 0 must be >= 1"),
+    ("slurm-world-size", None, ["slurm", "--nodes", "2", "--gpus-per-node", "0", "--device", "cpu", "--world-sizes",
+                                "3"], "world size 3 is not divisible by --nnodes 2"),
+    ("slurm-cuda-without-gpus", None, ["slurm", "--nodes", "2", "--gpus-per-node", "0", "--device", "cuda"],
+     "--gpus-per-node 0 with a CUDA run"),
     # workloads and strategies
     ("workload-unknown", None, [RUN, "--workloads", "nope"], "unknown workload 'nope'"),
     ("workload-dim-not-int", None, [RUN, "--workloads", "gpt-tiny[d_model=x]"], "must be key=<integer>"),
@@ -190,7 +212,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, name, prep, args, needle
 
 #: A few cases through the real command, in a process of its own: exit status, stderr, no traceback.
 SUBPROCESS = ("out-is-file", "toml-steps-float", "device-cuda-no-gpu", "workload-factory-raises",
-              "report-truncated-cells", "report-onto-file")
+              "report-truncated-cells", "report-onto-file", "node-rank-too-big", "endpoint-no-port")
 
 
 @pytest.mark.parametrize("name", SUBPROCESS)

@@ -1,0 +1,176 @@
+"""Multi-node pieces without torchrun: the endpoint, the plan on several nodes, placement of the
+2D hybrids, the row's placement columns, event files by global rank, and the launchers' store
+protocol (handshake, telemetry, errors, a lost node) in one process."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from bench import UserError, launch, spec
+from bench.config import build_config, parse_endpoint
+from bench.multinode import plan_digest
+from bench.rows import placement_columns
+from bench.spec import RankMeasurement
+from strategies.common import mesh_groups
+
+
+def cfg_of(gpus: int = 0, **flags):
+    base = {"device": "cpu", "workloads": "gpt-tiny", "strategies": "single,ddp,fsdp-tp,dp-pp", "steps": 2}
+    return build_config(toml=None, flags={**base, **flags}, gpus=gpus)
+
+
+@pytest.mark.parametrize("text, host, port", [("10.0.0.1:29400", "10.0.0.1", 29400), ("node-a:1", "node-a", 1),
+                                              ("[fe80::1]:29500", "fe80::1", 29500)])
+def test_parse_endpoint(text, host, port):
+    assert parse_endpoint(text) == (host, port)
+
+
+def test_defaults_on_several_nodes_scale_per_node_and_stay_on_loopback():
+    cfg = cfg_of(nnodes=2)
+    assert cfg.world_sizes == [1, 2, 4] and cfg.rdzv_endpoint == "127.0.0.1:29400"
+    assert cfg_of().rdzv_endpoint is None and cfg_of().nnodes == 1
+
+
+def test_plan_on_two_nodes_one_process_cells_on_node_0_and_gpus_per_node():
+    cfg = cfg_of(gpus=2, device="cuda", backends="nccl", nnodes=2, world_sizes="2,4,8",
+                 strategies="single,ddp,dataparallel")
+    cells, _, _ = launch.plan(cfg, gpus=2)
+    by = {(p.spec.strategy, p.spec.n_devices): p for p in cells}
+    assert by[("single", 1)].spec.nnodes == 1 and by[("single", 1)].spec.devices == (0,)
+    ddp4 = by[("ddp", 4)].spec
+    assert ddp4.nnodes == 2 and ddp4.devices == (0, 1) and ddp4.procs_per_node == 2
+    assert by[("ddp", 4)].reason is None
+    assert "needs 4 GPUs a node; 2 visible here" in by[("ddp", 8)].reason
+    assert by[("dataparallel", 2)].spec.nnodes == 1  # one process: node 0 alone
+    groups = launch.group(cells)
+    assert [g.label for g in groups][:2] == ["nccl x1", "nccl x2 on 2 nodes"]
+
+
+def test_the_plan_digest_is_the_same_for_the_same_flags_and_differs_otherwise():
+    a, _, _ = launch.plan(cfg_of(nnodes=2), gpus=0)
+    b, _, _ = launch.plan(cfg_of(nnodes=2, node_rank=1), gpus=0)
+    c, _, _ = launch.plan(cfg_of(nnodes=2, steps=3), gpus=0)
+    assert plan_digest(a) == plan_digest(b) != plan_digest(c)
+
+
+def test_mesh_groups_and_placement_on_two_nodes():
+    dps, mps = mesh_groups(2, 2, "mp-in-node")
+    assert mps == [[0, 1], [2, 3]] and dps == [[0, 2], [1, 3]]
+    dps, mps = mesh_groups(2, 2, "dp-in-node")
+    assert mps == [[0, 2], [1, 3]] and dps == [[0, 1], [2, 3]]
+    cells, _, _ = launch.plan(cfg_of(nnodes=2, world_sizes="4", strategies="fsdp-tp,dp-pp",
+                                     workloads="gpt-tiny[n_layer=6]"), gpus=0)
+    fsdp_tp = next(p for p in cells if p.spec.strategy == "fsdp-tp")
+    assert fsdp_tp.reason is None and fsdp_tp.spec.labels["mesh_placement"] == "tp within nodes, dp across 2 nodes"
+    cells, _, _ = launch.plan(cfg_of(nnodes=2, world_sizes="8", strategies="fsdp-tp,dp-pp",
+                                     workloads="gpt-tiny[n_layer=6,n_head=4]", options={"mesh": "2x4"}), gpus=0)
+    for p in cells:
+        if p.spec.strategy in ("fsdp-tp", "dp-pp"):
+            assert p.reason is None or "placement" not in p.reason, p.reason  # tp=4 fits a node of 4
+    cells, _, _ = launch.plan(cfg_of(nnodes=4, world_sizes="8", strategies="fsdp-tp",
+                                     workloads="gpt-tiny[n_layer=6,n_head=4]", options={"mesh": "2x4"}), gpus=0)
+    tp = next(p for p in cells if p.spec.strategy == "fsdp-tp")
+    assert "placement mp-in-node: tp=4 ranks cannot share a node of 2 ranks" in tp.reason
+    assert "placement=dp-in-node" in tp.reason
+
+
+def test_placement_columns_say_which_nodes_and_link():
+    ranks = [RankMeasurement(rank=r, node_rank=r // 2, host="h", addr=f"10.0.0.{1 + r // 2}", iface=f"veth{r // 2}",
+                             local_rank=r % 2) for r in range(4)]
+    cols = placement_columns(ranks)
+    assert cols["cross_node"] and cols["link"] == "2 nodes over veth0/veth1"
+    assert cols["hosts"] == "h(10.0.0.1),h(10.0.0.2)"
+    assert [p["node"] for p in json.loads(cols["rank_placement"])] == [0, 0, 1, 1]
+    one = placement_columns([RankMeasurement(rank=0, host="h", iface="lo")])
+    assert not one["cross_node"] and one["link"] is None
+
+
+def test_events_and_errors_are_read_by_global_rank(tmp_path):
+    prefix = str(tmp_path / "g1-a1")
+    for r in (2, 3):  # node 1 of a 2 x 2 run holds global ranks 2 and 3
+        event = spec.Error(cell_id=4, rank=r, reason="boom", t=1.0)
+        (tmp_path / f"g1-a1-r{r}.jsonl").write_text(spec.dump(event) + "\n")
+        (tmp_path / f"g1-a1-r{r}.err").write_text(f"RuntimeError: rank {r} broke\n")
+    assert sorted(e.rank for e in launch.EventReader(prefix).poll()) == [2, 3]
+    assert launch.err_ranks(prefix) == [2, 3]
+    assert "rank 2: RuntimeError: rank 2 broke" in launch.crash_reason(prefix, tmp_path / "none.log", 1)
+
+
+def test_ranks_of_nodes_sharing_a_machine_share_its_cores(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(launch, "cpu_threads", lambda: 8)
+    assert launch.child_env(2)["OMP_NUM_THREADS"] == "4"
+    env = launch.child_env(2, node_rank=1, share=2)
+    assert env["OMP_NUM_THREADS"] == "2" and env["PARBENCH_NODE_RANK"] == "1"
+
+
+def test_torchrun_command_uses_c10d_at_the_endpoint_on_several_nodes():
+    cmd = launch.torchrun_cmd("p.json", 2, nnodes=2, endpoint="10.0.0.1:29400", rdzv_id="r-g1-a1", rdzv_timeout_s=60)
+    assert "--rdzv-backend=c10d" in cmd and "--rdzv-endpoint=10.0.0.1:29400" in cmd
+    assert "--rdzv-conf=is_host=0,join_timeout=60" in cmd and "--nnodes=2" in cmd and "--nproc-per-node=2" in cmd
+    assert "--master-addr=127.0.0.1" in launch.torchrun_cmd("p.json", 2)
+
+
+def _pair(tmp_path, monkeypatch, digest1: str = "same"):
+    """A coordinator and a follower of a 2-node run in this process (threads), on a free port."""
+    from bench.multinode import nodes
+    from tests.distributed.agents import free_port
+
+    monkeypatch.setattr(nodes, "LOST_S", 1.5)
+    cfg0 = cfg_of(nnodes=2, rdzv_endpoint=f"127.0.0.1:{free_port()}", rdzv_timeout_s=20, out=str(tmp_path))
+    cfg1 = build_config(toml=None, flags={**{k: v for k, v in cfg0.to_dict().items() if k != "options"},
+                                          "node_rank": 1}, gpus=0)
+    coord = nodes.Coordinator(cfg0, "same", 3)
+    got: dict = {}
+
+    def join():
+        try:
+            got["follower"] = nodes.Follower(cfg1, digest1, 3)
+        except Exception as e:  # noqa: BLE001
+            got["error"] = e
+
+    t = threading.Thread(target=join)
+    t.start()
+    return nodes, coord, got, t
+
+
+def test_store_protocol_handshake_telemetry_errors_and_a_lost_node(tmp_path, monkeypatch):
+    nodes, coord, got, t = _pair(tmp_path, monkeypatch)
+    coord.wait_joined()
+    coord.accept(tmp_path / "run-x")
+    t.join(10)
+    f = got["follower"]
+    assert f.run_id == "run-x" and f.share == 2 and coord.share == 2  # both "nodes" on this machine
+    f.push_samples([{"host": "h", "device": "host", "t": 1.0, "metric": "load1", "value": 0.5}])
+    rows = coord.samples()
+    assert rows == [{"host": "h", "device": "host", "t": 1.0, "metric": "load1", "value": 0.5, "node": 1}]
+    assert coord.samples() == []
+    f.push_event(0, spec.dump(spec.Error(cell_id=1, rank=1, reason="boom", t=1.0)))
+    assert [e.reason for e in coord.events(0)] == ["boom"] and coord.events(0) == []
+    assert coord.lost() == {}
+    f.bye("stopped: KeyboardInterrupt")
+    assert coord.lost() == {1: "stopped: KeyboardInterrupt"}
+    coord.close()
+
+
+def test_store_protocol_refuses_another_plan_on_both_sides(tmp_path, monkeypatch):
+    nodes, coord, got, t = _pair(tmp_path, monkeypatch, digest1="other")
+    with pytest.raises(UserError, match="the nodes planned different matrices: node 1 planned 3 cells"):
+        coord.wait_joined()
+    t.join(10)
+    assert isinstance(got["error"], UserError) and "different matrices" in str(got["error"])
+
+
+def test_a_follower_without_node_0_gives_up_with_one_line(tmp_path):
+    from bench.multinode.nodes import Follower
+    from tests.distributed.agents import free_port
+
+    cfg = cfg_of(nnodes=2, node_rank=1, rdzv_endpoint=f"127.0.0.1:{free_port()}", rdzv_timeout_s=1)
+    t0 = time.monotonic()
+    with pytest.raises(UserError, match=r"node 0 at --rdzv-endpoint 127.0.0.1:\d+ did not answer within 1s"):
+        Follower(cfg, "d", 1)
+    assert time.monotonic() - t0 < 10

@@ -1,0 +1,82 @@
+"""`parbench slurm` writes an sbatch script and submits it; checked with a fake `sbatch` (runs the
+script as Slurm would on a 2-node allocation), a fake `scontrol` (the allocation's host names) and
+a fake `srun` (one task per node, SLURM_NODEID set) on the PATH. The tasks run a fake Python that
+records its arguments, so the test sees exactly the command every node would run."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import stat
+from pathlib import Path
+
+from bench.cli import main
+
+SBATCH = """#!/bin/bash
+# Run the batch script as Slurm would on a 2-node allocation, then say what sbatch says.
+export SLURM_JOB_NODELIST="node-a,node-b" SLURM_JOB_NUM_NODES=2 SLURM_JOB_ID=4242
+bash "$1" > "$FAKE_LOG/batch.out" 2>&1 || { echo "batch script failed" >&2; exit 1; }
+echo "Submitted batch job 4242"
+"""
+SCONTROL = """#!/bin/bash
+[ "$1 $2" = "show hostnames" ] && printf 'node-a\\nnode-b\\n'
+"""
+SRUN = """#!/bin/bash
+# One task per node of the allocation, in parallel, each with its SLURM_NODEID.
+echo "$@" > "$FAKE_LOG/srun.args"
+nodes=1
+while [ $# -gt 0 ]; do
+  case "$1" in --nodes=*) nodes="${1#--nodes=}"; shift ;; --*) shift ;; *) break ;; esac
+done
+for i in $(seq 0 $((nodes - 1))); do SLURM_NODEID=$i SLURM_NNODES=$nodes "$@" & done
+wait
+"""
+PYTHON = """#!/bin/bash
+printf '%s\\n' "$@" > "$FAKE_LOG/node-$SLURM_NODEID.args"
+"""
+
+
+def _exe(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_slurm_script_runs_one_launcher_per_node_with_the_first_node_as_endpoint(tmp_path, monkeypatch, capsys):
+    bin_dir, log = tmp_path / "bin", tmp_path / "log"
+    bin_dir.mkdir()
+    log.mkdir()
+    for name, text in (("sbatch", SBATCH), ("scontrol", SCONTROL), ("srun", SRUN)):
+        _exe(bin_dir / name, text)
+    python = _exe(tmp_path / "fake-python", PYTHON)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    script, out = tmp_path / "job.sbatch", tmp_path / "shared" / "results"
+    code = main(["slurm", "--nodes", "2", "--gpus-per-node", "4", "--time", "00:20:00", "--script", str(script),
+                 "--python", str(python), "--submit", "--workloads", "gpt-small", "--strategies", "ddp,fsdp-tp",
+                 "--world-sizes", "8", "--steps", "10", "--option", "mesh=2x4", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0 and "Submitted batch job 4242" in printed, printed
+    text = script.read_text()
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=1" in text
+    assert "#SBATCH --gpus-per-node=4" in text and "#SBATCH --time=00:20:00" in text
+    assert f"#SBATCH --output={out}/slurm-%j.out" in text
+    assert "--kill-on-bad-exit=1" in (log / "srun.args").read_text()
+    common = ["-m", "bench.cli", "run", "--nnodes", "2", "--rdzv-endpoint", "node-a:29400", "--out", str(out),
+              "--no-progress", "--workloads", "gpt-small", "--strategies", "ddp,fsdp-tp", "--world-sizes", "8",
+              "--steps", "10", "--option", "mesh=2x4"]
+    for rank in (0, 1):
+        argv = (log / f"node-{rank}.args").read_text().splitlines()
+        assert argv[argv.index("--node-rank") + 1] == str(rank), argv
+        rest = [a for i, a in enumerate(argv) if a != "--node-rank" and (i == 0 or argv[i - 1] != "--node-rank")]
+        assert rest == common, shlex.join(argv)
+    assert out.is_dir()  # the batch script made the results folder
+
+
+def test_slurm_without_submit_writes_the_script_and_says_how_to_submit(tmp_path, capsys):
+    script = tmp_path / "one.sbatch"
+    assert main(["slurm", "--nodes", "1", "--gpus-per-node", "0", "--device", "cpu", "--script", str(script)]) == 0
+    assert f"sbatch {script}" in capsys.readouterr().out
+    text = script.read_text()
+    assert "--nnodes" not in text and "--gpus-per-node" not in text  # one node: no rendezvous flags
+    assert "--device cpu" in text
