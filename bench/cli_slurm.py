@@ -110,6 +110,10 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     sbatch = shutil.which("sbatch")
     if sbatch is None:
         raise UserError(f"sbatch not found on PATH; submit the script on a Slurm login node: sbatch {path}")
+    try:  # Slurm opens --output (inside the results folder) before the script's own mkdir runs
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out {out!r} cannot be created ({e.strerror}); pass a folder on shared storage") from None
     r = subprocess.run([sbatch, str(path)], capture_output=True, text=True)
     if r.returncode:
         line = (r.stderr.strip().splitlines() or ["no message"])[-1]

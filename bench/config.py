@@ -6,6 +6,7 @@ small workloads; with GPUs, NCCL and Gloo over every visible GPU.
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from dataclasses import asdict, dataclass, field, replace
@@ -321,8 +322,9 @@ def validate_nodes(cfg: RunConfig) -> tuple[int, int, str | None, float]:
     if not 0 <= node_rank < nnodes:
         raise UserError(f"--node-rank {node_rank} must be from 0 to {nnodes - 1} (below --nnodes {nnodes}); "
                         "give each node its own rank, node 0 first")
-    if timeout <= 0:
-        raise UserError(f"--rdzv-timeout {cfg.rdzv_timeout_s} must be > 0 seconds, e.g. --rdzv-timeout 300")
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise UserError(f"--rdzv-timeout {cfg.rdzv_timeout_s} must be a finite number of seconds > 0, "
+                        "e.g. --rdzv-timeout 300")
     if nnodes == 1:
         if cfg.rdzv_endpoint not in (None, ""):
             raise UserError(f"--rdzv-endpoint {cfg.rdzv_endpoint!r} is for runs on several nodes; add --nnodes N "

@@ -237,7 +237,7 @@ def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float) -> tuple[
         repeats -= 1
     cap = max(usable / (len(runnable) * repeats), 0.1)
     if "time_cap_s" in pinned:
-        cap = min(cap, cfg.time_cap_s)
+        cap = cfg.time_cap_s
     out = []
     for p in cells:
         m0 = p.spec.measure

@@ -435,6 +435,8 @@ def _pair_changed_settings(out: pd.DataFrame, key: list[str]) -> pd.DataFrame:
         if len(miss) != 1 or len(new) != 1:
             continue
         a, b = miss.iloc[0], new.iloc[0]
+        if "global_batch" in extra and str(a["global_batch"]) != str(b["global_batch"]):
+            continue  # weak scaling's reference cells of other batches: other cells, not other settings
         changed = [f"{k} {a[k]} -> {b[k]}" for k in extra if str(a[k]) != str(b[k])]
         row = a.copy()
         for k in extra:

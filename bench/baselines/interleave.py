@@ -294,6 +294,22 @@ def launch(module: str, flags: list[str], world: int, args: argparse.Namespace,
     return rc, outs[0][0], "\n".join(e for _, e in outs)
 
 
+def by_program(out: str, n: int) -> list[dict | None]:
+    """Program k's last JSON line (its result, or plain_many's error line) from a launch's stdout:
+    ``plain_many`` marks where each program starts; a lone program's lines are all its own."""
+    found: list[dict | None] = [None] * n
+    k = 0
+    for text in out.splitlines():
+        if not text.startswith("{"):
+            continue
+        line = json.loads(text)
+        if "plain_many_index" in line:
+            k = int(line["plain_many_index"])
+        elif k < n:
+            found[k] = line
+    return found
+
+
 def run_plain(fams: list[str], world: int, rnd: int, args: argparse.Namespace, state: State) -> None:
     """The plain programs of these families at one world size; one record each. With
     ``--separate-plain`` (or one family) each program is its own launch; otherwise one launch of
@@ -316,12 +332,12 @@ def run_plain(fams: list[str], world: int, rnd: int, args: argparse.Namespace, s
         except subprocess.TimeoutExpired:
             rc, out, err = 124, "", "timeout"
         wall = time.monotonic() - t
-        lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+        lines = by_program(out, len(batch))
         for k, fam in enumerate(batch):
             rec = {"side": "plain", "round": rnd, "family": fam, "world_size": world,
                    "cmd": [PAIRS[fam].program, *flags[fam]], "launcher": args.launcher,
                    "batched_with": batch if len(batch) > 1 else None, "wall_s": wall, "rc": rc, "ok": False}
-            line = lines[k] if k < len(lines) else None
+            line = lines[k]
             if line is not None and "step_time_median_s" in line:
                 rec.update(ok=True, row=line, median_s=line["step_time_median_s"], mean_s=line["step_time_mean_s"])
             else:

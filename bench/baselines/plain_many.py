@@ -16,6 +16,9 @@ Under torchrun, pass ``--ports`` (free ports, one per program): each program's g
 store of its own. (The flag is ``--program``, not ``--run``: under torchrun, argparse would take ``--run`` as an
 abbreviation of torchrun's own ``--run-path``.)
 
+Before each program rank 0 prints ``{"plain_many_index": i, "program": ...}``: the lines up to the
+next marker are program i's, so a reader never credits one program's line to another.
+
 A program that fails prints ``{"plain_many_error": ...}`` on rank 0 and the next one still runs
 (its process group is torn down first where it exists); the exit code is 1 if any failed.
 """
@@ -54,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             # Under torchrun each group would otherwise reuse the agent's store, whose keys the
             # previous program's group left behind: rank 0 hosts a fresh store on this port instead.
             os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
+        if os.environ.get("RANK", "0") == "0":  # the lines up to the next marker are this program's
+            print(json.dumps({"plain_many_index": i, "program": prog}), flush=True)
         mod = importlib.import_module(f"bench.baselines.{prog}")
         sys.argv = [f"bench.baselines.{prog}", *flags]
         try:

@@ -76,8 +76,8 @@ class _Heartbeat(threading.Thread):
         while not self.halt.is_set():
             try:
                 self.store.add(f"beat/{self.rank}", 1)
-            except Exception:  # noqa: BLE001 - the main loop notices a dead store on its own
-                return
+            except Exception:  # noqa: BLE001 - a hiccup must not stop the beat (node 0 would call this
+                pass  # node lost); a store that is gone for good, the main loop notices on its own
             self.halt.wait(HEARTBEAT_S)
 
 
@@ -295,17 +295,14 @@ class Follower:
         if not _wait_port(host, port, cfg.rdzv_timeout_s):
             raise UserError(f"node 0 at --rdzv-endpoint {cfg.rdzv_endpoint} did not answer within "
                             f"{cfg.rdzv_timeout_s:g}s; start parbench run --node-rank 0 there, or check the endpoint")
-        self.store = _client(host, port, 60.0)
-        if self.store.add(f"claim/{self.rank}", 1) > 1:
-            raise UserError(f"another node already joined as --node-rank {self.rank}; give each node its own rank "
-                            f"from 1 to {cfg.nnodes - 1} (node 0 hosts the rendezvous)")
-        while not self.store.check(["hello"]):
-            time.sleep(0.1)
-        self.node0 = json.loads(self.store.get("hello"))
-        self.me = _hello(cfg, digest, n_cells)
-        self.store.set(f"join/{self.rank}", json.dumps(self.me))
-        if self.me["digest"] != self.node0["digest"]:
-            self._refuse(mismatch(self.rank, self.me, self.node0))
+        try:
+            self._handshake(cfg, host, port, digest, n_cells)
+        except UserError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the store's errors (DistError, timeouts): one line
+            raise UserError(f"--rdzv-endpoint {cfg.rdzv_endpoint}: the handshake with node 0 failed "
+                            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); check that "
+                            "node 0 runs the same parbench command there") from None
         self._watch = _Watch([0])
         self._beat = _Heartbeat(host, port, self.rank)
         self._beat.start()
@@ -315,6 +312,25 @@ class Follower:
         self.run_id = verdict["run_id"]
         self.share = max(1, sum(h == self.me["host"] for h in verdict.get("hosts", {}).values()))
         self._smp = 0
+
+    def _handshake(self, cfg, host: str, port: int, digest: str, n_cells: int) -> None:
+        """Claim this node's rank, wait (at most --rdzv-timeout) for node 0's hello, send ours,
+        and refuse a plan that is not node 0's."""
+        self.store = _client(host, port, 60.0)
+        if self.store.add(f"claim/{self.rank}", 1) > 1:
+            raise UserError(f"another node already joined as --node-rank {self.rank}; give each node its own rank "
+                            f"from 1 to {cfg.nnodes - 1} (node 0 hosts the rendezvous)")
+        deadline = time.monotonic() + cfg.rdzv_timeout_s
+        while not self.store.check(["hello"]):
+            if time.monotonic() > deadline:
+                raise UserError(f"--rdzv-endpoint {cfg.rdzv_endpoint} answers but no parbench node 0 said hello "
+                                f"within {cfg.rdzv_timeout_s:g}s; is it another job's port?")
+            time.sleep(0.1)
+        self.node0 = json.loads(self.store.get("hello"))
+        self.me = _hello(cfg, digest, n_cells)
+        self.store.set(f"join/{self.rank}", json.dumps(self.me))
+        if self.me["digest"] != self.node0["digest"]:
+            self._refuse(mismatch(self.rank, self.me, self.node0))
 
     def _refuse(self, reason: str) -> None:
         """Say goodbye (node 0 need not wait for this node) and stop with ``reason``."""

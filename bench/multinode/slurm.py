@@ -33,7 +33,9 @@ class SlurmJob:
 
 def render(job: SlurmJob) -> str:
     """The sbatch script's text."""
-    sb = [f"--job-name={job.job_name}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
+    # --exclusive: a benchmark wants whole nodes (other jobs' load would be measured as its own), and
+    # some clusters give a task one CPU unless asked; srun gets --cpus-per-task itself where set.
+    sb = [f"--job-name={job.job_name}", f"--nodes={job.nodes}", "--ntasks-per-node=1", "--exclusive",
           f"--output={job.out}/slurm-%j.out", f"--chdir={job.workdir}"]
     if job.gpus_per_node:
         sb.append(f"--gpus-per-node={job.gpus_per_node}")
@@ -58,7 +60,9 @@ def render(job: SlurmJob) -> str:
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f'export PARBENCH_RDZV_ENDPOINT="${{head_node}}:{job.port}"',
         'echo "parbench: $SLURM_JOB_NUM_NODES node(s), rendezvous at $PARBENCH_RDZV_ENDPOINT"',
-        f"srun --nodes={job.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c {shlex.quote(inner)}",
+        f"srun --nodes={job.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1"
+        + (f" --cpus-per-task={job.cpus_per_task}" if job.cpus_per_task else "")
+        + f" bash -c {shlex.quote(inner)}",
         "",
     ]
     return "\n".join(lines)

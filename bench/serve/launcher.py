@@ -101,12 +101,13 @@ class Pool:
                 raise ServeError(f"serving process {msg[1]} failed during {what}:\n{msg[2]}")
             return msg
 
-    def probe(self, items: list[tuple[int, int]], timeout: float = 300.0, warm: bool = False) -> dict[int, list]:
+    def probe(self, items: list[tuple[int, int]], timeout: float = 300.0, warm: bool = False,
+              batch: int = 1) -> dict[int, list]:
         """Every entry process's (or the pipeline's) answers to fixed inputs; ``warm``: the inputs
         are only served (a warm-up), nothing but their completion comes back."""
         targets = range(self.entries)
         for i in targets:
-            self.own[i].put(("probe", items, "warm") if warm else ("probe", items))
+            self.own[i].put(("probe", items, "warm", batch) if warm else ("probe", items))
         out: dict[int, list] = {}
         while len(out) < len(targets):
             msg = self._get(timeout, "the parity probe")

@@ -224,10 +224,14 @@ def warm_up(pool: Pool, sr: ServeRun, loads: list) -> None:
     pool paid every shape's first call (p50 2.3-3.8 s at 300 req/s, while the next cell at 1200
     req/s had p50 92 ms), and the placement measured first looked worst."""
     sizes = warm_sizes(sr, loads)
+    # Each size alone and as a batch: of batch_max (dynamic batching), and of at least one row per
+    # device of a process (nn.DataParallel scatters rows; one row would warm only its first GPU).
+    batch = max(sr.cfg.batch_max, max(len(s.devices) for s in pool.specs))
     t = time.perf_counter()
-    pool.probe([(20_000_000 + i, s) for i, s in enumerate(sizes)], timeout=sr.cfg.cell_timeout_s, warm=True)
+    pool.probe([(20_000_000 + i, s) for i, s in enumerate(sizes)], timeout=sr.cfg.cell_timeout_s, warm=True,
+               batch=batch)
     sr.warmups.append({"placement": pool.placement, "world_size": pool.world, "sizes": len(sizes),
-                       "seconds": round(time.perf_counter() - t, 3)})
+                       "batch": batch, "seconds": round(time.perf_counter() - t, 3)})
     log.info("%s x%d warmed up on %d request sizes in %.1f s", pool.placement, pool.world, len(sizes),
              time.perf_counter() - t)
 

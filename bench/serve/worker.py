@@ -125,17 +125,22 @@ class _Worker:
         the warm-up before a pool's first cell, which pays each request shape's first-call costs
         (kernel selection, allocator growth) outside the measured cells."""
         quiet = len(msg) > 2 and msg[2] == "warm"
+        k = int(msg[3]) if quiet and len(msg) > 3 else 1  # also as a batch of k equal requests
         if self.spec.role != "stage":
             inputs = [self.sm.make_input(r, s) for r, s in msg[1]]
-            if quiet:  # one at a time, as most requests are served
-                for x in inputs:
+            if quiet:  # one at a time, as most requests are served, then k together (a dynamic
+                for x in inputs:  # batch; nn.DataParallel needs rows for every device)
                     self._answer([x])
+                    if k > 1:
+                        self._answer([x] * k)
                 self.result_q.put(("probe", self.spec.wid, []))
             else:  # together: equal shapes form a dynamic batch (parity of the batched path too)
                 self.result_q.put(("probe", self.spec.wid, self._answer(inputs)))
             return
         if msg[0] == "probe":  # stage 0: the requests' inputs, one at a time
             items = [(self.sm.make_input(r, s), self.sm.make_input(r, s)) for r, s in msg[1]]
+            if k > 1:  # and k of one size as one micro-batch, as stage 0 concatenates equal shapes
+                items += [(torch.cat([x] * k), torch.cat([x] * k)) for x, _ in items]
         else:
             items = msg[1]
         outs = [(self._stage(x, inp), inp) for x, inp in items]

@@ -107,7 +107,9 @@ def test_plain_many_runs_programs_in_turn_each_with_its_own_group_and_line():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
            "OMP_NUM_THREADS": "1"}
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    from bench.baselines.interleave import by_program
+
+    lines = by_program(p.stdout, 4)
     assert p.returncode != 0  # one program failed
     got = [x.get("baseline") or "error" for x in lines]
     assert got == ["plain-ddp", "plain-pipeline-1f1b", "error", "plain-fsdp"], p.stdout + p.stderr[-2000:]

@@ -89,3 +89,4 @@ def test_every_pool_is_warmed_up_on_the_cells_request_sizes(run):
     assert set(warm) == {("replicas", 2), ("pipeline", 2)}
     sizes = req["size"].nunique()
     assert all(w["sizes"] >= sizes and w["seconds"] > 0 for w in warm.values()), (warm, sizes)
+    assert all(w["batch"] == 8 for w in warm.values())  # alone and as a batch of --batch-max (8)

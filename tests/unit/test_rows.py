@@ -66,6 +66,9 @@ def test_telemetry_window_uses_the_planned_gpus_only():
                {"t": 100.7, "device": "gpu1", "metric": "power_w", "value": 100.0},
                {"t": 100.7, "device": "gpu3", "metric": "power_w", "value": 999.0},  # not this cell's GPU
                {"t": 99.0, "device": "gpu0", "metric": "power_w", "value": 999.0}]  # before the window
+    # another node's gpu0 and host (a multi-node run's samples): not this one-node cell's
+    samples += [{"t": 100.6, "device": "gpu0", "metric": "power_w", "value": 999.0, "node": 1},
+                {"t": 100.6, "device": "host", "metric": "load1", "value": 999.0, "node": 1}]
     means = telemetry_means(samples, spec(), (100.0, 101.5))
     row, _, _ = build_row(spec(), [[rank(r, [0.1] * 4) for r in range(2)]], wall_s=1.0, telemetry=[means])
     assert row["power_mean_w"] == pytest.approx(200.0) and row["contended"] == ""

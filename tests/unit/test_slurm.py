@@ -58,7 +58,7 @@ def test_slurm_script_runs_one_launcher_per_node_with_the_first_node_as_endpoint
     printed = capsys.readouterr().out
     assert code == 0 and "Submitted batch job 4242" in printed, printed
     text = script.read_text()
-    assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=1" in text
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=1" in text and "#SBATCH --exclusive" in text
     assert "#SBATCH --gpus-per-node=4" in text and "#SBATCH --time=00:20:00" in text
     assert f"#SBATCH --output={out}/slurm-%j.out" in text
     assert "--kill-on-bad-exit=1" in (log / "srun.args").read_text()
