@@ -24,7 +24,7 @@ import pandas as pd
 
 from bench import UserError
 from bench.collectives import DTYPES, OPS, size_ladder
-from bench.hardware import cpu_threads
+from bench.hardware import threads_per_rank
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 2**10, "m": 2**20, "mib": 2**20, "mb": 2**20,
           "g": 2**30, "gib": 2**30, "gb": 2**30}
@@ -132,7 +132,7 @@ def child_env(nproc: int) -> dict[str, str]:
     every strategy, and the sweep needs none)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
-    env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_threads() // nproc)))
+    env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(nproc)))
     env.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink SHARP multicast is off on the lent machines
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     return env

@@ -45,3 +45,9 @@ def gpu_names() -> list[str]:
 
 def cpu_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def threads_per_rank(ranks: int) -> int:
+    """OMP_NUM_THREADS for one of ``ranks`` processes sharing this host: its CPUs divided among them
+    (torchrun sets 1 only for several ranks; a lone worker would otherwise oversubscribe)."""
+    return max(1, cpu_threads() // ranks)

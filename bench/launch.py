@@ -43,7 +43,7 @@ import psutil
 import strategies
 from bench import UserError, backends, spec
 from bench.config import RunConfig, parse_workload
-from bench.hardware import cpu_threads
+from bench.hardware import cpu_threads, threads_per_rank
 from bench.metrics import Metric, registry
 from bench.results import RunWriter, cell_columns, new_run_id, write_meta
 from bench.rows import build_row, failure_row, telemetry_means
@@ -244,7 +244,7 @@ def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float) -> tuple[
         planned = dict(repeats=repeats, steps=min(m0.steps, 2), warmup=min(m0.warmup, 1),
                        steps_max=max(m0.steps_max, 500), warmup_max=min(m0.warmup_max, 10),
                        profile_steps=min(m0.profile_steps, 1), time_cap_s=cap)
-        m = dataclasses.replace(m0, **{k: v for k, v in planned.items() if k not in pinned or k == "time_cap_s"})
+        m = dataclasses.replace(m0, **{k: v for k, v in planned.items() if k not in pinned})
         out.append(dataclasses.replace(p, spec=dataclasses.replace(p.spec, measure=m)))
     text = (f"budget {budget_s:g}s: {len(runnable)} cells x {repeats} repeat(s) in {n_groups} process group(s); "
             f"each repeat times at least {min(p.spec.measure.steps for p in out if p.reason is None)} steps "
@@ -269,8 +269,7 @@ def child_env(nproc: int, node_rank: int = 0, share: int = 1) -> dict[str, str]:
     env["PARBENCH_NODE_RANK"] = str(node_rank)  # the worker's leader is the first rank of node 0
     # Workers import exactly what this process imports (the checkout, a user's workload module).
     env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
-    # torchrun sets OMP_NUM_THREADS=1 only for nproc > 1; a lone worker would otherwise oversubscribe.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_threads() // (nproc * share))))
+    env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(nproc * share)))
     env.setdefault("NCCL_NVLS_ENABLE", "0")
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     env[LAUNCHER_ENV] = str(os.getpid())

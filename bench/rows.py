@@ -81,11 +81,10 @@ def telemetry_means(samples: Iterable[dict[str, Any]], spec: CellSpec, window: t
     t0, t1 = window
     devices = {f"gpu{i}" for i in spec.devices}
     acc: dict[str, list[float]] = {}
-    nodes = getattr(spec, "nnodes", 1) or 1
     for s in samples:
         if not t0 <= s["t"] <= t1:
             continue
-        if s.get("node", 0) >= nodes:  # another machine's GPUs and host: not this cell's
+        if s.get("node", 0) >= spec.nnodes:  # another machine's GPUs and host: not this cell's
             continue
         if (s["device"] in devices and s["metric"] in (*TELEMETRY_MEANS, "throttle_reasons", "other_procs")) or \
                 (s["device"] == "host" and s["metric"] in HOST_CONTENTION):

@@ -250,9 +250,9 @@ def omp_threads(world: int) -> str:
     nothing but the code under test."""
     if os.environ.get("OMP_NUM_THREADS"):
         return os.environ["OMP_NUM_THREADS"]
-    from bench.hardware import cpu_threads
+    from bench.hardware import threads_per_rank
 
-    return str(max(1, cpu_threads() // world))
+    return str(threads_per_rank(world))
 
 
 def launch(module: str, flags: list[str], world: int, args: argparse.Namespace,

@@ -102,7 +102,9 @@ def test_events_and_errors_are_read_by_global_rank(tmp_path):
 
 def test_ranks_of_nodes_sharing_a_machine_share_its_cores(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(launch, "cpu_threads", lambda: 8)
+    import bench.hardware
+
+    monkeypatch.setattr(bench.hardware, "cpu_threads", lambda: 8)  # threads_per_rank's source of CPUs
     assert launch.child_env(2)["OMP_NUM_THREADS"] == "4"
     env = launch.child_env(2, node_rank=1, share=2)
     assert env["OMP_NUM_THREADS"] == "2" and env["PARBENCH_NODE_RANK"] == "1"
