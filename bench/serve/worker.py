@@ -120,10 +120,11 @@ class _Worker:
                 self._cell(msg[1])
 
     def _probe(self, msg: tuple) -> None:
-        """Answer fixed requests, one at a time, through the serving path. ``("probe", items)``
-        returns the answers (parity); with a third element ``"warm"`` only their count returns:
-        the warm-up before a pool's first cell, which pays each request shape's first-call costs
-        (kernel selection, allocator growth) outside the measured cells."""
+        """Serve fixed requests through the serving path. ``("probe", items)`` returns the answers
+        (parity; equal shapes go together, as a dynamic batch would). ``("probe", items, "warm", k)``
+        is the warm-up before a pool's first cell: each request alone and as k equal ones, nothing
+        but completion returns; it pays each shape's first-call costs (kernel selection, allocator
+        growth) outside the measured cells."""
         quiet = len(msg) > 2 and msg[2] == "warm"
         k = int(msg[3]) if quiet and len(msg) > 3 else 1  # also as a batch of k equal requests
         if self.spec.role != "stage":

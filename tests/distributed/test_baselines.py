@@ -85,17 +85,11 @@ def test_titan_split_counts_embedding_and_head_as_one_block_each():
         split(6, 4, "equal")
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_plain_many_runs_programs_in_turn_each_with_its_own_group_and_line():
     """One launch of plain_many = the programs one after another, each its own process group and
     JSON line, the same losses as when launched alone; a failing program is reported, the next runs."""
+    from bench.baselines.interleave import by_program, free_port
+
     common = ["--device", "cpu", "--backend", "gloo", "--workload", "gpt-tiny", "--steps", str(STEPS),
               "--warmup", str(WARMUP)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -107,7 +101,6 @@ def test_plain_many_runs_programs_in_turn_each_with_its_own_group_and_line():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
            "OMP_NUM_THREADS": "1"}
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    from bench.baselines.interleave import by_program
 
     lines = by_program(p.stdout, 4)
     assert p.returncode != 0  # one program failed
