@@ -5,7 +5,8 @@
 #   overhead  on 2 GPUs: the same DDP cell with the sampler off / 20 Hz / 100 Hz / off again
 #   four   on 4 GPUs: DDP, FSDP, pipelines, TP at 1,2,4 and the 2x2 hybrids on NCCL (gpt-200m)
 #   i2, i4, il  harness vs plain loops interleaved (interleave.py, 6 families, 3 rounds) at 2, 4 or both
-#   bisect issue 10's harness-vs-plain gap: both sides on 1 OpenMP thread; one harness call per family
+#   bisect issue 10's harness-vs-plain gap: profiler after-effect; both sides on 1 OpenMP thread; one
+#          harness call per family; nvidia-smi and vmstat in the background
 #   gate   issue 11 + 12: A1 = ddp,fsdp,pipeline-1f1b at 2 and 4 GPUs with --repeats 5; then on 2 GPUs
 #          B (ddp 5% slower: tests.regress_helpers:DDPSlowed) and A2 (= A1); compare A2|A1 and B|A1
 # Results go to $OUT (tarred run folders + logs); a short table is printed last.
@@ -107,16 +108,26 @@ i2|i4|il)  # il: 2 and 4 GPUs in one call (one harness call per round covers bot
      --families ddp,fsdp,pipeline-gpipe,pipeline-1f1b,tensor,tensor-sp --repeats 3 --steps "${IL_STEPS:-10}" \
      --warmup "${IL_WARMUP:-3}" --deadline-s "${IL_DEADLINE:-460}" --out "$OUT/$phase" > "$OUT/$phase.log" 2>&1
   tail -n 16 "$OUT/$phase.log" ;;
-bisect)  # issue 10's open gap, one call (~9.5 min on 4x H100): FSDP and 1F1B at 4 GPUs, 3 ABBA rounds,
-  # (a) every rank of both sides on one OpenMP thread, (b) one harness call per family (no process reuse)
-  PYTHONPATH=. OMP_NUM_THREADS=1 timeout 250 python3 bench/baselines/interleave.py --world-sizes 4 \
-     --families fsdp,pipeline-1f1b --repeats 3 --steps 8 --warmup 3 --deadline-s 240 --out "$OUT/omp1" \
+bisect)  # issue 10's open gap, one call (~8 min on 4x H100): host telemetry in the background;
+  # (a) does a profiler session slow later launch-bound steps of its process (the harness profiles
+  # each cell's first repeat, the plain loops never do)? (b) FSDP and 1F1B at 4 GPUs, 3 ABBA rounds,
+  # every rank of both sides on one OpenMP thread; (c) one harness call per family (no process reuse,
+  # so no earlier cell's profiler session), 2 rounds (A B, B A)
+  nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_event_reasons.active \
+     --format=csv -lms 1000 > "$OUT/smi.csv" 2>&1 & smi=$!
+  vmstat -t 2 > "$OUT/vmstat.txt" 2>&1 & vms=$!
+  CUDA_VISIBLE_DEVICES=0 timeout 60 python3 -m bench.baselines.profiler_aftereffect > "$OUT/aftereffect.log" 2>&1
+  head -n 3 "$OUT/aftereffect.log"
+  PYTHONPATH=. OMP_NUM_THREADS=1 timeout 240 python3 bench/baselines/interleave.py --world-sizes 4 \
+     --families fsdp,pipeline-1f1b --repeats 3 --steps 8 --warmup 3 --deadline-s 230 --out "$OUT/omp1" \
      > "$OUT/omp1.log" 2>&1
   tail -n 5 "$OUT/omp1.log"
-  PYTHONPATH=. timeout 330 python3 bench/baselines/interleave.py --world-sizes 4 --families fsdp,pipeline-1f1b \
-     --repeats 3 --steps 8 --warmup 3 --pairwise --deadline-s 320 --out "$OUT/pairwise" > "$OUT/pairwise.log" 2>&1
+  PYTHONPATH=. timeout 250 python3 bench/baselines/interleave.py --world-sizes 4 --families fsdp,pipeline-1f1b \
+     --repeats 2 --steps 8 --warmup 3 --pairwise --deadline-s 240 --out "$OUT/pairwise" > "$OUT/pairwise.log" 2>&1
   tail -n 5 "$OUT/pairwise.log"
-  (cd "$OUT" && tar czf bisect.tgz omp1 pairwise omp1.log pairwise.log && rm -rf omp1 pairwise) ;;
+  kill $smi $vms 2>/dev/null
+  awk 'NR>2 {st+=$17; us+=$13; sy+=$14; n++; if ($17>mx) mx=$17} END {if (n) printf "vmstat: %d samples, mean us %.1f sy %.1f steal %.1f%% (max %d%%)\n", n, us/n, sy/n, st/n, mx}' "$OUT/vmstat.txt"
+  (cd "$OUT" && tar czf bisect.tgz omp1 pairwise omp1.log pairwise.log smi.csv vmstat.txt && rm -rf omp1 pairwise smi.csv) ;;
 gate) (  # a subshell: the GPU mask and positional parameters stay inside
   g=(--workloads "${G_WL:-gpt-200m}" --backends "${G_BE:-nccl}" --device "${G_DEV:-cuda}" --repeats 5
      --steps "${G_STEPS:-20}" --warmup 5 --warmup-max 0 --steps-max 0
