@@ -19,7 +19,8 @@ from typing import Any
 
 #: variables recorded: these prefixes, or these exact names
 ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "NVIDIA_", "OMP_", "MKL_", "GLOO_", "PYTORCH_", "KMP_")
-ENV_NAMES = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_PORT", "SLURM_JOB_ID", "SLURM_NNODES")
+ENV_NAMES = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_PORT", "SLURM_JOB_ID", "SLURM_NNODES", "TEARDOWN_CUPTI",
+             "DISABLE_CUPTI_LAZY_REINIT")
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
 
 
@@ -96,8 +97,12 @@ def fingerprint() -> dict[str, Any]:
     """The static fingerprint for meta.json."""
     from bench.hardware import cpu_threads
 
+    from bench.launch import RANK_ENV_DEFAULTS
+
+    # What the ranks run with: the launcher's environment plus the defaults it gives every rank.
+    env = {**RANK_ENV_DEFAULTS, **os.environ}
     fp: dict[str, Any] = {"cpu_model": cpu_model(), "cpu_threads": cpu_threads(), "cgroup_cpus": cgroup_cpu_quota(),
-                          "load_avg": list(os.getloadavg()), "env": environment(), "gpu_state": gpu_state()}
+                          "load_avg": list(os.getloadavg()), "env": environment(env), "gpu_state": gpu_state()}
     if fp["gpu_state"]:
         try:
             from bench.topology import topology

@@ -7,6 +7,7 @@
 #   i2, i4, il  harness vs plain loops interleaved (interleave.py, 6 families, 3 rounds) at 2, 4 or both
 #   bisect issue 10's harness-vs-plain gap: profiler after-effect; both sides on 1 OpenMP thread; one
 #          harness call per family; nvidia-smi and vmstat in the background
+#   fix    issue 10 after the CUPTI teardown default: the probe with and without it, 6 families at 4 GPUs
 #   gate   issue 11 + 12: A1 = ddp,fsdp,pipeline-1f1b at 2 and 4 GPUs with --repeats 5; then on 2 GPUs
 #          B (ddp 5% slower: tests.regress_helpers:DDPSlowed) and A2 (= A1); compare A2|A1 and B|A1
 # Results go to $OUT (tarred run folders + logs); a short table is printed last.
@@ -128,6 +129,19 @@ bisect)  # issue 10's open gap, one call (~8 min on 4x H100): host telemetry in 
   kill $smi $vms 2>/dev/null
   awk 'NR>2 {st+=$17; us+=$13; sy+=$14; n++; if ($17>mx) mx=$17} END {if (n) printf "vmstat: %d samples, mean us %.1f sy %.1f steal %.1f%% (max %d%%)\n", n, us/n, sy/n, st/n, mx}' "$OUT/vmstat.txt"
   (cd "$OUT" && tar czf bisect.tgz omp1 pairwise omp1.log pairwise.log smi.csv vmstat.txt && rm -rf omp1 pairwise smi.csv) ;;
+fix)  # issue 10 after TEARDOWN_CUPTI=1 became the ranks' default (~8 min on 4x H100): the probe without and
+  # with teardown; then every family at 4 GPUs, 3 ABBA rounds, the harness at its default profiling
+  # (2 GPU-profiled steps per cell, in the processes that measure the later cells)
+  for td in 0 1; do
+    CUDA_VISIBLE_DEVICES=0 TEARDOWN_CUPTI=$td timeout 60 python3 -m bench.baselines.profiler_aftereffect \
+      > "$OUT/aftereffect-td$td.log" 2>&1
+    echo "TEARDOWN_CUPTI=$td"; grep -E "^(before|after)" "$OUT/aftereffect-td$td.log"
+  done
+  PYTHONPATH=. timeout "${IL_TIMEOUT:-440}" python3 bench/baselines/interleave.py --world-sizes "${IL_WS:-4}" \
+     --families "${IL_FAM:-ddp,fsdp,pipeline-gpipe,pipeline-1f1b,tensor,tensor-sp}" --repeats 3 --steps 8 --warmup 3 \
+     --harness-profile-steps 2 --deadline-s "${IL_DEADLINE:-430}" --out "$OUT/fix" > "$OUT/fix.log" 2>&1
+  tail -n 10 "$OUT/fix.log"
+  (cd "$OUT" && tar czf fix.tgz fix fix.log aftereffect-td*.log && rm -rf fix) ;;
 gate) (  # a subshell: the GPU mask and positional parameters stay inside
   g=(--workloads "${G_WL:-gpt-200m}" --backends "${G_BE:-nccl}" --device "${G_DEV:-cuda}" --repeats 5
      --steps "${G_STEPS:-20}" --warmup 5 --warmup-max 0 --steps-max 0

@@ -188,7 +188,7 @@ def run_harness(fams: list[str], worlds: list[int], rnd: int, args: argparse.Nam
            "--backends", args.backend, "--workloads", args.workload,
            "--strategies", ",".join(dict.fromkeys(PAIRS[f].strategy for f in fams)),
            "--world-sizes", ",".join(map(str, worlds)), "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--profile-steps", "0", "--sample-hz", "0", "--cell-timeout", str(args.run_timeout_s),
+           "--profile-steps", str(args.harness_profile_steps), "--sample-hz", "0", "--cell-timeout", str(args.run_timeout_s),
            "--out", str(out), *[a for o in opts for a in ("--option", o)], *pin_flags(args)]
     t = time.monotonic()
     p = subprocess.run(cmd, cwd=ROOT, env=env_for(max(worlds), args), capture_output=True, text=True,
@@ -420,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--backend", default=None, help="default: nccl on cuda, gloo on cpu")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 round, smallest world size, 5 steps")
+    ap.add_argument("--harness-profile-steps", type=int, default=0,
+                    help="the harness's --profile-steps (its default is 2: GPU-profiled steps after each cell's "
+                         "timed steps, in the processes that measure later cells); 0 profiles one CPU-only step")
     ap.add_argument("--pairwise", action="store_true", help="one harness call per family and size (strict A B)")
     ap.add_argument("--harness-adaptive", action="store_true",
                     help="let the harness extend warm-up and timed steps until the step time settles")

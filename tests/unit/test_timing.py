@@ -75,3 +75,17 @@ def test_cpu_timer_measures_each_call():
         t.time(lambda: time.sleep(d))  # noqa: B023
     a, b = t.times()
     assert 0.009 < a < b and b >= 0.029
+
+
+def test_ranks_tear_cupti_down_after_profiling_unless_the_user_says_otherwise(monkeypatch):
+    """A profiler session leaves CUPTI attached without TEARDOWN_CUPTI=1 (measured: launch-bound
+    steps 1.95x slower afterwards on an H100), and the harness profiles cells in the processes that
+    measure later cells; the ranks' environment and the recorded fingerprint must both say so."""
+    from bench import fingerprint, launch
+
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    assert launch.child_env(2)["TEARDOWN_CUPTI"] == "1"
+    assert fingerprint.fingerprint()["env"]["TEARDOWN_CUPTI"] == "1"
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")  # a user who wants the old behaviour keeps it, and it is recorded
+    assert launch.child_env(2)["TEARDOWN_CUPTI"] == "0"
+    assert fingerprint.fingerprint()["env"]["TEARDOWN_CUPTI"] == "0"
