@@ -188,6 +188,12 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = 
             for d in devices:  # the peak of training, not of building the full model before sharding it
                 torch.cuda.synchronize(d)
                 torch.cuda.reset_peak_memory_stats(d)
+        # The ranks start the timed steps together, as a plain loop does: otherwise the first timed
+        # step carries the skew the warm-up left between ranks (seen on 4 H100s: a 125 ms first step
+        # in a 45 ms DDP cell, which the noise flags then reported as bimodal with an outlier).
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         e0, t0 = (meter.read() if meter else None), time.time()
         # Timed: the asked steps, then more in chunks until the median's interval is narrow enough,
         # the step cap or the time cap.

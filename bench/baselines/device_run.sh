@@ -8,6 +8,7 @@
 #   bisect issue 10's harness-vs-plain gap: profiler after-effect; both sides on 1 OpenMP thread; one
 #          harness call per family; nvidia-smi and vmstat in the background
 #   fix    issue 10 after the CUPTI teardown default: the probe with and without it, 6 families at 4 GPUs
+#   tail   issue 14's two-agent NCCL run; DDP and FSDP x4 with the plain programs under torchrun
 #   gate   issue 11 + 12: A1 = ddp,fsdp,pipeline-1f1b at 2 and 4 GPUs with --repeats 5; then on 2 GPUs
 #          B (ddp 5% slower: tests.regress_helpers:DDPSlowed) and A2 (= A1); compare A2|A1 and B|A1
 # Results go to $OUT (tarred run folders + logs); a short table is printed last.
@@ -142,6 +143,15 @@ fix)  # issue 10 after TEARDOWN_CUPTI=1 became the ranks' default (~8 min on 4x 
      --harness-profile-steps 2 --deadline-s "${IL_DEADLINE:-430}" --out "$OUT/fix" > "$OUT/fix.log" 2>&1
   tail -n 10 "$OUT/fix.log"
   (cd "$OUT" && tar czf fix.tgz fix fix.log aftereffect-td*.log && rm -rf fix) ;;
+tail)  # issue 14's two agents on one host (NCCL across agents) against one agent; then issue 10: DDP and
+  # FSDP at 4 GPUs with the plain programs started by torchrun, as the harness's ranks are (3 ABBA rounds)
+  PYTHON=python3 timeout 280 bash bench/multinode/device_two_agents.sh "$OUT/two-agents" > "$OUT/two-agents.log" 2>&1
+  echo "two agents: exit $?"; tail -n 12 "$OUT/two-agents.log"
+  PYTHONPATH=. timeout 200 python3 bench/baselines/interleave.py --world-sizes 4 --families ddp,fsdp --repeats 3 \
+     --steps 8 --warmup 3 --launcher torchrun --harness-profile-steps 2 --deadline-s 190 --out "$OUT/trun" \
+     > "$OUT/trun.log" 2>&1
+  tail -n 5 "$OUT/trun.log"
+  (cd "$OUT" && tar czf tail.tgz two-agents two-agents.log trun trun.log && rm -rf two-agents trun) ;;
 gate) (  # a subshell: the GPU mask and positional parameters stay inside
   g=(--workloads "${G_WL:-gpt-200m}" --backends "${G_BE:-nccl}" --device "${G_DEV:-cuda}" --repeats 5
      --steps "${G_STEPS:-20}" --warmup 5 --warmup-max 0 --steps-max 0

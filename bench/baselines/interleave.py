@@ -264,7 +264,8 @@ def launch(module: str, flags: list[str], world: int, args: argparse.Namespace,
     if args.launcher == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
                "-m", module, *flags]
-        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, cwd=ROOT, env={**env, "OMP_NUM_THREADS": omp_threads(world)},  # torchrun's own is 1
+                           capture_output=True, text=True, timeout=timeout)
         return p.returncode, p.stdout, p.stderr
     port = free_port()
     procs = []
