@@ -74,10 +74,20 @@ def combine(values: Sequence[Any], how: str) -> Any:
     return float(sum(present)) / len(present)  # mean
 
 
+#: NVML clock-event reasons (bench.samplers.nvml keeps these bits). The software power cap is how a
+#: fully loaded GPU holds its power limit: a compute-bound cell sits there most of the time and
+#: stays steady (4x H100, 2026-11-26: one-GPU gpt-200m at the cap in 93% of its samples, repeats
+#: within 0.3%), so it is reported beside the cell, not as contention. Thermal slowdowns, the
+#: hardware slowdown and the power brake mean something outside the cell is slowing it.
+POWER_CAP = 0x4
+THROTTLED = 0x8 | 0x20 | 0x40 | 0x80
+
+
 def telemetry_means(samples: Iterable[dict[str, Any]], spec: CellSpec, window: tuple[float, float]) -> dict:
     """Over one timed window: means of the sampled GPU metrics on the GPUs the cell was planned on,
     and the host's contention (cores busy outside the benchmark, load, stolen CPU); clock
-    throttling and other processes on the cell's GPUs as the fraction / maximum seen."""
+    throttling (thermal, hardware slowdown, power brake), time at the power cap, and other
+    processes on the cell's GPUs as the fraction / maximum seen."""
     t0, t1 = window
     devices = {f"gpu{i}" for i in spec.devices}
     acc: dict[str, list[float]] = {}
@@ -92,7 +102,9 @@ def telemetry_means(samples: Iterable[dict[str, Any]], spec: CellSpec, window: t
     out = {TELEMETRY_MEANS[m]: sum(v) / len(v) for m, v in acc.items() if m in TELEMETRY_MEANS and v}
     out.update({HOST_CONTENTION[m]: sum(v) / len(v) for m, v in acc.items() if m in HOST_CONTENTION and v})
     if acc.get("throttle_reasons"):
-        out["gpu_throttled_frac"] = sum(v > 0 for v in acc["throttle_reasons"]) / len(acc["throttle_reasons"])
+        th = [int(v) for v in acc["throttle_reasons"]]
+        out["gpu_throttled_frac"] = sum(bool(v & THROTTLED) for v in th) / len(th)
+        out["gpu_power_capped_frac"] = sum(bool(v & POWER_CAP) for v in th) / len(th)
     if acc.get("other_procs"):
         out["gpu_other_procs"] = max(acc["other_procs"])
     return out
@@ -110,7 +122,7 @@ def contention(means: dict[str, float], cores: int) -> str:
     if means.get("gpu_other_procs", 0.0) > 0:
         why.append("another process on the cell's GPU")
     if means.get("gpu_throttled_frac", 0.0) > 0.05:
-        why.append(f"GPU clocks throttled {means['gpu_throttled_frac']:.0%} of the time")
+        why.append(f"GPU clocks throttled (thermal or hardware slowdown) {means['gpu_throttled_frac']:.0%} of the time")
     return "; ".join(why)
 
 

@@ -74,6 +74,26 @@ def test_telemetry_window_uses_the_planned_gpus_only():
     assert row["power_mean_w"] == pytest.approx(200.0) and row["contended"] == ""
 
 
+def test_power_cap_is_reported_but_only_thermal_or_hardware_slowdowns_mark_contention():
+    """A fully loaded GPU sits at its software power cap (0x4) and stays steady (seen on H100s); a
+    thermal or hardware slowdown (0x8, 0x20, 0x40, 0x80) means something outside the cell slows it."""
+    from bench.rows import telemetry_means
+
+    def means(reasons):
+        samples = [{"t": 100.0 + i / 10, "device": "gpu0", "metric": "throttle_reasons", "value": float(v)}
+                   for i, v in enumerate(reasons)]
+        return telemetry_means(samples, spec(), (99.0, 102.0))
+
+    capped = means([4, 4, 4, 0])
+    assert capped["gpu_power_capped_frac"] == pytest.approx(0.75) and capped["gpu_throttled_frac"] == 0.0
+    row, _, _ = build_row(spec(), [[rank(r, [0.1] * 4) for r in range(2)]], wall_s=1.0, telemetry=[capped])
+    assert row["contended"] == "" and row["gpu_power_capped_frac"] == pytest.approx(0.75)
+    hot = means([4 | 0x20, 0x8, 0, 0])
+    assert hot["gpu_throttled_frac"] == pytest.approx(0.5)
+    row, _, _ = build_row(spec(), [[rank(r, [0.1] * 4) for r in range(2)]], wall_s=1.0, telemetry=[hot])
+    assert "throttled" in row["contended"] and "50%" in row["contended"]
+
+
 def test_strategy_metrics_combine_as_declared_and_undeclared_go_to_extras():
     declared = [Metric(name="busy_s", dtype="float64", over_ranks="max"),
                 Metric(name="sent", dtype="float64", over_ranks="sum"),
