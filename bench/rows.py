@@ -224,7 +224,7 @@ def build_row(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]], *, w
         # compute + exposed comm + idle add up to the profiled step by construction; how far that is
         # from the timed median says how much the profiler itself moved the step.
         row["breakdown_gap"] = row["profiled_step_s"] / median - 1
-    row.update(placement_columns(ranks))
+    row.update(placement_columns(ranks, backend=spec.backend))
     parity = [r.self_parity for r in ranks if r.self_parity is not None]
     if parity:
         row["parity_rel_err"] = parity[0]
@@ -235,10 +235,12 @@ def build_row(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]], *, w
     return row, steps, comm
 
 
-def placement_columns(ranks: Sequence[RankMeasurement]) -> dict[str, Any]:
+def placement_columns(ranks: Sequence[RankMeasurement], backend: str | None = None) -> dict[str, Any]:
     """Where the ranks ran: ``rank_placement`` (JSON, one object a rank), ``hosts`` (the nodes in
     node order as host(address)), ``cross_node`` (ranks in more than one node) and ``link`` ('N
-    nodes over IFACE' when they were, the interfaces their traffic between nodes took)."""
+    nodes over IFACE' when they were, the interfaces their traffic between nodes took). NCCL finds
+    ranks of one host by its host name and boot id, and moves their data over NVLink, PCIe P2P or
+    shared memory whatever interface its sockets use; the link says so when every node is one host."""
     by_rank = sorted(ranks, key=lambda r: r.rank)
     placed = [{"rank": r.rank, "node": r.node_rank, "host": r.host, "addr": r.addr, "iface": r.iface,
                "local_rank": r.local_rank, "devices": list(r.device_ids)} for r in by_rank]
@@ -248,7 +250,9 @@ def placement_columns(ranks: Sequence[RankMeasurement]) -> dict[str, Any]:
     crossed = len(nodes) > 1
     ifaces = sorted({r.iface or "?" for r in by_rank})
     return {"rank_placement": json.dumps(placed, separators=(",", ":")), "hosts": ",".join(nodes.values()),
-            "cross_node": crossed, "link": f"{len(nodes)} nodes over {'/'.join(ifaces)}" if crossed else None}
+            "cross_node": crossed, "link": (f"{len(nodes)} nodes over {'/'.join(ifaces)}" + (
+                "; one host: NCCL's data takes its intra-host transport" if backend == "nccl" and
+                len({r.host for r in by_rank}) == 1 else "")) if crossed else None}
 
 
 #: A sharded rank may hold up to this multiple of 1/n of the parameters (FSDP pads each tensor's

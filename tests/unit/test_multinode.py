@@ -4,6 +4,7 @@ protocol (handshake, telemetry, errors, a lost node) in one process."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -85,6 +86,10 @@ def test_placement_columns_say_which_nodes_and_link():
     assert cols["cross_node"] and cols["link"] == "2 nodes over veth0/veth1"
     assert cols["hosts"] == "h(10.0.0.1),h(10.0.0.2)"
     assert [p["node"] for p in json.loads(cols["rank_placement"])] == [0, 0, 1, 1]
+    nccl = placement_columns(ranks, backend="nccl")["link"]  # two agents on one host: NCCL uses NVLink/P2P/shm
+    assert nccl.startswith("2 nodes over veth0/veth1; one host") and "intra-host" in nccl
+    apart = [dataclasses.replace(r, host=f"h{r.node_rank}") for r in ranks]
+    assert placement_columns(apart, backend="nccl")["link"] == "2 nodes over veth0/veth1"
     one = placement_columns([RankMeasurement(rank=0, host="h", iface="lo")])
     assert not one["cross_node"] and one["link"] is None
 
