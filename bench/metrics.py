@@ -186,6 +186,8 @@ CORE: tuple[Metric, ...] = (
     Metric(name="sm_active_mean", dtype="float64", unit="%"),
     Metric(name="tensor_active_mean", dtype="float64", unit="%"),
     Metric(name="power_mean_w", dtype="float64", unit="W"),
+    Metric(name="sm_clock_mean_mhz", dtype="float64", unit="MHz", doc="SM clock over the timed steps (NVML samples)"),
+    Metric(name="gpu_temp_mean_c", dtype="float64", unit="C", doc="GPU temperature over the timed steps"),
     Metric(name="host_other_cpu_cores", dtype="float64", unit="cores",
            doc="CPU cores busy outside the benchmark's processes during the timed steps"),
     Metric(name="host_load1", dtype="float64", doc="1-minute load average during the timed steps"),

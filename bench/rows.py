@@ -27,7 +27,8 @@ from bench.spec import CellSpec, RankMeasurement
 ENERGY_MIN_WINDOW_S = 1.0
 #: sampled GPU metric -> cell column (mean over the cell's GPUs and its timed window)
 TELEMETRY_MEANS = {"gpu_util_pct": "gpu_util_mean", "sm_active_pct": "sm_active_mean",
-                   "tensor_active_pct": "tensor_active_mean", "power_w": "power_mean_w"}
+                   "tensor_active_pct": "tensor_active_mean", "power_w": "power_mean_w",
+                   "sm_clock_mhz": "sm_clock_mean_mhz", "temp_c": "gpu_temp_mean_c"}
 #: sampled host metric -> cell column (mean over the timed window)
 HOST_CONTENTION = {"other_cpu_cores": "host_other_cpu_cores", "load1": "host_load1",
                    "cpu_steal_cores": "host_cpu_steal_cores"}
