@@ -47,7 +47,7 @@ check)  # every strategy on NCCL at 2 and 4 GPUs (and the reference), a few fixe
   show check ;;
 ab)  # best-practice defaults vs the old defaults, gpt-200m on 4 GPUs, 3 interleaved repeats each
   for variant in new old; do
-    opts=(); [ "$variant" = old ] && opts=(--option fsdp_mp=off --option pp_balance=params --option tp_plan=megatron)
+    opts=(); [ "$variant" = old ] && opts=(--option fsdp_mp=off --option fsdp_units=all --option pp_balance=params --option tp_plan=megatron)
     timeout 110 python3 -m bench.cli run --no-progress --out "$R/ab-$variant" --workloads gpt-200m \
        --strategies fsdp,pipeline-1f1b,tensor --backends nccl --world-sizes 4 --repeats 3 --steps 10 --warmup 3 \
        --warmup-max 0 --steps-max 0 --budget off --profile-steps 0 --sample-hz 0 "${opts[@]}" > "$OUT/ab-$variant.log" 2>&1

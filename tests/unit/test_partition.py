@@ -21,3 +21,19 @@ def test_mesh_parsing():
     assert parse_mesh("4x2", 8) == (4, 2)
     with pytest.raises(ValueError, match="2x2"):
         parse_mesh("4", 4)
+
+
+def test_fsdp_units_leave_embedding_and_head_in_the_root_by_default():
+    """As torchtitan and the plain FSDP2 loop wrap them: one unit per inner block, the first and last
+    pieces in the root unit (which FSDP2 does not reshard after forward). 'all' is the old structure
+    (measured 1.21x the plain loop's step on CPU)."""
+    import torch
+
+    from bench.workloads import resolve
+    from strategies.fsdp import unit_blocks
+
+    wl = resolve("gpt-tiny", seed=0, global_batch=8)
+    model = wl.build(torch.device("cpu"))
+    inner = unit_blocks(wl, model)
+    assert [type(b).__name__ for b in inner] == ["Block", "Block"]
+    assert [type(b).__name__ for b in unit_blocks(wl, model, "all")] == ["Embed", "Block", "Block", "Head"]
