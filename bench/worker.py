@@ -174,7 +174,7 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = 
                 losses.append(timer.time(lambda: step.run(batches[s % len(batches)])))  # noqa: B023
 
         # Warm-up: the asked steps, then more in chunks until the step time settles (or the cap).
-        warm = StepTimer(device, barrier=True)
+        warm = StepTimer(device)
         run_steps(warm, m.warmup)
         while m.warmup_max > len(losses) and m.settle > 0:
             run_steps(warm, min(CHUNK, m.warmup_max - len(losses)))
@@ -197,7 +197,7 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = 
         e0, t0 = (meter.read() if meter else None), time.time()
         # Timed: the asked steps, then more in chunks until the median's interval is narrow enough,
         # the step cap or the time cap.
-        timer = StepTimer(device, barrier=True)
+        timer = StepTimer(device)
         run_steps(timer, m.steps)
         if m.steps_max > m.steps and m.target_ci > 0:
             out.target_reached = False

@@ -70,7 +70,7 @@ def test_order_statistic_halfwidth_shrinks_with_steps():
 
 
 def test_cpu_timer_measures_each_call():
-    t = StepTimer(torch.device("cpu"), barrier=False)
+    t = StepTimer(torch.device("cpu"))
     for d in (0.01, 0.03):
         t.time(lambda: time.sleep(d))  # noqa: B023
     a, b = t.times()
