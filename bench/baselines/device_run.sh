@@ -10,7 +10,8 @@
 #   fix    issue 10 after the CUPTI teardown default: the probe with and without it, 6 families at 4 GPUs
 #   tail   issue 14's two-agent NCCL run; DDP and FSDP x4 with the plain programs under torchrun
 #   gate   issue 11 + 12: A1 = ddp,fsdp,pipeline-1f1b at 2 and 4 GPUs with --repeats 5; then on 2 GPUs
-#          B (ddp 5% slower: tests.regress_helpers:DDPSlowed) and A2 (= A1); compare A2|A1 and B|A1
+#          B (ddp 5% slower: tests.regress_helpers:DDPSlowed) and A2 (= A1); compare A2|A1 and B|A1;
+#          G_GB=64 G_STRATS=ddp,fsdp G_WS=2: the GPU-bound variant (larger batch per GPU)
 # Results go to $OUT (tarred run folders + logs); a short table is printed last.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -153,16 +154,20 @@ tail)  # issue 14's two agents on one host (NCCL across agents) against one agen
   tail -n 5 "$OUT/trun.log"
   (cd "$OUT" && tar czf tail.tgz two-agents two-agents.log trun trun.log && rm -rf two-agents trun) ;;
 gate) (  # a subshell: the GPU mask and positional parameters stay inside
+  # G_GB (global batch), G_STRATS, G_WS: e.g. the GPU-bound variant of issue 12's A/B (the default
+  # cells are launch-bound on the lent host, noise floors 21-77%): G_GB=64 G_STRATS=ddp,fsdp G_WS=2
+  strats=${G_STRATS:-ddp,fsdp,pipeline-1f1b}
+  rm -rf "$R"/gate-a1 "$R"/gate-b "$R"/gate-a2  # the pairs below take the latest run folder of each
   g=(--workloads "${G_WL:-gpt-200m}" --backends "${G_BE:-nccl}" --device "${G_DEV:-cuda}" --repeats 5
-     --steps "${G_STEPS:-20}" --warmup 5 --warmup-max 0 --steps-max 0
+     --steps "${G_STEPS:-20}" --warmup 5 --warmup-max 0 --steps-max 0 ${G_GB:+--global-batch "$G_GB"}
      --budget off --profile-steps 0 --sample-hz 2 --cell-timeout 90)
-  timeout 190 python3 -m bench.cli run --no-progress --out "$R/gate-a1" --strategies ddp,fsdp,pipeline-1f1b \
-     --world-sizes 2,4 "${g[@]}" > "$OUT/gate-a1.log" 2>&1
+  timeout 190 python3 -m bench.cli run --no-progress --out "$R/gate-a1" --strategies "$strats" \
+     --world-sizes "${G_WS:-2,4}" "${g[@]}" > "$OUT/gate-a1.log" 2>&1
   show gate-a1
   export CUDA_VISIBLE_DEVICES=0,1
   timeout 130 python3 -m bench.cli run --no-progress --out "$R/gate-b" \
-     --strategies tests.regress_helpers:DDPSlowed,fsdp,pipeline-1f1b --world-sizes 2 "${g[@]}" > "$OUT/gate-b.log" 2>&1
-  timeout 130 python3 -m bench.cli run --no-progress --out "$R/gate-a2" --strategies ddp,fsdp,pipeline-1f1b \
+     --strategies "${strats/ddp/tests.regress_helpers:DDPSlowed}" --world-sizes 2 "${g[@]}" > "$OUT/gate-b.log" 2>&1
+  timeout 130 python3 -m bench.cli run --no-progress --out "$R/gate-a2" --strategies "$strats" \
      --world-sizes 2 "${g[@]}" > "$OUT/gate-a2.log" 2>&1
   unset CUDA_VISIBLE_DEVICES
   a1=$(ls -d "$R"/gate-a1/*/ | tail -n 1); b=$(ls -d "$R"/gate-b/*/ | tail -n 1); a2=$(ls -d "$R"/gate-a2/*/ | tail -n 1)
