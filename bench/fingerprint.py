@@ -99,7 +99,9 @@ def fingerprint() -> dict[str, Any]:
 
     from bench.launch import RANK_ENV_DEFAULTS
 
-    # What the ranks run with: the launcher's environment plus the defaults it gives every rank.
+    # What the ranks run with: the launcher's environment plus the fixed defaults it gives every
+    # rank (OMP_NUM_THREADS is set per launch, from the cores and that launch's ranks, and is
+    # recorded here only where the user set it).
     env = {**RANK_ENV_DEFAULTS, **os.environ}
     fp: dict[str, Any] = {"cpu_model": cpu_model(), "cpu_threads": cpu_threads(), "cgroup_cpus": cgroup_cpu_quota(),
                           "load_avg": list(os.getloadavg()), "env": environment(env), "gpu_state": gpu_state()}

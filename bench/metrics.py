@@ -100,7 +100,8 @@ CORE: tuple[Metric, ...] = (
            doc="the cell's ranks ran in more than one node, so its communication crossed between nodes"),
     Metric(name="link", dtype="string", header="link", shown=R,
            doc="for a cell whose traffic crossed nodes: 'N nodes over IFACE', the network interface(s) it took "
-               "(GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, else the route to the rendezvous host); empty otherwise"),
+               "(GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, else the route to the rendezvous host), with '; one host: "
+               "NCCL's data takes its intra-host transport' when NCCL's nodes are one machine; empty otherwise"),
     Metric(name="hosts", dtype="string", kind="fact",
            doc="the cell's nodes in node order, each as host(address of its link)"),
     Metric(name="rank_placement", dtype="string", kind="fact",

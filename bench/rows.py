@@ -123,7 +123,8 @@ def contention(means: dict[str, float], cores: int) -> str:
     if means.get("gpu_other_procs", 0.0) > 0:
         why.append("another process on the cell's GPU")
     if means.get("gpu_throttled_frac", 0.0) > 0.05:
-        why.append(f"GPU clocks throttled (thermal or hardware slowdown) {means['gpu_throttled_frac']:.0%} of the time")
+        why.append(f"GPU clocks throttled (thermal, hardware slowdown or power brake) {means['gpu_throttled_frac']:.0%} "
+                   "of the time")
     return "; ".join(why)
 
 

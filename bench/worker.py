@@ -191,10 +191,11 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = 
         # The ranks start the timed steps together, as a plain loop does: otherwise the first timed
         # step carries the skew the warm-up left between ranks (seen on 4 H100s: a 125 ms first step
         # in a 45 ms DDP cell, which the noise flags then reported as bimodal with an outlier).
+        e0 = meter.read() if meter else None  # NVML takes milliseconds: before the barrier, not after it
         dist.barrier()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        e0, t0 = (meter.read() if meter else None), time.time()
+        t0 = time.time()
         # Timed: the asked steps, then more in chunks until the median's interval is narrow enough,
         # the step cap or the time cap.
         timer = StepTimer(device)

@@ -6,12 +6,16 @@ as the FSDP2 tutorial recommends:
 * each inner block (a transformer block) is its own FSDP unit, all-gathered just before it runs;
   the first and last pieces of the workload (for the GPT: the embedding and the head) stay in the
   root unit, which FSDP2 gathers once at the start of forward and does not reshard after it (the
-  root's ``reshard_after_forward`` is treated as False), as torchtitan's ``apply_fsdp`` wraps
-  ``model.layers`` and then the model, and as ``bench/baselines/plain_fsdp.py`` does. Option
-  ``fsdp_units=all`` makes every piece its own unit (the harness's structure before 2026-11-26:
-  the embedding, resharded after forward, is gathered a second time in backward; measured on CPU,
-  gpt-tiny, 2 ranks, 4 interleaved rounds: 1.21x the plain loop's step, 1.14x without the
-  per-step barrier);
+  root's ``reshard_after_forward`` is treated as False), as ``bench/baselines/plain_fsdp.py``
+  does. torchtitan's current ``apply_fsdp`` differs: the embedding is a unit of its own (resharded
+  after forward) and the final norm with the output head another (not resharded by default).
+  Option ``fsdp_units=all`` makes every piece its own unit (the harness's structure before
+  2026-11-26, the embedding resharded as torchtitan does; measured on CPU, gpt-tiny, 2 ranks, 4
+  interleaved rounds: 1.21x the plain loop's step with the harness's then per-step barrier, 1.14x
+  without; with ``inner``, 0.91-0.96x). The rule is positional: for a workload whose first or last
+  piece is a real compute layer (the mlp's first hidden layer, the convnet's stem) that layer is
+  gathered once with the root; with fewer than three pieces every piece is a unit. The cell records
+  the units it built (``fsdp_units_built``);
 * with bf16 precision, ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: the
   all-gathers move bf16 and the blocks compute in bf16 without autocast, gradients are reduced in
   fp32 into the fp32 sharded parameters (option ``fsdp_mp=off`` keeps fp32 parameters under
@@ -42,12 +46,14 @@ RESHARD = Metric(name="reshard_after_forward", dtype="boolean", kind="label",
                  doc="FSDP2 frees gathered parameters after forward (True) or keeps them for backward")
 PARAM_DTYPE = Metric(name="fsdp_param_dtype", dtype="string", kind="label",
                      doc="dtype FSDP2 gathers and computes the parameters in (MixedPrecisionPolicy)")
+UNITS_BUILT = Metric(name="fsdp_units_built", dtype="Int64", over_ranks="rank0",
+                     doc="FSDP2 units fully_shard built besides the root (fsdp_units decides which pieces)")
 FSDP_MP = Option(name="fsdp_mp", type=str, default="auto", choices=("auto", "off"),
                  help="FSDP2 mixed precision: auto = bf16 parameters, fp32 reduction when precision is bf16; "
                       "off = fp32 parameters under autocast")
 UNITS = Option(name="fsdp_units", type=str, default="inner", choices=("inner", "all"),
               help="FSDP2 units: inner = one per inner block, first and last pieces (embedding, head) in the root "
-                   "unit (torchtitan, plain_fsdp); all = every piece its own unit")
+                   "unit (as plain_fsdp); all = every piece its own unit (embedding resharded, as torchtitan)")
 RESHARD_LAST = Option(name="fsdp_reshard_last", type=bool, default=False,
                       help="FSDP2: also reshard the last block after forward (torchtitan does not)")
 
@@ -72,8 +78,9 @@ def unit_blocks(wl: Workload, model, units: str = "inner") -> list:
 
 
 def shard_model(wl: Workload, model, mesh, *, reshard: bool, mp: MixedPrecisionPolicy | None = None,
-                reshard_last: bool = False, units: str = "inner") -> None:
-    """fully_shard every unit block (:func:`unit_blocks`), then the root."""
+                reshard_last: bool = False, units: str = "inner") -> int:
+    """fully_shard every unit block (:func:`unit_blocks`), then the root; returns the units built
+    besides the root."""
     kw = {"mp_policy": mp} if mp is not None else {}
     blocks = unit_blocks(wl, model, units)
     inside = {id(m) for m in model.modules()}
@@ -84,15 +91,17 @@ def shard_model(wl: Workload, model, mesh, *, reshard: bool, mp: MixedPrecisionP
         last = i == len(blocks) - 1
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard and (reshard_last or not last), **kw)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, **kw)
+    return len(blocks)
 
 
 class FSDP(Strategy):
     name = "fsdp"
-    summary = "FSDP2 fully_shard per block, parameters resharded after forward (ZeRO-3), bf16 mixed precision"
+    summary = "FSDP2 fully_shard per inner block and the root, parameters resharded after forward (ZeRO-3), bf16 mixed precision"
     needs = "world size <= devices; global batch divisible by world size"
     reshard = True
     options = (FSDP_MP, UNITS, RESHARD_LAST)
     labels = (RESHARD, PARAM_DTYPE)
+    metrics = (UNITS_BUILT,)
     distributes = ("comm", "sharded")
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
@@ -106,15 +115,15 @@ class FSDP(Strategy):
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
         model = wl.build(ctx.device)
         mp = mixed_precision(ctx.options, ctx.precision)
-        shard_model(wl, model, mesh, reshard=self.reshard, mp=mp, reshard_last=ctx.options["fsdp_reshard_last"],
-                    units=ctx.options["fsdp_units"])
+        units = shard_model(wl, model, mesh, reshard=self.reshard, mp=mp,
+                            reshard_last=ctx.options["fsdp_reshard_last"], units=ctx.options["fsdp_units"])
         opt = make_optimizer(model.parameters(), ctx)
         # Under the policy FSDP casts parameters itself; autocast on top would push norms back to fp32.
         return Step(run=lambda b: train_step(model, wl, ctx, opt, local_share(b, ctx), autocast=mp is None),
-                    loss_weight=1.0 / ctx.world_size, optimizer=opt)
+                    loss_weight=1.0 / ctx.world_size, optimizer=opt, finish=lambda: {"fsdp_units_built": units})
 
 
 class FSDPNoReshard(FSDP):
     name = "fsdp-noreshard"
-    summary = "FSDP2 fully_shard per block, parameters kept gathered from forward to backward (ZeRO-2-like)"
+    summary = "FSDP2 fully_shard per inner block and the root, parameters kept gathered from forward to backward (ZeRO-2-like)"
     reshard = False

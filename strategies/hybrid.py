@@ -19,7 +19,7 @@ from strategies.common import (
     train_step,
 )
 from strategies.ddp import divisible
-from strategies.fsdp import FSDP_MP, PARAM_DTYPE, mixed_precision, shard_model
+from strategies.fsdp import FSDP_MP, PARAM_DTYPE, UNITS, UNITS_BUILT, mixed_precision, shard_model
 from strategies.tensor import TP_PLAN, apply_tp, tp_check
 
 
@@ -27,8 +27,9 @@ class FSDPxTP(Strategy):
     name = "fsdp-tp"
     summary = "2D: tensor parallel inside each mesh row, FSDP2 across rows (option mesh='DPxTP')"
     needs = "world size >= 4 = dp x tp (default dp=2); GPT workload; heads divisible by tp"
-    options = (MESH_OPTION, FSDP_MP, TP_PLAN, PLACEMENT_OPTION)
+    options = (MESH_OPTION, FSDP_MP, UNITS, TP_PLAN, PLACEMENT_OPTION)
     labels = (MESH, PARAM_DTYPE, PLACEMENT)
+    metrics = (UNITS_BUILT,)
     distributes = ("comm", "split")
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
@@ -50,9 +51,9 @@ class FSDPxTP(Strategy):
         model = wl.build(ctx.device)
         loss_ctx = apply_tp(wl, model, mesh["tp"], ctx)
         mp = mixed_precision(ctx.options, ctx.precision)
-        shard_model(wl, model, mesh["dp"], reshard=True, mp=mp)
+        units = shard_model(wl, model, mesh["dp"], reshard=True, mp=mp, units=ctx.options["fsdp_units"])
         opt = make_optimizer(model.parameters(), ctx)
         dp_rank = mesh.get_local_rank("dp")
         return Step(run=lambda b: train_step(model, wl, ctx, opt, local_share(b, ctx, rank=dp_rank, world=dp),
                                              autocast=mp is None, loss_context=loss_ctx),
-                    loss_weight=1.0 / ctx.world_size, optimizer=opt)
+                    loss_weight=1.0 / ctx.world_size, optimizer=opt, finish=lambda: {"fsdp_units_built": units})

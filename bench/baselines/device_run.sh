@@ -146,7 +146,7 @@ fix)  # issue 10 after TEARDOWN_CUPTI=1 became the ranks' default (~8 min on 4x 
   (cd "$OUT" && tar czf fix.tgz fix fix.log aftereffect-td*.log && rm -rf fix) ;;
 tail)  # issue 14's two agents on one host (NCCL across agents) against one agent; then issue 10: DDP and
   # FSDP at 4 GPUs with the plain programs started by torchrun, as the harness's ranks are (3 ABBA rounds)
-  PYTHON=python3 timeout 280 bash bench/multinode/device_two_agents.sh "$OUT/two-agents" > "$OUT/two-agents.log" 2>&1
+  PYTHON=python3 timeout 340 bash bench/multinode/device_two_agents.sh "$OUT/two-agents" > "$OUT/two-agents.log" 2>&1
   echo "two agents: exit $?"; tail -n 12 "$OUT/two-agents.log"
   PYTHONPATH=. timeout 200 python3 bench/baselines/interleave.py --world-sizes 4 --families ddp,fsdp --repeats 3 \
      --steps 8 --warmup 3 --launcher torchrun --harness-profile-steps 2 --deadline-s 190 --out "$OUT/trun" \

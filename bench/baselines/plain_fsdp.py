@@ -5,10 +5,13 @@ outside the harness:
     torchrun --nproc-per-node 4 -m bench.baselines.plain_fsdp --no-mp          # fp32 params under autocast
     torchrun --nproc-per-node 4 -m bench.baselines.plain_fsdp --no-reshard     # keep params gathered
 
-Configuration, as torchtitan's ``apply_fsdp`` (torchtitan/models/llama3/parallelize.py, 2025):
+Configuration, after torchtitan's ``apply_fsdp`` (torchtitan/models/llama3/parallelize.py) except where noted:
 
 - ``fully_shard`` on every transformer block, then on the root (the root unit holds the embedding
-  and the head, which for our ``nn.Sequential`` GPT are the first and last children).
+  and the head, which for our ``nn.Sequential`` GPT are the first and last children). torchtitan's
+  current ``apply_fsdp`` also makes the embedding a unit (resharded after forward) and the final
+  norm with the head another (not resharded by default); this loop keeps both in the root, which
+  FSDP2 does not reshard after forward.
 - ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` when precision is bf16: FSDP
   all-gathers bf16 parameters and the blocks compute in bf16 with no autocast; gradients are
   reduce-scattered in fp32. ``--no-mp`` keeps fp32 parameters and wraps forward in bf16 autocast

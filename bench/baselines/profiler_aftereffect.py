@@ -1,8 +1,8 @@
 """Does a torch.profiler session leave a cost behind in its process? (issue 10 diagnosis)
 
-The harness profiles one step of each cell's first repeat (CPU activity only unless
-``--profile-steps`` asks for GPU activity) in the same rank processes that then measure the group's
-later cells; the plain reference programs never profile. If the profiler (Kineto, CUPTI) stays
+The harness profiles each cell's first repeat (``--profile-steps``, default 2 steps with GPU
+activity; with 0, one step with CPU activity only) in the same rank processes that then measure the
+group's later cells; the plain reference programs never profile. If the profiler (Kineto, CUPTI) stays
 attached after its session, later launch-bound steps pay for it, and only on the harness side.
 
 This runs one launch-bound loop (many small kernels: the regime of FSDP2, pipelines and tensor

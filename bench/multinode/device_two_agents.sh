@@ -81,8 +81,12 @@ for d in sorted(out.glob("two-*")):
     if not d.is_dir():
         continue
     two, _, _ = load_run(run(d))
-    # NCCL_DEBUG=INFO lines 'Channel 00/0 : 1[1] -> 2[0] via P2P/IPC' from the ranks' logs of this run
-    vias = collections.Counter(m.group(1) for f in d.rglob("*.log") for m in re.finditer(r" via (\S+)", f.read_text(errors="replace")))
+    # NCCL_DEBUG=INFO lines 'Channel 00/0 : 1[1] -> 2[0] via P2P/IPC' from the ranks' logs of this run,
+    # only channels between the agents (node 0 holds the first half of the ranks, node 1 the rest)
+    half = int(d.name.split("-")[1]) // 2
+    vias = collections.Counter(m.group(3) for f in d.rglob("*.log")
+                               for m in re.finditer(r"(\d+)\[\d+\] -> (\d+)\[\d+\] via (\S+)", f.read_text(errors="replace"))
+                               if (int(m.group(1)) < half) != (int(m.group(2)) < half))
     transports = ", ".join(f"{k} x{v}" for k, v in vias.most_common()) or ("n/a (gloo)" if cpu else "none logged")
     for _, r in two[(two["strategy"] != "single")].iterrows():
         o = one[(one["strategy"] == r["strategy"]) & (one["world_size"] == r["world_size"])]
