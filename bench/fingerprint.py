@@ -96,7 +96,6 @@ def gpu_state(nvml: Any = None) -> list[dict[str, Any]]:
 def fingerprint() -> dict[str, Any]:
     """The static fingerprint for meta.json."""
     from bench.hardware import cpu_threads
-
     from bench.launch import RANK_ENV_DEFAULTS
 
     # What the ranks run with: the launcher's environment plus the fixed defaults it gives every

@@ -20,6 +20,7 @@ import numpy as np
 from bench.hardware import cpu_threads, peak_flops
 from bench.metrics import Metric
 from bench.noise import slow_rank, summarize
+from bench.samplers import POWER_CAP, THROTTLED
 from bench.spec import CellSpec, RankMeasurement
 
 #: NVML's energy counter advances in steps (about 12.6 J at a time was seen on H200s), so a short
@@ -75,15 +76,6 @@ def combine(values: Sequence[Any], how: str) -> Any:
     return float(sum(present)) / len(present)  # mean
 
 
-#: NVML clock-event reasons (bench.samplers.nvml keeps these bits). The software power cap is how a
-#: fully loaded GPU holds its power limit: a compute-bound cell sits there most of the time and
-#: stays steady (4x H100, 2026-11-26: one-GPU gpt-200m at the cap in 93% of its samples, repeats
-#: within 0.3%), so it is reported beside the cell, not as contention. Thermal slowdowns, the
-#: hardware slowdown and the power brake mean something outside the cell is slowing it.
-POWER_CAP = 0x4
-THROTTLED = 0x8 | 0x20 | 0x40 | 0x80
-
-
 def telemetry_means(samples: Iterable[dict[str, Any]], spec: CellSpec, window: tuple[float, float]) -> dict:
     """Over one timed window: means of the sampled GPU metrics on the GPUs the cell was planned on,
     and the host's contention (cores busy outside the benchmark, load, stolen CPU); clock
@@ -123,8 +115,8 @@ def contention(means: dict[str, float], cores: int) -> str:
     if means.get("gpu_other_procs", 0.0) > 0:
         why.append("another process on the cell's GPU")
     if means.get("gpu_throttled_frac", 0.0) > 0.05:
-        why.append(f"GPU clocks throttled (thermal, hardware slowdown or power brake) {means['gpu_throttled_frac']:.0%} "
-                   "of the time")
+        why.append("GPU clocks throttled (thermal, hardware slowdown or power brake) "
+                   f"{means['gpu_throttled_frac']:.0%} of the time")
     return "; ".join(why)
 
 

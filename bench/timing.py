@@ -7,8 +7,8 @@ worker) and then run free, as a plain loop does. (A barrier before every CPU ste
 rule until 2026-11-26, kept a pipeline's stages from overlapping one step's tail with the next
 step's head and left the barrier's wait out of the step: against the plain loops on gloo, gpt-tiny,
 2 ranks, 3-4 interleaved rounds, harness / plain was 1.198 [1.143, 1.262] for 1F1B and 0.743
-[0.602, 0.858] for DDP with it; 0.769 [0.735, 1.388] and 1.012 [0.521, 1.139] without.) The step time a cell reports is the
-maximum over ranks of each step, since the slowest rank sets the pace.
+[0.602, 0.858] for DDP with it; 0.769 [0.735, 1.388] and 1.012 [0.521, 1.139] without.) The step
+time a cell reports is the maximum over ranks of each step, since the slowest rank sets the pace.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """FSDP2 (``fully_shard``): parameters, gradients and optimizer state sharded over the ranks.
 
-Configured as torchtitan's ``apply_fsdp`` does (torchtitan/models/llama3/infra/parallelize.py) and
-as the FSDP2 tutorial recommends:
+Configured after torchtitan's ``apply_fsdp`` (torchtitan/models/llama3/infra/parallelize.py) and
+the FSDP2 tutorial, except where noted:
 
 * each inner block (a transformer block) is its own FSDP unit, all-gathered just before it runs;
   the first and last pieces of the workload (for the GPT: the embedding and the head) stay in the
@@ -69,12 +69,10 @@ def unit_blocks(wl: Workload, model, units: str = "inner") -> list:
     """The modules that become their own FSDP unit: the workload's pieces that hold parameters,
     without the first and last (they stay in the root unit) when ``units`` is 'inner' and there are
     at least three pieces."""
-    blocks = [b for b in wl.blocks(model) if param_count(b)]
-    if units == "inner" and len(wl.blocks(model)) >= 3:
-        pieces = wl.blocks(model)
-        inner = {id(b) for b in pieces[1:-1]}
-        blocks = [b for b in blocks if id(b) in inner]
-    return blocks
+    pieces = wl.blocks(model)
+    if units == "inner" and len(pieces) >= 3:
+        pieces = pieces[1:-1]
+    return [b for b in pieces if param_count(b)]
 
 
 def shard_model(wl: Workload, model, mesh, *, reshard: bool, mp: MixedPrecisionPolicy | None = None,
@@ -96,7 +94,8 @@ def shard_model(wl: Workload, model, mesh, *, reshard: bool, mp: MixedPrecisionP
 
 class FSDP(Strategy):
     name = "fsdp"
-    summary = "FSDP2 fully_shard per inner block and the root, parameters resharded after forward (ZeRO-3), bf16 mixed precision"
+    summary = ("FSDP2 fully_shard per inner block and the root, parameters resharded after forward (ZeRO-3), "
+               "bf16 mixed precision")
     needs = "world size <= devices; global batch divisible by world size"
     reshard = True
     options = (FSDP_MP, UNITS, RESHARD_LAST)
@@ -125,5 +124,6 @@ class FSDP(Strategy):
 
 class FSDPNoReshard(FSDP):
     name = "fsdp-noreshard"
-    summary = "FSDP2 fully_shard per inner block and the root, parameters kept gathered from forward to backward (ZeRO-2-like)"
+    summary = ("FSDP2 fully_shard per inner block and the root, parameters kept gathered from forward to backward "
+               "(ZeRO-2-like)")
     reshard = False

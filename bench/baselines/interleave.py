@@ -189,7 +189,8 @@ def run_harness(fams: list[str], worlds: list[int], rnd: int, args: argparse.Nam
            "--backends", args.backend, "--workloads", args.workload,
            "--strategies", ",".join(dict.fromkeys(PAIRS[f].strategy for f in fams)),
            "--world-sizes", ",".join(map(str, worlds)), "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--profile-steps", str(args.harness_profile_steps), "--sample-hz", "0", "--cell-timeout", str(args.run_timeout_s),
+           "--profile-steps", str(args.harness_profile_steps), "--sample-hz", "0",
+           "--cell-timeout", str(args.run_timeout_s),
            "--out", str(out), *[a for o in opts for a in ("--option", o)], *pin_flags(args)]
     t = time.monotonic()
     p = subprocess.run(cmd, cwd=ROOT, env=env_for(max(worlds), args), capture_output=True, text=True,

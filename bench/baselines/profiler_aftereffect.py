@@ -8,7 +8,7 @@ attached after its session, later launch-bound steps pay for it, and only on the
 This runs one launch-bound loop (many small kernels: the regime of FSDP2, pipelines and tensor
 parallelism on a slow host) on one device in three phases, one after the other (a profiler session
 cannot be undone, so they cannot interleave): ``before`` (never profiled), ``after-cpu`` (after a
-CPU-only session, as the harness's default evidence step), ``after-cuda`` (after a session with
+CPU-only session, as the harness's evidence step with ``--profile-steps 0``), ``after-cuda`` (after a session with
 CUDA activity). Each phase is ``--blocks`` blocks timed with device events around ``--iters``
 iterations; the median over blocks per phase is printed with the ratio to ``before`` and the
 block range (a ratio inside the ranges is drift, not an effect). One JSON line last.

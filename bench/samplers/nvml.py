@@ -18,9 +18,11 @@ from typing import Any
 
 import pynvml as nv
 
+from bench.samplers import POWER_CAP, THROTTLED
+
 UINT_MAX = 0xFFFFFFFF
 #: clock-event reasons that slow running kernels: SW power cap, HW slowdown, SW/HW thermal, power brake
-SLOWDOWN_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+SLOWDOWN_MASK = POWER_CAP | THROTTLED
 
 
 def _counter_fields() -> dict[str, tuple[int, int, float]]:
