@@ -13,6 +13,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PART=${1:-levels}
+case "$PART" in calib|levels|sweep|noisy|all) ;; *) echo "PART must be calib, levels, sweep, noisy or all" >&2; exit 2 ;; esac
 OUT=${OUT:-/tmp/parbench-serve}; mkdir -p "$OUT"
 WL=${WL:-gpt-small}; TASK=${TASK:-score}; GEN=${GEN:-16}  # TASK=generate: KV-cache decoding (no pipeline)
 NG=$(python3 -c "import torch; print(torch.cuda.device_count())")
@@ -35,7 +36,7 @@ print(f"{max(rows) if rows else 50.0:.1f}")
 PY
   cat "$OUT/capacity.txt"
 }
-rates() { python3 -c "c=$1*$2; print(','.join(f'{c*f:.0f}' for f in ($3)))"; }
+rates() { python3 -c "c=$1*$2; print(','.join(f'{c*f:.0f}' for f in ($3,)))"; }
 { nvidia-smi --query-gpu=index,name,driver_version --format=csv; } > "$OUT/device_serve_$PART.log" 2>&1
 t0=$SECONDS
 case "$PART" in
@@ -62,8 +63,7 @@ case "$PART" in
       --world-sizes 2 --rates "$(rates "$C" 2 "0.3")" --duration 4 --noisy \
       --noisy-rates "$(rates "$C" 1 "0.2,1.6")"
     ;;
-  *) echo "PART must be calib, levels, sweep, noisy or all" >&2; exit 2 ;;
-esac
+esac  # (PART was checked above: a ';;&' arm falls through to the later patterns, so no '*)' arm here)
 echo "[part $PART took $((SECONDS - t0)) s]" >> "$OUT/device_serve_$PART.log"
 RUNS=$(ls -d "$OUT"/*/ 2>/dev/null | grep -v '/\.' )
 [ -n "$RUNS" ] && python3 -m bench.serve.tables $RUNS --curve "$OUT/rate_vs_p99.png" > "$OUT/serve_tables.md" 2>&1
