@@ -28,6 +28,18 @@ def test_parity_and_scaling_against_the_single_device_reference():
     assert out.loc["single", "parity_rel_err"] == 0
 
 
+def test_an_efficiency_above_one_names_its_cause():
+    rows = [cell(0, "single", 1, 100.0, "bf16"), cell(1, "fsdp", 2, 218.0, "bf16"), cell(2, "ddp", 2, 230.0, "bf16"),
+            cell(3, "fsdp-noreshard", 2, 180.0, "bf16")]
+    rows[1]["fsdp_param_dtype"], rows[3]["fsdp_param_dtype"] = "bf16", "bf16"
+    out = derive(frame(rows, CELL_COLUMNS), frame([], STEP_COLUMNS)).set_index("strategy")
+    assert out.loc["fsdp", "scaling_efficiency"] == pytest.approx(1.09)
+    assert "bf16 (MixedPrecisionPolicy)" in out.loc["fsdp", "scaling_note"]
+    assert "not physical" in out.loc["ddp", "scaling_note"]
+    assert "part of it is the precision" in out.loc["fsdp-noreshard", "scaling_note"]
+    assert pd.isna(out.loc["single", "scaling_note"])
+
+
 def test_bf16_tolerance_is_looser():
     cells = frame([cell(0, "single", 1, 1.0, "bf16"), cell(1, "ddp", 2, 1.0, "bf16")], CELL_COLUMNS)
     st = frame(steps(0, [2.0]) + steps(1, [2.02]), STEP_COLUMNS)
