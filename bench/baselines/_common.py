@@ -47,6 +47,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--workload", default="gpt-200m", help="a built-in workload name (bench.workloads)")
     ap.add_argument("--dims", action="append", default=[], metavar="K=V[,K=V]",
                     help="workload dimensions, e.g. n_layer=6 (passed to resolve)")
+    ap.add_argument("--global-batch", type=int, default=None, metavar="N",
+                    help="override the workload's global batch (as the harness's --global-batch; strong "
+                         "scaling: the same N at every world size)")
     ap.add_argument("--steps", type=int, default=30, help="timed steps")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps before the timed ones")
     ap.add_argument("--backend", default=None, help="nccl or gloo (default: nccl on cuda, gloo on cpu)")
@@ -96,7 +99,9 @@ def setup(args: argparse.Namespace, *, distributed: bool = True) -> tuple[Env, W
         rank, world = dist.get_rank(), dist.get_world_size()
     else:
         rank, world = 0, 1
-    wl = resolve(args.workload, **parse_dims(args.dims))
+    if args.global_batch is not None and args.global_batch < 1:
+        raise SystemExit(f"--global-batch {args.global_batch} must be >= 1")
+    wl = resolve(args.workload, global_batch=args.global_batch, **parse_dims(args.dims))
     return Env(rank, world, local, device, args.backend if distributed else "none", distributed), wl
 
 
@@ -190,7 +195,7 @@ def report(name: str, args: argparse.Namespace, env: Env, wl: Workload, times: l
     gpu = torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "cpu"
     row = {"baseline": name, "workload": wl.name, "world_size": env.world, "backend": env.backend,
            "device": env.device.type, "precision": args.precision, "steps": args.steps,
-           "warmup": args.warmup, "step_time_mean_s": statistics.fmean(times),
+           "warmup": args.warmup, "global_batch": wl.global_batch, "step_time_mean_s": statistics.fmean(times),
            "step_time_median_s": statistics.median(times), "step_times_s": times,
            "loss_final": loss, "gpu": gpu, "torch": torch.__version__, **settings}
     print(json.dumps(row), flush=True)

@@ -8,6 +8,8 @@
 #   bisect issue 10's harness-vs-plain gap: profiler after-effect; both sides on 1 OpenMP thread; one
 #          harness call per family; nvidia-smi and vmstat in the background
 #   fix    issue 10 after the CUPTI teardown default: the probe with and without it, 6 families at 4 GPUs
+#   gb     issue 10 GPU-bound: harness vs plain interleaved at global batch 64 on 2 GPUs (IL_GB, IL_WS,
+#          IL_FAM: ddp,fsdp,pipeline-1f1b,tensor-sp; IL_TIMEOUT, IL_DEADLINE), 3 rounds, noise verdicts
 #   tail   issue 14's two-agent NCCL run; DDP and FSDP x4 with the plain programs under torchrun
 #   gate   issue 11 + 12: A1 = ddp,fsdp,pipeline-1f1b at 2 and 4 GPUs with --repeats 5; then on 2 GPUs
 #          B (ddp 5% slower: tests.regress_helpers:DDPSlowed) and A2 (= A1); compare A2|A1 and B|A1;
@@ -144,6 +146,14 @@ fix)  # issue 10 after TEARDOWN_CUPTI=1 became the ranks' default (~8 min on 4x 
      --harness-profile-steps 2 --deadline-s "${IL_DEADLINE:-430}" --out "$OUT/fix" > "$OUT/fix.log" 2>&1
   tail -n 10 "$OUT/fix.log"
   (cd "$OUT" && tar czf fix.tgz fix fix.log aftereffect-td*.log && rm -rf fix) ;;
+gb)  # issue 10 with GPU-bound steps: gpt-200m at global batch 64 (the default 16 is CPU-launch-bound on the
+  # lent hosts, plain round medians moving by 40-60%); both sides get the batch, the table gives each family's
+  # plain round-to-round spread and a noise verdict (pipelines: 8 micro-batches of 8)
+  PYTHONPATH=. timeout "${IL_TIMEOUT:-440}" python3 bench/baselines/interleave.py --world-sizes "${IL_WS:-2}" \
+     --families "${IL_FAM:-ddp,fsdp,pipeline-1f1b,tensor-sp}" --global-batch "${IL_GB:-64}" --repeats 3 --steps 8 \
+     --warmup 3 --harness-profile-steps 2 --deadline-s "${IL_DEADLINE:-430}" --out "$OUT/gb" > "$OUT/gb.log" 2>&1
+  tail -n 10 "$OUT/gb.log"
+  (cd "$OUT" && tar czf gb.tgz gb gb.log && rm -rf gb) ;;
 tail)  # issue 14's two agents on one host (NCCL across agents) against one agent; then issue 10: DDP and
   # FSDP at 4 GPUs with the plain programs started by torchrun, as the harness's ranks are (3 ABBA rounds)
   PYTHON=python3 timeout 340 bash bench/multinode/device_two_agents.sh "$OUT/two-agents" > "$OUT/two-agents.log" 2>&1

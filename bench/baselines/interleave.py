@@ -26,6 +26,36 @@ as the plain programs run; ``--harness-adaptive`` lets it extend both until the 
 would not finish in time; what finished is still tabled. Edit ``PAIRS`` below when harness options
 change: an option the checkout's strategy does not declare is dropped with a warning (the harness
 refuses unknown options), and the table says so.
+
+``--global-batch N`` and ``--dims K=V[,K=V]`` go to both sides alike: the harness gets
+``--global-batch N`` and the workload as ``NAME[K=V,...]`` (its own syntax for dimensions), the
+plain programs ``--global-batch N --dims K=V,...`` (``_common.setup`` resolves the workload with
+them), so both build the same model on the same batches. Both sides record the global batch they
+trained (the harness row's ``global_batch``, the plain line's); a round whose two sides report
+different global batches is not compared (the table notes it). A record without the field (older
+results) is taken as matching. E.g. ``--global-batch 64`` on 2 GPUs makes gpt-200m's steps
+GPU-bound where the default 16 leaves them CPU-launch-bound, with a round-to-round noise of tens of
+percent on the lent hosts.
+
+Noise verdict. Per family and world size the table also gives (a) the plain side's own
+round-to-round spread, ``max / min - 1`` of its per-round medians over the compared rounds: the
+floor a ratio can be read against (the plain loop does not change between rounds, so whatever it
+moves is the machine); (b) how many rounds had harness > plain; (c) a verdict:
+
+* ``within 1%``: every per-round ratio lies in [0.99, 1.01];
+* ``harness slower``: every round's ratio is above 1 and the median ratio exceeds 1 by more than
+  the plain spread;
+* ``harness faster``: every round's ratio is below 1 and the median ratio falls short of 1 by more
+  than the plain spread;
+* ``inside noise (floor X%)``: anything else, X the plain spread;
+* ``too few rounds``: fewer than 2 compared rounds (one round has no spread to read against).
+
+That is all the statistics here, on purpose: with the 3-5 rounds a call can afford, a rank test of
+harness against plain cannot reach significance (with n = 3 pairs the smallest two-sided
+Wilcoxon signed-rank p-value is 0.25, with n = 5 it is 0.0625), so a test would only ever say "not
+significant"; the rule above says instead whether the effect is larger than what the machine
+itself moved. For a resolved 1% the regression gate (``parbench compare``) with more repeats is
+the tool.
 """
 
 from __future__ import annotations
@@ -89,6 +119,7 @@ DEFAULT_FAMILIES = "ddp,fsdp,pipeline-gpipe,pipeline-1f1b,tensor,tensor-sp"
 GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
            "PYTHONUNBUFFERED": "1"}
 # ---------------------------------------------------------------------------------------------------
+TOLERANCE = 0.01  # "within 1%": every per-round ratio in [1 - TOLERANCE, 1 + TOLERANCE]
 
 
 @dataclass
@@ -186,12 +217,13 @@ def run_harness(fams: list[str], worlds: list[int], rnd: int, args: argparse.Nam
     out = Path(args.runs_dir) / f"r{rnd}-{'+'.join(fams)}-x{'+'.join(map(str, worlds))}"
     opts = sorted({o for f in fams for o in effective_options(f, PAIRS[f], state)})
     cmd = [sys.executable, "-m", "bench.cli", "run", "--no-progress", "--device", args.device,
-           "--backends", args.backend, "--workloads", args.workload,
+           "--backends", args.backend, "--workloads", harness_workload(args),
            "--strategies", ",".join(dict.fromkeys(PAIRS[f].strategy for f in fams)),
            "--world-sizes", ",".join(map(str, worlds)), "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--profile-steps", str(args.harness_profile_steps), "--sample-hz", "0",
            "--cell-timeout", str(args.run_timeout_s),
-           "--out", str(out), *[a for o in opts for a in ("--option", o)], *pin_flags(args)]
+           "--out", str(out), *[a for o in opts for a in ("--option", o)], *pin_flags(args),
+           *(["--global-batch", str(args.global_batch)] if args.global_batch else [])]
     t = time.monotonic()
     p = subprocess.run(cmd, cwd=ROOT, env=env_for(max(worlds), args), capture_output=True, text=True,
                        timeout=args.run_timeout_s * (2 + len(fams) * len(worlds)))
@@ -210,6 +242,7 @@ def run_harness(fams: list[str], worlds: list[int], rnd: int, args: argparse.Nam
                 rec["row"] = row
                 rec["ok"] = row.get("status") == "ok"
                 rec["median_s"], rec["mean_s"] = row.get("step_time_median_s"), row.get("step_time_mean_s")
+                rec["global_batch"] = row.get("global_batch")
                 if not rec["ok"]:
                     rec["error"] = f"status {row.get('status')}: {row.get('reason')}"
             else:
@@ -220,24 +253,79 @@ def run_harness(fams: list[str], worlds: list[int], rnd: int, args: argparse.Nam
     log(state, f"round {rnd + 1} harness call ({'+'.join(fams)} x{'+'.join(map(str, worlds))}) took {wall:.0f}s")
 
 
+def cli_help(args: argparse.Namespace) -> str:
+    """``bench.cli run --help`` of this checkout (asked once): which flags its harness takes."""
+    if not hasattr(args, "_cli_help"):
+        p = subprocess.run([sys.executable, "-m", "bench.cli", "run", "--help"], cwd=ROOT, env=env_for(1, args),
+                           capture_output=True, text=True)
+        args._cli_help = p.stdout
+    return args._cli_help
+
+
 def pin_flags(args: argparse.Namespace) -> list[str]:
     """Flags that hold the harness to exactly --warmup and --steps, as the plain programs run (the
     harness otherwise extends both until the step time settles); none where the checkout's CLI
     has no such flags, or with --harness-adaptive."""
     if args.harness_adaptive:
         return []
-    if not hasattr(args, "_cli_help"):
-        p = subprocess.run([sys.executable, "-m", "bench.cli", "run", "--help"], cwd=ROOT, env=env_for(1, args),
-                           capture_output=True, text=True)
-        args._cli_help = p.stdout
+    text = cli_help(args)
     flags = []
-    if "--warmup-max" in args._cli_help:
+    if "--warmup-max" in text:
         flags += ["--warmup-max", str(args.warmup)]
-    if "--steps-max" in args._cli_help:
+    if "--steps-max" in text:
         flags += ["--steps-max", str(args.steps)]
-    if "--budget" in args._cli_help:  # a default budget would plan its own steps (seen on GPU: 2 to 500)
+    if "--budget" in text:  # a default budget would plan its own steps (seen on GPU: 2 to 500)
         flags += ["--budget", "off"]
     return flags
+
+
+def parse_dims(text: str) -> dict[str, int]:
+    """``n_layer=4,d_model=128`` -> ``{"n_layer": 4, "d_model": 128}`` (integers, as both sides take)."""
+    out: dict[str, int] = {}
+    for kv in filter(None, (x.strip() for x in text.split(","))):
+        k, sep, v = kv.partition("=")
+        if not sep or not k.strip() or not v.strip().isdigit():
+            raise SystemExit(f"--dims {kv!r}: expected KEY=<integer>, e.g. --dims n_layer=4,d_model=128")
+        out[k.strip()] = int(v)
+    return out
+
+
+def harness_workload(args: argparse.Namespace) -> str:
+    """The workload as the harness's ``--workloads`` takes it: ``NAME[K=V,...]`` with ``--dims``."""
+    dims = args.dims_parsed
+    return args.workload if not dims else f"{args.workload}[{','.join(f'{k}={v}' for k, v in dims.items())}]"
+
+
+def workload_flags(args: argparse.Namespace) -> list[str]:
+    """The same workload, global batch and dimensions as the plain programs' flags."""
+    dims = args.dims_parsed
+    return (["--workload", args.workload]
+            + (["--global-batch", str(args.global_batch)] if args.global_batch else [])
+            + (["--dims", ",".join(f"{k}={v}" for k, v in dims.items())] if dims else []))
+
+
+def check_batch(args: argparse.Namespace, families: list[str], worlds: list[int]) -> None:
+    """Refuse, before any run, what would fail on one side only: a harness without
+    ``--global-batch`` (the plain side alone would change its batch), a global batch the data-parallel
+    ranks or a pipeline's micro-batches do not divide."""
+    if args.global_batch is None:
+        return
+    if args.global_batch < 1:
+        raise SystemExit(f"--global-batch {args.global_batch} must be >= 1")
+    if "--global-batch" not in cli_help(args):
+        raise SystemExit("--global-batch: this checkout's `bench.cli run` has no --global-batch flag, so only the "
+                         "plain side would change its batch; run without it")
+    gb = args.global_batch
+    for fam in families:
+        pair = PAIRS[fam]
+        if pair.program in ("plain_ddp", "plain_fsdp"):
+            bad = [w for w in worlds if gb % w]
+            if bad:
+                raise SystemExit(f"--global-batch {gb}: {fam} shares it over the ranks; {bad} do not divide it")
+        if pair.program == "plain_pipeline":
+            m = int(pair.flags[pair.flags.index("--micro-batches") + 1]) if "--micro-batches" in pair.flags else 8
+            if gb % m:
+                raise SystemExit(f"--global-batch {gb}: {fam} cuts it into {m} micro-batches; {m} does not divide it")
 
 
 def free_port() -> int:
@@ -318,7 +406,7 @@ def run_plain(fams: list[str], world: int, rnd: int, args: argparse.Namespace, s
     ``--separate-plain`` (or one family) each program is its own launch; otherwise one launch of
     ``plain_many`` runs them in turn (each its own process group and JSON line, the interpreter and
     CUDA context paid once)."""
-    flags = {f: ["--device", args.device, "--backend", args.backend, "--workload", args.workload,
+    flags = {f: ["--device", args.device, "--backend", args.backend, *workload_flags(args),
                  "--steps", str(args.steps), "--warmup", str(args.warmup), *PAIRS[f].flags] for f in fams}
     batches = [[f] for f in fams] if (args.separate_plain or len(fams) == 1) else [fams]
     for batch in batches:
@@ -342,7 +430,8 @@ def run_plain(fams: list[str], world: int, rnd: int, args: argparse.Namespace, s
                    "batched_with": batch if len(batch) > 1 else None, "wall_s": wall, "rc": rc, "ok": False}
             line = lines[k]
             if line is not None and "step_time_median_s" in line:
-                rec.update(ok=True, row=line, median_s=line["step_time_median_s"], mean_s=line["step_time_mean_s"])
+                rec.update(ok=True, row=line, median_s=line["step_time_median_s"], mean_s=line["step_time_mean_s"],
+                           global_batch=line.get("global_batch"))
             else:
                 rec["error"] = (f"{line['plain_many_error']}" if line else f"rc {rc}: no result line") + \
                     f"; stderr: {err[-1200:]}"
@@ -352,26 +441,62 @@ def run_plain(fams: list[str], world: int, rnd: int, args: argparse.Namespace, s
         log(state, f"round {rnd + 1} plain call ({'+'.join(batch)} x{world}) took {wall:.0f}s")
 
 
+def global_batch_of(rec: dict) -> int | None:
+    """The global batch a run reports (its record's, else its row's); None for older results."""
+    gb = rec.get("global_batch", (rec.get("row") or {}).get("global_batch"))
+    return None if gb is None else int(gb)
+
+
+def verdict(ratios: list[float], plain_spread: float | None) -> str:
+    """The noise verdict of one family's per-round ratios (harness / plain) against the plain side's
+    round-to-round spread (module docstring: the rule and why nothing more)."""
+    if len(ratios) < 2 or plain_spread is None:
+        return "too few rounds"
+    if all(1 - TOLERANCE <= r <= 1 + TOLERANCE for r in ratios):
+        return f"within {TOLERANCE:.0%}"
+    med = statistics.median(ratios)
+    if all(r > 1 for r in ratios) and med - 1 > plain_spread:
+        return "harness slower"
+    if all(r < 1 for r in ratios) and 1 - med > plain_spread:
+        return "harness faster"
+    return f"inside noise (floor {plain_spread:.1%})"
+
+
 def table(state: State, families: list[str], worlds: list[int]) -> list[dict]:
-    """Per family and world size: medians over rounds and the per-round ratio's median and spread."""
+    """Per family and world size: medians over rounds, the per-round ratio's median and range, the
+    plain side's round-to-round spread, the rounds harness > plain and the noise verdict. A round
+    whose sides report different global batches is left out (noted)."""
     out = []
     for w in worlds:
         for fam in families:
             by = {(r["side"], r["round"]): r for r in state.runs
                   if r["family"] == fam and r["world_size"] == w and r["ok"]}
-            rounds = sorted({k[1] for k in by if ("harness", k[1]) in by and ("plain", k[1]) in by})
+            paired = sorted({k[1] for k in by if ("harness", k[1]) in by and ("plain", k[1]) in by})
+            rounds, notes = [], []
+            for k in paired:
+                gh, gp = global_batch_of(by["harness", k]), global_batch_of(by["plain", k])
+                if gh is not None and gp is not None and gh != gp:
+                    notes.append(f"round {k + 1} not compared: global batch harness {gh} != plain {gp}")
+                else:
+                    rounds.append(k)
+            gbs = sorted({g for k in rounds for side in ("harness", "plain")
+                          if (g := global_batch_of(by[side, k])) is not None})
             h = [by["harness", k]["median_s"] for k in rounds]
             p = [by["plain", k]["median_s"] for k in rounds]
             ratios = [a / b for a, b in zip(h, p)]
             mean_ratios = [by["harness", k]["mean_s"] / by["plain", k]["mean_s"] for k in rounds]
             fails = [r.get("error", "")[:120] for r in state.runs
                      if r["family"] == fam and r["world_size"] == w and not r["ok"]]
-            out.append({"family": fam, "world_size": w, "n": len(rounds),
+            spread = max(p) / min(p) - 1 if len(p) >= 2 else None
+            out.append({"family": fam, "world_size": w, "n": len(rounds), "global_batch": gbs,
                         "harness_median_s": statistics.median(h) if h else None,
                         "plain_median_s": statistics.median(p) if p else None,
                         "ratio_median": statistics.median(ratios) if ratios else None,
                         "ratio_min": min(ratios, default=None), "ratio_max": max(ratios, default=None),
                         "ratio_of_means_median": statistics.median(mean_ratios) if mean_ratios else None,
+                        "ratios": ratios, "plain_spread": spread,
+                        "rounds_harness_slower": sum(r > 1 for r in ratios),
+                        "verdict": verdict(ratios, spread), "round_notes": notes,
                         "harness_options_dropped": state.dropped.get(fam, []), "failures": fails})
     return out
 
@@ -379,15 +504,19 @@ def table(state: State, families: list[str], worlds: list[int]) -> list[dict]:
 def print_table(rows: list[dict]) -> None:
     ms = lambda v: f"{v * 1e3:10.2f}" if v is not None else f"{'-':>10s}"  # noqa: E731
     rt = lambda v: f"{v:6.3f}" if v is not None else f"{'-':>6s}"  # noqa: E731
-    print(f"\n{'family':16s} {'ws':>3s} {'n':>2s} {'harness ms':>10s} {'plain ms':>10s} {'ratio':>6s} "
-          f"{'[min,':>7s} {'max]':>6s} {'means':>6s}  notes")
+    pc = lambda v: f"{v:6.1%}" if v is not None else f"{'-':>6s}"  # noqa: E731
+    print(f"\n{'family':16s} {'ws':>3s} {'n':>2s} {'gb':>4s} {'harness ms':>10s} {'plain ms':>10s} {'ratio':>6s} "
+          f"{'[min,':>7s} {'max]':>6s} {'means':>6s} {'floor':>6s} {'h>p':>4s}  {'verdict':26s} notes")
     for r in rows:
         notes = "; ".join(filter(None, [f"harness options dropped {r['harness_options_dropped']}"
                                         if r["harness_options_dropped"] else "",
-                                        f"{len(r['failures'])} run(s) failed" if r["failures"] else ""]))
-        print(f"{r['family']:16s} {r['world_size']:3d} {r['n']:2d} {ms(r['harness_median_s'])} "
+                                        f"{len(r['failures'])} run(s) failed" if r["failures"] else "",
+                                        *r.get("round_notes", [])]))
+        gb = "/".join(map(str, r.get("global_batch") or [])) or "-"
+        print(f"{r['family']:16s} {r['world_size']:3d} {r['n']:2d} {gb:>4s} {ms(r['harness_median_s'])} "
               f"{ms(r['plain_median_s'])} {rt(r['ratio_median'])} [{rt(r['ratio_min'])} {rt(r['ratio_max'])}] "
-              f"{rt(r['ratio_of_means_median'])}  {notes}", flush=True)
+              f"{rt(r['ratio_of_means_median'])} {pc(r.get('plain_spread'))} "
+              f"{r.get('rounds_harness_slower', 0):2d}/{r['n']:<1d}  {r.get('verdict', ''):26s} {notes}", flush=True)
 
 
 def save(state: State, path: Path, rows: list[dict] | None = None) -> None:
@@ -420,6 +549,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--workload", default="gpt-200m")
+    ap.add_argument("--global-batch", type=int, default=None, metavar="N",
+                    help="both sides' global batch (harness --global-batch, plain --global-batch; default: the "
+                         "workload's own)")
+    ap.add_argument("--dims", default="", metavar="K=V[,K=V]",
+                    help="workload dimensions for both sides (harness NAME[K=V,...], plain --dims)")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--backend", default=None, help="default: nccl on cuda, gloo on cpu")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 round, smallest world size, 5 steps")
@@ -448,6 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     worlds = [int(w) for w in args.world_sizes.split(",")]
     if args.quick:
         args.repeats, args.steps, args.warmup, worlds = 1, 5, 2, worlds[:1]
+    args.dims_parsed = parse_dims(args.dims)
+    check_batch(args, families, worlds)
     if args.device == "cuda":
         import torch
 
@@ -456,7 +592,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     args.runs_dir = str(out / "interleave-runs")
-    state = State(args=dict(vars(args)) | {"families": families, "world_sizes": worlds})
+    state = State(args={k: v for k, v in vars(args).items() if not k.startswith("_")}
+                  | {"families": families, "world_sizes": worlds})
     path = out / "interleave.json"
     groups = [[f] for f in families] if args.pairwise else harness_groups(families, state)
     n_p = args.repeats * len(families) * len(worlds)
@@ -508,8 +645,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = table(state, families, worlds)
     save(state, path, rows)
     gpus = sorted({r["row"].get("gpu") for r in state.runs if r["side"] == "plain" and r["ok"]} - {None})
-    print(f"\nharness / plain step time, {args.workload}, {args.steps} steps after {args.warmup} warm-up, "
-          f"medians over rounds; ratio = median of per-round ratios [min, max]; device: {', '.join(gpus) or '?'}")
+    print(f"\nharness / plain step time, {harness_workload(args)}, global batch {args.global_batch or 'default'}, "
+          f"{args.steps} steps after {args.warmup} warm-up, medians over rounds; ratio = median of per-round "
+          f"ratios [min, max]; floor = plain max/min - 1 over rounds; h>p = rounds harness slower; "
+          f"device: {', '.join(gpus) or '?'}")
     print_table(rows)
     print(f"\nraw results: {path}", flush=True)
     return 0 if all(r["n"] for r in rows) else 1
