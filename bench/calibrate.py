@@ -1,6 +1,9 @@
 """Calibrate the regression gate: how often an A/A pair fails, how often a 5% slowdown is caught.
 
-Two sources of pairs:
+Every pair is judged by ``regress.compare`` with the defaults ``parbench compare`` ships (read from
+its parser: ``require_repeats`` on, the Mann-Whitney test, alpha 0.02), so the rates are those of
+the gate as a user runs it; the rates under ``--single-run`` (one run's steps a side may decide)
+are reported beside them, labelled so. Two sources of pairs:
 
 * synthetic: per-step times resampled from real recorded distributions (``docs/runs/*/steps.parquet``),
   so the pair is A/A by construction (or A/B with a known multiplicative slowdown);
@@ -21,13 +24,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from bench import UserError
-from bench.regress import MIN_REPEATS, compare, decide, shift_test, step_times
+from bench.regress import compare, parse_threshold, step_times
 
 #: wrapped strategy name -> the strategy it slows down (the cell it is compared with)
 SLOW = {"slow5": "single", "slow5-ddp": "ddp"}
@@ -48,30 +52,87 @@ def real_distributions(paths: Iterable[Path], min_steps: int = 10) -> list[np.nd
     return out
 
 
-def _draw(rng: np.random.Generator, d: np.ndarray, repeats: int) -> np.ndarray:
-    """One synthetic run's samples: len(d) resampled steps, or per-repeat medians of them."""
-    if repeats < MIN_REPEATS:
-        return rng.choice(d, len(d))
-    return np.array([np.median(rng.choice(d, len(d))) for _ in range(repeats)])
+@cache
+def _defaults() -> tuple:
+    from bench.cli_regress import register
+
+    p = argparse.ArgumentParser()
+    register(p.add_subparsers())
+    a = p.parse_args(["compare", "BASE", "CURRENT"])
+    return a.require_repeats, a.test, parse_threshold(a.threshold)
+
+
+def shipped_defaults() -> dict[str, object]:
+    """The options ``parbench compare BASE CURRENT`` runs with when given none, taken from its own
+    parser (bench/cli_regress.py), so the calibration follows the CLI if a default changes."""
+    require_repeats, test, threshold = _defaults()
+    return dict(require_repeats=require_repeats, test=test, threshold=threshold)
+
+
+def gate(base: tuple, cur: tuple, threshold: float, single_run: bool = False, **kw) -> pd.DataFrame:
+    """``compare`` of two (cells, steps, meta) runs as ``parbench compare`` does it by default, or
+    with ``--single-run`` when ``single_run``."""
+    d = shipped_defaults()
+    return compare(base[0], cur[0], threshold, base_steps=base[1], cur_steps=cur[1], base_meta=base[2],
+                   cur_meta=cur[2], test=d["test"], require_repeats=bool(d["require_repeats"]) and not single_run,
+                   **kw)
+
+
+def _synthetic_run(draws: list[list[np.ndarray]]) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """A run (cells, steps, meta) with one cell per trial: ``draws[i]`` holds the step times of each
+    repeat of cell i (one array: a run without repeats)."""
+    from bench.results import CELL_COLUMNS, STEP_COLUMNS, frame
+
+    cells, cols = [], {"cell_id": [], "repeat": [], "step": [], "step_time_s": []}
+    for i, reps in enumerate(draws):
+        cells.append(dict(cell_id=i, workload="calibrate", strategy=f"trial{i}", backend="-", device="gpu",
+                          world_size=1, status="ok", throughput_samples_s=1 / float(np.median(np.concatenate(reps)))))
+        for r, x in enumerate(reps):
+            cols["cell_id"] += [i] * len(x)
+            cols["repeat"] += [r] * len(x)
+            cols["step"] += list(range(len(x)))
+            cols["step_time_s"] += x.tolist()
+    steps = frame(pd.DataFrame({**cols, "rank": 0, "phase": "timed"}), STEP_COLUMNS)
+    if all(len(reps) == 1 for reps in draws):
+        steps = steps.drop(columns="repeat")
+    return frame(cells, CELL_COLUMNS), steps, {}
 
 
 def synthetic_trials(dists: list[np.ndarray], trials: int, slowdown: float, repeats: int = 1,
-                     threshold: float = 0.05, seed: int = 0) -> pd.DataFrame:
-    """One row per trial (cells taken in turn): the verdict of base vs base * (1 + slowdown)."""
+                     threshold: float = 0.05, seed: int = 0, single_run: bool = False) -> pd.DataFrame:
+    """One row per trial (cells taken in turn): the verdict of ``parbench compare`` with its default
+    options on BASE vs CURRENT = BASE's distribution * (1 + slowdown), each side ``repeats``
+    repeats of len(d) steps resampled from the recorded cell. All trials go through one
+    ``compare`` call (one cell per trial), the path the CLI takes. ``single_run`` adds the verdict
+    under ``--single-run`` as ``verdict_single_run``."""
     rng = np.random.default_rng(seed)
-    rows = []
+    base, cur = [], []
     for i in range(trials):
         d = dists[i % len(dists)]
-        t = shift_test(_draw(rng, d, repeats), _draw(rng, d, repeats) * (1 + slowdown))
-        rows.append(dict(cell=i % len(dists), **t, verdict=decide(t, threshold)[0]))
-    return pd.DataFrame(rows)
+        base.append([rng.choice(d, len(d)) for _ in range(repeats)])
+        cur.append([rng.choice(d, len(d)) * (1 + slowdown) for _ in range(repeats)])
+    b, c = _synthetic_run(base), _synthetic_run(cur)
+    t = gate(b, c, threshold).set_index("strategy")
+    order = [f"trial{i}" for i in range(trials)]
+    out = pd.DataFrame({"cell": [i % len(dists) for i in range(trials)], "repeats": repeats})
+    for col in ("shift", "shift_low", "shift_high", "p_value", "noise_floor", "n_base", "n_cur", "unit",
+                "verdict", "note"):
+        out[col] = t.loc[order, col].to_numpy()
+    if single_run:
+        out["verdict_single_run"] = gate(b, c, threshold, single_run=True).set_index("strategy").loc[
+            order, "verdict"].to_numpy()
+    return out
 
 
-def rates(trials: pd.DataFrame) -> dict[str, float]:
-    """Shares of verdicts, and the detection rate among cells that could resolve the change."""
-    v = trials["verdict"]
-    res = v[v != "noisy"]
-    return {"n": int(len(v)), "regression": float((v == "regression").mean()), "noisy": float((v == "noisy").mean()),
+def rates(trials: pd.DataFrame, threshold: float = 0.05, col: str = "verdict") -> dict[str, float]:
+    """Shares of verdicts (from column ``col``), and the detection rate among the resolvable pairs:
+    those whose noise floor is at or below the threshold (a finite interval narrower than it)."""
+    v = trials[col]
+    floor = pd.to_numeric(trials["noise_floor"], errors="coerce")
+    res = v[floor <= threshold]
+    return {"n": int(len(v)), "regression": float((v == "regression").mean()),
+            "improvement": float((v == "improvement").mean()), "same": float((v == "same").mean()),
+            "noisy": float((v == "noisy").mean()), "resolvable": float((floor <= threshold).mean()),
             "regression_of_resolvable": float((res == "regression").mean()) if len(res) else float("nan")}
 
 
@@ -133,12 +194,11 @@ def real_pairs(runs: list[Path], args: argparse.Namespace, repeats: int) -> pd.D
         a, b = runs[i:i + span:2], runs[i + 1:i + span:2]
         base = _load(a, args.strategy)
         for kind, cur in (("A/A", _load(b, args.strategy)), ("A/B +5%", _load(b, args.slow))):
-            t = compare(base[0], cur[0], args.threshold, base_steps=base[1], cur_steps=cur[1],
-                        base_meta=base[2], cur_meta=cur[2])
-            r = t.iloc[0]
-            rows.append(dict(repeats=repeats, pair=i, kind=kind, verdict=r["verdict"], shift=r["shift"],
-                             low=r["shift_low"], high=r["shift_high"], p=r["p_value"], noise_floor=r["noise_floor"],
-                             unit=r["unit"]))
+            r = gate(base, cur, args.threshold).iloc[0]
+            single = gate(base, cur, args.threshold, single_run=True).iloc[0]["verdict"]
+            rows.append(dict(repeats=repeats, pair=i, kind=kind, verdict=r["verdict"], verdict_single_run=single,
+                             shift=r["shift"], low=r["shift_low"], high=r["shift_high"], p=r["p_value"],
+                             noise_floor=r["noise_floor"], unit=r["unit"], note=r["note"]))
     return pd.DataFrame(rows)
 
 
@@ -157,11 +217,11 @@ def history_pairs(runs: list[Path], args: argparse.Namespace, k: int = 10) -> pd
         hist = {int(base[0]["cell_id"].iloc[0]): Samples(np.array([med[j] for j in range(i, i + k)]), "runs")}
         for kind, strat in (("A/A", args.strategy), ("A/B +5%", args.slow)):
             cur = _load([runs[i + k]], strat)
-            r = compare(base[0], cur[0], args.threshold, base_samples=hist, cur_steps=cur[1], base_meta=base[2],
-                        cur_meta=cur[2]).iloc[0]
+            r = gate(base, cur, args.threshold, base_samples=hist).iloc[0]
+            single = gate(base, cur, args.threshold, single_run=True, base_samples=hist).iloc[0]["verdict"]
             rows.append(dict(repeats=f"history of {k} runs", pair=i, kind=kind, verdict=r["verdict"],
-                             shift=r["shift"], low=r["shift_low"], high=r["shift_high"], p=r["p_value"],
-                             noise_floor=r["noise_floor"], unit=r["unit"]))
+                             verdict_single_run=single, shift=r["shift"], low=r["shift_low"], high=r["shift_high"],
+                             p=r["p_value"], noise_floor=r["noise_floor"], unit=r["unit"], note=r["note"]))
     return pd.DataFrame(rows)
 
 
@@ -183,11 +243,16 @@ def main(argv: list[str] | None = None) -> int:
     args.slow = {v: k for k, v in SLOW.items()}[args.strategy]
     report: dict[str, object] = {}
     dists = real_distributions(sorted(Path(args.runs).glob("*/steps.parquet")))
+    report["compare defaults"] = shipped_defaults()
+    print(f"parbench compare defaults, as shipped: {report['compare defaults']}", flush=True)
     for reps in ((1, 5, 7, 10) if args.synthetic else ()):
         for slow in (0.0, 0.05):
-            r = rates(synthetic_trials(dists, args.synthetic, slow, reps, args.threshold, seed=reps))
-            report[f"synthetic repeats={reps} slowdown={slow:.0%}"] = r
-            print(f"synthetic, {len(dists)} recorded cells, repeats={reps}, slowdown {slow:.0%}: {r}", flush=True)
+            trials = synthetic_trials(dists, args.synthetic, slow, reps, args.threshold, seed=reps, single_run=True)
+            for label, col in (("shipped default", "verdict"), ("--single-run", "verdict_single_run")):
+                report[f"synthetic repeats={reps} slowdown={slow:.0%} {label}"] = r = rates(trials, args.threshold,
+                                                                                            col)
+                print(f"synthetic, {len(dists)} recorded cells, repeats={reps}, slowdown {slow:.0%}, {label}: {r}",
+                      flush=True)
     if args.runs_total:
         t0 = time.time()
         runs = collect(args)
@@ -196,8 +261,9 @@ def main(argv: list[str] | None = None) -> int:
                          + [history_pairs(runs, args)], ignore_index=True)
         real.to_csv(Path(args.out) / "pairs.csv", index=False)
         for (reps, kind), g in real.groupby(["repeats", "kind"]):
-            report[f"real repeats={reps} {kind}"] = r = rates(g)
-            print(f"real CPU pairs, repeats={reps}, {kind}: {r}", flush=True)
+            for label, col in (("shipped default", "verdict"), ("--single-run", "verdict_single_run")):
+                report[f"real repeats={reps} {kind} {label}"] = r = rates(g, args.threshold, col)
+                print(f"real CPU pairs, repeats={reps}, {kind}, {label}: {r}", flush=True)
     print(json.dumps(report, indent=1))
     return 0
 

@@ -145,14 +145,13 @@ def _quartiles(x: np.ndarray) -> tuple[float, float, float]:
 
 
 def _run_values(samples: list, recs: list[dict]) -> list[float]:
-    """One value per run (its median step time), or per repeat when the run had repeats: the
-    samples whose spread is the run-to-run noise."""
+    """One value per run: the median of its per-repeat medians when it had repeats, else of its
+    steps. Repeats of one run share that run's drift, so they are not draws of the run-to-run
+    noise; only whole runs are."""
     out: list[float] = []
     for smp, r in zip(samples, recs):
         x = np.asarray(smp, float)
-        if r["unit"] == "repeats" and x.size:
-            out.extend(x.tolist())
-        elif x.size:
+        if x.size:
             out.append(float(np.median(x)))
         elif np.isfinite(r.get("step_time_median_s") or np.nan):
             out.append(float(r["step_time_median_s"]))
@@ -302,9 +301,11 @@ def baseline(store: str | os.PathLike, machine: str | None = None, max_commits: 
     ``max_commits`` commits) as samples, the cell row of its latest record, and the machine's meta
     (torch, NCCL, GPUs) so run-level incomparability is still caught.
 
-    With >= ``min_runs`` runs in the segment the samples are per-run medians (unit "runs"): the
-    comparison then tests CURRENT against the run-to-run noise the history measured. With fewer,
-    the segment's steps (or repeats) are pooled and tested as in a run-against-run comparison."""
+    With >= ``min_runs`` runs in the segment the samples are per-run medians (unit "runs", one
+    value per run whatever its repeats): the comparison then tests CURRENT against the run-to-run
+    noise the history measured. With fewer runs (2 runs of 5 repeats are 2 runs, not 10), the
+    segment's steps (or repeats) are pooled and tested as in a run-against-run comparison; the
+    samples then carry how many runs they came from, for the verdict's note."""
     index, rows = load(store, machine)
     cells, samples = [], {}
     for i, (_, s) in enumerate(series(rows).items()):
@@ -312,15 +313,16 @@ def baseline(store: str | os.PathLike, machine: str | None = None, max_commits: 
         first = max(a["stable_from"], len(s["value"]) - max_commits)
         seg = {k: col[first:] for k, col in s.items()}
         unit = seg["unit"][-1]
-        runs = [v for vals in seg["runs"] for v in vals]
+        runs = [v for vals in seg["runs"] for v in vals]  # one value per run (see _run_values)
         last = {k: v for k, v in seg["last"][-1].items() if k not in ("samples", "unit", "seq", "commit")}
         cells.append({**last, "cell_id": i, "status": "ok"})
         if len(runs) >= min_runs:  # enough runs to measure the run-to-run noise: test against it
-            samples[i] = Samples(np.asarray(runs, float), "runs")
+            samples[i] = Samples(np.asarray(runs, float), "runs", runs=len(runs))
         elif unit:
             pooled = [x for x, u in zip(seg["samples"], seg["unit"]) if u == unit]
             vals = np.concatenate(pooled)
-            samples[i] = Samples(vals, unit if unit == "steps" or len(vals) >= MIN_REPEATS else "steps")
+            samples[i] = Samples(vals, unit if unit == "steps" or len(vals) >= MIN_REPEATS else "steps",
+                                 runs=len(runs))
     if not cells:
         raise UserError(f"{store} holds no ok cell for machine {index['machine'].iloc[0]}; nothing to compare with")
     base = pd.DataFrame(cells)

@@ -57,7 +57,8 @@ class Samples:
     """The samples of one cell: step times in seconds, and what one sample is."""
 
     values: np.ndarray
-    unit: str  # "repeats", "steps", or "runs" (per-run medians of a history)
+    unit: str  # "repeats", "steps", or "runs" (per-run medians of a history, one value per run)
+    runs: int | None = None  # a history's baseline: how many runs the values came from
 
 
 def parse_threshold(text: str) -> float:
@@ -395,6 +396,16 @@ def _verdict(r: pd.Series, row: dict, bs: dict, cs: dict, run_diff: list[str], c
                      f"; its {len(sb.values)} runs differ by ~{spread:.0%} run to run, more than this threshold "
                      "can resolve on this machine")
         return verdict, note
+    verdict, note = _pooled_verdict(row, sb, sc, threshold, alpha, test)
+    if sb.runs is not None:  # a history too short for run_test: its runs' samples were pooled
+        note = (note + "; " if note else "") + (f"the history's stable segment holds {sb.runs} run(s), too few "
+                                                f"to test against its run-to-run noise: its {sb.unit} pooled")
+    return verdict, note
+
+
+def _pooled_verdict(row: dict, sb: Samples, sc: Samples, threshold: float, alpha: float,
+                    test: str) -> tuple[str, str]:
+    """Rank test of BASE's samples against CURRENT's (repeats or steps); fills ``row``."""
     # Repeats on one side only: compare like with like, steps against steps.
     if sb.unit != sc.unit:
         return "noisy", f"BASE has {sb.unit}, CURRENT {sc.unit}: record both with the same repeats"

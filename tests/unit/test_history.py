@@ -92,3 +92,22 @@ def test_compare_against_the_last_stable_value(tmp_path):
     cells, steps, m = load_run(write_run(tmp_path / "newtorch", {"ddp": 1.2}, meta={"torch": "9"}))
     with pytest.raises(UserError, match="torch"):
         compare(base, cells, 0.05, base_samples=samples, cur_steps=steps, base_meta=meta, cur_meta=m)
+
+
+def test_repeats_are_not_runs(tmp_path):
+    """Repeats of one run share its drift: a history's baseline has one value per run. 2 runs x 5
+    repeats are 2 runs (too few for the run test: pooled, and the note says so), not 10."""
+    two = fill(tmp_path / "a", [1.0, 1.0], repeats=5, n=10)
+    _, samples, _ = baseline(two)
+    assert samples[0].unit == "repeats" and samples[0].runs == 2 and len(samples[0].values) == 10
+    five = fill(tmp_path / "b", [1.0] * 5, repeats=3, n=10)
+    base, samples, meta = baseline(five)
+    assert samples[0].unit == "runs" and len(samples[0].values) == 5
+    cells, steps, m = load_run(write_run(tmp_path / "cur", {"ddp": 1.0, "single": 1.0}, repeats=3, n=10, seed=99))
+    out = compare(base, cells, 0.05, base_samples=samples, cur_steps=steps, base_meta=meta,
+                  cur_meta=m).set_index("strategy")
+    assert out.loc["ddp", "unit"] == "runs" and out.loc["ddp", "n_base"] == 5 and out.loc["ddp", "n_cur"] == 3
+    base, samples, meta = baseline(two)
+    out = compare(base, cells, 0.05, base_samples=samples, cur_steps=steps, base_meta=meta,
+                  cur_meta=m).set_index("strategy")
+    assert out.loc["ddp", "unit"] == "repeats" and "holds 2 run(s), too few" in out.loc["ddp", "note"]
