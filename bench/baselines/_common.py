@@ -101,7 +101,10 @@ def setup(args: argparse.Namespace, *, distributed: bool = True) -> tuple[Env, W
         rank, world = 0, 1
     if args.global_batch is not None and args.global_batch < 1:
         raise SystemExit(f"--global-batch {args.global_batch} must be >= 1")
-    wl = resolve(args.workload, global_batch=args.global_batch, **parse_dims(args.dims))
+    dims = parse_dims(args.dims)
+    if "global_batch" in dims:
+        raise SystemExit("--dims global_batch=...: give the global batch as --global-batch N")
+    wl = resolve(args.workload, global_batch=args.global_batch, **dims)
     return Env(rank, world, local, device, args.backend if distributed else "none", distributed), wl
 
 

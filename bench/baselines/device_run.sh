@@ -10,7 +10,8 @@
 #   fix    issue 10 after the CUPTI teardown default: the probe with and without it, 6 families at 4 GPUs
 #   gb     issue 10 GPU-bound: harness vs plain interleaved at global batch 64 on 2 GPUs (IL_GB, IL_WS,
 #          IL_FAM: ddp,fsdp,pipeline-1f1b,tensor-sp; IL_TIMEOUT, IL_DEADLINE), 3 rounds, noise verdicts
-#   tail   issue 14's two-agent NCCL run; DDP and FSDP x4 with the plain programs under torchrun
+#   tail   issue 14's two-agent NCCL run (one agent vs two, whole runs alternating, 3 rounds)
+#   trun   issue 10: DDP and FSDP (IL_WS GPUs, default 4) with the plain programs under torchrun
 #   gate   issue 11 + 12: A1 = ddp,fsdp,pipeline-1f1b at 2 and 4 GPUs with --repeats 5; then on 2 GPUs
 #          B (ddp 5% slower: tests.regress_helpers:DDPSlowed) and A2 (= A1); compare A2|A1 and B|A1;
 #          G_GB=64 G_STRATS=ddp,fsdp G_WS=2: the GPU-bound variant (larger batch per GPU)
@@ -154,15 +155,19 @@ gb)  # issue 10 with GPU-bound steps: gpt-200m at global batch 64 (the default 1
      --warmup 3 --harness-profile-steps 2 --deadline-s "${IL_DEADLINE:-430}" --out "$OUT/gb" > "$OUT/gb.log" 2>&1
   tail -n 10 "$OUT/gb.log"
   (cd "$OUT" && tar czf gb.tgz gb gb.log && rm -rf gb) ;;
-tail)  # issue 14's two agents on one host (NCCL across agents) against one agent; then issue 10: DDP and
-  # FSDP at 4 GPUs with the plain programs started by torchrun, as the harness's ranks are (3 ABBA rounds)
-  PYTHON=python3 timeout 340 bash bench/multinode/device_two_agents.sh "$OUT/two-agents" > "$OUT/two-agents.log" 2>&1
+tail)  # issue 14's two agents on one host (NCCL across agents) against one agent, whole runs alternating
+  # (3 rounds: about 4 minutes on 2 GPUs, up to 10 on 4; REPEATS=2 fits a 4-GPU call with room)
+  PYTHON=python3 timeout "${TA_TIMEOUT:-570}" bash bench/multinode/device_two_agents.sh "$OUT/two-agents" \
+     > "$OUT/two-agents.log" 2>&1
   echo "two agents: exit $?"; tail -n 12 "$OUT/two-agents.log"
-  PYTHONPATH=. timeout 200 python3 bench/baselines/interleave.py --world-sizes 4 --families ddp,fsdp --repeats 3 \
-     --steps 8 --warmup 3 --launcher torchrun --harness-profile-steps 2 --deadline-s 190 --out "$OUT/trun" \
+  (cd "$OUT" && tar czf tail.tgz two-agents two-agents.log && rm -rf two-agents) ;;
+trun)  # issue 10: DDP and FSDP with the plain programs started by torchrun, as the harness's ranks are
+  # (3 ABBA rounds, ${IL_WS:-4} GPUs)
+  PYTHONPATH=. timeout 300 python3 bench/baselines/interleave.py --world-sizes "${IL_WS:-4}" --families ddp,fsdp \
+     --repeats 3 --steps 8 --warmup 3 --launcher torchrun --harness-profile-steps 2 --deadline-s 290 --out "$OUT/trun" \
      > "$OUT/trun.log" 2>&1
   tail -n 5 "$OUT/trun.log"
-  (cd "$OUT" && tar czf tail.tgz two-agents two-agents.log trun trun.log && rm -rf two-agents trun) ;;
+  (cd "$OUT" && tar czf trun.tgz trun trun.log && rm -rf trun) ;;
 gate) (  # a subshell: the GPU mask and positional parameters stay inside
   # G_GB (global batch), G_STRATS, G_WS: e.g. the GPU-bound variant of issue 12's A/B (the default
   # cells are launch-bound on the lent host, noise floors 21-77%): G_GB=64 G_STRATS=ddp,fsdp G_WS=2

@@ -286,6 +286,8 @@ def parse_dims(text: str) -> dict[str, int]:
         k, sep, v = kv.partition("=")
         if not sep or not k.strip() or not v.strip().isdigit():
             raise SystemExit(f"--dims {kv!r}: expected KEY=<integer>, e.g. --dims n_layer=4,d_model=128")
+        if k.strip() == "global_batch":
+            raise SystemExit("--dims global_batch=...: give the global batch as --global-batch N")
         out[k.strip()] = int(v)
     return out
 

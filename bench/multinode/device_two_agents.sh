@@ -14,7 +14,10 @@
 # agents' GPUs (NCCL_DEBUG=INFO in the two-agent runs: P2P/IPC, P2P/CUMEM or SHM, i.e. through
 # host memory).
 # --cpu: the same logic on gloo/CPU with gpt-tiny (world sizes 2 and 4: 1 and 2 ranks per agent).
-# Budget: about 5 minutes on 4 H100s (measured 209 s with one repeat on 2026-11-26; repeats add ~3 s a cell).
+# Budget: each round is a one-agent run plus one two-agent run per world size. Measured: 209 s for
+# one such round at 2 and 4 GPUs on 4 H100s and 121 s for the old one-after-the-other form at 2 GPUs
+# on 2 H100s (2026-11-26); so expect about 4 minutes for 3 rounds on 2 GPUs and up to 10 on 4.
+# (CPU --cpu, 2 rounds: 337 s.)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -40,6 +43,7 @@ sizes=(2)
 if [ "$slots" -ge 4 ]; then sizes=(2 4); fi
 IFS=, ; all="${sizes[*]}" ; unset IFS
 rounds=${REPEATS:-3}
+if [ "$rounds" -lt 1 ]; then echo "REPEATS=$rounds: need at least 1 round" >&2; exit 2; fi
 
 one_agent() {  # round $1: every world size in one run of one agent
   echo "== round $1: one agent, world sizes $all"
@@ -124,9 +128,8 @@ for d in sorted(out.glob("two-*")):
                                for m in re.finditer(r"(\d+)\[\d+\] -> (\d+)\[\d+\] via (\S+)", f.read_text(errors="replace"))
                                if (int(m.group(1)) < half) != (int(m.group(2)) < half))
     transports = ", ".join(f"{k} x{v}" for k, v in vias.most_common()) or ("n/a (gloo)" if cpu else "none logged")
-    link = ""
     for strategy in ("ddp", "fsdp"):
-        a, b, ratio, norm = [], [], [], []
+        a, b, ratio, norm, link = [], [], [], [], ""
         for r in sorted(set(one) & set(two)):
             x, y = median_ms(one[r][0], strategy, ws), median_ms(two[r][0], strategy, ws)
             if x is None or y is None:
