@@ -3,6 +3,7 @@
 #   smoke  GPU tests + every strategy on gpt-small at world sizes 1,2(,4), NCCL and Gloo, 4 steps
 #   two    on 2 GPUs: plain loops vs harness (gpt-200m), every strategy on NCCL and Gloo
 #   overhead  on 2 GPUs: the same DDP cell with the sampler off / 20 Hz / 100 Hz / off again
+#   budget issue 11: the default matrix under the default 10-minute budget, timed (4 GPUs: 168 cells)
 #   four   on 4 GPUs: DDP, FSDP, pipelines, TP at 1,2,4 and the 2x2 hybrids on NCCL (gpt-200m)
 #   i2, i4, il  harness vs plain loops interleaved (interleave.py, 6 families, 3 rounds) at 2, 4 or both
 #   bisect issue 10's harness-vs-plain gap: profiler after-effect; both sides on 1 OpenMP thread; one
@@ -193,6 +194,13 @@ gate) (  # a subshell: the GPU mask and positional parameters stay inside
   # the device tool returns at most 8 files: logs, texts and JSON go back as one archive
   (cd "$OUT" && tar czf gate-logs.tgz gate-*.log compare-*.txt compare-*.json && rm -f gate-*.log compare-*.txt compare-*.json)
   ) ;;
+budget)  # issue 11 item 3: the default matrix (no options: every strategy, backend and world size the
+  # GPUs allow) under its default 10-minute budget; the call's own 600 s limit is the budget's limit too
+  start=$(date +%s)
+  timeout 590 python3 -m bench.cli run --no-progress --out "$R/budget" > "$OUT/budget.log" 2>&1
+  echo "default matrix: exit $? after $(( $(date +%s) - start )) s"
+  grep -m 3 -iE "budget|plan" "$OUT/budget.log"
+  show budget | tail -n 12 ;;
 four)
   pb four --workloads gpt-200m --strategies ddp,fsdp,pipeline-gpipe,pipeline-1f1b,tensor,dp-pp,fsdp-tp \
      --backends nccl --world-sizes 1,2,4 --steps 30 --warmup 5 --cell-timeout 150 > "$OUT/four.log" 2>&1
