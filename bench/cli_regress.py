@@ -34,6 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "A/A pairs on CPU look like regressions)")
     p.add_argument("--require-repeats", dest="require_repeats", action="store_true", default=True,
                    help=argparse.SUPPRESS)  # the default; kept so older workflows still parse
+    p.add_argument("--fail-from-runs", type=int, default=0, metavar="N",
+                   help="with --history: while the history's stable segment holds fewer than N runs (its runs' "
+                        "samples are then pooled, which cannot see the drift between runs), a regression is "
+                        "reported as noisy instead of failing (CI: 4, where the run-to-run test starts)")
     p.add_argument("--markdown", metavar="FILE",
                    help="markdown summary (PR comment / $GITHUB_STEP_SUMMARY); - = stdout")
     p.add_argument("--junit", metavar="FILE", help="JUnit XML, one test case per cell")
@@ -90,8 +94,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
                             f"{', '.join(known) or 'none'}; pass --machine NAME or add a baseline from this machine")
         base, base_samples, base_meta = baseline(args.history, machine)
         table = compare(base, cur, thr, base_samples=base_samples, cur_steps=cur_steps, base_meta=base_meta,
-                        cur_meta=cur_meta, test=args.test, require_repeats=args.require_repeats)
+                        cur_meta=cur_meta, test=args.test, require_repeats=args.require_repeats,
+                        fail_from_runs=args.fail_from_runs)
     else:
+        if args.fail_from_runs:
+            raise UserError(f"--fail-from-runs {args.fail_from_runs} applies to --history only; drop it or add "
+                            "--history DIR")
         base, base_steps, base_meta = load_run(args.runs[0])
         table = compare(base, cur, thr, base_steps=base_steps, cur_steps=cur_steps, base_meta=base_meta,
                         cur_meta=cur_meta, test=args.test, require_repeats=args.require_repeats)

@@ -286,7 +286,7 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
             base_meta: dict | None = None, cur_meta: dict | None = None,
             base_samples: dict[int, Samples] | None = None, alpha: float = ALPHA,
             test: str = "mannwhitneyu", min_repeats: int = MIN_REPEATS,
-            require_repeats: bool = False) -> pd.DataFrame:
+            require_repeats: bool = False, fail_from_runs: int = 0) -> pd.DataFrame:
     """One row per cell present in either run; raises UserError when nothing could be compared.
 
     Columns: the key columns, ``base_status``, ``cur_status``, ``base_tput``, ``cur_tput``,
@@ -297,7 +297,9 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
     resolve a noisy cell), ``verdict``, ``note``, ``ci_overlap`` (for older printers only).
 
     ``require_repeats``: a cell tested on one run's steps a side is at most ``noisy``, since that
-    test cannot see run-to-run drift.
+    test cannot see run-to-run drift. ``fail_from_runs``: against a history whose stable segment
+    holds fewer runs than this (so its runs' samples were pooled, not tested against their
+    run-to-run spread), a cell is at most ``noisy`` too (a CI gate's first runs after a new baseline).
     """
     # The cell's identity comes from the metric registry: core keys and every strategy label and
     # option column both runs have (a cell run with other settings is another cell).
@@ -339,6 +341,12 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
                                                     "(default; --single-run to allow it): record >= "
                                                     f"{min_samples(alpha)} "
                                                     "repeats or compare --history")
+        few = row.get("history_runs")
+        if (fail_from_runs and few is not None and few < fail_from_runs
+                and row["verdict"] in ("regression", "improvement")):
+            row["verdict"], row["note"] = "noisy", (f"{row['verdict']} on the pooled samples of {few} history "
+                                                    f"run(s), not trusted: this gate decides from "
+                                                    f"{fail_from_runs} runs (--fail-from-runs); {row['note']}")
         rows.append(row)
     out = pd.DataFrame(rows)
     for col in ("shift", "shift_low", "shift_high", "p_value", "noise_floor", "n_base", "n_cur", "needed", "unit"):
@@ -398,6 +406,7 @@ def _verdict(r: pd.Series, row: dict, bs: dict, cs: dict, run_diff: list[str], c
         return verdict, note
     verdict, note = _pooled_verdict(row, sb, sc, threshold, alpha, test)
     if sb.runs is not None:  # a history too short for run_test: its runs' samples were pooled
+        row["history_runs"] = sb.runs
         note = (note + "; " if note else "") + (f"the history's stable segment holds {sb.runs} run(s), too few "
                                                 f"to test against its run-to-run noise: its {sb.unit} pooled")
     return verdict, note

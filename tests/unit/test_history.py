@@ -111,3 +111,17 @@ def test_repeats_are_not_runs(tmp_path):
     out = compare(base, cells, 0.05, base_samples=samples, cur_steps=steps, base_meta=meta,
                   cur_meta=m).set_index("strategy")
     assert out.loc["ddp", "unit"] == "repeats" and "holds 2 run(s), too few" in out.loc["ddp", "note"]
+
+
+def test_fail_from_runs_reports_a_pooled_regression(tmp_path):
+    """A clear slowdown against a one-run history (pooled repeats) fails by default and is only
+    reported (noisy, with the reason) under fail_from_runs=4, as the CI workflow asks."""
+    store = fill(tmp_path, [1.0], repeats=5, n=10)
+    base, samples, meta = baseline(store)
+    cells, steps, m = load_run(write_run(tmp_path / "cur", {"ddp": 1.5, "single": 1.0}, repeats=5, n=10, seed=7))
+    kw = dict(base_samples=samples, cur_steps=steps, base_meta=meta, cur_meta=m)
+    assert compare(base, cells, 0.05, **kw).set_index("strategy").loc["ddp", "verdict"] == "regression"
+    out = compare(base, cells, 0.05, fail_from_runs=4, **kw).set_index("strategy")
+    assert out.loc["ddp", "verdict"] == "noisy"
+    assert "pooled samples of 1 history run(s)" in out.loc["ddp", "note"]
+    assert out.loc["single", "verdict"] == "same"
