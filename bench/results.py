@@ -149,9 +149,9 @@ def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
             # FSDP's MixedPrecisionPolicy computes in bf16 parameters, the reference in fp32 parameters
             # under autocast (seen on 2 H100s, gpt-200m at global batch 64: FSDP x2 efficiency 1.09;
             # not separated from noise by an fsdp_mp=off cell).
-            own_dtype = getattr(r, "fsdp_param_dtype", None)
-            cast = (str(r.precision) == "bf16" and isinstance(own_dtype, str) and own_dtype == "bf16")
             if e > EFFICIENCY_MAX:
+                own_dtype = getattr(r, "fsdp_param_dtype", None)
+                cast = str(r.precision) == "bf16" and isinstance(own_dtype, str) and own_dtype == "bf16"
                 why = ("likely the precision: its parameters are bf16 (MixedPrecisionPolicy), the reference's "
                        "fp32 under autocast" if cast else "not physical, noise or a slow reference")
                 notes.append(f"efficiency {e:.2f} > {EFFICIENCY_MAX}: {why}")

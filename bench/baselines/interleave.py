@@ -280,16 +280,18 @@ def pin_flags(args: argparse.Namespace) -> list[str]:
 
 
 def parse_dims(text: str) -> dict[str, int]:
-    """``n_layer=4,d_model=128`` -> ``{"n_layer": 4, "d_model": 128}`` (integers, as both sides take)."""
-    out: dict[str, int] = {}
-    for kv in filter(None, (x.strip() for x in text.split(","))):
-        k, sep, v = kv.partition("=")
-        if not sep or not k.strip() or not v.strip().isdigit():
-            raise SystemExit(f"--dims {kv!r}: expected KEY=<integer>, e.g. --dims n_layer=4,d_model=128")
-        if k.strip() == "global_batch":
-            raise SystemExit("--dims global_batch=...: give the global batch as --global-batch N")
-        out[k.strip()] = int(v)
-    return out
+    """``n_layer=4,d_model=128`` -> ``{"n_layer": 4, "d_model": 128}`` (integers, as both sides take),
+    read by the harness's own parser of ``NAME[K=V,...]``."""
+    from bench import UserError
+    from bench.config import parse_workload
+
+    try:
+        dims = parse_workload(f"w[{text}]")[1] if text.strip() else {}
+    except UserError:
+        raise SystemExit(f"--dims {text!r}: expected KEY=<integer>[,...], e.g. --dims n_layer=4,d_model=128") from None
+    if "global_batch" in dims:
+        raise SystemExit("--dims global_batch=...: give the global batch as --global-batch N")
+    return dims
 
 
 def harness_workload(args: argparse.Namespace) -> str:
