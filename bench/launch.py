@@ -52,6 +52,13 @@ from bench.workloads import Workload, resolve
 
 log = logging.getLogger("parbench")
 STARTUP_S = 120.0  # torchrun + import torch + process group, before the first cell starts
+#: A rank that fails a cell reports it and moves on to the harness's all-gather of the cell's
+#: results; a peer still inside the cell waits in a collective the failed rank will never join, so
+#: the group is desynchronised and would sit until cell_timeout_s (300 s by default). When the
+#: group has not finished the cell this long after a rank's error (at most half the cell timeout),
+#: it is stopped, the cell fails with the first rank's error, and the group is relaunched for the
+#: cells it has left. A failure every rank shares (a skip, a bad workload) finishes within it.
+ERROR_GRACE_S = 5.0
 #: The launcher's pid, for the watchdog in every rank (bench.worker exits when it is gone).
 LAUNCHER_ENV = "PARBENCH_LAUNCHER_PID"
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
@@ -629,7 +636,9 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
         tree = ProcessTree(proc, prefix + ".json")
         reader = EventReader(prefix)
         current: CellSpec | None = None
-        errors: dict[int, str] = {}
+        errors: dict[int, tuple[float, str]] = {}  # cell -> (when, "rank R: reason") of its first error
+        desync_at: float | None = None  # when to stop a group still inside a cell that a rank failed
+        grace_s = min(ERROR_GRACE_S, cfg.cell_timeout_s / 2)
         started_any = stopped = False
         # On several nodes the rendezvous may wait for the other nodes' agents to start.
         deadline = time.monotonic() + STARTUP_S + cfg.cell_timeout_s + (cfg.rdzv_timeout_s if multi else 0)
@@ -639,7 +648,7 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
 
         def handle(ev: spec.Event) -> None:
             """One event of a rank: a cell starts, fails on a rank, or is measured (its row)."""
-            nonlocal current, started_any, stopped, deadline
+            nonlocal current, started_any, stopped, deadline, desync_at
             if isinstance(ev, spec.Stopped):
                 stopped = True
                 return
@@ -651,7 +660,11 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
                 deadline = time.monotonic() + cfg.cell_timeout_s
                 on_progress(Progress(kind="start", group=g.label, cell=p.spec))
             elif isinstance(ev, spec.Error):
-                errors.setdefault(p.spec.cell_id, f"rank {ev.rank}: {ev.reason}")
+                # The earliest error is the cause; a peer's later one is usually its consequence.
+                mine = (ev.t, f"rank {ev.rank}: {ev.reason}")
+                errors[p.spec.cell_id] = min(errors.get(p.spec.cell_id, mine), mine)
+                if g.n_procs > 1 and desync_at is None:
+                    desync_at = time.monotonic() + grace_s
             elif isinstance(ev, spec.Measured):
                 samples = telemetry.take()
                 window = ev.ranks[0].window if ev.ranks and ev.ranks[0].window else None
@@ -659,7 +672,7 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
                 telemetry.flush()
                 p.repeats.append(ev.ranks)
                 p.wall_s += ev.wall_s
-                current = None
+                current, desync_at = None, None
                 deadline = time.monotonic() + cfg.cell_timeout_s
                 failed = any(r.status != "ok" for r in ev.ranks)
                 if failed or len(p.repeats) >= p.spec.measure.repeats:
@@ -685,6 +698,12 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
                 if lost:
                     note(f"{g.label} attempt {attempt}: " + "; ".join(f"node {r} stopped answering ({w})"
                                                                      for r, w in sorted(lost.items())))
+                    tree.kill()
+                    break
+                if desync_at is not None and time.monotonic() > desync_at:
+                    note(f"{g.label} attempt {attempt}: after a rank's error the other ranks were still in the cell "
+                         f"{grace_s:g}s later (in a collective the failed rank will not join): group stopped"
+                         + ("" if len(pending) <= 1 else " and relaunched for its remaining cells"))
                     tree.kill()
                     break
                 if time.monotonic() > deadline:
@@ -736,7 +755,7 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
             victims = [next(iter(pending.values())).spec]
         for v in victims:
             if v.cell_id in errors:
-                status, reason = "failed", errors[v.cell_id]
+                status, reason = "failed", errors[v.cell_id][1]
             elif timed_out:
                 status = "timeout"
                 reason = (f"no result within cell_timeout_s={cfg.cell_timeout_s:g}s; group relaunched"

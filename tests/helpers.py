@@ -200,6 +200,33 @@ class HangsInCollective(Strategy):
         return Step(run=run, loss_weight=0.0)
 
 
+class RaisesMidStep(Strategy):
+    """The last rank raises in its second step while the others wait for its message (a one-rank
+    failure in the middle of a collective: they would wait until the cell timeout)."""
+
+    name = "test-raises-midstep"
+    summary = needs = "test only"
+
+    def prepare(self, wl: Workload, ctx: Context) -> Step:
+        import torch
+
+        calls = [0]
+        last = ctx.world_size - 1
+
+        def run(_b):
+            calls[0] += 1
+            if ctx.rank == last:
+                if calls[0] == 2:
+                    raise RuntimeError("deliberate failure in step 2 on the last rank")
+                for peer in range(last):
+                    dist.send(torch.ones(4), dst=peer)
+            else:
+                dist.recv(torch.empty(4), src=last)
+            return None
+
+        return Step(run=run, loss_weight=0.0)
+
+
 class OutOfMemory(Strategy):
     """The last rank raises what torch raises when the GPU is full (with brackets in the text, which
     a terminal must show verbatim)."""

@@ -22,7 +22,7 @@ from bench.results import load_run, read_table
 pytestmark = pytest.mark.distributed
 
 FAULTS = ("tests.helpers:KillsRank,tests.helpers:HangsInCollective,tests.helpers:OutOfMemory,"
-          "tests.helpers:Raises,ddp")
+          "tests.helpers:Raises,tests.helpers:RaisesMidStep,ddp")
 QUICK = {"steps": 2, "warmup": 1, "profile_steps": 0, "sample_hz": 0, "settle": 0, "target_ci": 0}
 
 
@@ -89,6 +89,15 @@ def test_oom_and_exceptions_keep_their_text_verbatim(faults):
     assert "[/x] [bold]err == 0.[/]" in oom["reason"]
     raises = _row(faults[0], "test-raises")
     assert raises["status"] == "failed" and "deliberate failure in prepare" in raises["reason"]
+
+
+def test_one_rank_failing_mid_collective_stops_the_group_before_the_cell_timeout(faults):
+    r = _row(faults[0], "test-raises-midstep")
+    assert r["status"] == "failed", r["reason"]
+    assert r["reason"].startswith("rank 1: RuntimeError: deliberate failure in step 2"), r["reason"]
+    # stopped after the grace (min(5 s, cell_timeout_s / 2) = 4 s here), not at the 8 s cell timeout
+    assert "still in the cell 4s later" in r["reason"] and "group stopped" in r["reason"], r["reason"]
+    assert "cell_timeout_s" not in r["reason"]
 
 
 def test_broken_user_workload_fails_every_cell_with_its_message(faults):
