@@ -237,7 +237,7 @@ def placement_columns(ranks: Sequence[RankMeasurement], backend: str | None = No
     shared memory whatever interface its sockets use; the link says so when every node is one host."""
     by_rank = sorted(ranks, key=lambda r: r.rank)
     placed = [{"rank": r.rank, "node": r.node_rank, "host": r.host, "addr": r.addr, "iface": r.iface,
-               "local_rank": r.local_rank, "devices": list(r.device_ids)} for r in by_rank]
+               "local_rank": r.local_rank, "devices": list(r.device_ids), "threads": r.threads} for r in by_rank]
     nodes: dict[int, str] = {}
     for r in sorted(by_rank, key=lambda r: r.node_rank):
         nodes.setdefault(r.node_rank, f"{r.host}({r.addr})" if r.addr else r.host)

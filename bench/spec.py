@@ -137,6 +137,7 @@ class RankMeasurement:
     iface: str = ""
     local_rank: int = 0
     device_ids: list[str] = field(default_factory=list)
+    threads: int | None = None  # the rank's intra-op CPU threads (torch.get_num_threads: OMP_NUM_THREADS)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -451,18 +451,20 @@ def global_batch_of(rec: dict) -> int | None:
     return None if gb is None else int(gb)
 
 
-def verdict(ratios: list[float], plain_spread: float | None) -> str:
-    """The noise verdict of one family's per-round ratios (harness / plain) against the plain side's
-    round-to-round spread (module docstring: the rule and why nothing more)."""
+def verdict(ratios: list[float], plain_spread: float | None, *, tolerance: float = TOLERANCE,
+            side: str = "harness") -> str:
+    """The noise verdict of one family's per-round ratios (``side`` / plain) against the plain side's
+    round-to-round spread (module docstring: the rule and why nothing more). ``tolerance`` and
+    ``side`` let other A/B scripts use the same rule (the two-agent run: 5%, "two agents")."""
     if len(ratios) < 2 or plain_spread is None:
         return "too few rounds"
-    if all(1 - TOLERANCE <= r <= 1 + TOLERANCE for r in ratios):
-        return f"within {TOLERANCE:.0%}"
+    if all(1 - tolerance <= r <= 1 + tolerance for r in ratios):
+        return f"within {tolerance:.0%}"
     med = statistics.median(ratios)
     if all(r > 1 for r in ratios) and med - 1 > plain_spread:
-        return "harness slower"
+        return f"{side} slower"
     if all(r < 1 for r in ratios) and 1 - med > plain_spread:
-        return "harness faster"
+        return f"{side} faster"
     return f"inside noise (floor {plain_spread:.1%})"
 
 

@@ -3,21 +3,27 @@
 #
 #   bench/multinode/device_two_agents.sh [--cpu] [OUT]        (default OUT: /tmp/parbench-two-agents)
 #
-# GPU (a host with 2 or 4 GPUs): DDP and FSDP on gpt-small, NCCL, world sizes 2 and 4 (4 only with
-# 4 GPUs), measured twice: by one agent (plain `parbench run`) and by two agents of one run
+# GPU (a host with 2 or 4 GPUs): DDP and FSDP on gpt-200m at global batch 64 (TA_WL, TA_GB), NCCL,
+# world sizes 2 and 4 (4 only with 4 GPUs), measured twice: by one agent (plain `parbench run`) and by two agents of one run
 # (`--nnodes 2`, rendezvous on 127.0.0.1, each agent seeing its half of the GPUs through
 # CUDA_VISIBLE_DEVICES, so NCCL runs across the two agents), in REPEATS rounds (default 3) that
 # alternate the order (one agent then two in odd rounds, two then one in even ones), so the host's
 # drift lands on both sides alike. Then one table per cell: the round medians under one and two
-# agents, the median per-round ratio with its range, whether it is within 5%, the same ratio with
+# agents, the median per-round ratio with its range, a verdict (interleave.py's rule at 5%: "within
+# 5%" when every round is, "two agents slower/faster" when every round agrees and the median is
+# further from 1 than the one-agent side's own round-to-round spread, else "inside noise"), the same ratio with
 # each side over its own run's one-device reference, and the transport NCCL chose between the two
-# agents' GPUs (NCCL_DEBUG=INFO in the two-agent runs: P2P/IPC, P2P/CUMEM or SHM, i.e. through
+# agents' GPUs (NCCL_DEBUG=INFO in every GPU run (both sides alike), read from the two-agent runs: P2P/IPC, P2P/CUMEM or SHM, i.e. through
 # host memory).
 # --cpu: the same logic on gloo/CPU with gpt-tiny (world sizes 2 and 4: 1 and 2 ranks per agent).
-# Budget: each round is a one-agent run plus one two-agent run per world size. Measured: 209 s for
-# one such round at 2 and 4 GPUs on 4 H100s and 121 s for the old one-after-the-other form at 2 GPUs
-# on 2 H100s (2026-11-26); so expect about 4 minutes for 3 rounds on 2 GPUs and up to 10 on 4.
-# (CPU --cpu, 2 rounds: 337 s.)
+# Why GPU-bound: with gpt-small (launch-bound, 10-30 ms steps) the one-agent side's own round
+# medians moved 9.7-15.3 ms on 2 H100s, and two 2-GPU runs gave FSDP ratios of 1.315 and 0.935:
+# nothing at 5% can be read from that (docs/MULTINODE.md). At global batch 64 the DDP x2 noise floor
+# was 1.6-1.8% (docs/REGRESSION.md).
+# Budget: each round is a one-agent run plus one two-agent run per world size. Measured with
+# gpt-small: 351 s for 3 rounds on 2 H100s, 209 s for one round at 2 and 4 GPUs on 4 H100s
+# (2026-11-26). Not yet measured at global batch 64 (steps about 10x longer, the start-ups the same):
+# on 4 GPUs use REPEATS=2. (CPU --cpu, 2 rounds: 337 s.)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -35,7 +41,10 @@ if [ $cpu = 1 ]; then
 else
   slots=$(nvidia-smi -L | wc -l)
   if [ "$slots" -lt 2 ]; then echo "two agents need 2 or more GPUs; $slots visible" >&2; exit 2; fi
-  common=(--device cuda --backends nccl --workloads gpt-small)
+  common=(--device cuda --backends nccl --workloads "${TA_WL:-gpt-200m}" --global-batch "${TA_GB:-64}")
+  # NCCL's log names the transport between the agents; both sides get it, so that the logging is not
+  # a difference between them (before 2026-11-26 only the two-agent runs had it)
+  export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,P2P,SHM
 fi
 common+=(--strategies ddp,fsdp --steps 20 --warmup 5 --repeats 1 --target-ci 0 --budget off --profile-steps 1 --sample-hz 10
          --cell-timeout 120 --rdzv-timeout 120 --no-progress)
@@ -63,12 +72,12 @@ two_agents() {  # round $1: each world size as one run of two agents
     echo "== round $1: two agents, world size $ws (GPUs ${vis0:-cpu} | ${vis1:-cpu}), rendezvous 127.0.0.1:$port"
     for node in 0 1; do
       vis=$vis0; [ $node = 1 ] && vis=$vis1
-      if [ $cpu = 0 ]; then export CUDA_VISIBLE_DEVICES=$vis NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,P2P,SHM; fi
+      if [ $cpu = 0 ]; then export CUDA_VISIBLE_DEVICES=$vis; fi
       $py -m bench.cli run "${common[@]}" --world-sizes "$ws" --nnodes 2 --node-rank $node \
         --rdzv-endpoint "127.0.0.1:$port" --out "$out/two-$ws/r$1" > "$out/two-$ws-r$1-node$node.log" 2>&1 &
       pids[$node]=$!
     done
-    unset CUDA_VISIBLE_DEVICES NCCL_DEBUG NCCL_DEBUG_SUBSYS
+    unset CUDA_VISIBLE_DEVICES
     rc=0
     wait "${pids[0]}" || rc=$?
     wait "${pids[1]}" || rc=$?
@@ -83,21 +92,37 @@ for r in $(seq 1 "$rounds"); do
 done
 
 $py - "$out" "$cpu" <<'EOF'
-import collections, re, statistics, subprocess, sys
+import collections, json, re, statistics, subprocess, sys
 from pathlib import Path
+from bench.baselines.interleave import verdict
 from bench.results import load_run
 
 out, cpu = Path(sys.argv[1]), sys.argv[2] == "1"
 
 
 def runs(d: Path) -> dict[int, tuple]:
-    """Round number -> (cells, meta) of that round's run folder under d."""
+    """Round number -> (cells, meta) of that round's run folder under d (the latest, by its
+    time-stamped name, if a round holds several)."""
     found = {}
     for r in sorted(d.glob("r*")):
-        folder = next(p for p in r.iterdir() if (p / "meta.json").exists())
+        folders = sorted(p for p in r.iterdir() if (p / "meta.json").exists())
+        if not folders:
+            continue
+        if len(folders) > 1:
+            print(f"note: {r} holds {len(folders)} runs; using the latest, {folders[-1].name}", file=sys.stderr)
+        folder = folders[-1]
         cells, _, meta = load_run(folder)
         found[int(r.name[1:])] = (cells, meta)
     return found
+
+
+def threads(cells, strategy, ws) -> str:
+    """The ranks' CPU threads (rank_placement), e.g. '16' or '16/1' if they differ."""
+    c = cells[(cells["strategy"] == strategy) & (cells["world_size"] == ws) & (cells["status"] == "ok")]
+    if not len(c) or "rank_placement" not in c or not isinstance(c.iloc[0]["rank_placement"], str):
+        return "?"
+    got = sorted({p.get("threads") for p in json.loads(c.iloc[0]["rank_placement"])}, key=str)
+    return "/".join("?" if t is None else str(t) for t in got)
 
 
 def median_ms(cells, strategy, ws):
@@ -112,9 +137,9 @@ card = "CPU (gloo)" if cpu else subprocess.run(["nvidia-smi", "--query-gpu=name"
 print(f"\ncard: {card}; torch {meta.get('torch')}; NCCL {meta.get('nccl')}; rounds: {len(one)} (A B, B A, ...)")
 print("ratio = two agents / one agent of the same round, median of rounds [min, max]; normalised = the same with each"
       " side's step time over its own run's one-device reference (the host's drift between the two runs divides out)")
-print("| strategy | world size | one agent ms (round medians) | two agents ms | ratio [min, max] | within 5% |"
-      " normalised ratio [min, max] | link | NCCL transports (two agents) |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| strategy | world size | one agent ms (round medians) | two agents ms | ratio [min, max] | verdict (5%) |"
+      " normalised ratio [min, max] | rank threads (one / two) | link | NCCL transports (two agents) |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 fmt = lambda xs: ", ".join(f"{x:.2f}" for x in xs)  # noqa: E731
 for d in sorted(out.glob("two-*")):
     if not d.is_dir():
@@ -129,23 +154,26 @@ for d in sorted(out.glob("two-*")):
                                if (int(m.group(1)) < half) != (int(m.group(2)) < half))
     transports = ", ".join(f"{k} x{v}" for k, v in vias.most_common()) or ("n/a (gloo)" if cpu else "none logged")
     for strategy in ("ddp", "fsdp"):
-        a, b, ratio, norm, link = [], [], [], [], ""
+        a, b, ratio, norm, link, thr = [], [], [], [], "", set()
         for r in sorted(set(one) & set(two)):
             x, y = median_ms(one[r][0], strategy, ws), median_ms(two[r][0], strategy, ws)
             if x is None or y is None:
                 continue
             a.append(x), b.append(y), ratio.append(y / x)
+            thr.add(f"{threads(one[r][0], strategy, ws)} / {threads(two[r][0], strategy, ws)}")
             rx, ry = median_ms(one[r][0], "single", 1), median_ms(two[r][0], "single", 1)
             if rx and ry:
                 norm.append((y / ry) / (x / rx))
             row = two[r][0]
             link = str(row[row["strategy"] == strategy].iloc[0]["link"]) if (row["strategy"] == strategy).any() else link
         if not ratio:
-            print(f"| {strategy} | {ws} | - | - | - | not compared: no round with both cells ok | | | |")
+            print(f"| {strategy} | {ws} | - | - | - | not compared: no round with both cells ok | | | | |")
             continue
         med = statistics.median(ratio)
         nm = f"{statistics.median(norm):.3f} [{min(norm):.3f}, {max(norm):.3f}]" if norm else "-"
+        floor = max(a) / min(a) - 1  # the one-agent side's own round-to-round spread
         print(f"| {strategy} | {ws} | {fmt(a)} | {fmt(b)} | {med:.3f} [{min(ratio):.3f}, {max(ratio):.3f}] | "
-              f"{'yes' if abs(med - 1) <= 0.05 else 'no'} | {nm} | {link} | {transports} |")
+              f"{verdict(ratio, floor, tolerance=0.05, side='two agents')} | {nm} | {', '.join(sorted(thr))} | {link} | "
+              f"{transports} |")
 EOF
 echo "done in $(( $(date +%s) - start )) s; runs in $out"

@@ -77,10 +77,13 @@ def link(backend: str) -> tuple[str, str]:
 
 def placement(*, rank: int, local_rank: int, backend: str) -> dict[str, Any]:
     """This rank's node (the launcher's --node-rank, passed as PARBENCH_NODE_RANK), host name, link
-    and the GPUs it may drive (CUDA_VISIBLE_DEVICES as set for it)."""
+    and the GPUs it may drive (CUDA_VISIBLE_DEVICES as set for it), and its CPU threads (two launches
+    of one cell that differ in OMP_NUM_THREADS can differ in step time, even on GPU)."""
+    import torch
+
     iface, addr = link(backend)
     return {"node_rank": int(os.environ.get("PARBENCH_NODE_RANK", "0") or 0), "host": socket.gethostname(),
-            "addr": addr, "iface": iface, "local_rank": local_rank}
+            "addr": addr, "iface": iface, "local_rank": local_rank, "threads": torch.get_num_threads()}
 
 
 def device_names(indices: list[int]) -> list[str]:
