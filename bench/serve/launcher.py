@@ -65,7 +65,9 @@ class Pool:
         self.shared_q = ctx.Queue() if placement == "replicas" else None
         self.procs = []
         for i, s in enumerate(self.specs):
-            nxt = self.own[i + 1] if placement == "pipeline" and i + 1 < len(self.specs) else None
+            # a pipeline stage hands its output to the next stage's queue; the last stage's "next" is
+            # stage 0's (generation goes round the stages once per token)
+            nxt = self.own[(i + 1) % len(self.specs)] if placement == "pipeline" else None
             p = ctx.Process(target=main, args=(s, self.own[i], self.shared_q, nxt, self.result_q), daemon=True,
                             name=f"parbench-serve-{i}")
             p.start()

@@ -5,7 +5,8 @@
 * GPT, ``task="generate"``: prefill the prompt, then ``gen_tokens`` greedy steps with a KV cache
   (fixed output length, so every request does the same decode work). The cache is built here by
   calling the training GPT's own modules (its Linear/LayerNorm/Embedding weights): ``gpt.py`` is
-  untouched and the weights are the ones training uses.
+  untouched and the weights are the ones training uses. Piece by piece (:func:`kv_piece`), so a
+  pipeline stage runs its share of the pieces with its share of the cache.
 * Everything else (convnet, user workloads through ``package.module:factory``): a request is
   ``size`` rows of the workload's batch; the answer is the model's output for those rows
   (classification logits for the convnet).
@@ -37,6 +38,45 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
     return {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
 
 
+def kv_piece(piece: nn.Module, x: Tensor, start: int, cache: tuple[Tensor, Tensor] | None) -> \
+        tuple[Tensor, tuple[Tensor, Tensor] | None]:
+    """One piece of a :class:`GPT` (embed, block or head) on tokens or activations at positions
+    ``start``.., with the block's KV ``cache`` of the earlier positions (None: a prefill, causal over
+    ``x``); returns its output (the head: the last position's logits) and the block's cache after."""
+    if isinstance(piece, Embed):
+        pos = torch.arange(start, start + x.shape[1], device=x.device)
+        return piece.tok(x) + piece.pos(pos), None
+    if isinstance(piece, Head):
+        return piece(x[:, -1:]), None
+    if not isinstance(piece, Block):
+        raise TypeError(f"generation with a KV cache runs GPT pieces (Embed, Block, Head), not {type(piece).__name__}")
+    a = piece.attn
+    h = piece.ln1(x)
+    b, t, _ = h.shape
+    q, k, v = (p(h).view(b, t, -1, a.head_dim).transpose(1, 2) for p in (a.q, a.k, a.v))
+    if cache is not None:
+        k = torch.cat([cache[0], k], dim=2)
+        v = torch.cat([cache[1], v], dim=2)
+    # prefill: causal over the prompt; decode: one query sees every cached position
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None)
+    x = x + a.o(y.transpose(1, 2).reshape(b, t, -1))
+    return x + piece.mlp(piece.ln2(x)), (k, v)
+
+
+def kv_run(pieces: list[nn.Module], x: Tensor, start: int, cache: list | None) -> tuple[Tensor, list]:
+    """``pieces`` in turn (a whole GPT, or one pipeline stage's share of it) with their caches."""
+    new = []
+    for i, piece in enumerate(pieces):
+        x, c = kv_piece(piece, x, start, None if cache is None else cache[i])
+        new.append(c)
+    return x, new
+
+
+def next_token(logits: Tensor) -> Tensor:
+    """Greedy choice from the head's last-position logits: (B, 1) token ids."""
+    return logits[:, -1].float().argmax(-1, keepdim=True)
+
+
 class KVGenerate(nn.Module):
     """Greedy generation of ``new_tokens`` tokens with a KV cache over a :class:`GPT`'s modules."""
 
@@ -45,50 +85,18 @@ class KVGenerate(nn.Module):
         # only the GPT is a submodule: nn.DataParallel's replicas must see their own copy's parts
         self.gpt, self.new_tokens = gpt, new_tokens
 
-    @property
-    def embed(self) -> Embed:
-        return self.gpt[0]
-
-    @property
-    def blocks(self) -> list[Block]:
-        return list(self.gpt)[1:-1]
-
-    @property
-    def head(self) -> Head:
-        return self.gpt[-1]
-
-    def _step(self, idx: Tensor, start: int, cache: list[tuple[Tensor, Tensor]] | None) -> \
-            tuple[Tensor, list[tuple[Tensor, Tensor]]]:
-        """Logits of the last position for tokens ``idx`` at positions start.., and the cache after."""
-        pos = torch.arange(start, start + idx.shape[1], device=idx.device)
-        x = self.embed.tok(idx) + self.embed.pos(pos)
-        new_cache = []
-        for i, blk in enumerate(self.blocks):
-            a = blk.attn
-            h = blk.ln1(x)
-            b, t, _ = h.shape
-            q, k, v = (p(h).view(b, t, -1, a.head_dim).transpose(1, 2) for p in (a.q, a.k, a.v))
-            if cache is not None:
-                k = torch.cat([cache[i][0], k], dim=2)
-                v = torch.cat([cache[i][1], v], dim=2)
-            new_cache.append((k, v))
-            # prefill: causal over the prompt; decode: one query sees every cached position
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None)
-            x = x + a.o(y.transpose(1, 2).reshape(b, t, -1))
-            x = x + blk.mlp(blk.ln2(x))
-        return self.head(x[:, -1:]), new_cache
-
     @torch.no_grad()
     def forward(self, idx: Tensor) -> Tensor:
-        logits, cache = self._step(idx, 0, None)
+        pieces = list(self.gpt)
+        logits, cache = kv_run(pieces, idx, 0, None)
         out = []
         pos = idx.shape[1]
         for _ in range(self.new_tokens):
-            nxt = logits[:, -1].float().argmax(-1, keepdim=True)
+            nxt = next_token(logits)
             out.append(nxt)
             if len(out) == self.new_tokens:
                 break
-            logits, cache = self._step(nxt, pos, cache)
+            logits, cache = kv_run(pieces, nxt, pos, cache)
             pos += 1
         return torch.cat(out, dim=1)
 

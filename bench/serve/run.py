@@ -242,9 +242,7 @@ def _placement(sr: ServeRun, placement: str, world: int, policies: list[str], su
             "gen_tokens": cfg.gen_tokens, "precision": cfg.precision}
     loads = cfg.levels() + (cfg.noisy_loads() if cfg.noisy else [])
     why = skip = None
-    if placement == "pipeline" and sr.sm.task == "generate":
-        skip = "pipeline placement serves score/classify only: generation across stages is not implemented"
-    elif cfg.device == "cuda" and world > torch.cuda.device_count():
+    if cfg.device == "cuda" and world > torch.cuda.device_count():
         skip = f"needs {world} GPUs, {torch.cuda.device_count()} visible"
     pool, parity = None, None
     if skip is None:

@@ -9,9 +9,14 @@ Messages arrive on the process's own queue (and, under the shared policy, on the
 * ``("req", rid, tenant, size)``: a request; answers go back as ``("done", wid, records)``;
 * ``("quit",)``.
 
-Stages pass ``("act", metas, x, inputs)`` down the chain. Times are ``time.perf_counter()``, which
-on Linux is CLOCK_MONOTONIC: one clock for every process on the host, so the launcher's arrival
-stamps and the workers' start/end stamps subtract.
+Stages pass ``("act", metas, x, inputs)`` down the chain. Generating, a request's micro-batch goes
+round the chain once per token: ``("gen", metas, x, key, start, toks)`` down it (``key`` names the
+micro-batch's KV caches, one share per stage; ``start`` the position of ``x``'s first token;
+``toks`` the tokens generated so far), and from the last stage ``("tok", ...)`` back to stage 0
+with the next token, until the last token; each stage frees its cache on that final pass.
+
+Times are ``time.perf_counter()``, which on Linux is CLOCK_MONOTONIC: one clock for every process
+on the host, so the launcher's arrival stamps and the workers' start/end stamps subtract.
 """
 
 from __future__ import annotations
@@ -78,6 +83,12 @@ class _Worker:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             self.last = spec.stage == spec.n_stages - 1
+            # generation: the last stage hands each new token back to stage 0 (next_q is stage 0's queue)
+            self.gen = self.sm.task == "generate"
+            self.pieces = list(self.part)
+            self.caches: dict[tuple[int, int], list] = {}  # micro-batch key -> this stage's KV caches
+            self.keys = 0
+            self.probe_out: dict[int, torch.Tensor] = {}
         else:
             self.fn = self.sm.runner(model)
             if spec.role == "dp" and self.device.type == "cuda":
@@ -116,6 +127,8 @@ class _Worker:
                 self._probe(msg)
             elif kind == "probe_act":
                 self._probe(msg)
+            elif kind in ("gen", "tok"):  # a generating probe going round the stages
+                self._gen_pass(msg)
             elif kind == "begin":
                 self._cell(msg[1])
 
@@ -142,6 +155,10 @@ class _Worker:
             items = [(self.sm.make_input(r, s), self.sm.make_input(r, s)) for r, s in msg[1]]
             if k > 1:  # and k of one size as one micro-batch, as stage 0 concatenates equal shapes
                 items += [(torch.cat([x] * k), torch.cat([x] * k)) for x, _ in items]
+            if self.gen:  # each item a micro-batch going round the stages; the last stage collects
+                for i, (x, _) in enumerate(items):
+                    self._gen_begin([("probe", i, len(items), quiet)], x)
+                return
         else:
             items = msg[1]
         outs = [(self._stage(x, inp), inp) for x, inp in items]
@@ -158,6 +175,8 @@ class _Worker:
             for d in self.spec.devices:
                 torch.cuda.reset_peak_memory_stats(torch.device(d))
         e0 = self.energy.read() if self.energy else None
+        if self.spec.role == "stage" and self.gen:
+            self.caches.clear()  # nothing of an earlier cell is in flight once it ended
         busy, batches, served = 0.0, 0, 0
         ending = False
         while not ending:
@@ -190,6 +209,10 @@ class _Worker:
 
     def _run_batch(self, batch: list[tuple], slow: float) -> tuple[float, int]:
         """Serve one batch; returns its busy seconds and the requests in it."""
+        if batch[0][0] in ("gen", "tok"):  # generating: one pass of a micro-batch round the stages
+            t0 = time.perf_counter()
+            first = self._gen_pass(batch[0])
+            return time.perf_counter() - t0, len(batch[0][1]) if first else 0
         if batch[0][0] == "act":  # a later pipeline stage: one micro-batch from upstream
             _, metas, x, inputs = batch[0]
             t0 = time.perf_counter()
@@ -206,6 +229,9 @@ class _Worker:
             for idx in groups.values():
                 inp = torch.cat([inputs[i] for i in idx])
                 metas = [(batch[i][1], start, len(batch)) for i in idx]
+                if self.gen:
+                    self._gen_begin(metas, inp)
+                    continue
                 y = self._stage(inp, inp)
                 self._emit(metas, y, inp, start, time.perf_counter())
         else:
@@ -223,6 +249,47 @@ class _Worker:
             self.result_q.put(("done", self.spec.wid, [(rid, start, t1, nb) for rid, start, nb in metas]))
         else:
             self.next_q.put(("act", metas, y, inputs))
+
+    # --- generation across stages ----------------------------------------------------------
+    def _gen_begin(self, metas: list[tuple], idx: torch.Tensor) -> None:
+        """Stage 0: a new micro-batch of prompts ``idx``: its prefill pass under a new cache key."""
+        self.keys += 1
+        self._gen_pass(("gen", metas, idx, (self.spec.wid, self.keys), 0, []))
+
+    @torch.no_grad()
+    def _gen_pass(self, msg: tuple) -> bool:
+        """One pass of a generating micro-batch through this stage's pieces; returns whether it was
+        the prefill (the pass that counts the requests as served by this stage)."""
+        from bench.serve.models import kv_run, next_token
+
+        _, metas, x, key, start, toks = msg
+        final = len(toks) + 1 == self.sm.gen_tokens  # this pass makes the last token
+        x = x.to(self.device)
+        if x.is_floating_point():
+            x = x.to(self.dtype)
+        y, cache = kv_run(self.pieces, x, start, self.caches.pop(key, None))
+        if not final:
+            self.caches[key] = cache
+        nxt_start = start + x.shape[1]
+        if not self.last:
+            self.next_q.put(("gen", metas, y.cpu(), key, start, toks))  # activations cross on the host
+            return start == 0
+        toks = [*toks, next_token(y).cpu()]
+        if not final:  # round again: stage 0 feeds the new token at the next position
+            self.next_q.put(("tok", metas, toks[-1], key, nxt_start, toks))
+            return start == 0
+        answer = torch.cat(toks, dim=1).float()
+        t1 = time.perf_counter()
+        if metas and metas[0][0] == "probe":
+            _, i, total, quiet = metas[0]
+            self.probe_out[i] = answer
+            if len(self.probe_out) == total:
+                outs = [self.probe_out[k] for k in range(total)]
+                self.probe_out = {}
+                self.result_q.put(("probe", self.spec.wid, [] if quiet else outs))
+        else:
+            self.result_q.put(("done", self.spec.wid, [(rid, t0, t1, nb) for rid, t0, nb in metas]))
+        return start == 0
 
     def _peak_mem(self) -> float | None:
         if self.device.type == "cuda":

@@ -54,3 +54,26 @@ def test_user_workload_through_the_import_seam():
     fn = sm.runner(sm.build(CPU, torch.float32))
     out = run_grouped(fn, [sm.make_input(1, 2), sm.make_input(2, 3)], CPU, torch.float32)
     assert [o.shape[0] for o in out] == [2, 3]
+
+
+def test_generation_stage_by_stage_equals_the_whole_model():
+    """What the pipeline placement's stages do for generation (each its pieces and its share of the
+    cache, the last stage's token fed back to stage 0) gives the one-device tokens."""
+    from bench.serve.models import kv_run, next_token
+
+    sm = ServeModel.create(resolve("gpt-tiny", seed=2), task="generate", gen_tokens=5, seed=2)
+    model = sm.build(CPU, torch.float32)
+    x = torch.cat([sm.make_input(i, 10) for i in range(3)])
+    want = sm.runner(model)(x)
+    for n in (2, 3):
+        stages = [list(p) for p in sm.parts(model, n)]
+        caches: list = [None] * n
+        toks, inp, start = [], x, 0
+        while len(toks) < 5:
+            y = inp
+            for s, pieces in enumerate(stages):
+                y, caches[s] = kv_run(pieces, y, start, caches[s])
+            start += inp.shape[1]
+            inp = next_token(y)
+            toks.append(inp)
+        assert torch.equal(torch.cat(toks, dim=1), want), n
