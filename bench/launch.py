@@ -53,11 +53,13 @@ from bench.workloads import Workload, resolve
 log = logging.getLogger("parbench")
 STARTUP_S = 120.0  # torchrun + import torch + process group, before the first cell starts
 #: A rank that fails a cell reports it and moves on to the harness's all-gather of the cell's
-#: results; a peer still inside the cell waits in a collective the failed rank will never join, so
-#: the group is desynchronised and would sit until cell_timeout_s (300 s by default). When the
+#: results; a peer still inside the cell may wait in a collective the failed rank will never join,
+#: so the group is desynchronised and would sit until cell_timeout_s (300 s by default). When the
 #: group has not finished the cell this long after a rank's error (at most half the cell timeout),
-#: it is stopped, the cell fails with the first rank's error, and the group is relaunched for the
-#: cells it has left. A failure every rank shares (a skip, a bad workload) finishes within it.
+#: it is stopped, the cell fails with the earliest error, and the group is relaunched for the
+#: cells it has left. A failure every rank hits at about the same time (a bad workload, an option
+#: the model cannot take) finishes within the grace and costs no relaunch; ranks that fail more
+#: than the grace apart cost one relaunch, never a wrong row.
 ERROR_GRACE_S = 5.0
 #: The launcher's pid, for the watchdog in every rank (bench.worker exits when it is gone).
 LAUNCHER_ENV = "PARBENCH_LAUNCHER_PID"
@@ -261,6 +263,11 @@ def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float) -> tuple[
             + (f"; kept as given: {', '.join(sorted(pinned))}" if pinned else "")
             + ("; tight: expect skipped cells" if usable <= 0 else ""))
     return out, text
+
+
+def earliest(old: tuple[float, str] | None, new: tuple[float, str]) -> tuple[float, str]:
+    """Of two (time, text) rank errors of one cell, the earlier (the first one on a tie)."""
+    return new if old is None or new[0] < old[0] else old
 
 
 def free_port() -> int:
@@ -661,8 +668,9 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
                 on_progress(Progress(kind="start", group=g.label, cell=p.spec))
             elif isinstance(ev, spec.Error):
                 # The earliest error is the cause; a peer's later one is usually its consequence.
-                mine = (ev.t, f"rank {ev.rank}: {ev.reason}")
-                errors[p.spec.cell_id] = min(errors.get(p.spec.cell_id, mine), mine)
+                # (Across nodes the stamps are each host's wall clock: skew can reorder errors that
+                # came within it of each other.)
+                errors[p.spec.cell_id] = earliest(errors.get(p.spec.cell_id), (ev.t, f"rank {ev.rank}: {ev.reason}"))
                 if g.n_procs > 1 and desync_at is None:
                     desync_at = time.monotonic() + grace_s
             elif isinstance(ev, spec.Measured):
@@ -701,8 +709,8 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
                     tree.kill()
                     break
                 if desync_at is not None and time.monotonic() > desync_at:
-                    note(f"{g.label} attempt {attempt}: after a rank's error the other ranks were still in the cell "
-                         f"{grace_s:g}s later (in a collective the failed rank will not join): group stopped"
+                    note(f"{g.label} attempt {attempt}: after a rank's error the other ranks had not finished the "
+                         f"cell {grace_s:g}s later (desynchronised): group stopped"
                          + ("" if len(pending) <= 1 else " and relaunched for its remaining cells"))
                     tree.kill()
                     break

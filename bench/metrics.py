@@ -105,7 +105,7 @@ CORE: tuple[Metric, ...] = (
     Metric(name="hosts", dtype="string", kind="fact",
            doc="the cell's nodes in node order, each as host(address of its link)"),
     Metric(name="rank_placement", dtype="string", kind="fact",
-           doc="JSON list, one object per rank: rank, node, host, addr, iface, local_rank, devices"),
+           doc="JSON list, one object per rank: rank, node, host, addr, iface, local_rank, devices, threads"),
     Metric(name="status", dtype="string", kind="fact", shown=S),
     Metric(name="reason", dtype="string", kind="fact"),
     Metric(name="role", dtype="string", kind="fact",

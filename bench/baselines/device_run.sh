@@ -170,7 +170,8 @@ after)  # issue 10: 1F1B ran 192 ms as the first cell of its processes and 216-2
   timeout 420 python3 -m bench.cli run --no-progress --out "$R/after" --workloads gpt-200m --global-batch 64 \
      --strategies "${AF_STRATS:-ddp,fsdp,pipeline-1f1b}" --backends nccl --world-sizes "${AF_WS:-2}" --repeats 6 \
      --steps 8 --warmup 3 --warmup-max 0 --steps-max 0 --budget off --profile-steps 2 --sample-hz 2 \
-     --option micro_batches=8 --option pp_balance=blocks --cell-timeout 120 > "$OUT/after.log" 2>&1
+     $(case "${AF_STRATS:-pipeline}" in *pipeline*) echo --option micro_batches=8 --option pp_balance=blocks;; esac) \
+     --cell-timeout 120 > "$OUT/after.log" 2>&1
   python3 -m bench.baselines.order_effect "$(ls -d "$R"/after/*/ | tail -n 1)" > "$OUT/order_effect.txt" 2>&1
   tail -n 12 "$OUT/order_effect.txt" ;;
 trun)  # issue 10: DDP and FSDP with the plain programs started by torchrun, as the harness's ranks are

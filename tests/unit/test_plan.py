@@ -85,3 +85,14 @@ def test_the_default_budget_stands_aside_when_the_user_fixes_the_measurement():
     assert m and all(x.steps == 10 and x.steps_max == 10 for x in m)
     assert all(x.warmup == 1 for x in m)  # not pinned: planned
     assert "kept as given: steps, steps_max" in text and "at least 10 steps" in text
+
+
+def test_a_cells_earliest_rank_error_is_its_reason_whatever_order_they_are_read_in():
+    """The launcher reads the ranks' event files in rank order, so a peer's consequence (rank 0: a
+    broken collective) can be read before its cause (rank 1, earlier)."""
+    from bench.launch import earliest
+
+    cause, consequence = (10.0, "rank 1: RuntimeError: cause"), (12.5, "rank 0: DistBackendError: peer gone")
+    assert earliest(earliest(None, consequence), cause) == cause
+    assert earliest(earliest(None, cause), consequence) == cause
+    assert earliest((10.0, "rank 0: a"), (10.0, "rank 1: b")) == (10.0, "rank 0: a")  # a tie keeps the first
