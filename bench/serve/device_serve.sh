@@ -7,6 +7,9 @@
 #   all   : calib, levels, sweep, noisy in one go (about 20 minutes: split it over calls)
 # Usage (repository root): OUT=/some/dir bash bench/serve/device_serve.sh calib   (first: the others read
 # $OUT/capacity.txt), then ... levels, ... sweep, ... noisy, with the same OUT.
+# levels over several calls: LV_WS=4 (one world size), LV_PLACEMENTS=pinned-tenants,pipeline (some
+# placements), LV_TIMEOUT=400 (seconds a world size). A new call's OUT is empty: write the capacity
+# found by calib into $OUT/capacity.txt first.
 # Into $OUT: one run folder per part (results tables), device_serve_<part>.log, capacity.txt, and after
 # each part serve_tables.md (+ rate_vs_p99.png after the sweep) built over every run folder in $OUT.
 set -uo pipefail
@@ -15,7 +18,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PART=${1:-levels}
 case "$PART" in calib|levels|sweep|noisy|all) ;; *) echo "PART must be calib, levels, sweep, noisy or all" >&2; exit 2 ;; esac
 OUT=${OUT:-/tmp/parbench-serve}; mkdir -p "$OUT"
-WL=${WL:-gpt-small}; TASK=${TASK:-score}; GEN=${GEN:-16}  # TASK=generate: KV-cache decoding (no pipeline)
+WL=${WL:-gpt-small}; TASK=${TASK:-score}; GEN=${GEN:-16}  # TASK=generate: KV-cache decoding
 NG=$(python3 -c "import torch; print(torch.cuda.device_count())")
 WS=2; [ "$NG" -ge 4 ] && WS=2,4
 WMAX=${WS##*,}
@@ -46,8 +49,11 @@ case "$PART" in
     ;;&
   levels|all)
     C=$(capacity)  # per GPU; the total rate scales with the world size of each run below
-    for ws in ${WS//,/ }; do
-      serve 280 "${COMMON[@]}" --placements replicas,dataparallel-infer,pinned-tenants,pipeline \
+    # LV_WS, LV_PLACEMENTS, LV_TIMEOUT split the part over calls: with --task generate on 2 H100s the
+    # replicas' five policies and DataParallel alone took the whole 280 s (sixth stop)
+    lv_ws=${LV_WS:-$WS}
+    for ws in ${lv_ws//,/ }; do
+      serve "${LV_TIMEOUT:-280}" "${COMMON[@]}" --placements "${LV_PLACEMENTS:-replicas,dataparallel-infer,pinned-tenants,pipeline}" \
         --policies round-robin,random,jsq,shared,batch --world-sizes "$ws" \
         --rates "$(rates "$C" "$ws" "0.3,0.6,0.9")" --duration 3
     done
