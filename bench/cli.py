@@ -42,7 +42,8 @@ def add_run_args(p) -> None:
                    help="steps profiled after the timed ones for the compute/comm breakdown (default 2; 0 = off)")
     p.add_argument("--trace", action="store_true", default=None,
                    help="keep each rank's Chrome trace (opens in Perfetto) under RUN/traces/")
-    p.add_argument("--repeats", type=int, help="measure each cell N times, in shuffled rounds (default 1)")
+    p.add_argument("--repeats", type=int,
+                   help="measure each cell N times, in rounds ordered by a balanced Latin square (default 1)")
     p.add_argument("--budget", help="time budget for the whole run, e.g. 10m: repeats, steps and caps are "
                                     "planned to fit (GPU default 10m; 'off' for none)")
     p.add_argument("--warmup-max", type=int, help="warm-up continues until the step time settles, up to this "

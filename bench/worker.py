@@ -274,22 +274,49 @@ def warm_group(device: torch.device, precision: str, extra_gpus: tuple[int, ...]
     dist.barrier()
 
 
+def williams(m: int) -> list[list[int]]:
+    """The rows of a balanced Latin square (Williams, 1949) on ``m`` items: over the rows each item
+    takes each position equally often and follows each other item equally often (m rows for even
+    m; for odd m the square and its mirror, 2m rows)."""
+    if m <= 1:
+        return [[0] * m]
+    first, lo, hi = [0], 1, m - 1
+    for i in range(1, m):
+        if i % 2:
+            first.append(lo)
+            lo += 1
+        else:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + k) % m for x in first] for k in range(m)]
+    return rows + [r[::-1] for r in rows] if m % 2 else rows
+
+
 def rounds(plan: GroupPlan) -> list[list[tuple[CellSpec, int]]]:
     """The group's measurements as rounds: round k measures every cell that still has a repeat
-    left, in an order shuffled from the seed (so slow drift of the machine lands on every cell
-    alike); a single round keeps the planned order (the reference first)."""
+    left. With several rounds their orders are the rows of a balanced Latin square (:func:`williams`),
+    the cells' places in it and the first row drawn from the seed: over the rounds every cell runs in
+    every position and after every other cell equally often, so slow drift of the machine and
+    whatever a cell leaves behind in the processes land on every cell alike (a fresh shuffle per
+    round did not: with seed 0 a 3-cell group ran in one order in rounds 2-4, its middle cell never
+    first or last). A single round keeps the planned order (the reference first)."""
     import random
 
     left = {c.cell_id: c.measure.repeats - plan.first_repeat.get(str(c.cell_id), 0) for c in plan.cells}
     start = {c.cell_id: plan.first_repeat.get(str(c.cell_id), 0) for c in plan.cells}
     n = max(left.values(), default=0)
+    if n <= 1:
+        return [[(c, start[c.cell_id]) for c in plan.cells if left[c.cell_id] > 0]] if n else []
+    rng = random.Random((plan.cells[0].measure.seed if plan.cells else 0) * 7919 + 17)
+    cells = list(plan.cells)
+    symbol = dict(zip((c.cell_id for c in cells), rng.sample(range(len(cells)), len(cells))))
+    rows = williams(len(cells))
+    offset = rng.randrange(len(rows))
     out = []
     for k in range(n):
-        todo = [(c, start[c.cell_id] + k) for c in plan.cells if left[c.cell_id] > k]
-        if n > 1:
-            seed = plan.cells[0].measure.seed if plan.cells else 0
-            random.Random(seed * 7919 + k).shuffle(todo)
-        out.append(todo)
+        place = {sym: i for i, sym in enumerate(rows[(offset + k) % len(rows)])}
+        todo = sorted((c for c in cells if left[c.cell_id] > k), key=lambda c: place[symbol[c.cell_id]])
+        out.append([(c, start[c.cell_id] + k) for c in todo])
     return out
 
 

@@ -12,8 +12,9 @@
 #   gb     issue 10 GPU-bound: harness vs plain interleaved at global batch 64 on 2 GPUs (IL_GB, IL_WS,
 #          IL_FAM: ddp,fsdp,pipeline-1f1b,tensor-sp; IL_TIMEOUT, IL_DEADLINE), 3 rounds, noise verdicts
 #   after  issue 10: does a cell depend on the cell before it in the same rank processes? ddp, fsdp,
-#          pipeline-1f1b at 2 GPUs (AF_WS), global batch 64, --repeats 6 (order shuffled each round),
-#          then bench/baselines/order_effect.py over the run (sixth stop: 1F1B jittery after DDP/FSDP)
+#          pipeline-1f1b at 2 GPUs (AF_WS), global batch 64, --repeats 6 (orders: a balanced Latin square),
+#          then bench/baselines/order_effect.py over the run (sixth stop: 1F1B jittery after DDP/FSDP);
+#          once with --profile-steps 2 and once with 0 (AF_PROFILE)
 #   tail   issue 14's two-agent NCCL run (one agent vs two, whole runs alternating, 3 rounds)
 #   trun   issue 10: DDP and FSDP (IL_WS GPUs, default 4) with the plain programs under torchrun
 #   gate   issue 11 + 12: A1 = ddp,fsdp,pipeline-1f1b at 2 and 4 GPUs with --repeats 5; then on 2 GPUs
@@ -166,14 +167,19 @@ tail)  # issue 14's two agents on one host (NCCL across agents) against one agen
   echo "two agents: exit $?"; tail -n 12 "$OUT/two-agents.log"
   (cd "$OUT" && tar czf tail.tgz two-agents two-agents.log && rm -rf two-agents) ;;
 after)  # issue 10: 1F1B ran 192 ms as the first cell of its processes and 216-221 ms (steps 192-237) after
-  # DDP and FSDP cells in 2 of 3 rounds (sixth stop); the harness's own shuffled repeats are the experiment
-  timeout 420 python3 -m bench.cli run --no-progress --out "$R/after" --workloads gpt-200m --global-batch 64 \
-     --strategies "${AF_STRATS:-ddp,fsdp,pipeline-1f1b}" --backends nccl --world-sizes "${AF_WS:-2}" --repeats 6 \
-     --steps 8 --warmup 3 --warmup-max 0 --steps-max 0 --budget off --profile-steps 2 --sample-hz 2 \
-     $(case "${AF_STRATS:-pipeline}" in *pipeline*) echo --option micro_batches=8 --option pp_balance=blocks;; esac) \
-     --cell-timeout 120 > "$OUT/after.log" 2>&1
-  python3 -m bench.baselines.order_effect "$(ls -d "$R"/after/*/ | tail -n 1)" > "$OUT/order_effect.txt" 2>&1
-  tail -n 12 "$OUT/order_effect.txt" ;;
+  # DDP and FSDP cells in 2 of 3 rounds (sixth stop); the harness's own shuffled repeats are the experiment.
+  # Twice: with the default GPU profiling of each cell's first repeat (2 steps) and with 0 (one CPU-only
+  # profiled step): a profiler session's residue (1.02-1.09x with TEARDOWN_CUPTI=1 in the fourth stop's
+  # probe) would show as steadier cells in the second run (AF_PROFILE: which runs, default "2 0")
+  for prof in ${AF_PROFILE:-2 0}; do
+    timeout 280 python3 -m bench.cli run --no-progress --out "$R/after-p$prof" --workloads gpt-200m --global-batch 64 \
+       --strategies "${AF_STRATS:-ddp,fsdp,pipeline-1f1b}" --backends nccl --world-sizes "${AF_WS:-2}" --repeats 6 \
+       --steps 8 --warmup 3 --warmup-max 0 --steps-max 0 --budget off --profile-steps "$prof" --sample-hz 2 \
+       $(case "${AF_STRATS:-pipeline}" in *pipeline*) echo --option micro_batches=8 --option pp_balance=blocks;; esac) \
+       --cell-timeout 120 > "$OUT/after-p$prof.log" 2>&1
+    python3 -m bench.baselines.order_effect "$(ls -d "$R/after-p$prof"/*/ | tail -n 1)" > "$OUT/order_effect-p$prof.txt" 2>&1
+    echo "== profile steps $prof"; grep -v "^ " "$OUT/order_effect-p$prof.txt" | tail -n 4
+  done ;;
 trun)  # issue 10: DDP and FSDP with the plain programs started by torchrun, as the harness's ranks are
   # (3 ABBA rounds, ${IL_WS:-4} GPUs)
   PYTHONPATH=. timeout 300 python3 bench/baselines/interleave.py --world-sizes "${IL_WS:-4}" --families ddp,fsdp \

@@ -1,8 +1,9 @@
 """Does a cell's step time depend on which cell ran before it in the same rank processes? (issue 10)
 
 The harness measures a group's cells one after another in the same rank processes (one torchrun a
-group), and with ``--repeats N`` it shuffles their order every round. So a run with repeats already
-holds the experiment: each repeat of a cell had some predecessor (another cell, the same cell's
+group), and with ``--repeats N`` it orders each round by a row of a balanced Latin square (each cell
+after each other cell equally often over the rounds). So a run with repeats already holds the
+experiment: each repeat of a cell had some predecessor (another cell, the same cell's
 previous repeat, or nothing: the first cell after the group's start-up), and that predecessor was
 profiled or not (the harness profiles each cell's first repeat). This reads a run folder and, per
 cell, puts every repeat's median step beside its predecessor, then groups the repeats by
