@@ -96,3 +96,25 @@ def test_a_cells_earliest_rank_error_is_its_reason_whatever_order_they_are_read_
     assert earliest(earliest(None, consequence), cause) == cause
     assert earliest(earliest(None, cause), consequence) == cause
     assert earliest((10.0, "rank 0: a"), (10.0, "rank 1: b")) == (10.0, "rank 0: a")  # a tie keeps the first
+
+
+def test_the_default_4_gpu_matrix_plans_into_the_default_budget_with_gloo_cells_costing_more():
+    """Issue 11, item 3, as far as a plan goes (the run itself needs a 4-GPU machine): the default
+    GPU matrix on 4 GPUs is 168 runnable cells in 6 process groups; with the measured per-cell costs
+    (Gloo 3 s, NCCL 1 s on H100) its fixed costs leave time for timed steps in the default 10 minutes."""
+    from bench import launch
+    from bench.config import build_config
+
+    cfg = build_config(toml=None, flags={"device": "cuda"}, gpus=4)
+    cells, _, _ = launch.plan(cfg, 4)
+    run = [c for c in cells if c.reason is None]
+    assert len(run) == 168 and len(launch.group(cells)) == 6
+    assert launch.cell_overhead("cuda", "gloo") == 3.0 and launch.cell_overhead("cuda", "nccl") == 1.0
+    assert launch.cell_overhead("cpu", "gloo") == 1.0
+    fixed = 6 * launch.GROUP_START_S["cuda"] + sum(launch.cell_overhead("cuda", c.spec.backend) for c in run)
+    assert fixed < 0.8 * 600
+    out, text = launch.budget_plan(cfg, cells, 600.0)
+    assert text.startswith("budget 600s: 168 cells x 1 repeat(s) in 6 process group(s)")
+    cap = (0.8 * 600 - fixed) / 168
+    caps = {round(c.spec.measure.time_cap_s, 9) for c in out if c.reason is None}
+    assert len(caps) == 1 and caps.pop() == pytest.approx(cap)
