@@ -23,6 +23,8 @@ def bench(session: nox.Session) -> None:
     """Run the default matrix for this machine and write its HTML report."""
     install(session)
     session.run("parbench", "run", "--report", *session.posargs)
+    session.log(f"parbench is installed in this session's virtualenv: "
+                f"source {session.virtualenv.location}/bin/activate")
 
 
 @nox.session

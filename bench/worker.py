@@ -294,12 +294,14 @@ def williams(m: int) -> list[list[int]]:
 
 def rounds(plan: GroupPlan) -> list[list[tuple[CellSpec, int]]]:
     """The group's measurements as rounds: round k measures every cell that still has a repeat
-    left. With several rounds their orders are the rows of a balanced Latin square (:func:`williams`),
-    the cells' places in it and the first row drawn from the seed: over the rounds every cell runs in
-    every position and after every other cell equally often, so slow drift of the machine and
-    whatever a cell leaves behind in the processes land on every cell alike (a fresh shuffle per
-    round did not: with seed 0 a 3-cell group ran in one order in rounds 2-4, its middle cell never
-    first or last). A single round keeps the planned order (the reference first)."""
+    left. With several rounds their orders are the rows of a balanced Latin square (:func:`williams`)
+    on the group's m cells, the cells' places in it and the first row drawn from the seed: every m
+    rounds (from the first) put every cell in every position once, and every m rounds (even m) or
+    2m rounds (odd m) put every cell after every other cell equally often, so slow drift of the
+    machine and whatever a cell leaves behind in the processes land on every cell alike (a fresh
+    shuffle per round did not: with seed 0 a 3-cell group ran in one order in rounds 2-4, its
+    middle cell never first or last). Fewer rounds than cells cannot balance positions. A single
+    round keeps the planned order (the reference first)."""
     import random
 
     left = {c.cell_id: c.measure.repeats - plan.first_repeat.get(str(c.cell_id), 0) for c in plan.cells}
@@ -310,11 +312,15 @@ def rounds(plan: GroupPlan) -> list[list[tuple[CellSpec, int]]]:
     rng = random.Random((plan.cells[0].measure.seed if plan.cells else 0) * 7919 + 17)
     cells = list(plan.cells)
     symbol = dict(zip((c.cell_id for c in cells), rng.sample(range(len(cells)), len(cells))))
-    rows = williams(len(cells))
-    offset = rng.randrange(len(rows))
+    m = len(cells)
+    rows = williams(m)
+    offset = rng.randrange(m)
     out = []
     for k in range(n):
-        place = {sym: i for i, sym in enumerate(rows[(offset + k) % len(rows)])}
+        # rounds k..k+m-1 from 0 are m rows of one square (odd m: the square, then its mirror), so
+        # every m rounds from the first give each cell each position once, whatever the offset
+        row = rows[((k // m) % (len(rows) // m)) * m + (offset + k) % m]
+        place = {sym: i for i, sym in enumerate(row)}
         todo = sorted((c for c in cells if left[c.cell_id] > k), key=lambda c: place[symbol[c.cell_id]])
         out.append([(c, start[c.cell_id] + k) for c in todo])
     return out

@@ -27,6 +27,16 @@ def test_every_cell_takes_every_position_and_follows_every_other_equally_often(m
     assert len(after) == m * (m - 1) and len(set(after.values())) == 1
 
 
+@pytest.mark.parametrize("m", [2, 3, 4, 5])
+@pytest.mark.parametrize("seed", range(6))
+def test_every_m_rounds_from_the_first_put_each_cell_in_each_position_once(m, seed):
+    """Whatever the seed (it picks the first row): with --repeats 3 on 3 cells each cell runs first,
+    second and last once (a newcomer's run found ddp first twice with the earlier row choice)."""
+    order = [[c.cell_id for c, _ in r] for r in rounds(_plan(m, 2 * m, seed=seed))]
+    for block in (order[:m], order[m:]):
+        assert all(sorted(col) == list(range(1, m + 1)) for col in zip(*block)), block
+
+
 def test_the_order_comes_from_the_seed_and_repeats_are_numbered():
     a, b, c = (rounds(_plan(3, 6, seed=s)) for s in (0, 0, 1))
     ids = lambda rs: [[x.cell_id for x, _ in r] for r in rs]  # noqa: E731
