@@ -16,7 +16,7 @@ import torch
 
 from bench.metrics import registry
 from bench.results import RunWriter, cell_columns, new_run_id, write_meta
-from bench.serve import schema, sweep
+from bench.serve import schema, stats, sweep
 from bench.serve.config import Load, ServeConfig
 from bench.serve.launcher import Pool, ServeError
 from bench.serve.loadgen import closed_sizes, schedule
@@ -138,7 +138,7 @@ class ServeRun:
             except ServeError as e:
                 failure = str(e)
             else:
-                self._finish(row, res, pool)
+                self._finish(row, res, pool, load)
         if failure is not None:
             row.update(status="error", reason=failure.strip().splitlines()[-1][:300])
         self.writer.append("cells", [row])
@@ -146,7 +146,7 @@ class ServeRun:
         self.on_cell(row)
         return row
 
-    def _finish(self, row: dict[str, Any], res, pool: Pool) -> None:
+    def _finish(self, row: dict[str, Any], res, pool: Pool, load: Load) -> None:
         devs = {s.wid: ",".join(s.devices) for s in pool.specs}
         if pool.placement == "pipeline":
             devs = {i: "pipeline:" + ",".join(d for s in pool.specs for d in s.devices) for i in devs}
@@ -162,6 +162,10 @@ class ServeRun:
             row["serve_tokens_s"] = sum(r["tokens"] for r in reqs) / span
         if row.get("energy_j") is not None and row.get("throughput_samples_s"):
             row["energy_per_sample_j"] = row["energy_j"] / sum(self.sm.samples(r["size"]) for r in reqs)
+        if not load.clients:  # open loop: a closed loop's queue is bounded by its clients
+            flags = stats.steady_flags([r["arrival_s"] for r in reqs], [r["latency_s"] for r in reqs],
+                                       row.get("little_rel_err"))
+            row["stable"], row["noise"] = not flags, "; ".join(flags) or None
         if self.cfg.slo_ms:
             p99, kept_up = row.get("latency_p99_s"), True
             if row.get("serve_offered_rps") and row.get("serve_achieved_rps"):
@@ -291,7 +295,8 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
         out.append(f"{r['strategy']:<19} ws{r['world_size']} {r['serve_policy']:<12} {r['serve_load']:<22} "
                    f"{r.get('serve_achieved_rps') or 0:8.1f} req/s  p50 {ms('latency_p50_s')} ms  "
                    f"p99 {ms('latency_p99_s')} ms  n={r.get('latency_n')}  parity "
-                   f"{'-' if r.get('parity_rel_err') is None else format(r['parity_rel_err'], '.1e')}")
+                   f"{'-' if r.get('parity_rel_err') is None else format(r['parity_rel_err'], '.1e')}"
+                   + (f"  (!) {r['noise']}" if r.get("noise") else ""))
     return out
 
 

@@ -89,6 +89,34 @@ def littles_law(arrival: np.ndarray, end: np.ndarray, *, trim: float = 0.1, grid
     return {"L": L, "lambda": lam, "W": W, "lambda_W": lw, "rel_err": err}
 
 
+#: A cell is not a steady state when the requests arriving in its last quarter spent this many times
+#: longer in the system than those of its first quarter, and longer by more than GROWTH_SPAN of the
+#: arrival span: the backlog grew for the whole cell, so its latencies measure the cell's length, not
+#: the system. (Time in system, not only time queued before a start: a generating pipeline starts a
+#: request at once and then queues its tokens between the stages.)
+GROWTH, GROWTH_SPAN = 2.0, 0.1
+
+
+def steady_flags(arrival: Sequence[float], latency: Sequence[float], little_rel_err: float | None,
+                 tolerance: float = 0.05) -> list[str]:
+    """Why an open-loop cell's latencies are not those of a steady state (empty: nothing seen): the
+    time in system grew from the first quarter of arrivals to the last, or Little's law, which holds
+    for any steady system, is off by more than ``tolerance``."""
+    a, w = np.asarray(arrival, float), np.asarray(latency, float)
+    flags = []
+    if a.size >= 8:
+        order = np.argsort(a)
+        k = a.size // 4
+        first, last = float(np.mean(w[order[:k]])), float(np.mean(w[order[-k:]]))
+        span = float(a.max() - a.min())
+        if last > GROWTH * first and last - first > GROWTH_SPAN * span:
+            flags.append(f"backlog grew over the cell ({first * 1e3:.0f} -> {last * 1e3:.0f} ms in system): above "
+                         "capacity, its latencies grow with the cell's length")
+    if little_rel_err is not None and little_rel_err == little_rel_err and little_rel_err > tolerance:
+        flags.append(f"Little's law off by {little_rel_err:.0%}: not a steady state")
+    return flags
+
+
 def imbalance(values: Sequence[float]) -> float:
     """max / mean of per-device values (1.0 = perfectly even); NaN for none or an all-zero set."""
     v = np.asarray(values, float)

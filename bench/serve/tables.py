@@ -32,22 +32,33 @@ def load(runs: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.concat(cells, ignore_index=True), pd.concat(tenants, ignore_index=True)
 
 
+def _steady(r: pd.Series) -> str:
+    """'yes', 'no: why' (bench.serve.stats.steady_flags) or '-' (closed loop, or a run from before
+    the flag existed)."""
+    stable = r.get("stable")
+    if stable is None or pd.isna(stable):
+        return "-"
+    return "yes" if stable else f"no: {str(r.get('noise') or '')[:70]}"
+
+
 def levels_table(cells: pd.DataFrame) -> str:
     lv = cells[cells["serve_scenario"] == "levels"]
     out = []
     for (ws, gpu, _), g in lv.groupby(["world_size", "gpu", "workload"]):
         first = g.iloc[0]
         out.append(f"\n**{ws} x {gpu}**, {first['workload']} ({first['serve_task']}, {first['precision']})\n")
-        out.append("| placement | policy | load | req/s | p50 ms | p99 ms | n | util | imbalance | parity err |")
-        out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        out.append("| placement | policy | load | req/s | p50 ms | p99 ms | n | util | imbalance | parity err "
+                   "| steady |")
+        out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
         for _, r in g.iterrows():
             if r["status"] != "ok":
                 out.append(f"| {r['strategy']} | {r['serve_policy']} | {r['serve_load']} | {r['status']}: "
-                           f"{str(r['reason'])[:60]} | | | | | | |")
+                           f"{str(r['reason'])[:60]} | | | | | | | |")
                 continue
             out.append(f"| {r['strategy']} | {r['serve_policy']} | {r['serve_load']} | {r['serve_achieved_rps']:.1f} | "
                        f"{_ms(r['latency_p50_s'])} | {_ms(r['latency_p99_s'])} | {r['latency_n']} | "
-                       f"{r['util_mean']:.0%} | {r['util_imbalance']:.2f} | {r['parity_rel_err']:.1e} |")
+                       f"{r['util_mean']:.0%} | {r['util_imbalance']:.2f} | {r['parity_rel_err']:.1e} | "
+                       f"{_steady(r)} |")
     return "\n".join(out)
 
 

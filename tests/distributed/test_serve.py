@@ -108,6 +108,7 @@ def test_generation_through_the_pipeline_placement(tmp_path):
     pipe = cells[cells["strategy"] == "pipeline"].iloc[0]
     assert pipe["parity_ok"] and pipe["parity_rel_err"] == 0.0  # token ids: equal or not
     assert pipe["little_rel_err"] < 0.05
+    assert cells["stable"].all() and cells["noise"].isna().all(), cells["noise"].tolist()  # light load: steady
     per = json.loads(pipe["per_device"])
     assert set(per) == {"0", "1"} and all(v["requests"] == pipe["serve_requests"] for v in per.values())
     assert pipe["serve_tokens_s"] > 0

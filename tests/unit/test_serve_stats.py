@@ -66,3 +66,18 @@ def test_imbalance():
     assert imbalance([1, 1, 1]) == 1.0
     assert imbalance([3, 1]) == 1.5
     assert math.isnan(imbalance([]))
+
+
+def test_a_cell_whose_backlog_grows_is_not_a_steady_state():
+    from bench.serve.stats import steady_flags
+
+    arrival = [i * 0.1 for i in range(40)]  # a 3.9 s cell
+    steady = [0.010 + 0.005 * (i % 3) for i in range(40)]  # time in system stays small
+    assert steady_flags(arrival, steady, little_rel_err=0.01) == []
+    growing = [0.01 + 0.05 * i for i in range(40)]  # above capacity: each request waits longer
+    flags = steady_flags(arrival, growing, little_rel_err=0.3)
+    assert flags[0].startswith("backlog grew over the cell (235 -> 1735 ms in system)"), flags  # quarters of 10
+    assert flags[1] == "Little's law off by 30%: not a steady state"
+    # doubling by less than a tenth of the span is a busy but steady system; too few requests say nothing
+    assert steady_flags(arrival, [0.01 + 0.03 * (i >= 30) for i in range(40)], 0.0) == []
+    assert steady_flags(arrival[:5], growing[:5], None) == []
