@@ -22,9 +22,11 @@ def install(session: nox.Session, *extras: str) -> None:
 def bench(session: nox.Session) -> None:
     """Run the default matrix for this machine and write its HTML report."""
     install(session)
-    session.run("parbench", "run", "--report", *session.posargs)
+    # said first: a run that fails or is interrupted (its message points at `parbench run --resume`)
+    # ends the session before anything after it
     session.log(f"parbench is installed in this session's virtualenv: "
                 f"source {session.virtualenv.location}/bin/activate")
+    session.run("parbench", "run", "--report", *session.posargs)
 
 
 @nox.session

@@ -221,15 +221,23 @@ def group(cells: list[Planned]) -> list[Group]:
 #: model build, warm-up, profiled steps), by device; measured on this project's machines.
 GROUP_START_S = {"cpu": 4.0, "cuda": 15.0}
 #: Per cell beyond its timed steps (build, staging, warm-up, one profiled step, teardown): the first
-#: 4-GPU session measured 0.5-1.3 s for NCCL cells and 2-4 s for Gloo and DataParallel cells on H100,
-#: so a GPU matrix's Gloo cells cost about three times its NCCL cells (the default 4-GPU matrix has
-#: 64 Gloo cells of 168); keyed by (device, backend), the device's own entry for anything else.
-CELL_OVERHEAD_S = {"cpu": 1.0, "cuda": 1.5, ("cuda", "nccl"): 1.0, ("cuda", "gloo"): 3.0}
+#: 4-GPU session measured 0.5-1.3 s for NCCL cells and 2-4 s for Gloo cells and for DataParallel
+#: cells (one process driving several GPUs) on H100, so those cost about three times a multi-process
+#: NCCL cell (the default 4-GPU matrix has 64 Gloo cells of 168); keyed by (device, backend), the
+#: device's own entry for anything else; "multi-gpu": one process on several GPUs.
+CELL_OVERHEAD_S = {"cpu": 1.0, "cuda": 1.5, ("cuda", "nccl"): 1.0, ("cuda", "gloo"): 3.0, ("cuda", "multi-gpu"): 3.0}
 
 
-def cell_overhead(device: str, backend: str) -> float:
-    """What a budget plan assumes one cell costs beyond its timed steps."""
+def cell_overhead(device: str, backend: str, one_process_gpus: int = 1) -> float:
+    """What a budget plan assumes one cell costs beyond its timed steps (``one_process_gpus``: the
+    GPUs a one-process cell drives, as DataParallel and layer splits do)."""
+    if device == "cuda" and one_process_gpus > 1:
+        return CELL_OVERHEAD_S[("cuda", "multi-gpu")]
     return CELL_OVERHEAD_S.get((device, backend), CELL_OVERHEAD_S[device])
+
+
+def _overhead(cfg, c: CellSpec) -> float:
+    return cell_overhead(cfg.device, c.backend, c.n_devices if c.n_procs == 1 else 1)
 
 
 def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float) -> tuple[list[Planned], str]:
@@ -242,7 +250,7 @@ def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float) -> tuple[
     if not runnable:
         return cells, "nothing to run"
     n_groups = len({(p.spec.n_procs, p.spec.nnodes, p.spec.backend) for p in runnable})
-    fixed = n_groups * GROUP_START_S[cfg.device] + sum(cell_overhead(cfg.device, p.spec.backend) for p in runnable)
+    fixed = n_groups * GROUP_START_S[cfg.device] + sum(_overhead(cfg, p.spec) for p in runnable)
     if fixed > 1.5 * budget_s:
         raise UserError(f"budget {budget_s:g}s is too small for {len(runnable)} cells in {n_groups} process groups "
                         f"(about {fixed:.0f}s before any timed step); raise --budget or narrow the matrix")
@@ -956,7 +964,7 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
         deadline = time.time() + budget_s if budget_s else None
         for gid, g in enumerate(groups):
             # A group that cannot even start and build its cells before the deadline is not started.
-            needed = GROUP_START_S[cfg.device] + cell_overhead(cfg.device, g.backend) * min(len(g.cells), 3)
+            needed = GROUP_START_S[cfg.device] + sum(_overhead(cfg, c) for c in g.cells[:3])
             if deadline is not None and time.time() + needed > deadline:
                 for c in g.cells:
                     writer.add(failure_row(c, status="skipped", reason="time budget: the run's deadline passed "

@@ -300,8 +300,11 @@ def rounds(plan: GroupPlan) -> list[list[tuple[CellSpec, int]]]:
     2m rounds (odd m) put every cell after every other cell equally often, so slow drift of the
     machine and whatever a cell leaves behind in the processes land on every cell alike (a fresh
     shuffle per round did not: with seed 0 a 3-cell group ran in one order in rounds 2-4, its
-    middle cell never first or last). Fewer rounds than cells cannot balance positions. A single
-    round keeps the planned order (the reference first)."""
+    middle cell never first or last). Fewer rounds than cells cannot balance positions. The balance
+    counts neighbours within a round: the last cell of one round and the first of the next are not
+    balanced (with 2 cells, A B / B A, a cell follows itself there). A relaunch (after a crash or a
+    timeout) starts a new square on the cells left, so the claims hold per launch. A single round
+    keeps the planned order (the reference first)."""
     import random
 
     left = {c.cell_id: c.measure.repeats - plan.first_repeat.get(str(c.cell_id), 0) for c in plan.cells}

@@ -27,7 +27,8 @@ the repeat medians against their order) is printed beside it: a cell that slows 
 round to round is the machine, whichever cell came before. One limit: a group relaunched after a
 timeout or a crash starts new processes, which the steps table does not mark, so the first cell
 after a relaunch is shown after the cell before the relaunch (the run's notes in meta.json
-``survivors`` say when that happened).
+``survivors`` say when that happened). And the harness balances predecessors within rounds; the
+first cell of a round follows the last of the previous one, which is not balanced.
 """
 
 from __future__ import annotations
