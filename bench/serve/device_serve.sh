@@ -8,8 +8,9 @@
 # Usage (repository root): OUT=/some/dir bash bench/serve/device_serve.sh calib   (first: the others read
 # $OUT/capacity.txt), then ... levels, ... sweep, ... noisy, with the same OUT.
 # levels over several calls: LV_WS=4 (one world size), LV_PLACEMENTS=pinned-tenants,pipeline (some
-# placements), LV_TIMEOUT=400 (seconds a world size). A new call's OUT is empty: write the capacity
-# found by calib into $OUT/capacity.txt first.
+# placements), LV_TIMEOUT=400 (seconds a world size), LV_DURATION=12 (seconds of load a cell: a p99
+# needs 662 requests, so at generation's 19-57 req/s about 12-35 s; the default 3 s gives p50s only).
+# A new call's OUT is empty: write the capacity found by calib into $OUT/capacity.txt first.
 # Into $OUT: one run folder per part (results tables), device_serve_<part>.log, capacity.txt, and after
 # each part serve_tables.md (+ rate_vs_p99.png after the sweep) built over every run folder in $OUT.
 set -uo pipefail
@@ -55,7 +56,7 @@ case "$PART" in
     for ws in ${lv_ws//,/ }; do
       serve "${LV_TIMEOUT:-280}" "${COMMON[@]}" --placements "${LV_PLACEMENTS:-replicas,dataparallel-infer,pinned-tenants,pipeline}" \
         --policies round-robin,random,jsq,shared,batch --world-sizes "$ws" \
-        --rates "$(rates "$C" "$ws" "0.3,0.6,0.9")" --duration 3
+        --rates "$(rates "$C" "$ws" "0.3,0.6,0.9")" --duration "${LV_DURATION:-3}"
     done
     ;;&
   sweep|all)
