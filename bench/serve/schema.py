@@ -133,7 +133,8 @@ def cell_metrics(rows: list[dict[str, Any]], workers: dict[int, dict[str, Any]],
     span = 1.0 / b["achieved_rps"] * len(rows) if rows and b["achieved_rps"] == b["achieved_rps"] else float("nan")
     per_dev = {str(i): {"requests": w.get("served"), "busy_s": round(w.get("busy_s", 0.0), 6),
                         "util": round(w.get("busy_s", 0.0) / wall_s, 4) if wall_s > 0 else None,
-                        "peak_mem_bytes": w.get("peak_mem_bytes"), "energy_j": w.get("energy_j")}
+                        "peak_mem_bytes": w.get("peak_mem_bytes"), "energy_j": w.get("energy_j"),
+                        **({"inflight_max": w["inflight_max"]} if "inflight_max" in w else {})}
                for i, w in sorted(workers.items())}
     lat = np.array([r["latency_s"] for r in rows], float)
     q = np.array([r["queue_s"] for r in rows], float)

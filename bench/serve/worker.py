@@ -30,6 +30,11 @@ from typing import Any
 
 import torch
 
+#: Generating micro-batches a pipeline's stage 0 lets into the stages at once. Past it, new requests
+#: wait at stage 0 (as queue time) while the ones in flight finish: each in flight holds a KV cache
+#: on every stage, so an overloaded cell would otherwise grow GPU memory with its backlog.
+MAX_INFLIGHT = 64
+
 
 @dataclass
 class WorkerSpec:
@@ -74,6 +79,7 @@ class _Worker:
         else:
             torch.cuda.set_device(self.device)
         self.dtype = resolve_precision(spec.precision, self.device)
+        self.deferred: list[tuple] = []  # a generating pipeline's stage 0: requests waiting for room
         wl = resolve(spec.workload, seed=spec.seed, **spec.dims)
         self.sm = ServeModel.create(wl, task=spec.task, gen_tokens=spec.gen_tokens, seed=spec.seed)
         model = self.sm.build(self.device, self.dtype)
@@ -89,6 +95,7 @@ class _Worker:
             self.caches: dict[tuple[int, int], list] = {}  # micro-batch key -> this stage's KV caches
             self.keys = 0
             self.probe_out: dict[int, torch.Tensor] = {}
+            self.inflight = self.inflight_max = 0  # stage 0: micro-batches begun and not at their last pass
         else:
             self.fn = self.sm.runner(model)
             if spec.role == "dp" and self.device.type == "cuda":
@@ -183,6 +190,9 @@ class _Worker:
             first = src.get()
             if first[0] == "end":
                 break
+            if first[0] == "req" and self._full():  # generating at the limit: it waits its turn
+                self.deferred.append(first)
+                continue
             batch = [first]
             if first[0] == "req" and bmax > 1:  # dynamic batching: more until full or the wait is over
                 deadline = time.perf_counter() + wait
@@ -200,9 +210,16 @@ class _Worker:
             busy += t
             batches += 1
             served += n
+            while self.deferred and not self._full():  # room again: the longest-waiting request first
+                t, n = self._run_batch([self.deferred.pop(0)], slow)
+                busy += t
+                batches += 1
+                served += n
         e1 = self.energy.read() if self.energy else None
         stats = {"busy_s": busy, "batches": batches, "served": served, "peak_mem_bytes": self._peak_mem(),
                  "energy_j": (e1 - e0) if e0 is not None and e1 is not None else None}
+        if self.spec.role == "stage" and self.gen and self.spec.stage == 0:
+            stats["inflight_max"], self.inflight_max = self.inflight_max, 0
         self.result_q.put(("ended", self.spec.wid, stats))
         if self.spec.role == "stage" and not self.last:
             self.next_q.put(("end",))
@@ -251,9 +268,15 @@ class _Worker:
             self.next_q.put(("act", metas, y, inputs))
 
     # --- generation across stages ----------------------------------------------------------
+    def _full(self) -> bool:
+        """Stage 0 of a generating pipeline with MAX_INFLIGHT micro-batches in flight."""
+        return self.spec.role == "stage" and self.gen and self.spec.stage == 0 and self.inflight >= MAX_INFLIGHT
+
     def _gen_begin(self, metas: list[tuple], idx: torch.Tensor) -> None:
         """Stage 0: a new micro-batch of prompts ``idx``: its prefill pass under a new cache key."""
         self.keys += 1
+        self.inflight += 1
+        self.inflight_max = max(self.inflight_max, self.inflight)
         self._gen_pass(("gen", metas, idx, (self.spec.wid, self.keys), 0, []))
 
     @torch.no_grad()
@@ -264,6 +287,8 @@ class _Worker:
 
         _, metas, x, key, start, toks = msg
         final = len(toks) + 1 == self.sm.gen_tokens  # this pass makes the last token
+        if final and self.spec.stage == 0:
+            self.inflight -= 1  # its last pass through stage 0: room for a waiting request
         x = x.to(self.device)
         if x.is_floating_point():
             x = x.to(self.dtype)

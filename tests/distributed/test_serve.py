@@ -112,3 +112,26 @@ def test_generation_through_the_pipeline_placement(tmp_path):
     per = json.loads(pipe["per_device"])
     assert set(per) == {"0", "1"} and all(v["requests"] == pipe["serve_requests"] for v in per.values())
     assert pipe["serve_tokens_s"] > 0
+
+
+def test_an_overloaded_generating_pipeline_bounds_its_work_in_flight(tmp_path):
+    """Far above its capacity, stage 0 lets at most MAX_INFLIGHT micro-batches (each with a KV cache
+    on every stage) into the stages; the rest wait at stage 0 and every request is still answered,
+    with the tokens one device gives; the cell says it never reached a steady state."""
+    from bench.serve.worker import MAX_INFLIGHT
+
+    cmd = [sys.executable, "-m", "bench.cli_serve", "--device", "cpu", "--workload", "gpt-tiny", "--task", "generate",
+           "--gen-tokens", "6", "--placements", "pipeline", "--world-sizes", "2", "--rates", "150", "--duration", "2",
+           "--size", "uniform", "--size-min", "8", "--size-max", "16", "--sample-hz", "0", "--out", str(tmp_path),
+           "--cell-timeout", "120"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (run_dir,) = list(tmp_path.iterdir())
+    cells, _, _ = load_run(run_dir)
+    r = cells.iloc[0]
+    assert r["status"] == "ok" and r["parity_rel_err"] == 0.0
+    assert r["serve_requests_done"] == r["serve_requests"] > MAX_INFLIGHT
+    stage0 = json.loads(r["per_device"])["0"]
+    assert 1 <= stage0["inflight_max"] <= MAX_INFLIGHT, stage0
+    if not r["stable"]:  # overloaded (as on 2 cores: p50 of seconds): the bound was reached
+        assert stage0["inflight_max"] == MAX_INFLIGHT and "backlog grew" in r["noise"], (stage0, r["noise"])
