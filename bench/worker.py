@@ -215,7 +215,7 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = 
         if device.type == "cuda":
             peaks = [torch.cuda.max_memory_allocated(d) for d in devices]
             out.peak_mem = float(max(peaks))
-            out.devices_used = sum(p - b > 2**20 for p, b in zip(peaks, before))
+            out.devices_used = spec.devices_grown(peaks, before)
         out.window = (t0, t1)
         out.starts = timer.starts(t0)
         if e0 is not None and e1 is not None:

@@ -99,13 +99,22 @@ GROWTH, GROWTH_SPAN = 2.0, 0.1
 #: its two sides differ by chance (a review's simulation, 50 ms service, 36-54 requests a cell:
 #: stable cells off by more than 5% in 23% of cells at 60% load, 40% at 90%; 0-1% with ~1000).
 LITTLE_MIN_N = 250
+#: A cell is not a steady state when its last request finished more than this fraction of the arrival
+#: window after the last arrival: requests were still queued when arrivals stopped, so the cell ran
+#: above capacity or was too short for its own latency (its percentiles are a transient's). Seen on 4
+#: H100s: a generating pipeline offered 38 req/s for 3 s served 8.6 req/s, its last request done 8.2 s
+#: after the last arrival, while its backlog only grew 1.7x between quarters (the first quarter was
+#: already queued) and 96 requests are too few for Little's law. A steady cell drains within about
+#: one latency: 0-4% of a 3 s window for every unflagged cell of that run.
+DRAIN = 0.25
 
 
 def steady_flags(arrival: Sequence[float], latency: Sequence[float], little_rel_err: float | None,
                  tolerance: float = 0.05) -> list[str]:
     """Why an open-loop cell's latencies are not those of a steady state (empty: nothing seen): the
-    time in system grew from the first quarter of arrivals to the last, or Little's law, which holds
-    for any steady system, is off by more than ``tolerance`` (read from LITTLE_MIN_N requests)."""
+    time in system grew from the first quarter of arrivals to the last, the cell drained for longer
+    than DRAIN of its arrival window after arrivals stopped, or Little's law, which holds for any
+    steady system, is off by more than ``tolerance`` (read from LITTLE_MIN_N requests)."""
     a, w = np.asarray(arrival, float), np.asarray(latency, float)
     flags = []
     if a.size >= 8:
@@ -116,6 +125,13 @@ def steady_flags(arrival: Sequence[float], latency: Sequence[float], little_rel_
         if last > GROWTH * first and last - first > GROWTH_SPAN * span:
             flags.append(f"backlog grew over the cell ({first * 1e3:.0f} -> {last * 1e3:.0f} ms in system): above "
                          "capacity, its latencies grow with the cell's length")
+    if a.size >= 8 and float(a.max() - a.min()) > 0:
+        window = float(a.max() - a.min())
+        drain = float(np.max(a + w) - a.max())
+        if drain > DRAIN * window:
+            flags.append(f"still draining {drain:.2f} s after the last arrival ({drain / window:.0%} of the "
+                         f"{window:.2f} s arrival window): above capacity, or a cell too short for its latency "
+                         "(raise --duration)")
     if a.size >= LITTLE_MIN_N and little_rel_err is not None and little_rel_err == little_rel_err \
             and little_rel_err > tolerance:
         flags.append(f"Little's law off by {little_rel_err:.0%}: not a steady state")

@@ -173,3 +173,18 @@ def test_contention_is_named():
     assert contention({"host_other_cpu_cores": 1.6, "host_load1": 5.0}, 2).startswith("1.6 cores busy")
     assert "throttled" in contention({"gpu_throttled_frac": 0.5}, 64)
     assert contention({"host_other_cpu_cores": 0.1, "host_load1": 1.0}, 2) == ""
+
+
+def test_a_one_process_cell_uses_a_device_when_its_training_grew_it_at_all():
+    from bench.rows import distribution_check
+    from bench.spec import devices_grown
+    # A layer split of the built-in convnet: the last GPU holds a 2048 x 10 classifier, its
+    # gradients and its inputs (about 0.7 MB). It is used; a GPU the cell never touched is not.
+    assert devices_grown([50_000_000, 700_000 + 4096], [0, 4096]) == 2
+    assert devices_grown([50_000_000, 4096], [0, 4096]) == 1
+    one = spec(n=2)
+    one = type(one)(**{**one.__dict__, "n_procs": 1})
+    used = rank(0, [0.1] * 4, devices_used=devices_grown([50_000_000, 704_096], [0, 4096]))
+    inert = rank(0, [0.1] * 4, devices_used=devices_grown([50_000_000, 4096], [0, 4096]))
+    assert distribution_check(one, [used], ["devices"]) is None
+    assert distribution_check(one, [inert], ["devices"]) == "did not distribute: 1 of 2 planned GPUs held memory"
