@@ -217,32 +217,37 @@ def group(cells: list[Planned]) -> list[Group]:
     return [groups[k] for k in sorted(groups, key=lambda k: (k[0], k[1], k[2] not in first_backend, k[2]))]
 
 
-#: What a budget plan assumes a torchrun group and a cell cost beyond their timed steps (start-up,
-#: model build, warm-up, profiled steps), by device; measured on this project's machines.
-GROUP_START_S = {"cpu": 4.0, "cuda": 15.0}
-#: Per cell beyond its timed steps (build, staging, warm-up, one profiled step, teardown): the first
-#: 4-GPU session measured 0.5-1.3 s for NCCL cells and 2-4 s for Gloo cells and for DataParallel
-#: cells (one process driving several GPUs) on H100, so those cost about three times a multi-process
-#: NCCL cell (the default 4-GPU matrix has 64 Gloo cells of 168); keyed by (device, backend), the
-#: device's own entry for anything else; "multi-gpu": one process on several GPUs.
-CELL_OVERHEAD_S = {"cpu": 1.0, "cuda": 1.5, ("cuda", "nccl"): 1.0, ("cuda", "gloo"): 3.0, ("cuda", "multi-gpu"): 3.0}
+#: What a budget plan assumes a torchrun group costs beyond its cells (start-up, the once-per-process
+#: warm-up, teardown), by device: on 4 H100s the default matrix's 6 groups took 135 s beyond their
+#: cells (seventh stop), 22 s each.
+GROUP_START_S = {"cpu": 4.0, "cuda": 22.0}
+#: What a cell costs beyond its timed steps (build, staging, 2 warm-up steps, one profiled step,
+#: teardown): a base, keyed by (device, backend) ("multi-gpu": one process on several GPUs, as
+#: DataParallel and layer splits are), plus seconds per billion parameters, since the steps and the
+#: build grow with the model. Fitted on the default matrix under its budget on 4 H100s (seventh
+#: stop, 166 cells; warm-up then cut to 2 steps by time): NCCL 0.5 s for the small models and 1.95
+#: s for gpt-200m (236 M parameters); Gloo 0.6 and 4.7 s; one-process multi-GPU cells of gpt-200m
+#: 1.5-3 s. The device's own entry covers any other backend.
+CELL_OVERHEAD_S = {"cpu": 1.0, "cuda": 0.6, ("cuda", "nccl"): 0.5, ("cuda", "gloo"): 0.6, ("cuda", "multi-gpu"): 0.6}
+CELL_OVERHEAD_PER_BPARAM_S = {("cuda", "nccl"): 6.0, ("cuda", "gloo"): 18.0, ("cuda", "multi-gpu"): 10.0}
 
 
-def cell_overhead(device: str, backend: str, one_process_gpus: int = 1) -> float:
+def cell_overhead(device: str, backend: str, one_process_gpus: int = 1, params: int | None = None) -> float:
     """What a budget plan assumes one cell costs beyond its timed steps (``one_process_gpus``: the
-    GPUs a one-process cell drives, as DataParallel and layer splits do)."""
-    if device == "cuda" and one_process_gpus > 1:
-        return CELL_OVERHEAD_S[("cuda", "multi-gpu")]
-    return CELL_OVERHEAD_S.get((device, backend), CELL_OVERHEAD_S[device])
+    GPUs a one-process cell drives, as DataParallel and layer splits do; ``params``: the workload's
+    parameter count, None when unknown)."""
+    key = (device, "multi-gpu") if device == "cuda" and one_process_gpus > 1 else (device, backend)
+    base = CELL_OVERHEAD_S.get(key, CELL_OVERHEAD_S[device])
+    return base + CELL_OVERHEAD_PER_BPARAM_S.get(key, 0.0) * (params or 0) / 1e9
 
 
 def _overhead(cfg, c: CellSpec) -> float:
-    return cell_overhead(cfg.device, c.backend, c.n_devices if c.n_procs == 1 else 1)
+    return cell_overhead(cfg.device, c.backend, c.n_devices if c.n_procs == 1 else 1, c.workload.params)
 
 
 def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float) -> tuple[list[Planned], str]:
     """Fit the run into ``budget_s``: fewer repeats if needed, then each cell's timed steps capped
-    by time (at least 2 steps, 1 warm-up and at most 1 profiled step; more timed steps while the
+    by time (at least 2 steps, 2 warm-up and at most 1 profiled step; more timed steps while the
     interval is wide and time is left). The run's deadline cuts what still does not fit (those cells
     are skipped with that reason). Returns the cells with their new settings and the plan in one
     sentence; UserError when the fixed costs alone are far beyond the budget."""
@@ -265,7 +270,7 @@ def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float) -> tuple[
     out = []
     for p in cells:
         m0 = p.spec.measure
-        planned = dict(repeats=repeats, steps=min(m0.steps, 2), warmup=min(m0.warmup, 1),
+        planned = dict(repeats=repeats, steps=min(m0.steps, 2), warmup=min(m0.warmup, 2),
                        steps_max=max(m0.steps_max, 500), warmup_max=min(m0.warmup_max, 10),
                        profile_steps=min(m0.profile_steps, 1), time_cap_s=cap)
         m = dataclasses.replace(m0, **{k: v for k, v in planned.items() if k not in pinned})
@@ -278,6 +283,55 @@ def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float) -> tuple[
             + (f"; kept as given: {', '.join(sorted(pinned))}" if pinned else "")
             + ("; tight: expect skipped cells" if usable <= 0 else ""))
     return out, text
+
+
+class Pacer:
+    """Re-plans a budgeted run's time cap before each process group from the time actually left.
+
+    The plan's costs are a model (GROUP_START_S, CELL_OVERHEAD_S); a machine slower or faster than
+    the one they were fitted on would end the run with cells skipped at the deadline, or with time
+    unused. Before each group: the groups done so far give the pace (seconds they took over seconds
+    the model gave them, 0.5-3), the groups left cost the model's fixed costs times that pace, and
+    what is left of 90% of the time remaining is shared among their cells' repeats as the cap (at
+    least 0.1 s, at most twice the plan's). One node only: the ranks of a multi-node group must
+    agree on every cap, and followers run the plan as drawn."""
+
+    def __init__(self, cfg: RunConfig, budget_s: float, groups: list[Group]):
+        self.cfg, self.groups = cfg, groups
+        caps = [c.measure.time_cap_s for g in groups for c in g.cells if c.measure.time_cap_s]
+        self.planned = max(caps) if caps else 0.0
+        self.modelled = self.spent = 0.0
+        self._start: tuple[float, float] | None = None  # (seconds left, modelled cost) of the current group
+
+    def fixed(self, g: Group) -> float:
+        return GROUP_START_S[self.cfg.device] + sum(_overhead(self.cfg, c) for c in g.cells)
+
+    @property
+    def pace(self) -> float:
+        return min(max(self.spent / self.modelled, 0.5), 3.0) if self.modelled > 0 else 1.0
+
+    def cap(self, gid: int, left_s: float) -> float:
+        rest = self.groups[gid:]
+        slots = sum(len(g.cells) * max(c.measure.repeats for c in g.cells) for g in rest if g.cells)
+        if not slots or not self.planned:
+            return self.planned
+        usable = 0.9 * left_s - self.pace * sum(self.fixed(g) for g in rest)
+        return min(max(usable / slots, 0.1), 2 * self.planned)
+
+    def next_group(self, gid: int, left_s: float) -> Group:
+        g = self.groups[gid]
+        cap = self.cap(gid, left_s)
+        cells = [dataclasses.replace(c, measure=dataclasses.replace(c.measure, time_cap_s=cap))
+                 if c.measure.time_cap_s else c for c in g.cells]
+        slots = sum(c.measure.repeats for c in cells)
+        self._start = (left_s, self.fixed(g) + slots * cap)
+        return dataclasses.replace(g, cells=cells)
+
+    def group_done(self, left_s: float) -> None:
+        if self._start is not None:
+            self.spent += self._start[0] - left_s
+            self.modelled += self._start[1]
+            self._start = None
 
 
 def earliest(old: tuple[float, str] | None, new: tuple[float, str]) -> tuple[float, str]:
@@ -962,7 +1016,11 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
         if plan_text:
             report(Progress(kind="note", group="", text=plan_text))
         deadline = time.time() + budget_s if budget_s else None
+        pacer = (Pacer(cfg, budget_s, groups) if budget_s and cfg.nnodes == 1
+                 and "time_cap_s" not in (getattr(cfg, "pinned", ()) or ()) else None)
         for gid, g in enumerate(groups):
+            if pacer is not None:
+                g = pacer.next_group(gid, deadline - time.time())
             # A group that cannot even start and build its cells before the deadline is not started.
             needed = GROUP_START_S[cfg.device] + sum(_overhead(cfg, c) for c in g.cells[:3])
             if deadline is not None and time.time() + needed > deadline:
@@ -973,6 +1031,8 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
                 continue
             report(Progress(kind="group", group=g.label, n=len(g.cells)))
             run_group(g, gid, cfg, writer, work, telemetry, report, trace_dir, deadline, survivors, coord=coord)
+            if pacer is not None:
+                pacer.group_done(deadline - time.time())
         status = "complete"
     except Interrupted as e:
         status = f"interrupted by {signal.Signals(e.signum).name}"

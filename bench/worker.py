@@ -121,6 +121,20 @@ def agreed(times: list[float], backend: backends.Backend, device: torch.device,
     return x[:-1], bool(x[-1])
 
 
+def chunk_within(x: np.ndarray | None, left: int, allowance_s: float | None) -> int:
+    """Steps of the next chunk of an adaptive loop: CHUNK, no more than ``left``, and, with an
+    allowance, no more than the latest step time says fit in what the steps ``x`` left of it (at
+    least one while any is left; 0 once it is spent)."""
+    n = min(CHUNK, max(left, 0))
+    if allowance_s is None or x is None or not x.size or n == 0:
+        return n
+    rest = allowance_s - float(x.sum())
+    if rest <= 0:
+        return 0
+    per = float(x[-1])
+    return n if per <= 0 else max(1, min(n, int(np.ceil(rest / per))))
+
+
 def settled(x: np.ndarray, tol: float) -> bool:
     """The median of the last CHUNK steps moved less than ``tol`` from the CHUNK before."""
     if x.size < 2 * CHUNK:
@@ -174,13 +188,21 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = 
                 losses.append(timer.time(lambda: step.run(batches[s % len(batches)])))  # noqa: B023
 
         # Warm-up: the asked steps, then more in chunks until the step time settles (or the cap).
+        # Warm-up may take half the time cap; the next chunk is sized to what is left of that half
+        # (a time-capped cell of the default 4-GPU matrix under its 10-minute budget, 0.4 s a cell,
+        # ran 1 + 5 warm-up steps of 0.5-5 s on Gloo: 114 of its 576 s). Same decisions on every
+        # rank: the agreed times, not each rank's own clock.
         warm = StepTimer(device)
         run_steps(warm, m.warmup)
-        while m.warmup_max > len(losses) and m.settle > 0:
-            run_steps(warm, min(CHUNK, m.warmup_max - len(losses)))
+        adaptive = m.warmup_max > len(losses) and m.settle > 0
+        x, late = agreed(warm.times(), backend, device, plan.deadline_unix) if adaptive else (None, False)
+        while adaptive and m.warmup_max > len(losses):
+            n = chunk_within(x, m.warmup_max - len(losses), m.time_cap_s / 2 if m.time_cap_s else None)
+            if late or n == 0:
+                break
+            run_steps(warm, n)
             x, late = agreed(warm.times(), backend, device, plan.deadline_unix)
-            # Same decision on every rank: the agreed times, not each rank's own clock.
-            if settled(x, m.settle) or late or (m.time_cap_s and float(x.sum()) > m.time_cap_s / 2):
+            if settled(x, m.settle):
                 break
         out.warmup_steps = len(losses)
         meter = EnergyMeter([d.index for d in devices]) if device.type == "cuda" else None
@@ -207,9 +229,10 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = 
                 if order_stat_halfwidth(x) <= m.target_ci:
                     out.target_reached = True
                     break
-                if x.size >= m.steps_max or late or (m.time_cap_s and float(x.sum()) > m.time_cap_s):
+                n = chunk_within(x, m.steps_max - x.size, m.time_cap_s or None)
+                if late or n == 0:
                     break
-                run_steps(timer, min(CHUNK, m.steps_max - x.size))
+                run_steps(timer, n)
         out.times = timer.times()  # synchronises the device
         t1, e1 = time.time(), (meter.read() if meter else None)
         if device.type == "cuda":

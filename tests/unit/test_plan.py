@@ -83,7 +83,7 @@ def test_the_default_budget_stands_aside_when_the_user_fixes_the_measurement():
     out, text = budget_plan(cfg, cells, 300.0)
     m = [p.spec.measure for p in out if p.reason is None]
     assert m and all(x.steps == 10 and x.steps_max == 10 for x in m)
-    assert all(x.warmup == 1 for x in m)  # not pinned: planned
+    assert all(x.warmup == 2 for x in m)  # not pinned: planned
     assert "kept as given: steps, steps_max" in text and "at least 10 steps" in text
 
 
@@ -99,9 +99,10 @@ def test_a_cells_earliest_rank_error_is_its_reason_whatever_order_they_are_read_
 
 
 def test_a_budget_plan_charges_gloo_and_one_process_multi_gpu_cells_more_on_gpus():
-    """Measured on 4x H100: 0.5-1.3 s a multi-process NCCL cell, 2-4 s a Gloo or DataParallel cell.
-    A small GPU plan by hand: the reference (nccl), ddp x2 (nccl, gloo), dataparallel x2 (nccl, one
-    process on 2 GPUs), in 3 process groups."""
+    """Fitted on 4x H100 (seventh stop): a group 22 s, a cell 0.5 s (NCCL) / 0.6 s (Gloo, one process
+    on several GPUs) plus 6 / 18 / 10 s per billion parameters. A small GPU plan by hand: the
+    reference (nccl), ddp x2 (nccl, gloo), dataparallel x2 (nccl, one process on 2 GPUs), in 3
+    process groups, mlp (927,760 parameters)."""
     from bench import launch
     from bench.config import build_config
 
@@ -111,14 +112,65 @@ def test_a_budget_plan_charges_gloo_and_one_process_multi_gpu_cells_more_on_gpus
     run = sorted((c.spec.strategy, c.spec.backend) for c in cells if c.reason is None)
     assert run == [("dataparallel", "nccl"), ("ddp", "gloo"), ("ddp", "nccl"), ("single", "nccl")], run
     assert len(launch.group(cells)) == 3  # 1 process nccl (single, dataparallel), 2 nccl, 2 gloo
-    # 3 starts x 15 s; single 1; dataparallel (one process, 2 GPUs) 3; ddp nccl 1; ddp gloo 3
-    fixed = 3 * 15.0 + 1 + 3 + 1 + 3
+    # 3 starts x 22 s; single and ddp on nccl 0.5 + 6e-9 s a parameter each; dataparallel (one
+    # process, 2 GPUs) 0.6 + 10e-9; ddp gloo 0.6 + 18e-9
+    p = 927_760
+    assert cells[0].spec.workload.params == p
+    fixed = 3 * 22.0 + 2 * (0.5 + 6e-9 * p) + (0.6 + 10e-9 * p) + (0.6 + 18e-9 * p)
     out, text = launch.budget_plan(cfg, cells, 120.0)
     caps = {round(c.spec.measure.time_cap_s, 9) for c in out if c.reason is None}
     assert caps == {round((0.8 * 120 - fixed) / 4, 9)}, (caps, text)
     assert launch.cell_overhead("cpu", "gloo") == 1.0 and launch.cell_overhead("cpu", "gloo", 2) == 1.0
+    assert launch.cell_overhead("cpu", "gloo", params=10**9) == 1.0  # not fitted on CPU: no size term
+    assert abs(launch.cell_overhead("cuda", "gloo", params=236_144_640) - (0.6 + 18 * 0.23614464)) < 1e-9
     # the default 4-GPU matrix (issue 11, item 3) plans without refusing, and says so up front
     cfg4 = build_config(toml=None, flags={"device": "cuda"}, gpus=4)
     cells4, _, _ = launch.plan(cfg4, 4)
     _, text4 = launch.budget_plan(cfg4, cells4, 600.0)
     assert text4.startswith("budget 600s: ") and "cells x 1 repeat(s)" in text4
+
+
+def test_the_pacer_shares_the_time_left_among_the_cells_left_at_the_pace_so_far():
+    """The default 4-GPU matrix ran 576 s against a 10-minute budget whose plan had assumed 400 s of
+    fixed costs (seventh stop): before each group the cap is drawn again from the time left."""
+    from bench import launch
+    from bench.config import build_config
+
+    cfg = build_config(toml=None, flags={"device": "cuda", "workloads": "mlp", "strategies": "ddp",
+                                         "backends": "nccl,gloo", "world_sizes": "2"}, gpus=2)
+    cells, _, _ = launch.plan(cfg, 2)
+    out, _ = launch.budget_plan(cfg, cells, 120.0)
+    groups = launch.group(out)
+    assert [len(g.cells) for g in groups] == [1, 1, 1]  # single nccl; ddp nccl x2; ddp gloo x2
+    planned = groups[0].cells[0].measure.time_cap_s
+    pacer = launch.Pacer(cfg, 120.0, groups)
+    fixed = [pacer.fixed(g) for g in groups]
+    # On schedule: the first group's cap is what is left of 90% of the time after the fixed costs
+    g0 = pacer.next_group(0, 120.0)
+    expect = min((0.9 * 120.0 - sum(fixed)) / 3, 2 * planned)
+    assert abs(g0.cells[0].measure.time_cap_s - expect) < 1e-9
+    assert groups[0].cells[0].measure.time_cap_s == planned  # the plan itself is not changed
+    # The first group took three times what the model said: the rest is charged at that pace
+    modelled = fixed[0] + expect
+    pacer.group_done(120.0 - 3 * modelled)
+    assert abs(pacer.pace - 3.0) < 1e-9
+    g1 = pacer.next_group(1, 120.0 - 3 * modelled)
+    assert g1.cells[0].measure.time_cap_s == 0.1  # nothing left beyond the fixed costs: the floor
+    # Far ahead of schedule: at most twice the plan's cap
+    fast = launch.Pacer(cfg, 120.0, groups)
+    assert fast.next_group(0, 10_000.0).cells[0].measure.time_cap_s == 2 * planned
+
+
+def test_an_adaptive_chunk_fits_the_time_left_of_its_allowance():
+    import numpy as np
+
+    from bench.worker import CHUNK, chunk_within
+
+    assert chunk_within(None, 50, 1.0) == CHUNK and chunk_within(np.array([]), 50, 1.0) == CHUNK
+    assert chunk_within(np.array([0.01, 0.01]), 3, None) == 3  # no allowance: the steps left
+    assert chunk_within(np.array([0.01, 0.01]), 50, 1.0) == CHUNK
+    # a 0.55 s Gloo step with 0.2 s of warm-up allowed: spent after the first two
+    assert chunk_within(np.array([1.2, 0.55]), 50, 0.2) == 0
+    # 0.3 s left of the allowance, 0.1 s steps: 3, not a whole chunk of 5
+    assert chunk_within(np.array([0.1, 0.1]), 50, 0.5) == 3
+    assert chunk_within(np.array([0.1, 0.1]), 0, 0.5) == 0
