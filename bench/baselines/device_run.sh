@@ -215,7 +215,7 @@ gate) (  # a subshell: the GPU mask and positional parameters stay inside
 budget)  # issue 11 item 3: the default matrix (no options: every strategy, backend and world size the
   # GPUs allow) under its default 10-minute budget; the call's own 600 s limit is the budget's limit too
   start=$(date +%s)
-  timeout 590 python3 -m bench.cli run --no-progress --out "$R/budget" > "$OUT/budget.log" 2>&1
+  timeout 570 python3 -m bench.cli run --no-progress --out "$R/budget" > "$OUT/budget.log" 2>&1
   echo "default matrix: exit $? after $(( $(date +%s) - start )) s"
   grep -m 3 -iE "budget|plan" "$OUT/budget.log"
   show budget | tail -n 12 ;;
