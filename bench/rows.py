@@ -43,6 +43,7 @@ def base_row(spec: CellSpec) -> dict[str, Any]:
             "backend": spec.backend, "device": spec.device, "world_size": spec.n_devices, "nproc": spec.n_procs,
             "nnodes": spec.nnodes,
             "role": spec.role, "mode": spec.mode, "steps": m.steps, "warmup": m.warmup, "precision": m.precision,
+            "time_cap_s": m.time_cap_s or None,
             "global_batch": spec.workload.global_batch, "params": spec.workload.params, "scaling": spec.scaling,
             "repeats": m.repeats,
             "flops_per_sample": spec.workload.flops_per_sample, **spec.labels,

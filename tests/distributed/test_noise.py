@@ -50,6 +50,10 @@ def test_a_time_budget_is_kept(tmp_path):
     assert took <= 40 * 1.10, took
     assert meta["plan"].startswith("budget 40s")
     assert (cells["status"].isin(["ok", "skipped"])).all(), cells[["strategy", "status", "reason"]]
+    # each process group ran under a cap drawn from the time left before it (bench.launch.Pacer)
+    ran = cells[cells["status"] == "ok"]
+    assert ran["time_cap_s"].notna().all() and (ran["time_cap_s"] >= 0.1).all(), ran["time_cap_s"]
+    assert ran.groupby(["nproc", "backend"])["time_cap_s"].nunique().eq(1).all()  # one cap a group
 
 
 def test_a_slow_rank_is_named(tmp_path):
