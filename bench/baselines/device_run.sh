@@ -15,6 +15,7 @@
 #          pipeline-1f1b at 2 GPUs (AF_WS), global batch 64, --repeats 6 (orders: a balanced Latin square),
 #          then bench/baselines/order_effect.py over the run (sixth stop: 1F1B jittery after DDP/FSDP);
 #          once with --profile-steps 2 and once with 0 (AF_PROFILE)
+#   order  issue 10: FSDP after DDP and FSDP first in the harness's processes, 4 GPUs (IL_WS), 3 rounds each
 #   tail   issue 14's two-agent NCCL run (one agent vs two, whole runs alternating, 3 rounds)
 #   trun   issue 10: DDP and FSDP (IL_WS GPUs, default 4) with the plain programs under torchrun
 #   gate   issue 11 + 12: A1 = ddp,fsdp,pipeline-1f1b at 2 and 4 GPUs with --repeats 5; then on 2 GPUs
@@ -160,6 +161,16 @@ gb)  # issue 10 with GPU-bound steps: gpt-200m at global batch 64 (the default 1
      --warmup 3 --harness-profile-steps 2 --deadline-s "${IL_DEADLINE:-430}" --out "$OUT/gb" > "$OUT/gb.log" 2>&1
   tail -n 10 "$OUT/gb.log"
   (cd "$OUT" && tar czf gb.tgz gb gb.log && rm -rf gb) ;;
+order)  # issue 10: FSDP x4 ran 4.2% behind its plain loop as the cell after DDP (seventh stop), where a
+  # profiled DDP session had run in the same processes; the cell order follows --families, so the same
+  # comparison with FSDP first measures it before any profiling in its processes (~6 min on 4 H100s)
+  for fams in ddp,fsdp fsdp,ddp; do
+    PYTHONPATH=. timeout 290 python3 bench/baselines/interleave.py --world-sizes "${IL_WS:-4}" --families "$fams" \
+       --global-batch "${IL_GB:-64}" --repeats 3 --steps 12 --warmup 3 --harness-profile-steps 2 --deadline-s 275 \
+       --out "$OUT/order-${fams/,/-}" > "$OUT/order-${fams/,/-}.log" 2>&1
+    echo "== harness order $fams"; grep -E "^(ddp|fsdp) " "$OUT/order-${fams/,/-}.log"
+  done
+  (cd "$OUT" && tar czf order.tgz order-* && rm -rf order-ddp-fsdp order-fsdp-ddp order-*.log) ;;
 tail)  # issue 14's two agents on one host (NCCL across agents) against one agent, whole runs alternating
   # (3 rounds: about 4 minutes on 2 GPUs, up to 10 on 4; REPEATS=2 fits a 4-GPU call with room)
   PYTHON=python3 timeout "${TA_TIMEOUT:-570}" bash bench/multinode/device_two_agents.sh "$OUT/two-agents" \
