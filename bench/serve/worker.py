@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from bench.serve.wire import pack, unpack
+
 #: Generating micro-batches a pipeline's stage 0 lets into the stages at once. Past it, new requests
 #: wait at stage 0 (as queue time) while the ones in flight finish: each in flight holds a KV cache
 #: on every stage, so an overloaded cell would otherwise grow GPU memory with its backlog.
@@ -167,11 +169,12 @@ class _Worker:
                     self._gen_begin([("probe", i, len(items), quiet)], x)
                 return
         else:
-            items = msg[1]
+            items = [(unpack(x), unpack(inp)) for x, inp in msg[1]]
         outs = [(self._stage(x, inp), inp) for x, inp in items]
         if self.last:
             self.result_q.put(("probe", self.spec.wid, [] if quiet else [y for y, _ in outs]))
         else:
+            outs = [(pack(y), pack(inp)) for y, inp in outs]
             self.next_q.put(("probe_act", outs, "warm") if quiet else ("probe_act", outs))
 
     def _cell(self, cfg: dict[str, Any]) -> None:
@@ -233,6 +236,7 @@ class _Worker:
         if batch[0][0] == "act":  # a later pipeline stage: one micro-batch from upstream
             _, metas, x, inputs = batch[0]
             t0 = time.perf_counter()
+            x, inputs = unpack(x), unpack(inputs)
             y = self._stage(x, inputs)
             t1 = time.perf_counter()
             self._emit(metas, y, inputs, t0, t1)
@@ -265,7 +269,7 @@ class _Worker:
         if self.last:
             self.result_q.put(("done", self.spec.wid, [(rid, start, t1, nb) for rid, start, nb in metas]))
         else:
-            self.next_q.put(("act", metas, y, inputs))
+            self.next_q.put(("act", metas, pack(y), pack(inputs)))  # activations cross on the host, as bytes
 
     # --- generation across stages ----------------------------------------------------------
     def _full(self) -> bool:
@@ -285,11 +289,11 @@ class _Worker:
         the prefill (the pass that counts the requests as served by this stage)."""
         from bench.serve.models import kv_run, next_token
 
-        _, metas, x, key, start, toks = msg
+        _, metas, x, key, start, toks = msg  # x and toks[i] as wire.pack made them (x: a tensor at stage 0)
         final = len(toks) + 1 == self.sm.gen_tokens  # this pass makes the last token
         if final and self.spec.stage == 0:
             self.inflight -= 1  # its last pass through stage 0: room for a waiting request
-        x = x.to(self.device)
+        x = unpack(x).to(self.device)
         if x.is_floating_point():
             x = x.to(self.dtype)
         y, cache = kv_run(self.pieces, x, start, self.caches.pop(key, None))
@@ -297,13 +301,13 @@ class _Worker:
             self.caches[key] = cache
         nxt_start = start + x.shape[1]
         if not self.last:
-            self.next_q.put(("gen", metas, y.cpu(), key, start, toks))  # activations cross on the host
+            self.next_q.put(("gen", metas, pack(y), key, start, toks))  # activations cross on the host
             return start == 0
-        toks = [*toks, next_token(y).cpu()]
+        toks = [*toks, pack(next_token(y))]
         if not final:  # round again: stage 0 feeds the new token at the next position
             self.next_q.put(("tok", metas, toks[-1], key, nxt_start, toks))
             return start == 0
-        answer = torch.cat(toks, dim=1).float()
+        answer = torch.cat([unpack(t) for t in toks], dim=1).float()
         t1 = time.perf_counter()
         if metas and metas[0][0] == "probe":
             _, i, total, quiet = metas[0]

@@ -77,3 +77,18 @@ def test_generation_stage_by_stage_equals_the_whole_model():
             inp = next_token(y)
             toks.append(inp)
         assert torch.equal(torch.cat(toks, dim=1), want), n
+
+
+def test_tensors_cross_between_stages_as_exact_bytes():
+    import torch
+
+    from bench.serve.wire import is_wire, pack, unpack
+
+    for t in (torch.randn(2, 5, 8).to(torch.bfloat16), torch.randn(3, 4), torch.arange(12).reshape(3, 4),
+              torch.tensor(7), torch.empty(0, 4), torch.randn(4, 6)[:, ::2]):  # the last not contiguous
+        w = pack(t)
+        assert is_wire(w) and isinstance(w[0], bytes)
+        back = unpack(w)
+        assert back.dtype == t.dtype and back.shape == t.shape and torch.equal(back, t)
+    x = torch.ones(2)
+    assert unpack(x) is x  # a tensor passes through
