@@ -25,6 +25,7 @@ import os
 import queue
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,7 +82,7 @@ class _Worker:
         else:
             torch.cuda.set_device(self.device)
         self.dtype = resolve_precision(spec.precision, self.device)
-        self.deferred: list[tuple] = []  # a generating pipeline's stage 0: requests waiting for room
+        self.deferred: deque[tuple] = deque()  # a generating pipeline's stage 0: requests waiting for room
         wl = resolve(spec.workload, seed=spec.seed, **spec.dims)
         self.sm = ServeModel.create(wl, task=spec.task, gen_tokens=spec.gen_tokens, seed=spec.seed)
         model = self.sm.build(self.device, self.dtype)
@@ -165,6 +166,9 @@ class _Worker:
             if k > 1:  # and k of one size as one micro-batch, as stage 0 concatenates equal shapes
                 items += [(torch.cat([x] * k), torch.cat([x] * k)) for x, _ in items]
             if self.gen:  # each item a micro-batch going round the stages; the last stage collects
+                if not items:  # nothing goes round, so the last stage would never answer
+                    self.result_q.put(("probe", self.spec.wid, []))
+                    return
                 for i, (x, _) in enumerate(items):
                     self._gen_begin([("probe", i, len(items), quiet)], x)
                 return
@@ -214,7 +218,7 @@ class _Worker:
             batches += 1
             served += n
             while self.deferred and not self._full():  # room again: the longest-waiting request first
-                t, n = self._run_batch([self.deferred.pop(0)], slow)
+                t, n = self._run_batch([self.deferred.popleft()], slow)
                 busy += t
                 batches += 1
                 served += n

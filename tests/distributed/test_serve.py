@@ -135,3 +135,18 @@ def test_an_overloaded_generating_pipeline_bounds_its_work_in_flight(tmp_path):
     assert 1 <= stage0["inflight_max"] <= MAX_INFLIGHT, stage0
     if not r["stable"]:  # overloaded (as on 2 cores: p50 of seconds): the bound was reached
         assert stage0["inflight_max"] == MAX_INFLIGHT and "backlog grew" in r["noise"], (stage0, r["noise"])
+
+
+def test_a_generating_pipeline_answers_a_probe_with_no_requests():
+    """Nothing goes round the stages, so stage 0 answers itself (the last stage used to be the only
+    one that answers a probe, and the launcher waited for it until its timeout)."""
+    from bench.serve.launcher import Pool
+
+    base = {"workload": "gpt-tiny", "dims": {}, "seed": 0, "task": "generate", "gen_tokens": 3, "precision": "fp32"}
+    pool = Pool("pipeline", 2, ["cpu", "cpu"], base, start_timeout_s=120)
+    try:
+        assert pool.probe([], timeout=30) == {0: []}
+        out = pool.probe([(0, 8)], timeout=60)  # and the pool still serves afterwards
+        assert len(out) == 1 and len(next(iter(out.values()))) == 1
+    finally:
+        pool.close()
