@@ -53,7 +53,8 @@ def add_run_args(p) -> None:
     p.add_argument("--target-ci", type=float, help="relative half-width of the median's 95%% interval to reach "
                                                    "(default 0.02; 0 = fixed step count)")
     p.add_argument("--time-cap", dest="time_cap_s", type=float,
-                   help="seconds of timed steps after which no more are added (default 20)")
+                   help="seconds of timed steps after which no more are added; the adaptive warm-up adds "
+                        "no more after half of it (default 20)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", default=[],
                    help="strategy option, repeatable: mesh=2x2, micro_batches=8, bucket_mb=25")
     p.add_argument("--out", help="results folder (default: results)")

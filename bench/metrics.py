@@ -113,8 +113,9 @@ CORE: tuple[Metric, ...] = (
     Metric(name="steps", dtype="Int64", kind="fact"),
     Metric(name="warmup", dtype="Int64", kind="fact"),
     Metric(name="time_cap_s", dtype="float64", unit="s", kind="fact",
-           doc="seconds of timed steps after which no more were added (a budgeted run's cap for this cell's "
-               "process group, drawn again before each group from the time left)"),
+           doc="seconds of timed steps after which no more are added (a budgeted run's cap for this cell's "
+               "process group, drawn again before each group from the time left; a cell skipped at the "
+               "deadline shows the plan's)"),
     Metric(name="global_batch", dtype="Int64", kind="fact"),
     Metric(name="scaling", dtype="string", kind="key",
            doc="strong: the same global batch at every world size; weak: the same batch per device"),

@@ -189,10 +189,15 @@ def devices_grown(peaks: list[int], before: list[int]) -> int:
     """How many of a one-process cell's devices its training grew: the peak of allocated tensor
     bytes during the timed steps above what the device held before the cell was built. Allocated
     bytes count tensors only (no CUDA context, no allocator cache), so any parameter, gradient or
-    activation the cell keeps on a device counts; a device the cell never touched stays at 0. (A
-    1 MiB floor here failed a layer split of the built-in convnet on 2 and 4 H100s: its last stage,
-    a 2048 x 10 classifier, holds about 0.7 MB with its gradients and inputs.)"""
-    return sum(p > b for p, b in zip(peaks, before))
+    activation the cell keeps on a device counts; a device the cell never touched stays at 0. The
+    floor is 64 KiB: a layer split moves its labels to its last GPU (2 KiB for 256 int64 labels), which
+    alone must not make a GPU used. (A 1 MiB floor failed a layer split of the built-in convnet on 2
+    and 4 H100s: its last stage, a 2048 x 10 classifier, holds about 0.7 MB with its gradients and
+    inputs.)"""
+    return sum(p - b >= DEVICE_USED_BYTES for p, b in zip(peaks, before))
+
+
+DEVICE_USED_BYTES = 2**16
 
 
 def _scalar(v: Any) -> Any:

@@ -174,3 +174,23 @@ def test_an_adaptive_chunk_fits_the_time_left_of_its_allowance():
     # 0.3 s left of the allowance, 0.1 s steps: 3, not a whole chunk of 5
     assert chunk_within(np.array([0.1, 0.1]), 50, 0.5) == 3
     assert chunk_within(np.array([0.1, 0.1]), 0, 0.5) == 0
+
+
+def test_the_pacer_keeps_the_budget_when_the_capped_part_runs_over():
+    """A review's case: fixed costs exactly as modelled, but each capped slot takes 1.5 x its cap
+    (warm-up may spend half a cap beyond the timed cap). Charging the pace to the fixed costs alone
+    overran a 600 s budget by 22 s; the pace now divides the whole time left."""
+    from bench import launch
+    from bench.config import build_config
+
+    budget = 600.0
+    cfg = build_config(toml=None, flags={"device": "cuda", "workloads": "mlp", "strategies": "ddp",
+                                         "backends": "nccl,gloo", "world_sizes": "2"}, gpus=2)
+    cells, _, _ = launch.plan(cfg, 2)
+    groups = launch.group(launch.budget_plan(cfg, cells, budget)[0])
+    pacer, t = launch.Pacer(cfg, budget, groups), 0.0
+    for gid in range(len(groups)):
+        g = pacer.next_group(gid, budget - t)
+        t += pacer.fixed(g) + 1.5 * sum(c.measure.repeats for c in g.cells) * g.cells[0].measure.time_cap_s
+        pacer.group_done(budget - t)
+    assert t <= budget, t

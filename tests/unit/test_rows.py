@@ -182,6 +182,8 @@ def test_a_one_process_cell_uses_a_device_when_its_training_grew_it_at_all():
     # gradients and its inputs (about 0.7 MB). It is used; a GPU the cell never touched is not.
     assert devices_grown([50_000_000, 700_000 + 4096], [0, 4096]) == 2
     assert devices_grown([50_000_000, 4096], [0, 4096]) == 1
+    # a GPU that received only the labels (2 KiB: a layer split moves them to its last GPU) is not used
+    assert devices_grown([50_000_000, 4096 + 2048], [0, 4096]) == 1
     one = spec(n=2)
     one = type(one)(**{**one.__dict__, "n_procs": 1})
     used = rank(0, [0.1] * 4, devices_used=devices_grown([50_000_000, 704_096], [0, 4096]))
