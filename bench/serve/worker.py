@@ -114,7 +114,7 @@ class _Worker:
     def _answer(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         from bench.serve.models import run_grouped
 
-        return run_grouped(self.fn, inputs, self.device, self.dtype)
+        return run_grouped(self.fn, inputs, self.device, self.dtype, pad=self.sm.task == "score")
 
     @torch.no_grad()
     def _stage(self, x: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:

@@ -92,3 +92,25 @@ def test_tensors_cross_between_stages_as_exact_bytes():
         assert back.dtype == t.dtype and back.shape == t.shape and torch.equal(back, t)
     x = torch.ones(2)
     assert unpack(x) is x  # a tensor passes through
+
+
+def test_prompts_of_several_lengths_score_as_one_padded_call_with_the_same_answers():
+    wl = resolve("gpt-tiny")
+    sm = ServeModel.create(wl, task="score", gen_tokens=0, seed=0)
+    fn = sm.runner(sm.build(torch.device("cpu"), torch.float32))
+    inputs = [sm.make_input(r, s) for r, s in ((1, 5), (2, 17), (3, 1), (4, 9), (5, 17))]
+    calls = []
+
+    def counted(*args):
+        calls.append(args[0].shape)
+        return fn(*args)
+
+    alone = [fn(x) for x in inputs]
+    padded = run_grouped(counted, inputs, torch.device("cpu"), torch.float32, pad=True)
+    assert calls == [torch.Size([5, 17])]  # one call, right-padded to the longest
+    for a, b in zip(padded, alone):
+        assert a.shape == b.shape == (1,)
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a, b)
+    calls.clear()  # without pad (or for equal lengths only) the old grouping stands
+    run_grouped(counted, inputs, torch.device("cpu"), torch.float32)
+    assert sorted(s[1] for s in calls) == [1, 5, 9, 17]
