@@ -157,13 +157,16 @@ class ServeModel:
         return ServeModel(workload=wl, task=task, gen_tokens=gen_tokens, seed=seed, is_gpt=is_gpt, max_size=max_size)
 
     def build(self, device: torch.device, dtype: torch.dtype) -> nn.Module:
-        """The model on ``device`` in eval mode at ``dtype`` (floating parameters only)."""
-        m = self.workload.build(device).eval()
+        """The model on ``device`` in eval mode at ``dtype`` (floating parameters only). Its weights
+        are initialised on the host from the seed and then moved, so every process gets the same
+        weights whatever its device, and a pipeline stage (``build(cpu)``, then its part moved) never
+        holds the whole model on its GPU: the placement for a model too big for one device."""
+        m = self.workload.build(torch.device("cpu")).eval()
         if dtype != torch.float32:
             m = m.to(dtype=dtype)
         for p in m.parameters():
             p.requires_grad_(False)
-        return m
+        return m.to(device)
 
     def _data(self, step: int) -> Tensor:
         # The workload's batch of ``step``, cached: making a convnet batch costs about a millisecond

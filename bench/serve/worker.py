@@ -85,12 +85,11 @@ class _Worker:
         self.deferred: deque[tuple] = deque()  # a generating pipeline's stage 0: requests waiting for room
         wl = resolve(spec.workload, seed=spec.seed, **spec.dims)
         self.sm = ServeModel.create(wl, task=spec.task, gen_tokens=spec.gen_tokens, seed=spec.seed)
-        model = self.sm.build(self.device, self.dtype)
+        # a stage builds the model on the host and moves only its own part to its device
+        model = self.sm.build(torch.device("cpu") if spec.role == "stage" else self.device, self.dtype)
         if spec.role == "stage":
-            self.part = self.sm.parts(model, spec.n_stages)[spec.stage]
+            self.part = self.sm.parts(model, spec.n_stages)[spec.stage].to(self.device)
             del model
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
             self.last = spec.stage == spec.n_stages - 1
             # generation: the last stage hands each new token back to stage 0 (next_q is stage 0's queue)
             self.gen = self.sm.task == "generate"
