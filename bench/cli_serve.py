@@ -8,6 +8,7 @@ Exit codes: 0 every cell ok and parity held, 1 a cell failed or parity broke, 2 
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from typing import Any
@@ -19,9 +20,12 @@ def _floats(text: str | None, flag: str) -> list[float]:
     if not text:
         return []
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UserError(f"{flag} {text!r} must be a comma list of numbers, e.g. 10,40,80") from None
+    if not all(math.isfinite(v) for v in vals):
+        raise UserError(f"{flag} {text!r} must be finite numbers, e.g. 10,40,80")
+    return vals
 
 
 def _ints(text: str | None, flag: str) -> list[int]:

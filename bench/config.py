@@ -204,9 +204,13 @@ def _as_float(name: str, v: Any, example: str) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float | str):
         raise UserError(f"{name}={v!r} must be a number; e.g. {example}")
     try:
-        return float(v)
+        x = float(v)
     except ValueError:
         raise UserError(f"{name}={v!r} must be a number; e.g. {example}") from None
+    if not math.isfinite(x):
+        what = f"{example.split()[0]} {v}" if example.startswith("--") else f"{name}={v!r}"
+        raise UserError(f"{what} must be a finite number; e.g. {example}")
+    return x
 
 
 def validate(cfg: RunConfig) -> RunConfig:
@@ -266,9 +270,10 @@ def validate(cfg: RunConfig) -> RunConfig:
     time_cap_s = _as_float("time_cap_s", cfg.time_cap_s, "--time-cap 20")
     if warmup_max < 0 or steps_max < 0:
         raise UserError(f"warmup_max={warmup_max} and steps_max={steps_max} must be >= 0 (0: fixed counts)")
-    if not 0 <= settle < 1 or not 0 <= target_ci < 1 or time_cap_s < 0:
-        raise UserError(f"settle={settle} and target_ci={target_ci} must be fractions in [0, 1) (0: off) and "
-                        f"time_cap_s={time_cap_s} >= 0")
+    if time_cap_s < 0:
+        raise UserError(f"--time-cap {time_cap_s:g} must be >= 0 seconds (0: no cap); e.g. --time-cap 20")
+    if not 0 <= settle < 1 or not 0 <= target_ci < 1:
+        raise UserError(f"settle={settle} and target_ci={target_ci} must be fractions in [0, 1) (0: off)")
     budget = None if cfg.budget in (None, "", "off", "none") else parse_duration(cfg.budget)
     global_batch = None if cfg.global_batch is None else _as_int("global_batch", cfg.global_batch,
                                                                   "--global-batch 16")
@@ -288,7 +293,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     return replace(cfg, steps=steps, warmup=warmup, seed=seed, lr=lr, sample_hz=sample_hz,
                    profile_steps=profile_steps, cell_timeout_s=cell_timeout_s, global_batch=global_batch,
                    repeats=repeats, warmup_max=warmup_max, steps_max=steps_max, settle=settle, target_ci=target_ci,
-                   time_cap_s=time_cap_s, budget=None if budget is None else f"{budget:g}s", nnodes=nnodes,
+                   time_cap_s=time_cap_s, budget=None if budget is None else f"{budget:.15g}s", nnodes=nnodes,
                    node_rank=node_rank, rdzv_endpoint=endpoint, rdzv_timeout_s=rdzv_timeout_s)
 
 
@@ -343,10 +348,10 @@ def validate_nodes(cfg: RunConfig) -> tuple[int, int, str | None, float]:
 def parse_duration(text: Any) -> float:
     """'10m', '90s', '1h', '600' (seconds) -> seconds; a one-line UserError otherwise."""
     t = str(text).strip().lower()
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(s|m|min|h)?", t)
+    m = re.fullmatch(r"(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*(s|m|min|h)?", t)
     if not m:
         raise UserError(f"budget {text!r} is not a duration; e.g. --budget 10m, 90s or 1h")
     value = float(m[1]) * {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m[2]]
-    if value <= 0:
-        raise UserError(f"budget {text!r} must be longer than 0 s")
+    if value <= 0 or not math.isfinite(value):
+        raise UserError(f"budget {text!r} must be longer than 0 s and finite")
     return value

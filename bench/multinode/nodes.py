@@ -57,10 +57,32 @@ def _wait_port(host: str, port: int, timeout_s: float) -> bool:
     return False
 
 
-def _client(host: str, port: int, timeout_s: float):
+def _client(host: str, port: int, timeout_s: float, connect_s: float | None = None):
+    """A client of node 0's store (``timeout_s``: each store operation's). Built on a thread of its
+    own and given up after ``connect_s`` (default ``timeout_s``) plus a grace: a listener that
+    accepts the connection but never answers (not a parbench node 0) held torch's handshake read
+    forever, past --rdzv-timeout and deaf to SIGINT and SIGTERM (a review's run against an HTTP
+    server on that port)."""
     from torch.distributed import PrefixStore, TCPStore
 
-    return PrefixStore("parbench", TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s)))
+    box: dict[str, Any] = {}
+
+    def connect() -> None:
+        try:
+            box["store"] = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+        except BaseException as e:  # noqa: BLE001 - raised below, on the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=connect, name="parbench-store-connect", daemon=True)
+    t.start()
+    wait = timeout_s if connect_s is None else connect_s
+    t.join(wait + 5.0)
+    if t.is_alive():
+        raise UserError(f"{host}:{port} accepted the connection but did not answer as node 0's store within "
+                        f"{wait:g} s; check --rdzv-endpoint (is it node 0's parbench run, not another service?)")
+    if "error" in box:
+        raise box["error"]
+    return PrefixStore("parbench", box["store"])
 
 
 class _Heartbeat(threading.Thread):
@@ -316,7 +338,7 @@ class Follower:
     def _handshake(self, cfg, host: str, port: int, digest: str, n_cells: int) -> None:
         """Claim this node's rank, wait (at most --rdzv-timeout) for node 0's hello, send ours,
         and refuse a plan that is not node 0's."""
-        self.store = _client(host, port, 60.0)
+        self.store = _client(host, port, 60.0, connect_s=cfg.rdzv_timeout_s)
         if self.store.add(f"claim/{self.rank}", 1) > 1:
             raise UserError(f"another node already joined as --node-rank {self.rank}; give each node its own rank "
                             f"from 1 to {cfg.nnodes - 1} (node 0 hosts the rendezvous)")

@@ -22,6 +22,11 @@ class Load:
     rate: float = 0.0
 
 
+#: Requests one open-loop cell may hold: all of them are drawn before it starts (a review's --rates
+#: 1e9 for 1 s grew the launcher to 24 GB until the kernel killed it).
+MAX_CELL_REQUESTS = 1_000_000
+
+
 @dataclass(kw_only=True)
 class ServeConfig:
     workload: str = "gpt-tiny"
@@ -66,6 +71,16 @@ class ServeConfig:
             raise UserError("--world-sizes must be positive integers, e.g. 2,4")
         if any(r <= 0 for r in self.rates + self.sweep_rates):
             raise UserError("--rates must be positive requests per second, e.g. 10,40,80")
+        # every arrival of an open-loop cell is drawn before it starts: bound what one cell holds
+        most = max(self.rates + self.sweep_rates + list(self.noisy_rates if self.noisy else []), default=0.0)
+        if not self.max_requests and most * self.duration_s > MAX_CELL_REQUESTS:
+            raise UserError(f"--rates {most:g} for --duration {self.duration_s:g} s is {most * self.duration_s:.3g} "
+                            f"requests in one cell, more than {MAX_CELL_REQUESTS:,}; lower the rate or the duration")
+        if self.max_requests < 0 or self.max_requests > MAX_CELL_REQUESTS:
+            raise UserError(f"--requests {self.max_requests} must be between 1 and {MAX_CELL_REQUESTS:,} "
+                            "(0 or left out: as many as --duration holds)")
+        if not (0 < self.cell_timeout_s < float("inf")):
+            raise UserError(f"--cell-timeout {self.cell_timeout_s:g} must be a positive number of seconds, e.g. 600")
         if any(c < 1 for c in self.clients):
             raise UserError("--clients must be positive integers, e.g. 1,4")
         if not self.duration_s > 0:

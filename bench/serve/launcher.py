@@ -128,6 +128,11 @@ class Pool:
             if p.is_alive():  # our own child, by its handle: a stuck exit must not hold the run
                 p.terminate()
                 p.join(timeout=5)
+        # Requests still buffered for a process that is gone (a cell past its timeout leaves a
+        # backlog) would hold this process at exit: a queue's feeder thread is joined at exit and
+        # blocks on a pipe nobody reads (a review's run at 100,000 req/s never exited).
+        for q in [*self.own, *([self.shared_q] if self.shared_q is not None else []), self.result_q]:
+            q.cancel_join_thread()
 
     # --- one cell --------------------------------------------------------------------------
     def run_cell(self, *, policy: str, requests: list[Request], clients: int = 0, batch_max: int = 1,

@@ -149,6 +149,11 @@ CASES = [
     ("workload-no-module", None, [RUN, "--workloads", "no_such_pkg:f"], "cannot import 'no_such_pkg'"),
     ("workload-no-callable", None, [RUN, "--workloads", "tests.helpers:nothing"], "has no callable 'nothing'"),
     ("strategy-unknown", None, [RUN, "--strategies", "zero3"], "unknown strategy 'zero3'"),
+    # not finite: every cell failed inside its ranks and the run exited 0 (a bad-input sweep, seventh stop)
+    ("time-cap-nan", None, [RUN, "--time-cap", "nan"], "--time-cap nan must be a finite number"),
+    ("time-cap-inf", None, [RUN, "--time-cap", "inf"], "--time-cap inf must be a finite number"),
+    ("cell-timeout-inf", None, [RUN, "--cell-timeout", "inf"], "--cell-timeout inf must be a finite number"),
+    ("time-cap-negative", None, [RUN, "--time-cap", "-1"], "--time-cap -1 must be >= 0 seconds"),
     # resume
     ("resume-missing", None, [RUN, "--resume", "/no/such/run"], "--resume '/no/such/run' is not a parbench run"),
     ("resume-with-flags", "run", [RUN, "--resume", "{tmp}/run", "--steps", "3"], "drop --steps"),
@@ -294,3 +299,14 @@ def test_no_secret_looking_variable_reaches_meta_or_report(tmp_path, monkeypatch
     assert "hunter2" not in text and "TOKEN" not in text and "SECRET" not in text
     assert json.loads(text)["fingerprint"]["env"].get("OMP_NUM_THREADS") == "1" or "OMP_NUM_THREADS" in text
     assert meta["run_id"] == "run"
+
+
+def test_a_long_budget_is_a_budget():
+    """`--budget 99999h` was refused as "budget '3.59996e+08s' is not a duration": the checked budget
+    was stored in scientific notation and parsed again."""
+    from bench.config import build_config, parse_duration
+
+    assert parse_duration("99999h") == 99999 * 3600
+    cfg = build_config(toml=None, flags={"workloads": "mlp", "budget": "99999h", "device": "cpu"}, gpus=0)
+    assert parse_duration(cfg.budget) == 99999 * 3600
+    assert parse_duration("1e-07s") == 1e-07  # a tiny budget is a budget; the plan says it is too small

@@ -181,3 +181,27 @@ def test_a_follower_without_node_0_gives_up_with_one_line(tmp_path):
     with pytest.raises(UserError, match=r"node 0 at --rdzv-endpoint 127.0.0.1:\d+ did not answer within 1s"):
         Follower(cfg, "d", 1)
     assert time.monotonic() - t0 < 10
+
+
+def test_a_listener_that_never_answers_is_given_up_after_the_rendezvous_timeout():
+    """A service on the endpoint that accepts and stays silent (a review ran node 1 against an HTTP
+    server) held torch's store handshake forever, past --rdzv-timeout and deaf to signals."""
+    import socket
+    import threading
+    import time
+
+    from bench import UserError
+    from bench.multinode.nodes import _client
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    held = []
+    threading.Thread(target=lambda: held.append(srv.accept()), daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(UserError, match="did not answer as node 0's store within 1 s"):
+            _client("127.0.0.1", srv.getsockname()[1], 60.0, connect_s=1.0)
+    finally:
+        srv.close()
+    assert time.monotonic() - t0 < 20

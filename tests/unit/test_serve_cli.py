@@ -33,6 +33,10 @@ def test_defaults_and_parsing():
     ["--placements", "replicas,magic"], ["--policies", "fastest"], ["--rates", "ten"], ["--rates", "-5"],
     ["--world-sizes", "1.5"], ["--workload", "gpt-tiny[n_layer=x]"], ["--slow", "one=5"], ["--device", "cuda"],
     ["--noisy-rates", "5"], ["--task", "dance"], ["--arrival", "uniform"],
+    # a bad-input sweep (seventh stop): each of these passed validation, and then ran the launcher out
+    # of memory (1e9 requests drawn up front), printed a traceback, or failed every cell
+    ["--rates", "1e9", "--duration", "1"], ["--rates", "inf"], ["--rates", "nan"], ["--cell-timeout", "0"],
+    ["--cell-timeout", "-1"], ["--requests", "-3"],
 ])
 def test_bad_input_is_a_user_error(argv):
     with pytest.raises(UserError):
