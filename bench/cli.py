@@ -175,8 +175,10 @@ def cmd_run(args) -> int:
         return 1
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", signal.SIGINT)
-        print(f"interrupted by {signal.Signals(signum).name}: the cells that finished are in the run folder; "
-              "finish it with parbench run --resume RUN", file=sys.stderr)
+        where = getattr(e, "run_dir", None)
+        print(f"interrupted by {signal.Signals(signum).name}: " + (
+            f"the cells that finished are in {where}; finish it with parbench run --resume {where}" if where else
+            "no run folder was started yet"), file=sys.stderr)
         return 128 + signum
     finally:
         for s in STOP_SIGNALS:

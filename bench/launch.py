@@ -1038,9 +1038,11 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
         status = "complete"
     except Interrupted as e:
         status = f"interrupted by {signal.Signals(e.signum).name}"
+        e.run_dir = run_dir  # the command's message names the folder to resume
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         status = "interrupted by SIGINT"
+        e.run_dir = run_dir  # type: ignore[attr-defined]
         raise
     except UserError as e:
         status = f"stopped: {e}"

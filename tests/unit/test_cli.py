@@ -64,8 +64,10 @@ def test_sigterm_then_resume_runs_only_the_missing_cells(tmp_path, monkeypatch, 
     first: list[int] = []
     _fake_groups(monkeypatch, first, stop_after=2)
     assert main(args) == 143
-    assert "interrupted by SIGTERM" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "interrupted by SIGTERM" in err
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert f"parbench run --resume {run_dir}" in err  # the folder by name (with --no-progress nothing else says it)
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["interrupted"] is True and meta["status"] == "interrupted by SIGTERM"
     assert sorted(read_table(run_dir, "cells")["cell_id"]) == sorted(first)
