@@ -298,7 +298,7 @@ class Pacer:
     1.5 x their cap overran a 600 s budget by 22 s when only the fixed costs were scaled. Off for
     runs on several nodes: not tested there."""
 
-    def __init__(self, cfg: RunConfig, budget_s: float, groups: list[Group]):
+    def __init__(self, cfg: RunConfig, groups: list[Group]):
         self.cfg, self.groups = cfg, groups
         caps = [c.measure.time_cap_s for g in groups for c in g.cells if c.measure.time_cap_s]
         self.planned = max(caps) if caps else 0.0
@@ -308,13 +308,18 @@ class Pacer:
     def fixed(self, g: Group) -> float:
         return GROUP_START_S[self.cfg.device] + sum(_overhead(self.cfg, c) for c in g.cells)
 
+    @staticmethod
+    def slots(g: Group) -> int:
+        """The group's measurements that each get a cap: every repeat of every cell."""
+        return sum(c.measure.repeats for c in g.cells)
+
     @property
     def pace(self) -> float:
         return min(max(self.spent / self.modelled, 0.5), 3.0) if self.modelled > 0 else 1.0
 
     def cap(self, gid: int, left_s: float) -> float:
         rest = self.groups[gid:]
-        slots = sum(len(g.cells) * max(c.measure.repeats for c in g.cells) for g in rest if g.cells)
+        slots = sum(self.slots(g) for g in rest)
         if not slots or not self.planned:
             return self.planned
         usable = 0.9 * left_s / self.pace - sum(self.fixed(g) for g in rest)
@@ -325,8 +330,7 @@ class Pacer:
         cap = self.cap(gid, left_s)
         cells = [dataclasses.replace(c, measure=dataclasses.replace(c.measure, time_cap_s=cap))
                  if c.measure.time_cap_s else c for c in g.cells]
-        slots = sum(c.measure.repeats for c in cells)
-        self._start = (left_s, self.fixed(g) + slots * cap)
+        self._start = (left_s, self.fixed(g) + self.slots(g) * cap)
         return dataclasses.replace(g, cells=cells)
 
     def group_done(self, left_s: float) -> None:
@@ -1018,7 +1022,7 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
         if plan_text:
             report(Progress(kind="note", group="", text=plan_text))
         deadline = time.time() + budget_s if budget_s else None
-        pacer = (Pacer(cfg, budget_s, groups) if budget_s and cfg.nnodes == 1
+        pacer = (Pacer(cfg, groups) if budget_s and cfg.nnodes == 1
                  and "time_cap_s" not in (getattr(cfg, "pinned", ()) or ()) else None)
         for gid, g in enumerate(groups):
             if pacer is not None:

@@ -185,6 +185,10 @@ class ContractError(ValueError):
     """A plan or event that does not match its dataclass."""
 
 
+#: Growth of a device's allocated tensor bytes that makes it used by a one-process cell (devices_grown).
+DEVICE_USED_BYTES = 2**16
+
+
 def devices_grown(peaks: list[int], before: list[int]) -> int:
     """How many of a one-process cell's devices its training grew: the peak of allocated tensor
     bytes during the timed steps above what the device held before the cell was built. Allocated
@@ -195,9 +199,6 @@ def devices_grown(peaks: list[int], before: list[int]) -> int:
     and 4 H100s: its last stage, a 2048 x 10 classifier, holds about 0.7 MB with its gradients and
     inputs.)"""
     return sum(p - b >= DEVICE_USED_BYTES for p, b in zip(peaks, before))
-
-
-DEVICE_USED_BYTES = 2**16
 
 
 def _scalar(v: Any) -> Any:

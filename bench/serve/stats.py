@@ -114,25 +114,25 @@ def steady_flags(arrival: Sequence[float], latency: Sequence[float], little_rel_
                  tolerance: float = 0.05) -> list[str]:
     """Why an open-loop cell's latencies are not those of a steady state (empty: nothing seen): the
     time in system grew from the first quarter of arrivals to the last, the cell drained for longer
-    than a typical latency plus DRAIN of its arrival window after arrivals stopped, or Little's law, which holds for any
-    steady system, is off by more than ``tolerance`` (read from LITTLE_MIN_N requests)."""
+    than a typical latency plus DRAIN of its arrival window after arrivals stopped, or Little's law,
+    which holds for any steady system, is off by more than ``tolerance`` (read from LITTLE_MIN_N
+    requests)."""
     a, w = np.asarray(arrival, float), np.asarray(latency, float)
     flags = []
     if a.size >= 8:
         order = np.argsort(a)
         k = a.size // 4
-        first, last = float(np.mean(w[order[:k]])), float(np.mean(w[order[-k:]]))
+        early = w[order[:k]]  # time in system of the first quarter of arrivals
+        first, last = float(np.mean(early)), float(np.mean(w[order[-k:]]))
         span = float(a.max() - a.min())
         if last > GROWTH * first and last - first > GROWTH_SPAN * span:
             flags.append(f"backlog grew over the cell ({first * 1e3:.0f} -> {last * 1e3:.0f} ms in system): above "
                          "capacity, its latencies grow with the cell's length")
-    if a.size >= 8 and float(a.max() - a.min()) > 0:
-        window = float(a.max() - a.min())
         drain = float(np.max(a + w) - a.max())
-        typical = float(np.median(w[np.argsort(a)[: a.size // 4]]))  # a steady cell drains in about one
-        if drain - typical > DRAIN * window:
+        typical = float(np.median(early))  # a steady cell drains in about one
+        if span > 0 and drain - typical > DRAIN * span:
             flags.append(f"still draining {drain:.2f} s after the last arrival, {drain - typical:.2f} s "
-                         f"({(drain - typical) / window:.0%} of the {window:.2f} s arrival window) beyond a "
+                         f"({(drain - typical) / span:.0%} of the {span:.2f} s arrival window) beyond a "
                          f"typical latency of {typical:.2f} s: requests were still queued when arrivals stopped")
     if a.size >= LITTLE_MIN_N and little_rel_err is not None and little_rel_err == little_rel_err \
             and little_rel_err > tolerance:

@@ -12,8 +12,6 @@ plus every token made so far, once per token; so the pipeline placement's activa
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 Wire = tuple[bytes, tuple[int, ...], torch.dtype]
@@ -35,6 +33,3 @@ def unpack(w: Wire | torch.Tensor) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)
 
-
-def is_wire(x: Any) -> bool:
-    return isinstance(x, tuple) and len(x) == 3 and isinstance(x[0], bytes) and isinstance(x[2], torch.dtype)

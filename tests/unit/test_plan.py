@@ -143,7 +143,7 @@ def test_the_pacer_shares_the_time_left_among_the_cells_left_at_the_pace_so_far(
     groups = launch.group(out)
     assert [len(g.cells) for g in groups] == [1, 1, 1]  # single nccl; ddp nccl x2; ddp gloo x2
     planned = groups[0].cells[0].measure.time_cap_s
-    pacer = launch.Pacer(cfg, 120.0, groups)
+    pacer = launch.Pacer(cfg, groups)
     fixed = [pacer.fixed(g) for g in groups]
     # On schedule: the first group's cap is what is left of 90% of the time after the fixed costs
     g0 = pacer.next_group(0, 120.0)
@@ -157,7 +157,7 @@ def test_the_pacer_shares_the_time_left_among_the_cells_left_at_the_pace_so_far(
     g1 = pacer.next_group(1, 120.0 - 3 * modelled)
     assert g1.cells[0].measure.time_cap_s == 0.1  # nothing left beyond the fixed costs: the floor
     # Far ahead of schedule: at most twice the plan's cap
-    fast = launch.Pacer(cfg, 120.0, groups)
+    fast = launch.Pacer(cfg, groups)
     assert fast.next_group(0, 10_000.0).cells[0].measure.time_cap_s == 2 * planned
 
 
@@ -188,7 +188,7 @@ def test_the_pacer_keeps_the_budget_when_the_capped_part_runs_over():
                                          "backends": "nccl,gloo", "world_sizes": "2"}, gpus=2)
     cells, _, _ = launch.plan(cfg, 2)
     groups = launch.group(launch.budget_plan(cfg, cells, budget)[0])
-    pacer, t = launch.Pacer(cfg, budget, groups), 0.0
+    pacer, t = launch.Pacer(cfg, groups), 0.0
     for gid in range(len(groups)):
         g = pacer.next_group(gid, budget - t)
         t += pacer.fixed(g) + 1.5 * sum(c.measure.repeats for c in g.cells) * g.cells[0].measure.time_cap_s
