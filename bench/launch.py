@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import errno
+import json
 import logging
 import os
 import re
@@ -192,6 +193,10 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
                                     devices=plan_devices(cfg.device, n, nodes), options=options, labels={},
                                     role=strat.role, measure=measure, scaling=cfg.scaling, nnodes=nodes)
                     reason = reason or strat.check(cell, gpus=gpus)
+                    if reason is None and strat.procs(n) == 1 and backend != one_proc_backend \
+                            and one_proc_backend in cfg.backends:
+                        reason = (f"one rank has no one to talk to: its {backend} cell would repeat the "
+                                  f"{one_proc_backend} one, which is measured")
                     if reason is None and cfg.device == "cpu" and n // nodes > cpu_threads() * 4:
                         reason = f"{n // nodes} ranks per node > 4 x {cpu_threads()} CPU threads"
                     if reason is None:
@@ -218,31 +223,44 @@ def group(cells: list[Planned]) -> list[Group]:
 
 
 #: What a budget plan assumes a torchrun group costs beyond its cells (start-up, the once-per-process
-#: warm-up, teardown), by device: on 4 H100s the default matrix's 6 groups took 135 s beyond their
-#: cells (seventh stop), 22 s each.
-GROUP_START_S = {"cpu": 4.0, "cuda": 22.0}
+#: warm-up, teardown), by device: on 4 H100s the default matrix's groups took 21-25 s each from the
+#: previous group's last cell to their first (seventh and eighth stops).
+GROUP_START_S = {"cpu": 4.0, "cuda": 23.0}
 #: What a cell costs beyond its timed steps (build, staging, 2 warm-up steps, one profiled step,
 #: teardown): a base, keyed by (device, backend) ("multi-gpu": one process on several GPUs, as
 #: DataParallel and layer splits are), plus seconds per billion parameters, since the steps and the
-#: build grow with the model. Fitted on the default matrix under its budget on 4 H100s (seventh
-#: stop, 166 cells; warm-up then cut to 2 steps by time): NCCL 0.5 s for the small models and 1.95
-#: s for gpt-200m (236 M parameters); Gloo 0.6 and 4.7 s; one-process multi-GPU cells of gpt-200m
-#: 1.5-3 s. The device's own entry covers any other backend.
-CELL_OVERHEAD_S = {"cpu": 1.0, "cuda": 0.6, ("cuda", "nccl"): 0.5, ("cuda", "gloo"): 0.6, ("cuda", "multi-gpu"): 0.6}
-CELL_OVERHEAD_PER_BPARAM_S = {("cuda", "nccl"): 6.0, ("cuda", "gloo"): 18.0, ("cuda", "multi-gpu"): 10.0}
+#: build grow with the model, and a share per extra rank, since a cell's barriers, gathers and
+#: profiling wait for its slowest rank. Gloo's per-parameter term grows with its ring's traffic,
+#: 2(n-1)/n of the gradients (its steps are its all-reduces over the host). Fitted on the default
+#: matrix under its budget on 4 H100s (eighth stop, 160 cells, a cell's wall time less its timed
+#: steps): NCCL 0.57 / 0.60 / 0.93 s a cell for the small models at 1 / 2 / 4 ranks and 2.0 / 2.6 /
+#: 2.8 s for gpt-200m (236 M parameters); Gloo 0.74 / 1.05 s for the small models at 2 / 4 ranks,
+#: 7.2 s for gpt-200m at 2; one-process multi-GPU cells 0.7-0.9 s and 2.9-3.2 s. The seventh stop's
+#: model (no rank term) was 25-35% short at 2 and 4 ranks. The device's own entry covers any other
+#: backend.
+CELL_OVERHEAD_S = {"cpu": 1.0, "cuda": 0.6, ("cuda", "nccl"): 0.5, ("cuda", "gloo"): 0.6, ("cuda", "multi-gpu"): 0.7}
+CELL_OVERHEAD_PER_RANK_S = {("cuda", "nccl"): 0.1, ("cuda", "gloo"): 0.15}
+CELL_OVERHEAD_PER_BPARAM_S = {("cuda", "nccl"): 8.5, ("cuda", "gloo"): 6.0, ("cuda", "multi-gpu"): 10.0}
+#: Gloo's extra seconds per billion parameters at 2(n-1)/n = 1 (two ranks)
+GLOO_RING_PER_BPARAM_S = 21.0
 
 
-def cell_overhead(device: str, backend: str, one_process_gpus: int = 1, params: int | None = None) -> float:
+def cell_overhead(device: str, backend: str, one_process_gpus: int = 1, params: int | None = None,
+                  ranks: int = 1) -> float:
     """What a budget plan assumes one cell costs beyond its timed steps (``one_process_gpus``: the
     GPUs a one-process cell drives, as DataParallel and layer splits do; ``params``: the workload's
-    parameter count, None when unknown)."""
+    parameter count, None when unknown; ``ranks``: the cell's processes)."""
     key = (device, "multi-gpu") if device == "cuda" and one_process_gpus > 1 else (device, backend)
-    base = CELL_OVERHEAD_S.get(key, CELL_OVERHEAD_S[device])
-    return base + CELL_OVERHEAD_PER_BPARAM_S.get(key, 0.0) * (params or 0) / 1e9
+    base = CELL_OVERHEAD_S.get(key, CELL_OVERHEAD_S[device]) + CELL_OVERHEAD_PER_RANK_S.get(key, 0.0) * (ranks - 1)
+    per_b = CELL_OVERHEAD_PER_BPARAM_S.get(key, 0.0)
+    if key == ("cuda", "gloo") and ranks > 1:
+        per_b += GLOO_RING_PER_BPARAM_S * 2 * (ranks - 1) / ranks
+    return base + per_b * (params or 0) / 1e9
 
 
 def _overhead(cfg, c: CellSpec) -> float:
-    return cell_overhead(cfg.device, c.backend, c.n_devices if c.n_procs == 1 else 1, c.workload.params)
+    return cell_overhead(cfg.device, c.backend, c.n_devices if c.n_procs == 1 else 1, c.workload.params,
+                         ranks=c.n_procs)
 
 
 def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float) -> tuple[list[Planned], str]:
@@ -655,13 +673,14 @@ class Pending:
 
 def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work: Path, telemetry: Telemetry,
               on_progress: ProgressFn, trace_dir: Path | None, deadline_unix: float | None = None,
-              survivors: list[str] | None = None, coord=None) -> None:
+              survivors: list[str] | None = None, coord=None, starts: list[dict[str, Any]] | None = None) -> None:
     """Run a group's cells (all their repeats, in rounds), relaunching after a timeout or a crash,
     until every cell has a row. Processes of a launch still alive when it ended are killed and
     named in ``survivors`` (and in the reason of the cell that was running). A group on several
     nodes is launched on every node through ``coord`` (:class:`bench.multinode.nodes.Coordinator`);
     the other nodes' rank errors and crash reasons count as this node's, and a node that stops
-    answering fails the cell that was running and every later cell of the group."""
+    answering fails the cell that was running and every later cell of the group. Each launch's
+    start-up and teardown, split into phases (:func:`startup_record`), is appended to ``starts``."""
     survivors = survivors if survivors is not None else []
     pending = {c.cell_id: Pending(spec=c) for c in g.cells}
     attempt = 0
@@ -712,6 +731,8 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
         else:
             cmd = torchrun_cmd(prefix + ".json", nproc)
         logpath = Path(prefix + ".log")
+        launched = time.time()
+        marks: dict[str, float | None] = {"first_cell": None, "last_cell": None, "exited": None}
         with open(logpath, "w") as logf:
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
                                     env=child_env(nproc, share=coord.share if multi else 1), start_new_session=True)
@@ -738,6 +759,7 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
             if p is None:
                 return
             if isinstance(ev, spec.Start):
+                marks["first_cell"] = marks["first_cell"] or time.time()
                 current, started_any = p.spec, True
                 deadline = time.monotonic() + cfg.cell_timeout_s
                 on_progress(Progress(kind="start", group=g.label, cell=p.spec))
@@ -754,6 +776,7 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
                 p.telemetry.append(telemetry_means(samples, p.spec, window) if window else {})
                 telemetry.flush()
                 p.repeats.append(ev.ranks)
+                marks["last_cell"] = time.time()
                 p.wall_s += ev.wall_s
                 current, desync_at = None, None
                 deadline = time.monotonic() + cfg.cell_timeout_s
@@ -777,6 +800,7 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
                     handle(queue[0])
                     queue.pop(0)
                 if exited:
+                    marks["exited"] = time.time()
                     break
                 if lost:
                     note(f"{g.label} attempt {attempt}: " + "; ".join(f"node {r} stopped answering ({w})"
@@ -811,6 +835,8 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
         finally:
             _IN_GROUP[0] = False
             remote = coord.finish_launch(seq) if multi else {}
+        if starts is not None:
+            starts.append(startup_record(g.label, attempt, launched, marks, Path(prefix)))
         # No process of this launch may outlive it (a rank that lost its agent would run on beside
         # the next launch and skew its times): a survivor is killed and named.
         left = tree.survivors(grace_s=2.0 if proc.returncode else 0.5)
@@ -859,6 +885,40 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
             telemetry.take()
             telemetry.flush()
             finish(pending[v.cell_id], status, reason)
+
+
+def startup_record(label: str, attempt: int, launched: float, marks: dict[str, float | None],
+                   prefix: Path) -> dict[str, Any]:
+    """Where one launch's time outside its cells went, in seconds: from the launcher's Popen to the
+    leader's process (torchrun's own start-up), its interpreter and imports, device, process group,
+    placement and warm-up (the leader's marks, :func:`bench.worker.write_startup`), then to the first
+    cell's start; and from the last measured cell to torchrun's exit (teardown). The launcher's own
+    work between two launches is the next one's ``launched_unix`` less this one's ``exited_unix``. A
+    phase whose marks are missing (a launch that failed early) is left out."""
+    rec: dict[str, Any] = {"group": label, "attempt": attempt, "launched_unix": round(launched, 3),
+                           "exited_unix": round(marks["exited"], 3) if marks.get("exited") else None}
+    try:
+        worker = json.loads(Path(str(prefix) + "-r0.startup.json").read_text())
+    except (OSError, ValueError):
+        worker = {}
+    seq = [("launched", launched), *((k, worker.get(k)) for k in ("process", "imported", "device",
+                                                                    "process_group", "placed", "warm")),
+           ("first_cell", marks.get("first_cell"))]
+    names = {"process": "torchrun_s", "imported": "imports_s", "device": "device_s",
+             "process_group": "process_group_s", "placed": "placement_s", "warm": "warm_up_s",
+             "first_cell": "to_first_cell_s"}
+    prev = None
+    for k, t in seq:
+        if t is None:
+            continue
+        if prev is not None and k in names:
+            rec[names[k]] = round(float(t) - prev, 3)
+        prev = float(t)
+    if marks.get("first_cell") is not None:
+        rec["start_s"] = round(float(marks["first_cell"]) - launched, 3)  # type: ignore[arg-type]
+    if marks.get("last_cell") is not None and marks.get("exited") is not None:
+        rec["teardown_s"] = round(float(marks["exited"]) - float(marks["last_cell"]), 3)  # type: ignore[arg-type]
+    return rec
 
 
 class Interrupted(KeyboardInterrupt):
@@ -1003,6 +1063,8 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
         trace_dir.mkdir(exist_ok=True)
     described = {n: w.description for n, w in wls.items()}
     extra: dict[str, Any] = {"resumed": sorted(done)} if resume is not None else {}
+    starts: list[dict[str, Any]] = []
+    extra["group_starts"] = starts  # filled as the groups run; written with the final meta.json
     if coord is not None:
         extra["nodes"] = [{"node": r, **{k: v for k, v in n.items() if k in ("host", "addr", "iface")}}
                           for r, n in sorted(coord.nodes.items())]
@@ -1036,7 +1098,8 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
                     report(Progress(kind="done", group=g.label, cell=c, status="skipped"))
                 continue
             report(Progress(kind="group", group=g.label, n=len(g.cells)))
-            run_group(g, gid, cfg, writer, work, telemetry, report, trace_dir, deadline, survivors, coord=coord)
+            run_group(g, gid, cfg, writer, work, telemetry, report, trace_dir, deadline, survivors, coord=coord,
+                      starts=starts)
             if pacer is not None:
                 pacer.group_done(deadline - time.time())
         status = "complete"

@@ -36,6 +36,8 @@ from bench.timing import StepTimer
 from bench.workloads import resolve
 from strategies.base import Context
 
+_T_IMPORTED = time.time()
+
 
 class Events:
     """Append-only JSON lines, flushed per line so the launcher sees progress as it happens."""
@@ -417,8 +419,33 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
+def _process_start() -> float | None:
+    """When this process was created (unix time, to the clock tick), from its age in /proc: psutil's
+    create_time adds the boot time in whole seconds, too coarse for a start-up split. None off Linux."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def write_startup(path: Path, marks: dict[str, float | None]) -> None:
+    """The leader's start-up marks (unix times: process created, Python, torch and the harness
+    imported, device set, process group up, placement gathered, warm-up done) for the
+    launcher's record of where a group's start-up goes (``meta.json`` ``group_starts``)."""
+    try:
+        path.write_text(json.dumps(marks))
+    except OSError:
+        pass
+
+
 def _main(plan: GroupPlan) -> int:
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    marks: dict[str, float | None] = {"process": _process_start(), "imported": _T_IMPORTED,
+                                      "main": time.time()}
     backend = backends.get(plan.backend)
     if plan.device == "cuda":
         first = plan.cells[0].devices
@@ -428,10 +455,12 @@ def _main(plan: GroupPlan) -> int:
         torch.backends.cudnn.allow_tf32 = False
     else:
         device = torch.device("cpu")
+    marks["device"] = time.time()
     kw: dict[str, Any] = {"timeout": timedelta(seconds=plan.pg_timeout_s)}
     if backend.bind_device:
         kw["device_id"] = device
     dist.init_process_group(backend.name, **kw)
+    marks["process_group"] = time.time()
     from bench.multinode.netinfo import placement
 
     PLACE.update(placement(rank=rank, local_rank=local_rank, backend=plan.backend))
@@ -442,7 +471,11 @@ def _main(plan: GroupPlan) -> int:
     extra = sorted({i for c in plan.cells for i in c.devices if c.n_procs == 1} - {device.index}) \
         if device.type == "cuda" and plan.n_procs == 1 else []
     precisions = {c.measure.precision for c in plan.cells}
+    marks["placed"] = time.time()
     warm_group(device, "bf16" if "bf16" in precisions else "fp32", tuple(extra))
+    marks["warm"] = time.time()
+    if leader:
+        write_startup(Path(plan.events_prefix + f"-r{rank}.startup.json"), marks)
     try:
         failed_cells: set[int] = set()
         for r, order in enumerate(rounds(plan)):

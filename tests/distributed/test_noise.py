@@ -54,6 +54,12 @@ def test_a_time_budget_is_kept(tmp_path):
     ran = cells[cells["status"] == "ok"]
     assert ran["time_cap_s"].notna().all() and (ran["time_cap_s"] >= 0.1).all(), ran["time_cap_s"]
     assert ran.groupby(["nproc", "backend"])["time_cap_s"].nunique().eq(1).all()  # one cap a group
+    # where each group's start-up went, for the next budget's cost model (meta.json group_starts)
+    starts = meta["group_starts"]
+    assert [s["group"] for s in starts] == ["gloo x1", "gloo x2"], starts
+    for s in starts:
+        assert {"torchrun_s", "imports_s", "process_group_s", "warm_up_s", "start_s", "teardown_s"} <= set(s), s
+        assert 0 < s["imports_s"] < s["start_s"] < 40 and 0 <= s["teardown_s"] < 40, s
 
 
 def test_a_slow_rank_is_named(tmp_path):

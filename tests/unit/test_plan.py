@@ -32,10 +32,21 @@ def test_gpu_cells_beyond_the_visible_gpus_are_skipped_and_devices_are_planned()
 def test_groups_by_nproc_and_backend_reference_first():
     _, cells, _ = planned({"workloads": "mlp,gpt-tiny", "strategies": "ddp,dataparallel", "world_sizes": "1,2"}, 2)
     groups = group(cells)
-    assert [(g.n_procs, g.backend) for g in groups] == [(1, "nccl"), (1, "gloo"), (2, "nccl"), (2, "gloo")]
+    # one-rank cells run under one backend: a Gloo DDP of one rank would repeat the NCCL one
+    assert [(g.n_procs, g.backend) for g in groups] == [(1, "nccl"), (2, "nccl"), (2, "gloo")]
     first = groups[0]
     assert first.cells[0].strategy == "single"
     assert {c.strategy for c in first.cells} == {"single", "ddp", "dataparallel"}
+
+
+def test_one_rank_cells_are_measured_once_across_backends():
+    by, _, _ = planned({"workloads": "mlp", "strategies": "ddp,fsdp", "world_sizes": "1,2"}, 2)
+    for s in ("ddp", "fsdp"):
+        assert by[(s, "nccl", 1)].reason is None and by[(s, "gloo", 2)].reason is None
+        assert "would repeat the nccl one" in by[(s, "gloo", 1)].reason
+    # with one backend asked for, its one-rank cells run
+    by, _, _ = planned({"workloads": "mlp", "strategies": "ddp", "backends": "gloo", "world_sizes": "1,2"}, 2)
+    assert by[("ddp", "gloo", 1)].reason is None
 
 
 def test_workload_variants_keep_their_dimensions_in_the_name():
@@ -99,8 +110,9 @@ def test_a_cells_earliest_rank_error_is_its_reason_whatever_order_they_are_read_
 
 
 def test_a_budget_plan_charges_gloo_and_one_process_multi_gpu_cells_more_on_gpus():
-    """Fitted on 4x H100 (seventh stop): a group 22 s, a cell 0.5 s (NCCL) / 0.6 s (Gloo, one process
-    on several GPUs) plus 6 / 18 / 10 s per billion parameters. A small GPU plan by hand: the
+    """Fitted on 4x H100 (eighth stop): a group 23 s; a cell 0.5 s (NCCL) / 0.6 s (Gloo) / 0.7 s (one
+    process on several GPUs), plus 0.1 / 0.15 s per extra rank, plus 8.5 / 6 / 10 s per billion
+    parameters, and for Gloo 21 s per billion at two ranks (its ring's 2(n-1)/n). A small GPU plan by hand: the
     reference (nccl), ddp x2 (nccl, gloo), dataparallel x2 (nccl, one process on 2 GPUs), in 3
     process groups, mlp (927,760 parameters)."""
     from bench import launch
@@ -112,17 +124,20 @@ def test_a_budget_plan_charges_gloo_and_one_process_multi_gpu_cells_more_on_gpus
     run = sorted((c.spec.strategy, c.spec.backend) for c in cells if c.reason is None)
     assert run == [("dataparallel", "nccl"), ("ddp", "gloo"), ("ddp", "nccl"), ("single", "nccl")], run
     assert len(launch.group(cells)) == 3  # 1 process nccl (single, dataparallel), 2 nccl, 2 gloo
-    # 3 starts x 22 s; single and ddp on nccl 0.5 + 6e-9 s a parameter each; dataparallel (one
-    # process, 2 GPUs) 0.6 + 10e-9; ddp gloo 0.6 + 18e-9
+    # 3 starts x 23 s; single on nccl 0.5 + 8.5e-9 s a parameter, ddp x2 on nccl 0.5 + 0.1 + 8.5e-9;
+    # dataparallel (one process, 2 GPUs) 0.7 + 10e-9; ddp gloo x2 0.6 + 0.15 + (6 + 21) e-9
     p = 927_760
     assert cells[0].spec.workload.params == p
-    fixed = 3 * 22.0 + 2 * (0.5 + 6e-9 * p) + (0.6 + 10e-9 * p) + (0.6 + 18e-9 * p)
+    fixed = 3 * 23.0 + (0.5 + 8.5e-9 * p) + (0.6 + 8.5e-9 * p) + (0.7 + 10e-9 * p) + (0.75 + 27e-9 * p)
     out, text = launch.budget_plan(cfg, cells, 120.0)
     caps = {round(c.spec.measure.time_cap_s, 9) for c in out if c.reason is None}
     assert caps == {round((0.8 * 120 - fixed) / 4, 9)}, (caps, text)
     assert launch.cell_overhead("cpu", "gloo") == 1.0 and launch.cell_overhead("cpu", "gloo", 2) == 1.0
     assert launch.cell_overhead("cpu", "gloo", params=10**9) == 1.0  # not fitted on CPU: no size term
-    assert abs(launch.cell_overhead("cuda", "gloo", params=236_144_640) - (0.6 + 18 * 0.23614464)) < 1e-9
+    assert abs(launch.cell_overhead("cuda", "gloo", params=236_144_640) - (0.6 + 6 * 0.23614464)) < 1e-9
+    # Gloo at 4 ranks: 3 extra ranks, and its ring moves 2 * 3/4 of the gradients
+    assert abs(launch.cell_overhead("cuda", "gloo", params=236_144_640, ranks=4)
+               - (0.6 + 3 * 0.15 + (6 + 21 * 1.5) * 0.23614464)) < 1e-9
     # the default 4-GPU matrix (issue 11, item 3) plans without refusing, and says so up front
     cfg4 = build_config(toml=None, flags={"device": "cuda"}, gpus=4)
     cells4, _, _ = launch.plan(cfg4, 4)
