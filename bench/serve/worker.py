@@ -113,7 +113,11 @@ class _Worker:
     def _answer(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         from bench.serve.models import run_grouped
 
-        return run_grouped(self.fn, inputs, self.device, self.dtype, pad=self.sm.task == "score")
+        return run_grouped(self.fn, inputs, self.device, self.dtype, pad=self._pads, pad_limit=self.sm.max_size)
+
+    @property
+    def _pads(self) -> bool:
+        return self.sm.task == "score" and self.sm.is_gpt
 
     @torch.no_grad()
     def _stage(self, x: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
@@ -156,6 +160,8 @@ class _Worker:
                     self._answer([x])
                     if k > 1:
                         self._answer([x] * k)
+                if k > 1 and self._pads:  # every shape a padded batch of 2..k prompts can take
+                    self._warm_padded(inputs, k)
                 self.result_q.put(("probe", self.spec.wid, []))
             else:  # together: equal shapes form a dynamic batch (parity of the batched path too)
                 self.result_q.put(("probe", self.spec.wid, self._answer(inputs)))
@@ -179,6 +185,16 @@ class _Worker:
         else:
             outs = [(pack(y), pack(inp)) for y, inp in outs]
             self.next_q.put(("probe_act", outs, "warm") if quiet else ("probe_act", outs))
+
+    def _warm_padded(self, inputs: list[torch.Tensor], k: int) -> None:
+        """Run each (rows, padded length) a dynamic batch of these prompts can make: 2..k rows at
+        each length :func:`bench.serve.models.padded_length` gives their sizes."""
+        from bench.serve.models import padded_length, run_padded
+
+        longest = {padded_length(int(x.shape[1]), self.sm.max_size): x for x in inputs}
+        for n, x in sorted(longest.items()):
+            for rows in range(2, k + 1):
+                run_padded(self.fn, [x] * rows, self.device, self.sm.max_size)
 
     def _cell(self, cfg: dict[str, Any]) -> None:
         src = self.shared_q if cfg.get("source") == "shared" and self.shared_q is not None else self.own_q

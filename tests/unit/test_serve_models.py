@@ -94,6 +94,14 @@ def test_tensors_cross_between_stages_as_exact_bytes():
     assert unpack(x) is x  # a tensor passes through
 
 
+def test_padded_lengths_are_few_so_that_they_can_be_warmed_up():
+    from bench.serve.models import padded_length
+
+    assert [padded_length(n) for n in (1, 16, 17, 31, 32, 96, 97)] == [16, 16, 32, 32, 32, 96, 112]
+    assert padded_length(97, limit=100) == 100 and padded_length(120, limit=100) == 120  # never cut
+    assert len({padded_length(n, 128) for n in range(16, 97)}) == 6  # the prompts of the GPU runs
+
+
 def test_prompts_of_several_lengths_score_as_one_padded_call_with_the_same_answers():
     wl = resolve("gpt-tiny")
     sm = ServeModel.create(wl, task="score", gen_tokens=0, seed=0)
@@ -107,10 +115,39 @@ def test_prompts_of_several_lengths_score_as_one_padded_call_with_the_same_answe
 
     alone = [fn(x) for x in inputs]
     padded = run_grouped(counted, inputs, torch.device("cpu"), torch.float32, pad=True)
-    assert calls == [torch.Size([5, 17])]  # one call, right-padded to the longest
+    assert calls == [torch.Size([5, 32])]  # one call, right-padded past the longest to a multiple of 16
     for a, b in zip(padded, alone):
         assert a.shape == b.shape == (1,)
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a, b)
+    calls.clear()  # never past the model's context (gpt-tiny: 32 tokens; a limit of 20 here)
+    again = run_grouped(counted, inputs, torch.device("cpu"), torch.float32, pad=True, pad_limit=20)
+    assert calls == [torch.Size([5, 20])]
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(again, alone))
     calls.clear()  # without pad (or for equal lengths only) the old grouping stands
     run_grouped(counted, inputs, torch.device("cpu"), torch.float32)
     assert sorted(s[1] for s in calls) == [1, 5, 9, 17]
+
+
+def test_the_warm_up_runs_every_shape_a_dynamic_batch_of_the_sizes_can_take():
+    """Any batch of 2..k of the warmed prompts, padded, has a (rows, length) the warm-up ran."""
+    import itertools
+    from types import SimpleNamespace
+
+    from bench.serve.models import padded_length
+    from bench.serve.worker import _Worker
+
+    wl = resolve("gpt-tiny")
+    sm = ServeModel.create(wl, task="score", gen_tokens=0, seed=0)
+    shapes = set()
+
+    def fn(xs, lengths=None):
+        shapes.add(tuple(xs.shape))
+        return torch.zeros(xs.shape[0])
+
+    sizes = [1, 3, 15, 16, 17, 30, 32]
+    inputs = [sm.make_input(i, n) for i, n in enumerate(sizes)]
+    fake = SimpleNamespace(fn=fn, device=torch.device("cpu"), sm=sm)
+    _Worker._warm_padded(fake, inputs, 4)
+    made = {(len(b), padded_length(max(b), sm.max_size)) for r in range(2, 5)
+            for b in itertools.combinations_with_replacement(sizes, r)}
+    assert made <= shapes and len(shapes) == 2 * 3  # lengths 16 and 32, rows 2..4
