@@ -172,7 +172,8 @@ order)  # issue 10: FSDP x4 ran 4.2% behind its plain loop as the cell after DDP
   done
   (cd "$OUT" && tar czf order.tgz order-* && rm -rf order-ddp-fsdp order-fsdp-ddp order-*.log) ;;
 tail)  # issue 14's two agents on one host (NCCL across agents) against one agent, whole runs alternating
-  # (3 rounds: about 4 minutes on 2 GPUs, up to 10 on 4; REPEATS=2 fits a 4-GPU call with room)
+  # (gpt-200m: one round took about 310 s on 4 GPUs, so a 4-GPU call holds one round, REPEATS=1;
+  # REPEATS=2 was cut at 440 s in the eighth stop)
   PYTHON=python3 timeout "${TA_TIMEOUT:-570}" bash bench/multinode/device_two_agents.sh "$OUT/two-agents" \
      > "$OUT/two-agents.log" 2>&1
   echo "two agents: exit $?"; tail -n 12 "$OUT/two-agents.log"

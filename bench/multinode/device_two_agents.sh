@@ -22,8 +22,8 @@
 # was 1.6-1.8% (docs/REGRESSION.md).
 # Budget: each round is a one-agent run plus one two-agent run per world size. Measured with
 # gpt-small: 351 s for 3 rounds on 2 H100s, 209 s for one round at 2 and 4 GPUs on 4 H100s
-# (2026-11-26). Not yet measured at global batch 64 (steps about 10x longer, the start-ups the same):
-# on 4 GPUs use REPEATS=2. (CPU --cpu, 2 rounds: 337 s.)
+# (2026-11-26). At global batch 64 on 4 H100s one round took about 310 s and REPEATS=2 did not fit
+# a 440 s call (2026-11-27): on 4 GPUs a call holds one round. (CPU --cpu, 2 rounds: 337 s.)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -87,7 +87,10 @@ two_agents() {  # round $1: each world size as one run of two agents
 
 # A B, B A, A B ...: the host's drift between runs lands on both sides alike (one agent first in
 # odd rounds, two agents first in even ones)
-for r in $(seq 1 "$rounds"); do
+# FIRST_ROUND=2 starts at round 2 (two agents first): a second call continues the alternation, and
+# the summary below replays over both calls' folders merged (one round of gpt-200m fills a 4-GPU call)
+first=${FIRST_ROUND:-1}
+for r in $(seq "$first" $((first + rounds - 1))); do
   if [ $((r % 2)) = 1 ]; then one_agent "$r"; two_agents "$r"; else two_agents "$r"; one_agent "$r"; fi
 done
 
@@ -106,6 +109,9 @@ def runs(d: Path) -> dict[int, tuple]:
     found = {}
     for r in sorted(d.glob("r*")):
         folders = sorted(p for p in r.iterdir() if (p / "meta.json").exists())
+        if folders and not (folders[-1] / "cells.parquet").exists():  # cut off before its first cell
+            print(f"note: {folders[-1]} has no cells (cut off); round {r.name[1:]} left out", file=sys.stderr)
+            continue
         if not folders:
             continue
         if len(folders) > 1:

@@ -50,12 +50,12 @@ case "$PART" in
     ;;&
   levels|all)
     C=$(capacity)  # per GPU; the total rate scales with the world size of each run below
-    # LV_WS, LV_PLACEMENTS, LV_TIMEOUT split the part over calls: with --task generate on 2 H100s the
+    # LV_WS, LV_PLACEMENTS, LV_POLICIES, LV_TIMEOUT split the part over calls: with --task generate on 2 H100s the
     # replicas' five policies and DataParallel alone took the whole 280 s (sixth stop)
     lv_ws=${LV_WS:-$WS}
     for ws in ${lv_ws//,/ }; do
       serve "${LV_TIMEOUT:-280}" "${COMMON[@]}" --placements "${LV_PLACEMENTS:-replicas,dataparallel-infer,pinned-tenants,pipeline}" \
-        --policies round-robin,random,jsq,shared,batch --world-sizes "$ws" \
+        --policies "${LV_POLICIES:-round-robin,random,jsq,shared,batch}" --world-sizes "$ws" \
         --rates "$(rates "$C" "$ws" "0.3,0.6,0.9")" --duration "${LV_DURATION:-3}"
     done
     ;;&
