@@ -2,7 +2,8 @@
 
 Rank r trains its own copy of the workload's architecture, re-initialised from its own seed, on its own
 share of each global batch; nothing is exchanged while training. After the timed steps every
-member predicts on the same held-out batch and the predictions are combined with ``all_gather``
+member predicts on the same held-out batch (one rank's share of a global batch no step trains on)
+and the predictions are combined with ``all_gather``
 (mean of the members' outputs). The cell reports the aggregation's time and bytes and the
 ensemble's loss, and rank 0 checks the whole thing against the same members trained one after
 another in a single process (its ``self_parity``, which fills the parity columns).
@@ -19,6 +20,10 @@ from bench.workloads import Workload
 from strategies.base import Context, Step, Strategy
 from strategies.common import local_share, make_optimizer, time_region, train_step
 from strategies.ddp import data_parallel_check
+
+
+#: Above this many gathered bytes the aggregation is timed twice instead of five times
+AGGREGATE_BIG_BYTES = 256 * 2**20
 
 
 def build_member(wl: Workload, device: torch.device, seed: int) -> torch.nn.Module:
@@ -56,7 +61,10 @@ class Ensemble(Strategy):
         model = build_member(wl, ctx.device, ctx.seed + 1000 * (r + 1))
         opt = make_optimizer(model.parameters(), ctx)
         seen: list = []
-        held_out = ctx.to_device(wl.batch(10**6))  # no training step uses this index
+        # No training step uses this index. Every member predicts on the same rows: the first rank's
+        # share of that batch, not all of it (a gpt-200m global batch of 64 is 4.3 GB of fp32 logits
+        # a member; on Gloo x2 gathering it five times took most of the cell's 21 s, eighth stop).
+        held_out = local_share(wl.batch(10**6), ctx, rank=0)
         result: dict[str, float] = {}
 
         def run(b):
@@ -75,7 +83,10 @@ class Ensemble(Strategy):
             def aggregate():
                 dist.all_gather(gathered, out)
 
-            agg_s = time_region(ctx.device, aggregate, reps=5)
+            # Five timed gathers of a small output; two of a large one (the decision rests on the
+            # output's size, the same on every rank, so every rank runs the same collectives).
+            big = out.numel() * out.element_size() * w > AGGREGATE_BIG_BYTES
+            agg_s = time_region(ctx.device, aggregate, reps=2 if big else 5)
             result["loss"] = float(wl.loss(torch.stack(gathered).mean(0), y))
             return {"aggregate_s": agg_s, "aggregate_bytes": float(out.numel() * out.element_size() * w),
                     "ensemble_loss": result["loss"]}
