@@ -79,7 +79,7 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> Any:
     clients = _ints(args.clients, "--clients")
     cfg = ServeConfig(
         workload=wl, dims=dims, task=args.task, gen_tokens=args.gen_tokens,
-        placements=_csv(args.placements), policies=_csv(args.policies),
+        placements=_csv(args.placements), policies=_csv(args.policies or "round-robin,jsq"),
         world_sizes=_ints(args.world_sizes, "--world-sizes") or [min(2, gpus) if device == "cuda" else 2],
         device=device, precision=args.precision, seed=args.seed, rates=rates if (rates or clients) else [20.0],
         clients=clients, tenants=tenants_from(args.tenants, default), duration_s=args.duration,
@@ -90,6 +90,9 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> Any:
         cell_timeout_s=args.cell_timeout, out=args.out)
     if len(cfg.noisy_rates) != 2:
         raise UserError("--noisy-rates must be VICTIM,FLOOD requests per second, e.g. 5,50")
+    if args.policies is not None and "replicas" not in cfg.placements:
+        raise UserError(f"--policies {args.policies} balances the replicas placement only, and --placements "
+                        f"{args.placements} has none: add replicas to --placements or drop --policies")
     cfg.check()
     return cfg
 
@@ -132,8 +135,9 @@ def register(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--gen-tokens", type=int, default=8, help="tokens generated per request (--task generate)")
     p.add_argument("--placements", default="replicas",
                    help="comma list: replicas, dataparallel-infer, pinned-tenants, pipeline (default replicas)")
-    p.add_argument("--policies", default="round-robin,jsq",
-                   help="replicas only; comma list: round-robin, random, jsq, shared, batch")
+    p.add_argument("--policies", default=None,
+                   help="replicas only; comma list: round-robin, random, jsq, shared, batch "
+                        "(default round-robin,jsq)")
     p.add_argument("--world-sizes", help="comma list of device counts (default 2; processes as devices on CPU)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when GPUs are visible")
     p.add_argument("--precision", default="auto", help="auto (bf16 on cuda, fp32 on cpu), fp32 or bf16")

@@ -274,7 +274,9 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise UserError(f"--time-cap {time_cap_s:g} must be >= 0 seconds (0: no cap); e.g. --time-cap 20")
     if not 0 <= settle < 1 or not 0 <= target_ci < 1:
         raise UserError(f"settle={settle} and target_ci={target_ci} must be fractions in [0, 1) (0: off)")
-    budget = None if cfg.budget in (None, "", "off", "none") else parse_duration(cfg.budget)
+    if isinstance(cfg.budget, str) and not cfg.budget.strip():
+        raise UserError("--budget '' is empty: give a duration (e.g. --budget 10m) or --budget off")
+    budget = None if cfg.budget in (None, "off", "none") else parse_duration(cfg.budget)
     global_batch = None if cfg.global_batch is None else _as_int("global_batch", cfg.global_batch,
                                                                   "--global-batch 16")
     if global_batch is not None and global_batch < 1:

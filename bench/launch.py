@@ -293,10 +293,12 @@ def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float) -> tuple[
                        profile_steps=min(m0.profile_steps, 1), time_cap_s=cap)
         m = dataclasses.replace(m0, **{k: v for k, v in planned.items() if k not in pinned})
         out.append(dataclasses.replace(p, spec=dataclasses.replace(p.spec, measure=m)))
+    least = min(p.spec.measure.steps for p in out if p.reason is None)
+    stop = f"stops adding steps after {cap:.1f}s" if cap > 0 else "has no time cap (--time-cap 0)"
+    if cfg.target_ci > 0:
+        stop += f" (or when its interval is within {cfg.target_ci:.0%})"
     text = (f"budget {budget_s:g}s: {len(runnable)} cells x {repeats} repeat(s) in {n_groups} process group(s); "
-            f"each repeat times at least {min(p.spec.measure.steps for p in out if p.reason is None)} steps "
-            f"and stops adding steps after {cap:.1f}s "
-            f"(or when its interval is within {cfg.target_ci:.0%}); cells the deadline reaches are skipped"
+            f"each repeat times at least {least} steps and {stop}; cells the deadline reaches are skipped"
             + (f"; repeats lowered from {cfg.repeats} to fit" if repeats < cfg.repeats else "")
             + (f"; kept as given: {', '.join(sorted(pinned))}" if pinned else "")
             + ("; tight: expect skipped cells" if usable <= 0 else ""))

@@ -53,9 +53,12 @@ case "$PART" in
     # LV_WS, LV_PLACEMENTS, LV_POLICIES, LV_TIMEOUT split the part over calls: with --task generate on 2 H100s the
     # replicas' five policies and DataParallel alone took the whole 280 s (sixth stop)
     lv_ws=${LV_WS:-$WS}
+    lv_pl=${LV_PLACEMENTS:-replicas,dataparallel-infer,pinned-tenants,pipeline}
+    lv_pol=()  # policies balance replicas only (serve refuses them for a list without replicas)
+    case ",$lv_pl," in *,replicas,*) lv_pol=(--policies "${LV_POLICIES:-round-robin,random,jsq,shared,batch}") ;; esac
     for ws in ${lv_ws//,/ }; do
-      serve "${LV_TIMEOUT:-280}" "${COMMON[@]}" --placements "${LV_PLACEMENTS:-replicas,dataparallel-infer,pinned-tenants,pipeline}" \
-        --policies "${LV_POLICIES:-round-robin,random,jsq,shared,batch}" --world-sizes "$ws" \
+      serve "${LV_TIMEOUT:-280}" "${COMMON[@]}" --placements "$lv_pl" \
+        ${lv_pol[@]+"${lv_pol[@]}"} --world-sizes "$ws" \
         --rates "$(rates "$C" "$ws" "0.3,0.6,0.9")" --duration "${LV_DURATION:-3}"
     done
     ;;&

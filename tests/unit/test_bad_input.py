@@ -114,6 +114,7 @@ CASES = [
     ("cell-timeout-0", None, [RUN, "--cell-timeout", "0"], "cell_timeout_s=0.0 must be > 0"),
     ("budget-word", None, [RUN, "--budget", "soon"], "budget 'soon' is not a duration"),
     ("budget-0", None, [RUN, "--budget", "0"], "budget '0' must be longer than 0 s"),
+    ("budget-empty", None, [RUN, "--budget", ""], "--budget '' is empty"),
     ("target-ci-high", None, [RUN, "--target-ci", "1.5"], "must be fractions in [0, 1)"),
     ("global-batch-0", None, [RUN, "--global-batch", "0"], "global batch 0 must be >= 1"),
     ("trace-without-profile", None, [RUN, "--trace", "--profile-steps", "0"], "--trace needs profiled steps"),
@@ -299,6 +300,18 @@ def test_no_secret_looking_variable_reaches_meta_or_report(tmp_path, monkeypatch
     assert "hunter2" not in text and "TOKEN" not in text and "SECRET" not in text
     assert json.loads(text)["fingerprint"]["env"].get("OMP_NUM_THREADS") == "1" or "OMP_NUM_THREADS" in text
     assert meta["run_id"] == "run"
+
+
+def test_a_budget_plan_with_no_time_cap_says_so():
+    """`--time-cap 0` (no cap) under a budget was planned as "stops adding steps after 0.0s"."""
+    from bench import launch
+    from bench.config import build_config
+
+    cfg = build_config(toml=None, flags={"workloads": "mlp", "strategies": "single", "world_sizes": "1",
+                                         "budget": "1m", "time_cap_s": 0, "target_ci": 0, "device": "cpu"}, gpus=0)
+    cells, _, _ = launch.plan(cfg, 0)
+    _, text = launch.budget_plan(cfg, cells, 60.0)
+    assert "has no time cap (--time-cap 0)" in text and "after 0.0s" not in text and "within 0%" not in text
 
 
 def test_a_long_budget_is_a_budget():

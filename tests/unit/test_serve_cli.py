@@ -37,10 +37,18 @@ def test_defaults_and_parsing():
     # of memory (1e9 requests drawn up front), printed a traceback, or failed every cell
     ["--rates", "1e9", "--duration", "1"], ["--rates", "inf"], ["--rates", "nan"], ["--cell-timeout", "0"],
     ["--cell-timeout", "-1"], ["--requests", "-3"],
+    # policies balance replicas only: with no replicas placement they were silently ignored (eighth stop)
+    ["--placements", "pipeline", "--policies", "batch"],
 ])
 def test_bad_input_is_a_user_error(argv):
     with pytest.raises(UserError):
         config_from_args(_args(*argv), gpus=0)
+
+
+def test_policies_stand_beside_replicas_and_default_when_not_given():
+    assert config_from_args(_args("--placements", "pipeline"), gpus=0).policies == ["round-robin", "jsq"]
+    cfg = config_from_args(_args("--placements", "replicas,pipeline", "--policies", "batch"), gpus=0)
+    assert cfg.policies == ["batch"]
 
 
 def test_main_exits_2_with_one_line(capsys):
