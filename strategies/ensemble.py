@@ -21,7 +21,6 @@ from strategies.base import Context, Step, Strategy
 from strategies.common import local_share, make_optimizer, time_region, train_step
 from strategies.ddp import data_parallel_check
 
-
 #: Above this many gathered bytes the aggregation is timed twice instead of five times
 AGGREGATE_BIG_BYTES = 256 * 2**20
 

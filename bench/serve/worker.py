@@ -192,7 +192,7 @@ class _Worker:
         from bench.serve.models import padded_length, run_padded
 
         longest = {padded_length(int(x.shape[1]), self.sm.max_size): x for x in inputs}
-        for n, x in sorted(longest.items()):
+        for _, x in sorted(longest.items()):
             for rows in range(2, k + 1):
                 run_padded(self.fn, [x] * rows, self.device, self.sm.max_size)
 
