@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from bench import UserError, __version__
 
@@ -248,8 +250,22 @@ def cmd_list(args) -> int:
     return 0
 
 
+_ARGV: list[str] = []  # the command line being parsed (for the hint in _Parser.error)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (its own print the whole usage first); the subcommands' parsers
+    are of this class too (add_subparsers makes its parsers of the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        flag = message.split(":")[0].removeprefix("argument ").split("/")[-1]
+        if "expected one argument" in message and any(re.fullmatch(r"-\d.*", a) for a in _ARGV):
+            message += f" (a value that starts with '-' goes as {flag}=VALUE)"
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} -h\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="parbench", description=__doc__)
+    parser = _Parser(prog="parbench", description=__doc__)
     parser.add_argument("--version", action="version", version=f"parbench {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -266,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     cli_regress.register(sub)  # compare, history, export
     cli_serve.register(sub)
     cli_slurm.register(sub)
+    _ARGV[:] = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     handlers = {"run": cmd_run, "report": cmd_report, "list": cmd_list, "comm": cli_comm.cmd_comm}

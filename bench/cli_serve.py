@@ -75,6 +75,14 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> Any:
     wl, dims = _workload(args.workload)
     default = Tenant(name="t0", arrival=args.arrival, cv=args.cv, size=args.size, size_min=args.size_min,
                      size_max=args.size_max if args.size_max else args.size_min)
+    if not args.tenants:  # the flags make the one tenant: name the flags, not "tenant t0"
+        if default.size_min < 1:
+            raise UserError(f"--size-min {args.size_min} must be >= 1, e.g. --size-min 16")
+        if not default.size_min <= default.size_max:
+            raise UserError(f"--size-min {args.size_min} and --size-max {args.size_max}: need 1 <= --size-min "
+                            f"<= --size-max, e.g. --size-min 16 --size-max 96")
+        if default.arrival == "gamma" and not default.cv > 0:
+            raise UserError(f"--cv {args.cv} must be > 0 for gamma arrivals (1 is Poisson), e.g. --cv 3")
     rates = _floats(args.rates, "--rates")
     clients = _ints(args.clients, "--clients")
     cfg = ServeConfig(

@@ -323,3 +323,18 @@ def test_a_long_budget_is_a_budget():
     cfg = build_config(toml=None, flags={"workloads": "mlp", "budget": "99999h", "device": "cpu"}, gpus=0)
     assert parse_duration(cfg.budget) == 99999 * 3600
     assert parse_duration("1e-07s") == 1e-07  # a tiny budget is a budget; the plan says it is too small
+
+
+def test_argparse_errors_are_one_line_with_the_fix(capsys):
+    """argparse printed its whole usage before the error; a negative value read as a flag got no hint."""
+    from bench.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["compare", "a", "b", "--threshold", "-5%"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err, err
+    assert "goes as --threshold=VALUE" in err and err.endswith("see parbench compare -h")
+    with pytest.raises(SystemExit):
+        main(["run", "--steps"])
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "goes as" not in err and "expected one argument" in err

@@ -39,10 +39,20 @@ def test_defaults_and_parsing():
     ["--cell-timeout", "-1"], ["--requests", "-3"],
     # policies balance replicas only: with no replicas placement they were silently ignored (eighth stop)
     ["--placements", "pipeline", "--policies", "batch"],
+    ["--size-min", "9", "--size-max", "3"], ["--size-min", "0"], ["--arrival", "gamma", "--cv", "0"],
 ])
 def test_bad_input_is_a_user_error(argv):
     with pytest.raises(UserError):
         config_from_args(_args(*argv), gpus=0)
+
+
+def test_errors_of_the_one_tenant_the_flags_make_name_the_flags():
+    for argv, flag in ((["--size-min", "9", "--size-max", "3"], "--size-min 9 and --size-max 3"),
+                       (["--size-min", "0"], "--size-min 0 must be >= 1"),
+                       (["--arrival", "gamma", "--cv", "-1"], "--cv -1.0 must be > 0")):
+        with pytest.raises(UserError, match="^" + flag) as e:
+            config_from_args(_args(*argv), gpus=0)
+        assert "tenant t0" not in str(e.value)
 
 
 def test_policies_stand_beside_replicas_and_default_when_not_given():
