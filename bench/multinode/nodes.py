@@ -26,7 +26,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
+import sys
+import tempfile
 import threading
 import time
 from datetime import timedelta
@@ -57,6 +60,53 @@ def _wait_port(host: str, port: int, timeout_s: float) -> bool:
     return False
 
 
+class _C10dRetriesHidden:
+    """Keep torch's C++ client retry warnings off the terminal while connecting: against a listener
+    that is not a store each retry printed a C++ stack of about 20 lines, some 200 lines in all
+    before the one-line error (a bad-input sweep). The process's stderr (file descriptor 2) goes to
+    a temporary file meanwhile; lines that are not c10d's retry chatter are written back after.
+    ``abandon()`` (a connection given up while torch's thread still retries): file descriptor 2 stays
+    away from the terminal for the rest of the process, and Python's ``sys.stderr`` is reopened on
+    the terminal, so the one-line error still shows and the thread's later retries do not."""
+
+    def __enter__(self) -> _C10dRetriesHidden:
+        self.saved: int | None = None
+        self.abandoned = False
+        try:
+            sys.stderr.flush()
+            self.saved = os.dup(2)
+        except (OSError, ValueError):
+            return self
+        self.tmp = tempfile.TemporaryFile()
+        os.dup2(self.tmp.fileno(), 2)
+        return self
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.saved is None:
+            return
+        if self.abandoned:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 2)
+            os.close(null)
+            sys.stderr = open(self.saved, "w", buffering=1, closefd=True)  # noqa: SIM115 - the process's stderr
+        else:
+            os.dup2(self.saved, 2)
+            os.close(self.saved)
+        self.tmp.seek(0)
+        text = self.tmp.read().decode(errors="replace")
+        self.tmp.close()
+        keep = [ln for ln in text.splitlines() if ln.strip() and not _C10D_CHATTER.search(ln)]
+        if keep:
+            sys.stderr.write("\n".join(keep) + "\n")
+
+
+#: c10d's client retry warnings and the C++ stack frames printed under them
+_C10D_CHATTER = re.compile(r"TCPStore\.cpp|socket\.cpp|^frame #\d+:|^Exception raised from |^<omitting python frames>$")
+
+
 def _client(host: str, port: int, timeout_s: float, connect_s: float | None = None):
     """A client of node 0's store (``timeout_s``: each store operation's). Built on a thread of its
     own and given up after ``connect_s`` (default ``timeout_s``) plus a grace: a listener that
@@ -74,9 +124,12 @@ def _client(host: str, port: int, timeout_s: float, connect_s: float | None = No
             box["error"] = e
 
     t = threading.Thread(target=connect, name="parbench-store-connect", daemon=True)
-    t.start()
     wait = timeout_s if connect_s is None else connect_s
-    t.join(wait + 5.0)
+    with _C10dRetriesHidden() as quiet:
+        t.start()
+        t.join(wait + 5.0)
+        if t.is_alive():
+            quiet.abandon()
     if t.is_alive():
         raise UserError(f"{host}:{port} accepted the connection but did not answer as node 0's store within "
                         f"{wait:g} s; check --rdzv-endpoint (is it node 0's parbench run, not another service?)")

@@ -205,3 +205,39 @@ def test_a_listener_that_never_answers_is_given_up_after_the_rendezvous_timeout(
     finally:
         srv.close()
     assert time.monotonic() - t0 < 20
+
+
+def test_a_listener_that_answers_garbage_gives_one_line_not_torchs_retry_stacks(tmp_path):
+    """Against a service that answers something else (an SSH banner here) torch's store client
+    printed a C++ stack per retry, about 200 lines before parbench's one-line error (bad-input sweep)."""
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+                c.sendall(b"SSH-2.0-OpenSSH_8.9\r\n" * 4)
+                c.close()
+            except OSError:
+                return
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        r = subprocess.run([sys.executable, "-m", "bench.cli", "run", "--device", "cpu", "--workloads", "mlp",
+                            "--strategies", "ddp", "--world-sizes", "2", "--nnodes", "2", "--node-rank", "1",
+                            "--rdzv-endpoint", f"127.0.0.1:{srv.getsockname()[1]}", "--rdzv-timeout", "2",
+                            "--out", str(tmp_path), "--no-progress"], capture_output=True, text=True, timeout=120)
+    finally:
+        stop.set()
+        srv.close()
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+    assert lines[0].startswith("parbench: error: 127.0.0.1:") and "--rdzv-endpoint" in lines[0]
