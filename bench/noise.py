@@ -17,6 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
+from bench.timing import order_stat_halfwidth  # noqa: F401 - re-exported: the ranks import it from timing
+
 #: a cell is ``stable`` when all of these hold
 CV_MAX, SPREAD_MAX, OUTLIER_FRAC_MAX, BIMODAL_BC = 0.05, 0.05, 0.10, 0.555
 #: fewest pooled steps for a p95 (below it, the "p95" is one of the two largest values)
@@ -43,19 +45,6 @@ def median_ci(x: np.ndarray, *, level: float = 0.95, seed: int = 0) -> tuple[flo
         lo, hi = np.percentile(x, [2.5, 97.5])
         method = "percentile"
     return float(lo), float(hi), method
-
-
-def order_stat_halfwidth(x: np.ndarray, level: float = 0.95) -> float:
-    """Relative half-width of the distribution-free (binomial order statistic) interval of the
-    median: cheap and deterministic, for deciding inside a rank whether to take more steps."""
-    x = np.sort(np.asarray(x, dtype=float))
-    n = x.size
-    if n < 6:
-        return math.inf
-    k = int(stats.binom.ppf((1 - level) / 2, n, 0.5))
-    lo, hi = x[max(k - 1, 0)], x[min(n - k, n - 1)]
-    med = float(np.median(x))
-    return (hi - lo) / (2 * med) if med > 0 else math.inf
 
 
 def bimodality_coefficient(x: np.ndarray) -> float:

@@ -29,10 +29,9 @@ import torch.distributed as dist
 
 import strategies
 from bench import backends, spec
-from bench.noise import order_stat_halfwidth
 from bench.samplers.nvml import EnergyMeter
 from bench.spec import CellSpec, GroupPlan, RankMeasurement
-from bench.timing import StepTimer
+from bench.timing import StepTimer, order_stat_halfwidth
 from bench.workloads import resolve
 from strategies.base import Context
 

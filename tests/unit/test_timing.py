@@ -89,3 +89,14 @@ def test_ranks_tear_cupti_down_after_profiling_unless_the_user_says_otherwise(mo
     monkeypatch.setenv("TEARDOWN_CUPTI", "0")  # a user who wants the old behaviour keeps it, and it is recorded
     assert launch.child_env(2)["TEARDOWN_CUPTI"] == "0"
     assert fingerprint.fingerprint()["env"]["TEARDOWN_CUPTI"] == "0"
+
+
+def test_the_binomial_quantile_matches_scipy():
+    from scipy import stats
+
+    from bench.timing import binom_half_ppf
+
+    for n in [*range(0, 200), 499, 500, 1000, 2047]:
+        # (at a q that a CDF value equals exactly, as 0.5 for odd n, scipy rounds in floating point)
+        for q in (0.005, 0.025, 0.05, 0.3, 0.975):
+            assert binom_half_ppf(q, n) == int(stats.binom.ppf(q, n, 0.5)), (q, n)
