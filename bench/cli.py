@@ -192,11 +192,39 @@ def cmd_run(args) -> int:
 
     print_summary(run_dir)
     print_recommendation(run_dir)
+    print_budget_use(run_dir)
     if args.report:
         from reports import build_report
 
         print(f"report: {build_report(run_dir)}")
     return 0
+
+
+def print_budget_use(run_dir: Path) -> None:
+    """One line after a budgeted run: its time against the budget, what the deadline cut, and what
+    the process groups' start-ups cost (meta.json ``group_starts``)."""
+    import json
+    from datetime import datetime
+
+    from bench.config import parse_duration
+    from bench.results import load_run
+
+    try:
+        meta = json.loads((run_dir / "meta.json").read_text())
+        budget = meta.get("config", {}).get("budget")
+        if not budget:
+            return
+        created, updated = (datetime.fromisoformat(meta[k]) for k in ("created_utc", "updated_utc"))
+        took = (updated - created).total_seconds()
+        cells, _, _ = load_run(run_dir)
+    except (OSError, ValueError, KeyError, UserError):
+        return
+    cut = int((cells["status"].eq("skipped") & cells["reason"].fillna("").str.startswith("time budget")).sum())
+    done = int(cells["status"].isin(["ok", "failed", "timeout"]).sum())
+    starts = meta.get("group_starts") or []
+    start_s = sum(g.get("start_s", 0.0) for g in starts)
+    print(f"budget {budget}: the run took {took:.0f} s ({took / parse_duration(budget):.0%}); {done} cells measured, "
+          f"{cut} cut by the deadline; {len(starts)} process group start-ups took {start_s:.0f} s")
 
 
 def print_recommendation(run_dir: Path) -> None:

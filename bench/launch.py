@@ -48,7 +48,7 @@ from bench.hardware import cpu_threads, threads_per_rank
 from bench.metrics import Metric, registry
 from bench.results import RunWriter, cell_columns, new_run_id, write_meta
 from bench.rows import build_row, failure_row, telemetry_means
-from bench.spec import CellSpec, GroupPlan, Measure, RankMeasurement
+from bench.spec import ONE_RANK_SKIP, CellSpec, GroupPlan, Measure, RankMeasurement
 from bench.workloads import Workload, resolve
 
 log = logging.getLogger("parbench")
@@ -195,7 +195,7 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
                     reason = reason or strat.check(cell, gpus=gpus)
                     if reason is None and strat.procs(n) == 1 and backend != one_proc_backend \
                             and one_proc_backend in cfg.backends:
-                        reason = (f"one rank has no one to talk to: its {backend} cell would repeat the "
+                        reason = (f"{ONE_RANK_SKIP}: its {backend} cell would repeat the "
                                   f"{one_proc_backend} one, which is measured")
                     if reason is None and cfg.device == "cpu" and n // nodes > cpu_threads() * 4:
                         reason = f"{n // nodes} ranks per node > 4 x {cpu_threads()} CPU threads"

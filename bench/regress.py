@@ -37,6 +37,7 @@ import pandas as pd
 from scipy import stats
 
 from bench import UserError
+from bench.spec import ONE_RANK_SKIP
 
 KEY = ["workload", "strategy", "backend", "device", "world_size"]
 OPTIONAL_KEY = ["mesh", "micro_batches", "schedule"]
@@ -46,6 +47,7 @@ ALPHA = 0.02
 MIN_REPEATS = 3  # repeats are the samples from 3 on; a verdict past noisy needs min_samples() = 5 a side
 #: verdicts that fail a CI job
 FAILING = ("regression", "broken")
+
 #: verdicts that mean "these two cells were measured against each other"
 COMPARED = ("regression", "improvement", "same", "noisy", "broken", "fixed")
 #: workload dimensions that must match for step times to be comparable
@@ -311,7 +313,7 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
     if "global_batch" in base and "global_batch" in cur and (base.duplicated(key).any() or cur.duplicated(key).any()):
         key.append("global_batch")
     _check_inputs(base, cur, key)
-    extra = [c for c in ("cell_id", "status", "parity_ok", "throughput_samples_s", "step_time_median_s",
+    extra = [c for c in ("cell_id", "status", "reason", "parity_ok", "throughput_samples_s", "step_time_median_s",
                          "step_time_ci_low_s", "step_time_ci_high_s", *DIMENSIONS) if c not in key]
     b = base.reindex(columns=key + extra).drop_duplicates(key).copy()
     c = cur.reindex(columns=key + extra).drop_duplicates(key).copy()
@@ -366,6 +368,9 @@ def _verdict(r: pd.Series, row: dict, bs: dict, cs: dict, run_diff: list[str], c
     if r["_merge"] == "left_only":
         return "missing", ""
     ok_b, ok_c = r["status_b"] == "ok", r["status_c"] == "ok"
+    if ok_b and r["status_c"] == "skipped" and str(r.get("reason_c", "")).startswith(ONE_RANK_SKIP):
+        # the matrix no longer runs it (one rank, measured under another backend): not a breakage
+        return "missing", "no longer in the matrix: " + str(r["reason_c"])
     if ok_b and not ok_c:
         return "broken", f"now {r['status_c']}"
     if not ok_b:

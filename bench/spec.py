@@ -24,6 +24,12 @@ from typing import Any, Literal, Union
 Status = Literal["ok", "failed", "timeout", "skipped"]
 
 
+#: The start of the skip reason of a multi-process strategy's one-rank cell under a second backend
+#: (``bench.launch.plan`` runs it under one); ``bench.regress`` reads a baseline's ok row of such a
+#: cell as a change of the matrix, not a breakage
+ONE_RANK_SKIP = "one rank has no one to talk to"
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorkloadFacts:
     """What the planner learned from a workload once; ranks rebuild the model from ``spec``/``dims``."""

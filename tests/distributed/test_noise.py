@@ -60,6 +60,19 @@ def test_a_time_budget_is_kept(tmp_path):
     for s in starts:
         assert {"torchrun_s", "imports_s", "process_group_s", "warm_up_s", "start_s", "teardown_s"} <= set(s), s
         assert 0 < s["imports_s"] < s["start_s"] < 40 and 0 <= s["teardown_s"] < 40, s
+    # and the command's last line says how the budget was used
+    import io
+    from contextlib import redirect_stdout
+    from pathlib import Path
+
+    from bench.cli import print_budget_use
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        print_budget_use(Path(tmp_path) / meta["run_id"])
+    line = out.getvalue().strip()
+    assert line.startswith("budget 40s: the run took ") and f"{int((cells['status'] == 'ok').sum())} cells measured" \
+        in line and "2 process group start-ups took" in line, line
 
 
 def test_a_slow_rank_is_named(tmp_path):

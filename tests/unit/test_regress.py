@@ -254,3 +254,17 @@ def test_too_few_repeats_give_no_interval_rather_than_an_infinite_one():
     r = t.loc["ddp"]
     assert r["verdict"] == "noisy" and np.isnan(r["noise_floor"]) and np.isnan(r["shift_low"])
     assert "3 repeats a side cannot bound the interval" in r["note"] and "5 repeats a side" in r["note"]
+
+
+def test_a_one_rank_cell_dropped_from_the_matrix_is_missing_not_broken():
+    """A baseline recorded before one-rank cells ran under one backend has their Gloo row ok; the new
+    run skips it by design (eighth stop's review): that must not fail the gate."""
+    from bench.spec import ONE_RANK_SKIP
+
+    base = make_run({"ddp": 1.0, "fsdp": 1.0})
+    cur = make_run({"ddp": 1.0, "fsdp": 1.0}, statuses={"ddp": "skipped", "fsdp": "skipped"}, seed=1)
+    cur[0].loc[cur[0]["strategy"] == "ddp", "reason"] = f"{ONE_RANK_SKIP}: its gloo cell would repeat the nccl one"
+    cur[0].loc[cur[0]["strategy"] == "fsdp", "reason"] = "needs world size >= 2, got 1"
+    t = cmp(base, cur)
+    assert t.loc["ddp", "verdict"] == "missing" and "no longer in the matrix" in t.loc["ddp", "note"]
+    assert t.loc["fsdp", "verdict"] == "broken"  # any other skip of a cell that ran is still a breakage
