@@ -286,10 +286,22 @@ class _Parser(argparse.ArgumentParser):
     are of this class too (add_subparsers makes its parsers of the parent's class)."""
 
     def error(self, message: str) -> NoReturn:  # type: ignore[override]
-        flag = message.split(":")[0].removeprefix("argument ").split("/")[-1]
-        if "expected one argument" in message and any(re.fullmatch(r"-\d.*", a) for a in _ARGV):
-            message += f" (a value that starts with '-' goes as {flag}=VALUE)"
+        flags = message.split(":")[0].removeprefix("argument ").split("/")
+        if "expected one argument" in message:
+            after = [_ARGV[i + 1] for i, a in enumerate(_ARGV[:-1]) if a in flags]
+            if any(re.fullmatch(r"-\d.*", a) for a in after):  # the value was read as a flag
+                message += f" (a value that starts with '-' goes as {flags[-1]}=VALUE)"
         self.exit(2, f"{self.prog}: error: {message}; see {self.prog} -h\n")
+
+
+def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost subcommand parser that ``args`` went through (``parbench history show``)."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, subs[0].dest, None) if subs else None
+        if not subs or name not in subs[0].choices:
+            return parser
+        parser = subs[0].choices[name]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     cli_serve.register(sub)
     cli_slurm.register(sub)
     _ARGV[:] = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if rest:  # named by the (sub)command that was given, with its help (argparse names the top level)
+        _chosen(parser, args).error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     handlers = {"run": cmd_run, "report": cmd_report, "list": cmd_list, "comm": cli_comm.cmd_comm}
     try:

@@ -98,6 +98,8 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> Any:
         cell_timeout_s=args.cell_timeout, out=args.out)
     if len(cfg.noisy_rates) != 2:
         raise UserError("--noisy-rates must be VICTIM,FLOOD requests per second, e.g. 5,50")
+    if args.policies is not None and not _csv(args.policies):
+        raise UserError(f"--policies {args.policies!r} is empty: give a comma list, e.g. --policies round-robin,jsq")
     if args.policies is not None and "replicas" not in cfg.placements:
         raise UserError(f"--policies {args.policies} balances the replicas placement only, and --placements "
                         f"{args.placements} has none: add replicas to --placements or drop --policies")

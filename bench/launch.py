@@ -900,22 +900,19 @@ def startup_record(label: str, attempt: int, launched: float, marks: dict[str, f
     rec: dict[str, Any] = {"group": label, "attempt": attempt, "launched_unix": round(launched, 3),
                            "exited_unix": round(marks["exited"], 3) if marks.get("exited") else None}
     try:
-        worker = json.loads(Path(str(prefix) + "-r0.startup.json").read_text())
+        worker = json.loads(Path(str(prefix) + "-leader.startup.json").read_text())
     except (OSError, ValueError):
         worker = {}
-    seq = [("launched", launched), *((k, worker.get(k)) for k in ("process", "imported", "device",
-                                                                    "process_group", "placed", "warm")),
-           ("first_cell", marks.get("first_cell"))]
-    names = {"process": "torchrun_s", "imported": "imports_s", "device": "device_s",
-             "process_group": "process_group_s", "placed": "placement_s", "warm": "warm_up_s",
-             "first_cell": "to_first_cell_s"}
-    prev = None
-    for k, t in seq:
-        if t is None:
-            continue
-        if prev is not None and k in names:
-            rec[names[k]] = round(float(t) - prev, 3)
-        prev = float(t)
+    at = {"launched": launched, **{k: worker.get(k) for k in ("process", "imported", "device", "process_group",
+                                                             "placed", "warm")}, "first_cell": marks.get("first_cell")}
+    # each phase between two marks, and only when both exist (a missing mark leaves its phases out
+    # rather than folding them into a neighbour)
+    for name, a, b in (("torchrun_s", "launched", "process"), ("imports_s", "process", "imported"),
+                       ("device_s", "imported", "device"), ("process_group_s", "device", "process_group"),
+                       ("placement_s", "process_group", "placed"), ("warm_up_s", "placed", "warm"),
+                       ("to_first_cell_s", "warm", "first_cell")):
+        if at.get(a) is not None and at.get(b) is not None:
+            rec[name] = round(float(at[b]) - float(at[a]), 3)  # type: ignore[arg-type]
     if marks.get("first_cell") is not None:
         rec["start_s"] = round(float(marks["first_cell"]) - launched, 3)  # type: ignore[arg-type]
     if marks.get("last_cell") is not None and marks.get("exited") is not None:
@@ -1066,6 +1063,11 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
     described = {n: w.description for n, w in wls.items()}
     extra: dict[str, Any] = {"resumed": sorted(done)} if resume is not None else {}
     starts: list[dict[str, Any]] = []
+    if resume is not None:  # the interrupted run's launches stay on record, before this one's
+        try:
+            starts.extend(json.loads((run_dir / "meta.json").read_text()).get("group_starts") or [])
+        except (OSError, ValueError):
+            pass
     extra["group_starts"] = starts  # filled as the groups run; written with the final meta.json
     if coord is not None:
         extra["nodes"] = [{"node": r, **{k: v for k, v in n.items() if k in ("host", "addr", "iface")}}

@@ -474,7 +474,7 @@ def _main(plan: GroupPlan) -> int:
     warm_group(device, "bf16" if "bf16" in precisions else "fp32", tuple(extra))
     marks["warm"] = time.time()
     if leader:
-        write_startup(Path(plan.events_prefix + f"-r{rank}.startup.json"), marks)
+        write_startup(Path(plan.events_prefix + "-leader.startup.json"), marks)
     try:
         failed_cells: set[int] = set()
         for r, order in enumerate(rounds(plan)):

@@ -21,7 +21,8 @@ from strategies.base import Context, Step, Strategy
 from strategies.common import local_share, make_optimizer, time_region, train_step
 from strategies.ddp import data_parallel_check
 
-#: Above this many gathered bytes the aggregation is timed twice instead of five times
+#: Above this many gathered bytes the aggregation is timed twice instead of five times (after one
+#: untimed gather in either case)
 AGGREGATE_BIG_BYTES = 256 * 2**20
 
 
@@ -85,6 +86,7 @@ class Ensemble(Strategy):
             # Five timed gathers of a small output; two of a large one (the decision rests on the
             # output's size, the same on every rank, so every rank runs the same collectives).
             big = out.numel() * out.element_size() * w > AGGREGATE_BIG_BYTES
+            aggregate()  # untimed: the first gather of this size pays its buffers' first use
             agg_s = time_region(ctx.device, aggregate, reps=2 if big else 5)
             result["loss"] = float(wl.loss(torch.stack(gathered).mean(0), y))
             return {"aggregate_s": agg_s, "aggregate_bytes": float(out.numel() * out.element_size() * w),

@@ -108,10 +108,11 @@ def runs(d: Path) -> dict[int, tuple]:
     time-stamped name, if a round holds several)."""
     found = {}
     for r in sorted(d.glob("r*")):
-        folders = sorted(p for p in r.iterdir() if (p / "meta.json").exists())
-        if folders and not (folders[-1] / "cells.parquet").exists():  # cut off before its first cell
-            print(f"note: {folders[-1]} has no cells (cut off); round {r.name[1:]} left out", file=sys.stderr)
-            continue
+        every = sorted(p for p in r.iterdir() if (p / "meta.json").exists())
+        folders = [p for p in every if (p / "cells.parquet").exists()]  # not cut off before its first cell
+        for p in every:
+            if p not in folders:
+                print(f"note: {p} has no cells (cut off); left out", file=sys.stderr)
         if not folders:
             continue
         if len(folders) > 1:
@@ -137,6 +138,8 @@ def median_ms(cells, strategy, ws):
 
 
 one = runs(out / "one")
+if not one:
+    sys.exit(f"no one-agent round with cells under {out / 'one'}: nothing to compare")
 meta = next(iter(one.values()))[1]
 card = "CPU (gloo)" if cpu else subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                                                capture_output=True, text=True).stdout.splitlines()[0]

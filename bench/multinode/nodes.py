@@ -67,17 +67,22 @@ class _C10dRetriesHidden:
     a temporary file meanwhile; lines that are not c10d's retry chatter are written back after.
     ``abandon()`` (a connection given up while torch's thread still retries): file descriptor 2 stays
     away from the terminal for the rest of the process, and Python's ``sys.stderr`` is reopened on
-    the terminal, so the one-line error still shows and the thread's later retries do not."""
+    the terminal, so the one-line error still shows and the thread's later retries do not (child
+    processes started after that have no stderr: the caller is about to exit with the error)."""
 
     def __enter__(self) -> _C10dRetriesHidden:
         self.saved: int | None = None
         self.abandoned = False
         try:
-            sys.stderr.flush()
+            if sys.stderr is not None:
+                sys.stderr.flush()
             self.saved = os.dup(2)
+            self.tmp = tempfile.TemporaryFile()
         except (OSError, ValueError):
+            if self.saved is not None:
+                os.close(self.saved)
+                self.saved = None
             return self
-        self.tmp = tempfile.TemporaryFile()
         os.dup2(self.tmp.fileno(), 2)
         return self
 
@@ -91,7 +96,11 @@ class _C10dRetriesHidden:
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, 2)
             os.close(null)
+            old = sys.stderr
             sys.stderr = open(self.saved, "w", buffering=1, closefd=True)  # noqa: SIM115 - the process's stderr
+            for h in logging.getLogger().handlers:  # handlers made before (basicConfig) follow it
+                if isinstance(h, logging.StreamHandler) and h.stream is old:
+                    h.setStream(sys.stderr)
         else:
             os.dup2(self.saved, 2)
             os.close(self.saved)
@@ -128,9 +137,10 @@ def _client(host: str, port: int, timeout_s: float, connect_s: float | None = No
     with _C10dRetriesHidden() as quiet:
         t.start()
         t.join(wait + 5.0)
-        if t.is_alive():
+        alive = t.is_alive()  # decided once: the thread may end between two looks
+        if alive:
             quiet.abandon()
-    if t.is_alive():
+    if alive:
         raise UserError(f"{host}:{port} accepted the connection but did not answer as node 0's store within "
                         f"{wait:g} s; check --rdzv-endpoint (is it node 0's parbench run, not another service?)")
     if "error" in box:

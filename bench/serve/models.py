@@ -254,8 +254,8 @@ def run_grouped(fn, inputs: list[Tensor], device: torch.device, dtype: torch.dty
     ``pad`` (GPT scoring): prompts of several lengths go as one right-padded call instead (with
     prompts of 16-96 tokens almost no two requests of a dynamic batch had one length, so it ran
     them one by one and each waited for the batch)."""
-    if pad and len(inputs) > 1 and all(x.dim() == 2 and x.shape[0] == 1 for x in inputs) \
-            and len({x.shape[1] for x in inputs}) > 1:
+    if pad and len(inputs) > 1 and all(x.dim() == 2 and x.shape[0] == 1 for x in inputs):
+        # equal lengths too: a batch's shape is then always one the warm-up ran (rows, padded length)
         return run_padded(fn, inputs, device, pad_limit)
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, x in enumerate(inputs):

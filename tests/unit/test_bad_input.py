@@ -334,7 +334,15 @@ def test_argparse_errors_are_one_line_with_the_fix(capsys):
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and "\n" not in err, err
     assert "goes as --threshold=VALUE" in err and err.endswith("see parbench compare -h")
-    with pytest.raises(SystemExit):
-        main(["run", "--steps"])
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "goes as" not in err and "expected one argument" in err
+    for argv in (["run", "--steps"], ["run", "--steps", "--warmup", "-5"]):  # no hint: --steps took no value
+        with pytest.raises(SystemExit):
+            main(argv)
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "goes as" not in err and "expected one argument" in err
+    # an unknown flag is named by the subcommand it was given to, with that subcommand's help
+    for argv, prog in ((["run", "--bogus", "1"], "parbench run"), (["history", "show", "--bogus"],
+                                                                    "parbench history show")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"{prog}: error: unrecognized arguments: --bogus") and err.endswith(f"see {prog} -h")

@@ -45,6 +45,8 @@ def _fake_groups(monkeypatch, seen: list[int], stop_after: int | None = None):
     from bench.rows import failure_row
 
     def fake(g, gid, cfg, writer, *a, **k):
+        if k.get("starts") is not None:
+            k["starts"].append({"group": g.label, "attempt": 1, "fake": True})
         for c in g.cells:
             if stop_after is not None and len(seen) >= stop_after:
                 raise launch.Interrupted(_signal.SIGTERM)
@@ -81,6 +83,9 @@ def test_sigterm_then_resume_runs_only_the_missing_cells(tmp_path, monkeypatch, 
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["status"] == "complete" and meta["interrupted"] is False and meta["resumed"] == sorted(first)
     assert (run_dir / "work" / "resume1").is_dir()
+    # the interrupted run's start-up records are kept, the resumed run's follow them
+    groups = [g["group"] for g in meta["group_starts"]]
+    assert groups == ["gloo x1", "gloo x1", "gloo x2"], groups  # first run: 1 group; the resume: 2
 
 
 def test_disk_full_mid_run_stops_with_one_line_and_keeps_finished_cells(tmp_path, monkeypatch, capsys):
@@ -100,6 +105,8 @@ def test_disk_full_mid_run_stops_with_one_line_and_keeps_finished_cells(tmp_path
     written: list[int] = []
 
     def fake(g, gid, cfg, writer, *a, **k):
+        if k.get("starts") is not None:
+            k["starts"].append({"group": g.label, "attempt": 1, "fake": True})
         for c in g.cells:
             if written:
                 def full(table, where, *a, **k):

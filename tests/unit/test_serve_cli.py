@@ -38,7 +38,7 @@ def test_defaults_and_parsing():
     ["--rates", "1e9", "--duration", "1"], ["--rates", "inf"], ["--rates", "nan"], ["--cell-timeout", "0"],
     ["--cell-timeout", "-1"], ["--requests", "-3"],
     # policies balance replicas only: with no replicas placement they were silently ignored (eighth stop)
-    ["--placements", "pipeline", "--policies", "batch"],
+    ["--placements", "pipeline", "--policies", "batch"], ["--policies", ""], ["--policies", " , "],
     ["--size-min", "9", "--size-max", "3"], ["--size-min", "0"], ["--arrival", "gamma", "--cv", "0"],
 ])
 def test_bad_input_is_a_user_error(argv):

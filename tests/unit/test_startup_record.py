@@ -9,7 +9,7 @@ def test_phases_are_the_gaps_between_the_marks(tmp_path):
     prefix = tmp_path / "g0-a1"
     marks = {"process": 101.0, "imported": 104.5, "device": 106.0, "process_group": 108.0, "placed": 108.25,
              "warm": 109.0}
-    (tmp_path / "g0-a1-r0.startup.json").write_text(json.dumps(marks))
+    (tmp_path / "g0-a1-leader.startup.json").write_text(json.dumps(marks))
     rec = startup_record("nccl x4", 1, 100.0, {"first_cell": 109.5, "last_cell": 150.0, "exited": 152.5}, prefix)
     assert rec["torchrun_s"] == 1.0 and rec["imports_s"] == 3.5 and rec["device_s"] == 1.5
     assert rec["process_group_s"] == 2.0 and rec["placement_s"] == 0.25 and rec["warm_up_s"] == 0.75
@@ -21,8 +21,13 @@ def test_a_launch_that_died_early_keeps_what_it_has(tmp_path):
     rec = startup_record("gloo x2", 2, 100.0, {"first_cell": None, "last_cell": None, "exited": 101.0},
                          tmp_path / "g1-a2")
     assert rec == {"group": "gloo x2", "attempt": 2, "launched_unix": 100.0, "exited_unix": 101.0}
-    # a leader that wrote only some marks: the missing phase is skipped, the next spans the gap
-    (tmp_path / "g1-a3-r0.startup.json").write_text(json.dumps({"process": 101.0, "imported": 103.0,
+    # a leader that wrote only some marks: the phases next to a missing mark are left out, not folded
+    # into a neighbour
+    (tmp_path / "g1-a3-leader.startup.json").write_text(json.dumps({"process": 101.0, "imported": 103.0,
                                                                  "warm": 110.0}))
     rec = startup_record("gloo x2", 3, 100.0, {"first_cell": 111.0}, tmp_path / "g1-a3")
-    assert rec["imports_s"] == 2.0 and rec["warm_up_s"] == 7.0 and "device_s" not in rec
+    assert rec["imports_s"] == 2.0 and rec["to_first_cell_s"] == 1.0 and rec["start_s"] == 11.0
+    assert not {"device_s", "process_group_s", "placement_s", "warm_up_s"} & set(rec)
+    # no leader file at all: launch to first cell is still known, no phase is invented
+    rec = startup_record("gloo x2", 4, 100.0, {"first_cell": 130.0}, tmp_path / "g1-a4")
+    assert rec["start_s"] == 30.0 and "to_first_cell_s" not in rec and "torchrun_s" not in rec
