@@ -229,7 +229,17 @@ budget)  # issue 11 item 3: the default matrix (no options: every strategy, back
   start=$(date +%s)
   timeout 570 python3 -m bench.cli run --no-progress --out "$R/budget" > "$OUT/budget.log" 2>&1
   echo "default matrix: exit $? after $(( $(date +%s) - start )) s"
-  grep -m 3 -iE "budget|plan" "$OUT/budget.log"
+  grep -iE "^budget" "$OUT/budget.log" | head -n 3
+  # where each process group's start-up went (meta.json group_starts; written when the run ends)
+  python3 - "$(ls -d "$R/budget"/*/ | tail -n 1)" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1] + "/meta.json"))
+cols = ["torchrun_s", "imports_s", "device_s", "process_group_s", "placement_s", "warm_up_s", "to_first_cell_s",
+        "start_s", "teardown_s"]
+print("group      " + " ".join(f"{c[:-2][:9]:>9}" for c in cols))
+for g in m.get("group_starts") or []:
+    print(f"{g['group']:<10} " + " ".join(f"{g[c]:9.2f}" if c in g else f"{'-':>9}" for c in cols))
+PY
   show budget | tail -n 12 ;;
 four)
   pb four --workloads gpt-200m --strategies ddp,fsdp,pipeline-gpipe,pipeline-1f1b,tensor,dp-pp,fsdp-tp \
