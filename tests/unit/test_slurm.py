@@ -80,3 +80,24 @@ def test_slurm_without_submit_writes_the_script_and_says_how_to_submit(tmp_path,
     text = script.read_text()
     assert "--nnodes" not in text and "--gpus-per-node" not in text  # one node: no rendezvous flags
     assert "--device cpu" in text
+
+
+def test_the_head_node_survives_a_long_host_list(tmp_path, monkeypatch, capsys):
+    """`scontrol ... | head -n 1` under pipefail failed the job without a word whenever head closed the
+    pipe before scontrol finished writing (SIGPIPE; a CI run hit it with 2 names, a big allocation
+    would always): the script takes the first name without a pipe."""
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _exe(bin_dir / "scontrol", '#!/bin/bash\nfor i in $(seq 1 200000); do echo "node-$i"; done\n')
+    script = tmp_path / "job.sbatch"
+    assert main(["slurm", "--nodes", "2", "--gpus-per-node", "4", "--script", str(script), "--out",
+                 str(tmp_path / "out"), "--workloads", "mlp"]) == 0
+    capsys.readouterr()
+    lines = script.read_text().splitlines()
+    head = "\n".join(lines[:next(i for i, ln in enumerate(lines) if ln.startswith("echo "))])
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node-[1-200000]"}
+    r = subprocess.run(["bash", "-c", head + '\necho "$PARBENCH_RDZV_ENDPOINT"'], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "node-1:29400", (r.returncode, r.stdout[-200:], r.stderr[-500:])
