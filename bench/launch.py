@@ -353,10 +353,15 @@ class Pacer:
         self._start = (left_s, self.fixed(g) + self.slots(g) * cap)
         return dataclasses.replace(g, cells=cells)
 
-    def group_done(self, left_s: float) -> None:
+    def group_done(self, left_s: float, clean: bool = True) -> None:
+        """The group ended with ``left_s`` of the budget left. A group that was not ``clean`` (a
+        launch killed at a cell's timeout, or after a desynchronised error) does not count towards the
+        pace: its time is gone from the budget all the same, but a hang says nothing about how fast
+        the machine runs the groups left, and counting it drove every later cap to the 0.1 s floor."""
         if self._start is not None:
-            self.spent += self._start[0] - left_s
-            self.modelled += self._start[1]
+            if clean:
+                self.spent += self._start[0] - left_s
+                self.modelled += self._start[1]
             self._start = None
 
 
@@ -675,17 +680,20 @@ class Pending:
 
 def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work: Path, telemetry: Telemetry,
               on_progress: ProgressFn, trace_dir: Path | None, deadline_unix: float | None = None,
-              survivors: list[str] | None = None, coord=None, starts: list[dict[str, Any]] | None = None) -> None:
+              survivors: list[str] | None = None, coord=None, starts: list[dict[str, Any]] | None = None) -> bool:
     """Run a group's cells (all their repeats, in rounds), relaunching after a timeout or a crash,
     until every cell has a row. Processes of a launch still alive when it ended are killed and
     named in ``survivors`` (and in the reason of the cell that was running). A group on several
     nodes is launched on every node through ``coord`` (:class:`bench.multinode.nodes.Coordinator`);
     the other nodes' rank errors and crash reasons count as this node's, and a node that stops
     answering fails the cell that was running and every later cell of the group. Each launch's
-    start-up and teardown, split into phases (:func:`startup_record`), is appended to ``starts``."""
+    start-up and teardown, split into phases (:func:`startup_record`), is appended to ``starts``.
+    Returns False when a launch of the group had to be killed (the budget's pacer leaves it out of
+    its pace)."""
     survivors = survivors if survivors is not None else []
     pending = {c.cell_id: Pending(spec=c) for c in g.cells}
     attempt = 0
+    clean = True  # no launch of the group was killed (a timeout, a desynchronised error, a lost node)
 
     def finish(p: Pending, status: str | None = None, reason: str = "") -> None:
         c = p.spec
@@ -715,7 +723,7 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
             why = "; ".join(f"node {r}: {w}" for r, w in sorted(gone.items()))
             for p in list(pending.values()):
                 finish(p, "failed", f"a node of the run is gone ({why}); nothing ran on {g.nnodes} nodes after that")
-            return
+            return False
         prefix = str(work / f"g{gid}-a{attempt}")
         gplan = GroupPlan(backend=g.backend, device=cfg.device, n_procs=g.n_procs, events_prefix=prefix,
                           pg_timeout_s=cfg.cell_timeout_s, trace_dir=str(trace_dir) if trace_dir else None,
@@ -808,15 +816,17 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
                     note(f"{g.label} attempt {attempt}: " + "; ".join(f"node {r} stopped answering ({w})"
                                                                      for r, w in sorted(lost.items())))
                     tree.kill()
+                    clean = False
                     break
                 if desync_at is not None and time.monotonic() > desync_at:
                     note(f"{g.label} attempt {attempt}: after a rank's error the other ranks had not finished the "
                          f"cell {grace_s:g}s later (desynchronised): group stopped"
                          + ("" if len(pending) <= 1 else " and relaunched for its remaining cells"))
                     tree.kill()
+                    clean = False
                     break
                 if time.monotonic() > deadline:
-                    timed_out = True
+                    timed_out, clean = True, False
                     left = tree.kill()
                     if left:  # ignored SIGTERM: worth knowing, its CPU time skewed the cell
                         note(f"{g.label} attempt {attempt}: killed with SIGKILL after ignoring SIGTERM: "
@@ -887,6 +897,7 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
             telemetry.take()
             telemetry.flush()
             finish(pending[v.cell_id], status, reason)
+    return clean
 
 
 def startup_record(label: str, attempt: int, launched: float, marks: dict[str, float | None],
@@ -1102,10 +1113,10 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
                     report(Progress(kind="done", group=g.label, cell=c, status="skipped"))
                 continue
             report(Progress(kind="group", group=g.label, n=len(g.cells)))
-            run_group(g, gid, cfg, writer, work, telemetry, report, trace_dir, deadline, survivors, coord=coord,
-                      starts=starts)
+            clean = run_group(g, gid, cfg, writer, work, telemetry, report, trace_dir, deadline, survivors,
+                              coord=coord, starts=starts)
             if pacer is not None:
-                pacer.group_done(deadline - time.time())
+                pacer.group_done(deadline - time.time(), clean=clean is not False)
         status = "complete"
     except Interrupted as e:
         status = f"interrupted by {signal.Signals(e.signum).name}"

@@ -174,6 +174,18 @@ def test_the_pacer_shares_the_time_left_among_the_cells_left_at_the_pace_so_far(
     # Far ahead of schedule: at most twice the plan's cap
     fast = launch.Pacer(cfg, groups)
     assert fast.next_group(0, 10_000.0).cells[0].measure.time_cap_s == 2 * planned
+    # A group killed at a cell's timeout (a hang) costs its time but not the pace: the groups after it
+    # are paced by the clean ones (counting it drove every later cap to the floor)
+    groups6 = launch.group(launch.budget_plan(cfg, cells, 600.0)[0])
+    counted, hung = launch.Pacer(cfg, groups6), launch.Pacer(cfg, groups6)
+    for p in (counted, hung):
+        p.next_group(0, 600.0)
+    left = 600.0 - 2 * (counted.fixed(groups6[0]) + counted.cap(0, 600.0))
+    counted.group_done(left)
+    hung.group_done(left, clean=False)
+    assert abs(counted.pace - 2.0) < 1e-9 and hung.pace == 1.0 and hung.spent == hung.modelled == 0.0
+    cap_counted, cap_hung = (p.next_group(1, left).cells[0].measure.time_cap_s for p in (counted, hung))
+    assert 0.1 < cap_counted < cap_hung < 2 * groups6[0].cells[0].measure.time_cap_s, (cap_counted, cap_hung)
 
 
 def test_an_adaptive_chunk_fits_the_time_left_of_its_allowance():
