@@ -201,8 +201,9 @@ def cmd_run(args) -> int:
 
 
 def print_budget_use(run_dir: Path) -> None:
-    """One line after a budgeted run: its time against the budget, what the deadline cut, and what
-    the process groups' start-ups cost (meta.json ``group_starts``)."""
+    """One line after a budgeted run: this invocation's time against the budget (a resumed run got
+    the budget afresh), what the deadline cut, and what the process groups' start-ups cost
+    (meta.json ``group_starts``). Best effort: a meta.json it cannot read gives no line."""
     import json
     from datetime import datetime
 
@@ -211,20 +212,24 @@ def print_budget_use(run_dir: Path) -> None:
 
     try:
         meta = json.loads((run_dir / "meta.json").read_text())
-        budget = meta.get("config", {}).get("budget")
+        budget = (meta.get("config") or {}).get("budget")
         if not budget:
             return
-        created, updated = (datetime.fromisoformat(meta[k]) for k in ("created_utc", "updated_utc"))
-        took = (updated - created).total_seconds()
+        budget_s = parse_duration(budget)
+        end = datetime.fromisoformat(meta["updated_utc"]).timestamp()
+        start = meta.get("invoked_unix") or datetime.fromisoformat(meta["created_utc"]).timestamp()
+        took = end - float(start)
+        starts = [g for g in meta.get("group_starts") or [] if g.get("launched_unix", start) >= start]
+        start_s = sum(float(g.get("start_s") or 0.0) for g in starts)
         cells, _, _ = load_run(run_dir)
-    except (OSError, ValueError, KeyError, UserError):
+        cut = int((cells["status"].eq("skipped") & cells["reason"].fillna("").str.startswith("time budget")).sum())
+        done = int(cells["status"].isin(["ok", "failed", "timeout"]).sum())
+    except Exception:  # noqa: BLE001 - a summary line, never a reason for the finished run to fail
         return
-    cut = int((cells["status"].eq("skipped") & cells["reason"].fillna("").str.startswith("time budget")).sum())
-    done = int(cells["status"].isin(["ok", "failed", "timeout"]).sum())
-    starts = meta.get("group_starts") or []
-    start_s = sum(g.get("start_s", 0.0) for g in starts)
-    print(f"budget {budget}: the run took {took:.0f} s ({took / parse_duration(budget):.0%}); {done} cells measured, "
-          f"{cut} cut by the deadline; {len(starts)} process group start-ups took {start_s:.0f} s")
+    print(f"budget {budget}: the run took {took:.0f} s ({took / budget_s:.0%})"
+          + (" since its resume" if meta.get("resumed") is not None else "")
+          + f"; {done} cells measured, {cut} cut by the deadline; {len(starts)} process group start-ups took "
+          f"{start_s:.0f} s")
 
 
 def print_recommendation(run_dir: Path) -> None:
@@ -308,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="parbench", description=__doc__)
     parser.add_argument("--version", action="version", version=f"parbench {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     _add_run(sub)
     p = sub.add_parser("report", help="HTML + PNG report of a run folder")
     p.add_argument("run_dir")

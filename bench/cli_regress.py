@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_compare)
 
     h = sub.add_parser("history", help="append-only run history: add a run, show trends and change points")
-    hs = h.add_subparsers(dest="history_cmd", required=True)
+    hs = h.add_subparsers(dest="history_cmd", required=True, metavar="COMMAND")
     a = hs.add_parser("add", help="append a run, keyed by its git commit and machine")
     a.add_argument("run_dir")
     a.add_argument("--store", default=None, help="history folder (default: results/history)")

@@ -1035,6 +1035,7 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
     (:func:`bench.multinode.follow.follow`) and returns its own work folder (the tables are on
     node 0)."""
     _STOP.clear()  # a signal noted by an earlier run in this process is not this run's
+    invoked = time.time()  # this invocation's start (a resumed run keeps the first one's created_utc)
     cells, wls, metrics = plan(cfg, gpus)
     from bench.config import parse_duration
 
@@ -1080,6 +1081,7 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
         except (OSError, ValueError):
             pass
     extra["group_starts"] = starts  # filled as the groups run; written with the final meta.json
+    extra["invoked_unix"] = round(invoked, 3)
     if coord is not None:
         extra["nodes"] = [{"node": r, **{k: v for k, v in n.items() if k in ("host", "addr", "iface")}}
                           for r, n in sorted(coord.nodes.items())]

@@ -61,6 +61,7 @@ def render(job: SlurmJob) -> str:
         # the job with no message (a CI run of the fake-Slurm test, 2 of 2 host names)
         'hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         'head_node=${hosts%%$\'\\n\'*}',
+        ': "${head_node:?scontrol show hostnames gave no host names for $SLURM_JOB_NODELIST}"',
         f'export PARBENCH_RDZV_ENDPOINT="${{head_node}}:{job.port}"',
         'echo "parbench: $SLURM_JOB_NUM_NODES node(s), rendezvous at $PARBENCH_RDZV_ENDPOINT"',
         f"srun --nodes={job.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1"

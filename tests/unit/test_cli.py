@@ -194,3 +194,29 @@ def test_summary_and_compare_print_brackets_verbatim(tmp_path):
     buf = io.StringIO()
     print_compare(table, 0.05, Console(file=buf, width=300))
     assert "[bold]s" in buf.getvalue() and "[red]x" in buf.getvalue()
+
+
+def test_the_budget_line_times_this_invocation_and_never_fails_a_finished_run(tmp_path, capsys):
+    """A review's cases: a resumed run kept the first run's created_utc (hours before), and odd
+    meta.json contents crashed the line after a complete run."""
+    import json
+
+    from bench.cli import print_budget_use
+    from bench.results import RunWriter
+
+    run = tmp_path / "r"
+    RunWriter(run).add({"cell_id": 0, "status": "ok", "reason": ""})
+    base = {"config": {"budget": "10m"}, "created_utc": "2026-11-27T10:00:00+00:00",
+            "updated_utc": "2026-11-27T14:05:00+00:00", "invoked_unix": 1_795_788_000.0,  # 14:00 UTC
+            "resumed": [3], "group_starts": [{"group": "gloo x1", "launched_unix": 1_795_773_900.0, "start_s": 9.0},
+                                             {"group": "gloo x2", "launched_unix": 1_795_788_010.0, "start_s": 4.0}]}
+    (run / "meta.json").write_text(json.dumps(base))
+    print_budget_use(run)
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("budget 10m: the run took 300 s (50%) since its resume") and \
+        "1 process group start-ups took 4 s" in line, line
+    for odd in ({**base, "config": None}, {**base, "config": {"budget": "abc"}}, {**base, "created_utc": "x",
+                "invoked_unix": None}, {**base, "group_starts": [{"start_s": None}]}, [1, 2]):
+        (run / "meta.json").write_text(json.dumps(odd))
+        print_budget_use(run)  # no exception; at most a line
+    capsys.readouterr()
