@@ -47,7 +47,6 @@ ALPHA = 0.02
 MIN_REPEATS = 3  # repeats are the samples from 3 on; a verdict past noisy needs min_samples() = 5 a side
 #: verdicts that fail a CI job
 FAILING = ("regression", "broken")
-
 #: verdicts that mean "these two cells were measured against each other"
 COMPARED = ("regression", "improvement", "same", "noisy", "broken", "fixed")
 #: workload dimensions that must match for step times to be comparable

@@ -443,8 +443,7 @@ def write_startup(path: Path, marks: dict[str, float | None]) -> None:
 
 def _main(plan: GroupPlan) -> int:
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    marks: dict[str, float | None] = {"process": _process_start(), "imported": _T_IMPORTED,
-                                      "main": time.time()}
+    marks: dict[str, float | None] = {"process": _process_start(), "imported": _T_IMPORTED}
     backend = backends.get(plan.backend)
     if plan.device == "cuda":
         first = plan.cells[0].devices

@@ -85,11 +85,11 @@ class Ensemble(Strategy):
 
             # Five timed gathers of a small output; two of a large one (the decision rests on the
             # output's size, the same on every rank, so every rank runs the same collectives).
-            big = out.numel() * out.element_size() * w > AGGREGATE_BIG_BYTES
+            nbytes = out.numel() * out.element_size() * w
             aggregate()  # untimed: the first gather of this size pays its buffers' first use
-            agg_s = time_region(ctx.device, aggregate, reps=2 if big else 5)
+            agg_s = time_region(ctx.device, aggregate, reps=2 if nbytes > AGGREGATE_BIG_BYTES else 5)
             result["loss"] = float(wl.loss(torch.stack(gathered).mean(0), y))
-            return {"aggregate_s": agg_s, "aggregate_bytes": float(out.numel() * out.element_size() * w),
+            return {"aggregate_s": agg_s, "aggregate_bytes": float(nbytes),
                     "ensemble_loss": result["loss"]}
 
         def self_parity():
