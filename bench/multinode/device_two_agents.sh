@@ -15,6 +15,8 @@
 # each side over its own run's one-device reference, and the transport NCCL chose between the two
 # agents' GPUs (NCCL_DEBUG=INFO in every GPU run (both sides alike), read from the two-agent runs: P2P/IPC, P2P/CUMEM or SHM, i.e. through
 # host memory).
+# SUMMARY_ONLY=1: run nothing; print the table over the rounds already under OUT (e.g. several calls'
+# folders merged into one OUT: one/rN, two-2/rN, two-4/rN).
 # --cpu: the same logic on gloo/CPU with gpt-tiny (world sizes 2 and 4: 1 and 2 ranks per agent).
 # Why GPU-bound: with gpt-small (launch-bound, 10-30 ms steps) the one-agent side's own round
 # medians moved 9.7-15.3 ms on 2 H100s, and two 2-GPU runs gave FSDP ratios of 1.315 and 0.935:
@@ -31,7 +33,11 @@ cpu=0
 if [ "${1:-}" = "--cpu" ]; then cpu=1; shift; fi
 out=${1:-/tmp/parbench-two-agents}
 py=${PYTHON:-python}
-rm -rf "$out" && mkdir -p "$out"
+if [ "${SUMMARY_ONLY:-0}" = 1 ]; then
+  [ -d "$out/one" ] || { echo "SUMMARY_ONLY=1: $out has no one/ rounds to summarise" >&2; exit 2; }
+else
+  rm -rf "$out" && mkdir -p "$out"
+fi
 start=$(date +%s)
 
 if [ $cpu = 1 ]; then
@@ -39,8 +45,8 @@ if [ $cpu = 1 ]; then
   common=(--device cpu --backends gloo --workloads gpt-tiny)
   slots=4
 else
-  slots=$(nvidia-smi -L | wc -l)
-  if [ "$slots" -lt 2 ]; then echo "two agents need 2 or more GPUs; $slots visible" >&2; exit 2; fi
+  if [ "${SUMMARY_ONLY:-0}" = 1 ]; then slots=0; else slots=$(nvidia-smi -L | wc -l); fi
+  if [ "${SUMMARY_ONLY:-0}" != 1 ] && [ "$slots" -lt 2 ]; then echo "two agents need 2 or more GPUs; $slots visible" >&2; exit 2; fi
   common=(--device cuda --backends nccl --workloads "${TA_WL:-gpt-200m}" --global-batch "${TA_GB:-64}")
   # NCCL's log names the transport between the agents; both sides get it, so that the logging is not
   # a difference between them (before 2026-11-26 only the two-agent runs had it)
@@ -90,12 +96,13 @@ two_agents() {  # round $1: each world size as one run of two agents
 # FIRST_ROUND=2 starts at round 2 (two agents first): a second call continues the alternation, and
 # the summary below replays over both calls' folders merged (one round of gpt-200m fills a 4-GPU call)
 first=${FIRST_ROUND:-1}
+if [ "${SUMMARY_ONLY:-0}" = 1 ]; then rounds=0; fi
 for r in $(seq "$first" $((first + rounds - 1))); do
   if [ $((r % 2)) = 1 ]; then one_agent "$r"; two_agents "$r"; else two_agents "$r"; one_agent "$r"; fi
 done
 
 $py - "$out" "$cpu" <<'EOF'
-import collections, json, re, statistics, subprocess, sys
+import collections, json, re, statistics, sys
 from pathlib import Path
 from bench.baselines.interleave import verdict
 from bench.results import load_run
@@ -141,8 +148,8 @@ one = runs(out / "one")
 if not one:
     sys.exit(f"no one-agent round with cells under {out / 'one'}: nothing to compare")
 meta = next(iter(one.values()))[1]
-card = "CPU (gloo)" if cpu else subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                                               capture_output=True, text=True).stdout.splitlines()[0]
+# the card the runs recorded (meta.json gpus), so that a replay elsewhere names the machine that measured
+card = "CPU (gloo)" if cpu else (meta.get("gpus") or ["?"])[0]
 print(f"\ncard: {card}; torch {meta.get('torch')}; NCCL {meta.get('nccl')}; rounds: {len(one)} (A B, B A, ...)")
 print("ratio = two agents / one agent of the same round, median of rounds [min, max]; normalised = the same with each"
       " side's step time over its own run's one-device reference (the host's drift between the two runs divides out)")

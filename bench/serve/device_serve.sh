@@ -12,7 +12,8 @@
 # needs 662 requests, so at generation's 19-57 req/s about 12-35 s; the default 3 s gives p50s only).
 # A new call's OUT is empty: write the capacity found by calib into $OUT/capacity.txt first.
 # Into $OUT: one run folder per part (results tables), device_serve_<part>.log, capacity.txt, and after
-# each part serve_tables.md (+ rate_vs_p99.png after the sweep) built over every run folder in $OUT.
+# each part serve_tables.md (+ rate_vs_p99.png after the sweep) built over every run folder in $OUT, and
+# serve-runs-<part>.tgz holding those run folders.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -77,5 +78,9 @@ esac  # (PART was checked above: a ';;&' arm falls through to the later patterns
 echo "[part $PART took $((SECONDS - t0)) s]" >> "$OUT/device_serve_$PART.log"
 RUNS=$(ls -d "$OUT"/*/ 2>/dev/null | grep -v '/\.' )
 [ -n "$RUNS" ] && python3 -m bench.serve.tables $RUNS --curve "$OUT/rate_vs_p99.png" > "$OUT/serve_tables.md" 2>&1
+# the device tool brings back files at most two folders down, and a run folder's tables are folders of
+# parquet parts (run/cells.parquet/part-*.parquet): the run folders travel as one archive
+# (the eighth and ninth stops lost their serving parquet to that limit)
+if [ -n "$RUNS" ]; then (cd "$OUT" && tar czf "serve-runs-$PART.tgz" $(for r in $RUNS; do basename "$r"; done)); fi
 tail -n 60 "$OUT/device_serve_$PART.log"
 cat "$OUT/serve_tables.md" 2>/dev/null | head -120
