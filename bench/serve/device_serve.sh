@@ -2,7 +2,7 @@
 # Issue 15 on a 2- or 4-GPU machine: the serving benchmark. Each PART fits one 10-minute device call.
 #   calib : closed loop (8 clients per GPU) on replicas/jsq, to find the capacity C the levels use
 #   levels: every placement x policy at 0.3C, 0.6C and 0.9C, world sizes 2 and 4 (4 only if present)
-#   sweep : MLPerf Server rate sweep (p99 target, >= 700 requests a point) for replicas jsq and batch
+#   sweep : MLPerf Server rate sweep (p99 target, >= 700 requests a point) for replicas jsq, shared, batch
 #   noisy : a victim tenant alone and beside a bursty flood: replicas/jsq, pinned-tenants, dataparallel-infer
 #   all   : calib, levels, sweep, noisy in one go (about 20 minutes: split it over calls)
 # Usage (repository root): OUT=/some/dir bash bench/serve/device_serve.sh calib   (first: the others read
@@ -65,7 +65,8 @@ case "$PART" in
     ;;&
   sweep|all)
     C=$(capacity)
-    serve 560 "${COMMON[@]}" --placements replicas --policies jsq,batch --world-sizes "$WMAX" \
+    # SW_POLICIES: the shared queue joined the default after it led at 0.9 C on 4 H100s (seventh, ninth stops)
+    serve 560 "${COMMON[@]}" --placements replicas --policies "${SW_POLICIES:-jsq,shared,batch}" --world-sizes "$WMAX" \
       --rates "$(rates "$C" "$WMAX" "0.25")" --requests 700 --slo-ms "${SLO_MS:-100}" --duration 3
     ;;&
   noisy|all)
