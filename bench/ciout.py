@@ -122,6 +122,32 @@ def benchmark_json(table: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
+def check_output_files(**files: str | None) -> None:
+    """Refuse, before any work, an output file that cannot be written: its folder missing or not
+    writable, or the path a folder. Keywords are flag names without dashes (markdown=..., junit=...);
+    ``-`` (stdout) and None pass."""
+    for flag, name in files.items():
+        if not name or name == "-":
+            continue
+        path = Path(name)
+        folder = path.parent if str(path.parent) else Path(".")
+        why = ("it is a folder" if path.is_dir() else
+               f"folder {str(folder)!r} does not exist" if not folder.is_dir() else
+               f"folder {str(folder)!r} is not writable" if not os.access(folder, os.W_OK) else
+               "the file is not writable" if path.exists() and not os.access(path, os.W_OK) else "")
+        if why:
+            raise UserError(f"--{flag} {name!r} cannot be written ({why}); pass a file path in a writable folder")
+
+
+def _write(flag: str, name: str, text: str, mode: str = "w") -> None:
+    try:
+        with open(name, mode) as f:
+            f.write(text)
+    except OSError as e:
+        raise UserError(f"--{flag} {name!r} cannot be written ({e.strerror or e}); pass a file path in a writable "
+                        "folder") from None
+
+
 def write_outputs(table: pd.DataFrame, threshold: float, *, markdown_file: str | None = None,
                   junit_file: str | None = None, json_file: str | None = None) -> None:
     """Write whichever of the three CI files were asked for. ``-`` as the markdown file, or a path
@@ -132,12 +158,11 @@ def write_outputs(table: pd.DataFrame, threshold: float, *, markdown_file: str |
             print(text)
         else:
             mode = "a" if os.environ.get("GITHUB_STEP_SUMMARY") == markdown_file else "w"
-            with open(markdown_file, mode) as f:
-                f.write(text + "\n")
+            _write("markdown", markdown_file, text + "\n", mode)
     if junit_file:
-        Path(junit_file).write_text(junit(table, threshold))
+        _write("junit", junit_file, junit(table, threshold))
     if json_file:
-        Path(json_file).write_text(json.dumps(benchmark_json(table), indent=2))
+        _write("json", json_file, json.dumps(benchmark_json(table), indent=2))
 
 
 def pytest_benchmark_json(run_dir: str | os.PathLike) -> dict[str, Any]:

@@ -74,10 +74,11 @@ def _store(args: argparse.Namespace) -> str:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """compare BASE CURRENT, or compare --history DIR CURRENT."""
-    from bench.ciout import write_outputs
+    from bench.ciout import check_output_files, write_outputs
     from bench.regress import compare, failed, parse_threshold
     from bench.results import load_run
 
+    check_output_files(markdown=args.markdown, junit=args.junit, json=args.json)
     thr = parse_threshold(args.threshold)
     want = 1 if args.history else 2
     if len(args.runs) != want:
@@ -142,8 +143,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not doc["benchmarks"]:
         raise UserError(f"{args.run_dir} has no ok cell with step times; nothing to export")
     out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2, default=str))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=2, default=str))
+    except OSError as e:
+        raise UserError(f"-o {args.output!r} cannot be written ({e.strerror or e}); pass a file path in a writable "
+                        "folder") from None
     Console().print(Text(f"{len(doc['benchmarks'])} benchmark(s) -> {out}; read with: pytest-benchmark compare {out}"))
     return 0
 

@@ -190,6 +190,9 @@ def build_config(*, toml: dict[str, Any] | None, flags: dict[str, Any], gpus: in
     return validate(cfg)
 
 
+COUNT_MAX = 1_000_000  # the most steps, warm-up steps, repeats or profiled steps a run may ask for
+
+
 def _as_int(name: str, v: Any, example: str) -> int:
     """An integer setting: ints and integral strings only (True, 2.7 and "five" are refused)."""
     if isinstance(v, bool) or isinstance(v, float) or not isinstance(v, int | str):
@@ -270,6 +273,17 @@ def validate(cfg: RunConfig) -> RunConfig:
     time_cap_s = _as_float("time_cap_s", cfg.time_cap_s, "--time-cap 20")
     if warmup_max < 0 or steps_max < 0:
         raise UserError(f"warmup_max={warmup_max} and steps_max={steps_max} must be >= 0 (0: fixed counts)")
+    # counts past any real measurement (a million steps of a 1 ms cell is 17 minutes) are typos; left
+    # alone, --steps 1e20 overflowed the tables' int64 columns after the cells had run
+    for key, val, example in (("steps", steps, "--steps 20"), ("warmup", warmup, "--warmup 3"),
+                              ("repeats", repeats, "--repeats 3"), ("warmup_max", warmup_max, "--warmup-max 20"),
+                              ("steps_max", steps_max, "--steps-max 100"),
+                              ("profile_steps", profile_steps, "--profile-steps 2")):
+        given = getattr(cfg, key) is not None  # the caps' defaults (3 x steps, 4 x warmup) follow the counts
+        if given and val > COUNT_MAX:
+            raise UserError(f"{key}={val} is more than {COUNT_MAX:,} (a typo?); e.g. {example}")
+    if not -(2**63) <= seed < 2**63:
+        raise UserError(f"seed={seed} does not fit 64 bits; e.g. --seed 0")
     if time_cap_s < 0:
         raise UserError(f"--time-cap {time_cap_s:g} must be >= 0 seconds (0: no cap); e.g. --time-cap 20")
     if not 0 <= settle < 1 or not 0 <= target_ci < 1:

@@ -227,7 +227,14 @@ def build_report(run_dir: Path, out: Path | None = None, *, baseline: Path | Non
     out = Path(out) if out else run_dir / "report"
     if out.exists() and not out.is_dir():
         raise UserError(f"report output {out} is a file; pass a folder with -o")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".parbench-write-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"report output {str(out)!r} cannot be written ({e.strerror or e}); pass a writable folder "
+                        "with -o") from None
     described = meta.get("workloads", {})
     annotated = _annotated_comm(run_dir, meta)
     wls = [{"name": wl, "description": described.get(wl, ""), "flags": _comm_flags(cells, wl, annotated),

@@ -173,6 +173,20 @@ CASES = [
     ("compare-no-status", "run:no-status", ["compare", "{tmp}/run", "{tmp}/run"], "cell(s) 7 have no status"),
     ("report-no-status", "run:no-status", ["report", "{tmp}/run"], "cell(s) 7 have no status"),
     ("compare-missing", None, ["compare", "/a", "/b"], "not a parbench run folder"),
+    # output files that cannot be written: a traceback after the work was done (a bad-input sweep, ninth stop)
+    ("report-out-unwritable", "run", ["report", "{tmp}/run", "-o", "/proc/parbench-report"],
+     "report output '/proc/parbench-report' cannot be written"),
+    ("compare-markdown-no-folder", "run", ["compare", "{tmp}/run", "{tmp}/run", "--markdown", "{tmp}/no/s.md"],
+     "--markdown '{tmp}/no/s.md' cannot be written (folder '{tmp}/no' does not exist)"),
+    ("compare-junit-under-file", "run", ["compare", "{tmp}/run", "{tmp}/run", "--junit", "{tmp}/run/meta.json/j.xml"],
+     "--junit '{tmp}/run/meta.json/j.xml' cannot be written"),
+    ("compare-json-is-folder", "run", ["compare", "{tmp}/run", "{tmp}/run", "--json", "{tmp}/run"],
+     "--json '{tmp}/run' cannot be written (it is a folder)"),
+    # counts past any measurement: --steps 1e20 overflowed the tables after the cells ran (same sweep)
+    ("steps-huge", None, [RUN, "--steps", "99999999999999999999"], "steps=99999999999999999999 is more than 1,000,000"),
+    ("repeats-huge", None, [RUN, "--repeats", "5000000"], "repeats=5000000 is more than 1,000,000"),
+    ("steps-max-huge", None, [RUN, "--steps-max", "2000000"], "steps_max=2000000 is more than 1,000,000"),
+    ("seed-huge", None, [RUN, "--seed", "99999999999999999999"], "seed=99999999999999999999 does not fit 64 bits"),
     ("compare-threshold-word", None, ["compare", "/a", "/b", "--threshold", "x"], "threshold 'x'"),
 ]
 
