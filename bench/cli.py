@@ -111,6 +111,21 @@ def install_stop_handlers() -> None:
         signal.signal(s, handler)
 
 
+def restore_stop_handlers() -> None:
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_DFL if s != signal.SIGINT else signal.default_int_handler)
+
+
+def report_interrupt(e: KeyboardInterrupt, kept: str) -> int:
+    """The one line for a stopped command (serve, comm): which signal, and where what finished is
+    (``e.run_dir``, set by the command's run function); the exit code is 128 + the signal."""
+    signum = getattr(e, "signum", signal.SIGINT)
+    where = getattr(e, "run_dir", None)
+    print(f"interrupted by {signal.Signals(signum).name}: "
+          + (f"{kept} are in {where}" if where else "no run folder was started yet"), file=sys.stderr)
+    return 128 + signum
+
+
 def check_gpus(cfg, gpus: int) -> None:
     """A GPU run on a machine without GPUs is an error, not a run of nothing that exits 0."""
     if gpus > 0:
@@ -183,8 +198,7 @@ def cmd_run(args) -> int:
             "no run folder was started yet"), file=sys.stderr)
         return 128 + signum
     finally:
-        for s in STOP_SIGNALS:
-            signal.signal(s, signal.SIG_DFL if s != signal.SIGINT else signal.default_int_handler)
+        restore_stop_handlers()
     if cfg.node_rank > 0:
         print(f"node {cfg.node_rank}: done; node 0 wrote the tables (this node's logs: {run_dir})")
         return 0

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -151,17 +152,48 @@ def run_group(cfg: CommConfig, backend: str, world: int, work: Path) -> list[dic
            f"--master-port={free_port()}", "--max-restarts=0", "-m", "bench.collectives", str(plan_path)]
     log = work / f"{tag}.log"
     with open(log, "w") as f:
+        # its own session, so that a timeout or a stop signal takes torchrun and its ranks down together
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env(world), start_new_session=True)
         try:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env(world),
-                                timeout=cfg.group_timeout_s).returncode
+            rc: int | str = proc.wait(timeout=cfg.group_timeout_s)
         except subprocess.TimeoutExpired:
+            _stop_group(proc, str(plan_path))
             rc = "timeout"
+        except BaseException:
+            _stop_group(proc, str(plan_path))
+            raise
     rows = json.loads(Path(plan["out"]).read_text()) if Path(plan["out"]).is_file() else []
     if rc != 0:
         tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-3:]
         rows.append({"kind": "sweep", "backend": backend, "device": cfg.device, "world_size": world,
                      "status": "failed", "reason": f"group exited {rc}: {' | '.join(tail)[:300]}"})
     return rows
+
+
+def _stop_group(proc: subprocess.Popen, plan_path: str, grace_s: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``, to torchrun's session and to every process whose
+    command line names this group's plan (ranks that left the session)."""
+    import psutil
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        ranks = [p for p in psutil.process_iter(["cmdline"])
+                 if p.pid != os.getpid() and any(plan_path in a for a in (p.info.get("cmdline") or []))]
+        for p in ranks:
+            try:
+                p.send_signal(sig)
+            except psutil.Error:
+                pass
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        _, left = psutil.wait_procs(ranks, timeout=grace_s)
+        if proc.poll() is not None and not left:
+            return
 
 
 def write_atomic(df: pd.DataFrame, path: Path) -> None:
@@ -195,11 +227,15 @@ def run_sweep(cfg: CommConfig) -> Path:
     topo = topology()
     write_meta(run_dir, cfg.to_dict(), command="comm", topology=topo)
     rows: list[dict[str, Any]] = []
-    for backend in cfg.backends:
-        for world in cfg.world_sizes:
-            rows.extend({"run_id": run_dir.name, **r} for r in run_group(cfg, backend, world, work))
-            df = add_reference(pd.DataFrame(rows))
-            write_atomic(df, run_dir / "collectives.parquet")
+    try:
+        for backend in cfg.backends:
+            for world in cfg.world_sizes:
+                rows.extend({"run_id": run_dir.name, **r} for r in run_group(cfg, backend, world, work))
+                df = add_reference(pd.DataFrame(rows))
+                write_atomic(df, run_dir / "collectives.parquet")
+    except KeyboardInterrupt as e:  # a stop signal: the caller names the folder with the finished groups
+        e.run_dir = run_dir  # type: ignore[attr-defined]
+        raise
     ok = df[(df["status"] == "ok") & (df["kind"] == "sweep")] if "status" in df else df.iloc[:0]
     if len(ok):
         write_atomic(fit(ok).fits, run_dir / "comm_model.parquet")
@@ -242,10 +278,17 @@ def _human(n: int) -> str:
 
 def cmd_comm(args: argparse.Namespace) -> int:
     """Handler of ``parbench comm``."""
+    from bench.cli import install_stop_handlers, report_interrupt, restore_stop_handlers
     from bench.hardware import gpu_count
 
     cfg = config_from_args(args, gpu_count())
-    run_dir = run_sweep(cfg)
+    install_stop_handlers()  # Ctrl-C, SIGTERM, SIGHUP: the group's processes are stopped, finished groups kept
+    try:
+        run_dir = run_sweep(cfg)
+    except KeyboardInterrupt as e:
+        return report_interrupt(e, "the groups that finished")
+    finally:
+        restore_stop_handlers()
     print(summary_table(pd.read_parquet(run_dir / "collectives.parquet")))
     print(f"run folder: {run_dir}")
     df = pd.read_parquet(run_dir / "collectives.parquet")

@@ -104,6 +104,9 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> Any:
         raise UserError(f"--policies {args.policies} balances the replicas placement only, and --placements "
                         f"{args.placements} has none: add replicas to --placements or drop --policies")
     cfg.check()
+    from bench.launch import check_out
+
+    check_out(cfg.out)  # before the model is built: an unwritable --out was a traceback after it
     return cfg
 
 
@@ -119,7 +122,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         rows.append(row)
         print(serve_run.summary_lines([row])[0], flush=True)
 
-    run_dir = serve_run.run(cfg, on_cell=on_cell)
+    from bench.cli import install_stop_handlers, report_interrupt, restore_stop_handlers
+
+    install_stop_handlers()  # Ctrl-C, SIGTERM, SIGHUP: the pools are stopped and what finished is kept
+    try:
+        run_dir = serve_run.run(cfg, on_cell=on_cell)
+    except KeyboardInterrupt as e:
+        return report_interrupt(e, "the cells that finished")
+    finally:
+        restore_stop_handlers()
     print(f"run folder: {run_dir}")
     from bench.results import PARITY_TOL, load_meta
 

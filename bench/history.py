@@ -94,10 +94,14 @@ def add(run_dir: str | os.PathLike, store: str | os.PathLike = DEFAULT_STORE, *,
     rec["unit"] = [s.unit if s else "" for s in got]
     seq = int(index["seq"].max()) + 1 if len(index) else 0
     rel = Path(mach) / f"{seq:06d}-{run_id}.parquet"
-    (store / mach).mkdir(parents=True, exist_ok=True)
     tmp = store / rel.with_name(f".{rel.name}.tmp")
-    rec.to_parquet(tmp, index=False)
-    os.replace(tmp, store / rel)
+    try:
+        (store / mach).mkdir(parents=True, exist_ok=True)
+        rec.to_parquet(tmp, index=False)
+        os.replace(tmp, store / rel)
+    except OSError as e:
+        raise UserError(f"--store {str(store)!r} cannot be written ({e.strerror or e}); pass a writable "
+                        "folder") from None
     entry = dict(seq=seq, commit=str(commit), machine=mach, run_id=run_id, created_utc=meta.get("created_utc"),
                  added_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"), file=str(rel),
                  machine_info=machine_of(meta))

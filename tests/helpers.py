@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import torch
 import torch.distributed as dist
 
 from bench.metrics import Metric
@@ -298,3 +299,46 @@ class LinkProbe(Strategy):
             return None
 
         return Step(run=run, loss_weight=0.0)
+
+
+# --- Serving with a broken user model (tests/unit/test_serve_cli.py): found by a bad-input sweep.
+
+class _ForwardRaises(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        raise RuntimeError("forward exploded on purpose\nsecond line")
+
+
+class _ForwardHangs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        time.sleep(600)
+
+
+def _classifier(name: str, ctor) -> Workload:
+    import torch.nn.functional as F
+
+    from bench.workloads import build_on, seeded
+
+    def batch(step: int):
+        g = seeded(0, step)
+        return torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+
+    return Workload(name=name, build=lambda dev: build_on(dev, 0, ctor), batch=batch,
+                    loss=lambda o, t: F.cross_entropy(o.float(), t), global_batch=8, n_blocks=1)
+
+
+def forward_raises(*, seed: int = 0, global_batch: int = 8) -> Workload:
+    """A servable user workload whose forward raises."""
+    return _classifier("forward-raises", _ForwardRaises)
+
+
+def forward_hangs(*, seed: int = 0, global_batch: int = 8) -> Workload:
+    """A servable user workload whose forward never returns (sleeps)."""
+    return _classifier("forward-hangs", _ForwardHangs)

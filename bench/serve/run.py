@@ -46,6 +46,44 @@ def reference(cfg: ServeConfig, sm: ServeModel, items: list[tuple[int, int]]) ->
     return out
 
 
+class _ReferenceTimeout(Exception):
+    pass
+
+
+def _guarded_reference(cfg: ServeConfig, sm: ServeModel, items: list[tuple[int, int]], name: str) -> list:
+    """:func:`reference` in this process, before any pool starts: a workload whose forward raises or
+    hangs is bad input (one line, exit 2; the hang bounded by --cell-timeout), not a traceback or a
+    run stuck until something kills it. Timed by SIGALRM where this is the main thread."""
+    import signal
+    import threading
+
+    from bench import UserError
+
+    timed = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+    if timed:
+        def alarm(_signum, _frame):
+            raise _ReferenceTimeout()
+
+        old = signal.signal(signal.SIGALRM, alarm)
+        signal.setitimer(signal.ITIMER_REAL, cfg.cell_timeout_s)
+    try:
+        return reference(cfg, sm, items)
+    except _ReferenceTimeout:
+        raise UserError(f"workload {name}: one device did not answer the {len(items)} parity probes within "
+                        f"--cell-timeout {cfg.cell_timeout_s:g} s; fix the workload's forward, raise "
+                        "--cell-timeout or pass --no-parity") from None
+    except torch.OutOfMemoryError:
+        raise UserError(f"workload {name} does not fit one device for the parity reference; pass --no-parity to "
+                        "serve it across devices (e.g. --placements pipeline) without that check") from None
+    except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError, AssertionError) as e:
+        raise UserError(f"workload {name}: its forward failed on one device before serving "
+                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); fix the workload") from None
+    finally:
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+
+
 def parity_err(ref: list[torch.Tensor], answers: dict[int, list]) -> float:
     """Largest relative difference of any process's answers from the reference's (normalised by
     the reference's largest magnitude, so near-zero entries do not blow it up)."""
@@ -94,7 +132,7 @@ class ServeRun:
         self.on_cell = on_cell or (lambda row: None)
         self.sampler = None
         self.items = _probe_items(self.sm)
-        self.ref = reference(cfg, self.sm, self.items) if cfg.parity else None
+        self.ref = _guarded_reference(cfg, self.sm, self.items, self.wl.name) if cfg.parity else None
         self.rows: list[dict[str, Any]] = []
         # the run folder only once the workload and task are known good: bad input leaves no folder
         self.dir = Path(cfg.out) / new_run_id()
@@ -201,6 +239,9 @@ def run(cfg: ServeConfig, on_cell: Callable[[dict[str, Any]], None] | None = Non
                 policies = cfg.policies if placement == "replicas" else \
                     ["pinned" if placement == "pinned-tenants" else "-"]
                 _placement(sr, placement, world, policies, summary)
+    except KeyboardInterrupt as e:  # a stop signal: the caller names the folder with the finished cells
+        e.run_dir = sr.dir  # type: ignore[attr-defined]
+        raise
     finally:
         if sr.sampler is not None:
             sr.writer.append("samples", sr.sampler.drain())

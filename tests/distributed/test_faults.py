@@ -215,3 +215,39 @@ def test_resume_runs_only_the_unfinished_cell_and_sets_aside_its_partial_rows(tm
     assert meta["status"] == "complete" and ddp not in meta["resumed"]
     _, _, loaded = load_run(run_dir)  # the folder still loads as one run
     assert loaded["run_id"] == run_dir.name
+
+
+# --- serve and comm stopped by a signal: a traceback before this stop's fix (a bad-input sweep)
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+@pytest.mark.parametrize("cmd, sig, kept", [
+    (["serve", "--device", "cpu", "--workload", "gpt-tiny", "--world-sizes", "2", "--rates", "5", "--duration",
+      "60", "--no-parity", "--sample-hz", "0"], signal.SIGTERM, "the cells that finished are in"),
+    (["comm", "--device", "cpu", "--world-sizes", "2", "--max-bytes", "64M", "--iters", "200", "--budget", "5"],
+     signal.SIGINT, "the groups that finished are in"),
+])
+def test_serve_and_comm_stop_cleanly_on_a_signal(tmp_path, cmd, sig, kept):
+    proc = subprocess.Popen([sys.executable, "-m", "bench.cli", *cmd, "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    end = time.monotonic() + 120
+    kids: list[psutil.Process] = []
+    while time.monotonic() < end and proc.poll() is None:  # until its worker processes are up
+        kids = _descendants(proc.pid)
+        if len(kids) >= 2:
+            break
+        time.sleep(0.3)
+    assert proc.poll() is None and len(kids) >= 2, "the command never started its processes"
+    time.sleep(3)
+    kids = _descendants(proc.pid)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, err
+    assert "Traceback" not in err and f"interrupted by {sig.name}: {kept} {tmp_path}" in err
+    gone, alive = psutil.wait_procs(kids, timeout=10)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive

@@ -92,3 +92,23 @@ def test_unknown_workload_or_task_exits_2_and_leaves_no_run_folder(tmp_path, cap
     assert main(["--workload", "convnet", "--task", "generate", "--out", str(tmp_path)]) == 2
     assert "--task" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_forward_that_raises_or_hangs_is_one_line_before_any_pool(tmp_path, capsys):
+    """The parity reference runs the model on one device before any pool: a broken user model was a
+    traceback there, and a hanging one ran until something killed it (a bad-input sweep, ninth stop)."""
+    base = ["--device", "cpu", "--world-sizes", "2", "--duration", "1", "--rates", "5", "--out", str(tmp_path)]
+    assert main(["--workload", "tests.helpers:forward_raises", *base]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "its forward failed on one device before serving (RuntimeError: forward exploded on purpose)" in err
+    assert "\n" not in err
+    assert main(["--workload", "tests.helpers:forward_hangs", "--cell-timeout", "1", *base]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "did not answer the 6 parity probes within --cell-timeout 1 s" in err and "\n" not in err
+    assert list(tmp_path.iterdir()) == []  # no run folder
+
+
+def test_an_unwritable_out_is_one_line(capsys):
+    assert main(["--device", "cpu", "--out", "/proc/parbench-serve"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--out '/proc/parbench-serve' is not writable" in err and "\n" not in err
