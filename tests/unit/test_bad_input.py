@@ -182,6 +182,10 @@ CASES = [
      "--junit '{tmp}/run/meta.json/j.xml' cannot be written"),
     ("compare-json-is-folder", "run", ["compare", "{tmp}/run", "{tmp}/run", "--json", "{tmp}/run"],
      "--json '{tmp}/run' cannot be written (it is a folder)"),
+    ("history-store-unwritable", "run", ["history", "add", "{tmp}/run", "--commit", "abc", "--store",
+                                         "/proc/parbench-hist"], "--store '/proc/parbench-hist' cannot be written"),
+    ("history-store-under-file", "run", ["history", "add", "{tmp}/run", "--commit", "abc", "--store",
+                                         "{tmp}/run/meta.json"], "cannot be written (Not a directory)"),
     # counts past any measurement: --steps 1e20 overflowed the tables after the cells ran (same sweep)
     ("steps-huge", None, [RUN, "--steps", "99999999999999999999"], "steps=99999999999999999999 is more than 1,000,000"),
     ("repeats-huge", None, [RUN, "--repeats", "5000000"], "repeats=5000000 is more than 1,000,000"),
