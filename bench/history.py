@@ -257,6 +257,15 @@ def show(store: str | os.PathLike, machine: str | None = None, threshold: float 
     """One row per cell: commits seen, last and stable step time, change points; writes one
     trend PNG per cell under ``plots`` when given."""
     _, rows = load(store, machine)
+    if plots is not None:  # before any figure: an unwritable --plots was a traceback after the analysis
+        try:
+            Path(plots).mkdir(parents=True, exist_ok=True)
+            probe = Path(plots) / ".parbench-write-probe"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            raise UserError(f"--plots {str(plots)!r} cannot be written ({e.strerror or e}); pass a writable "
+                            "folder") from None
     out = []
     for label, s in series(rows).items():
         a = analyze(s, threshold)

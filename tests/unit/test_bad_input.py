@@ -48,6 +48,10 @@ def setup(tmp: Path, what: str) -> None:
         (tmp / "afile").write_text("x")
     elif what.startswith("toml:"):
         (tmp / "c.toml").write_text(what[5:].replace(";", "\n"))
+    elif what == "history":  # a history store holding one run
+        from bench.history import add
+
+        add(_run_folder(tmp), tmp / "hist", commit="abc")
     elif what.startswith("run"):
         d = _run_folder(tmp)
         kind = what.partition(":")[2]
@@ -186,6 +190,9 @@ CASES = [
                                          "/proc/parbench-hist"], "--store '/proc/parbench-hist' cannot be written"),
     ("history-store-under-file", "run", ["history", "add", "{tmp}/run", "--commit", "abc", "--store",
                                          "{tmp}/run/meta.json"], "cannot be written (Not a directory)"),
+    ("history-plots-unwritable", "history",
+     ["history", "show", "--store", "{tmp}/hist", "--plots", "/proc/parbench-plots"],
+     "--plots '/proc/parbench-plots' cannot be written"),
     # counts past any measurement: --steps 1e20 overflowed the tables after the cells ran (same sweep)
     ("steps-huge", None, [RUN, "--steps", "99999999999999999999"], "steps=99999999999999999999 is more than 1,000,000"),
     ("repeats-huge", None, [RUN, "--repeats", "5000000"], "repeats=5000000 is more than 1,000,000"),
