@@ -17,8 +17,10 @@ from bench import UserError
 
 
 def _floats(text: str | None, flag: str) -> list[float]:
-    if not text:
+    if text is None:
         return []
+    if not text.strip(", "):  # given but empty: a shell variable that expanded to nothing
+        raise UserError(f"{flag} {text!r} is empty: give a comma list of numbers, e.g. {flag} 10,40,80")
     try:
         vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:

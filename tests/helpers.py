@@ -342,3 +342,12 @@ def forward_raises(*, seed: int = 0, global_batch: int = 8) -> Workload:
 def forward_hangs(*, seed: int = 0, global_batch: int = 8) -> Workload:
     """A servable user workload whose forward never returns (sleeps)."""
     return _classifier("forward-hangs", _ForwardHangs)
+
+
+def global_batch_zero(*, seed: int = 0) -> Workload:
+    """A user workload whose factory builds a global batch of 0 (it ran 'ok' with a NaN efficiency)."""
+    import dataclasses
+
+    from bench.workloads import resolve
+
+    return dataclasses.replace(resolve("mlp", seed=seed), name="batch-zero", global_batch=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -83,6 +84,11 @@ class ServeConfig:
             raise UserError(f"--cell-timeout {self.cell_timeout_s:g} must be a positive number of seconds, e.g. 600")
         if any(c < 1 for c in self.clients):
             raise UserError("--clients must be positive integers, e.g. 1,4")
+        if not (self.slo_ms >= 0 and math.isfinite(self.slo_ms)):
+            raise UserError(f"--slo-ms {self.slo_ms:g} must be a positive p99 target in ms (0 or left out: no sweep), "
+                            "e.g. --slo-ms 100")
+        if not 0 <= self.sample_hz <= 1000:
+            raise UserError(f"--sample-hz {self.sample_hz:g} must be between 0 (off) and 1000, e.g. --sample-hz 10")
         if not self.duration_s > 0:
             raise UserError(f"--duration {self.duration_s} must be > 0 seconds")
         if self.batch_max < 1 or self.batch_wait_ms < 0:

@@ -155,6 +155,10 @@ def resolve(spec: str, *, seed: int = 0, global_batch: int | None = None, **dims
     if not isinstance(wl, Workload):
         raise UserError(f"workload {spec!r}: factory returned {type(wl).__name__}, "
                         "expected bench.workloads.Workload")
+    gb = wl.global_batch
+    if isinstance(gb, bool) or not isinstance(gb, int) or gb < 1:  # a batch of 0 ran "ok" with a NaN efficiency
+        raise UserError(f"workload {spec!r}: its factory built global_batch={gb!r}; it must be an integer >= 1 "
+                        "(the factory should take global_batch and use it)")
     return _named(wl, spec.rpartition(".")[2].replace(":", "."), dims)
 
 

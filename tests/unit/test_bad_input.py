@@ -153,6 +153,8 @@ CASES = [
      "its factory raised RuntimeError: deliberate failure in the factory [/x]"),
     ("workload-no-module", None, [RUN, "--workloads", "no_such_pkg:f"], "cannot import 'no_such_pkg'"),
     ("workload-no-callable", None, [RUN, "--workloads", "tests.helpers:nothing"], "has no callable 'nothing'"),
+    ("workload-batch-0", None, [RUN, "--workloads", "tests.helpers:global_batch_zero"],
+     "its factory built global_batch=0; it must be an integer >= 1"),
     ("strategy-unknown", None, [RUN, "--strategies", "zero3"], "unknown strategy 'zero3'"),
     # not finite: every cell failed inside its ranks and the run exited 0 (a bad-input sweep, seventh stop)
     ("time-cap-nan", None, [RUN, "--time-cap", "nan"], "--time-cap nan must be a finite number"),

@@ -40,6 +40,9 @@ def test_defaults_and_parsing():
     # policies balance replicas only: with no replicas placement they were silently ignored (eighth stop)
     ["--placements", "pipeline", "--policies", "batch"], ["--policies", ""], ["--policies", " , "],
     ["--size-min", "9", "--size-max", "3"], ["--size-min", "0"], ["--arrival", "gamma", "--cv", "0"],
+    # each ran as if the flag were not given (ninth stop's sweep)
+    ["--rates", ""], ["--rates", ","], ["--clients", ""], ["--slo-ms", "-5"], ["--slo-ms", "nan"],
+    ["--sample-hz", "-1"],
 ])
 def test_bad_input_is_a_user_error(argv):
     with pytest.raises(UserError):
