@@ -208,6 +208,9 @@ def add_reference(df: pd.DataFrame) -> pd.DataFrame:
     world size and dtype, and ``vs_reference`` = busbw / reference on the all_reduce rows."""
     df = df.copy()
     keys = ["backend", "device", "world_size", "dtype"]
+    for col in (*keys, "kind", "op", "busbw_gbs"):  # a group that failed before its first result has one row
+        if col not in df:                          # without them (a KeyError lost the whole table)
+            df[col] = float("nan") if col == "busbw_gbs" else None
     ref = df[df["kind"] == "reference"].groupby(keys)["busbw_gbs"].max().rename("reference_busbw_gbs")
     df = df.join(ref, on=keys) if len(ref) else df.assign(reference_busbw_gbs=float("nan"))
     ar = (df["kind"] == "sweep") & (df["op"] == "all_reduce")
@@ -218,9 +221,11 @@ def add_reference(df: pd.DataFrame) -> pd.DataFrame:
 def run_sweep(cfg: CommConfig) -> Path:
     """The whole sweep; returns the run folder (tables rewritten after every group)."""
     from bench.commmodel import fit
+    from bench.launch import check_out
     from bench.results import new_run_id, write_meta
     from bench.topology import topology
 
+    check_out(cfg.out)  # an unwritable --out was a traceback
     run_dir = Path(cfg.out) / new_run_id()
     work = run_dir / "work"
     work.mkdir(parents=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -92,7 +93,10 @@ def parity_err(ref: list[torch.Tensor], answers: dict[int, list]) -> float:
         for a, b in zip(outs, ref):
             if a.shape != b.shape:
                 return float("inf")
-            worst = max(worst, float((a - b).abs().max() / b.abs().max().clamp_min(1e-12)))
+            err = float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+            if not math.isfinite(err):  # NaN answers are no parity (max(0.0, nan) kept 0.0: "perfect")
+                return float("inf")
+            worst = max(worst, err)
     return worst
 
 

@@ -195,6 +195,8 @@ CASES = [
     ("history-plots-unwritable", "history",
      ["history", "show", "--store", "{tmp}/hist", "--plots", "/proc/parbench-plots"],
      "--plots '/proc/parbench-plots' cannot be written"),
+    ("comm-out-unwritable", None, ["comm", "--device", "cpu", "--out", "/proc/parbench-comm"],
+     "--out '/proc/parbench-comm' is not writable"),
     # counts past any measurement: --steps 1e20 overflowed the tables after the cells ran (same sweep)
     ("steps-huge", None, [RUN, "--steps", "99999999999999999999"], "steps=99999999999999999999 is more than 1,000,000"),
     ("repeats-huge", None, [RUN, "--repeats", "5000000"], "repeats=5000000 is more than 1,000,000"),

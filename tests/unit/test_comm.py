@@ -56,3 +56,14 @@ def test_cuda_trace_links_kernels_to_param_comms():
     assert rows[0]["op"] == "allreduce" and rows[0]["bytes"] == 400 and rows[0]["group_size"] == 2
     assert rows[0]["duration_s"] == pytest.approx(50e-6)
     assert bd["exposed_comm_s"] == pytest.approx(10e-6) and bd["overlap_frac"] == pytest.approx(0.8)
+
+
+def test_a_group_failed_before_any_result_keeps_the_table():
+    """Its only row has no dtype or op: add_reference raised KeyError and the sweep lost its table."""
+    import pandas as pd
+
+    from bench.cli_comm import add_reference
+
+    df = add_reference(pd.DataFrame([{"kind": "sweep", "backend": "gloo", "device": "cpu", "world_size": 2,
+                                      "status": "failed", "reason": "group exited timeout"}]))
+    assert len(df) == 1 and df["status"].iloc[0] == "failed" and df["vs_reference"].isna().all()

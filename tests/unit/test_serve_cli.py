@@ -115,3 +115,15 @@ def test_an_unwritable_out_is_one_line(capsys):
     assert main(["--device", "cpu", "--out", "/proc/parbench-serve"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--out '/proc/parbench-serve' is not writable" in err and "\n" not in err
+
+
+def test_nan_answers_are_not_parity():
+    """max(0.0, nan) is 0.0: a model answering NaN read as perfect parity (a bad-input sweep, ninth stop)."""
+    import torch
+
+    from bench.serve.run import parity_err
+
+    ref = [torch.ones(3)]
+    assert parity_err(ref, {0: [torch.ones(3)]}) == 0.0
+    assert parity_err(ref, {0: [torch.full((3,), float("nan"))]}) == float("inf")
+    assert parity_err([torch.full((3,), float("nan"))], {0: [torch.ones(3)]}) == float("inf")
