@@ -42,6 +42,10 @@ def add_run_args(p) -> None:
     p.add_argument("--sample-hz", type=float, help="telemetry sampling rate, 0 = off (default 20, max 1000)")
     p.add_argument("--profile-steps", type=int,
                    help="steps profiled after the timed ones for the compute/comm breakdown (default 2; 0 = off)")
+    p.add_argument("--profile-at", choices=("auto", "end", "inline"),
+                   help="when the profiled steps run: end (after every timed step of the process group, in a "
+                        "pass that builds each cell again: no timed step follows a GPU profiler session), inline "
+                        "(right after each cell's first timed repeat), auto (default: end on cuda, inline on cpu)")
     p.add_argument("--trace", action="store_true", default=None,
                    help="keep each rank's Chrome trace (opens in Perfetto) under RUN/traces/")
     p.add_argument("--repeats", type=int,
@@ -165,8 +169,8 @@ def cmd_run(args) -> int:
                                            "steps", "warmup", "seed", "precision", "global_batch",
                                            "cell_timeout_s", "out", "sample_hz", "scaling", "repeats", "budget",
                                            "warmup_max", "steps_max", "target_ci", "time_cap_s",
-                                           "profile_steps", "trace", "nnodes", "node_rank", "rdzv_endpoint",
-                                           "rdzv_timeout_s")}
+                                           "profile_steps", "profile_at", "trace", "nnodes", "node_rank",
+                                           "rdzv_endpoint", "rdzv_timeout_s")}
     if args.resume:
         given = [k for k, v in flags.items() if v is not None] + (["option"] if args.option else []) \
             + (["config"] if args.config else [])

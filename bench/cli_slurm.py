@@ -80,7 +80,8 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     flags = {k: getattr(args, k) for k in ("workloads", "strategies", "backends", "world_sizes", "device", "steps",
                                            "warmup", "seed", "precision", "global_batch", "cell_timeout_s",
                                            "sample_hz", "scaling", "repeats", "budget", "warmup_max", "steps_max",
-                                           "target_ci", "time_cap_s", "profile_steps", "trace", "rdzv_timeout_s")}
+                                           "target_ci", "time_cap_s", "profile_steps", "profile_at", "trace",
+                                           "rdzv_timeout_s")}
     flags.update(nnodes=args.nodes, rdzv_endpoint=f"slurm-first-node:{args.port}" if args.nodes > 1 else None)
     toml = load_toml(args.config) if args.config else {}
     if args.option:

@@ -47,6 +47,9 @@ class RunConfig:
     scaling: str = "strong"
     sample_hz: float = 20.0
     profile_steps: int = 2
+    # When the profiled steps run: auto ("end" on cuda, "inline" on cpu), end (a profile pass after
+    # every timed step of the process group) or inline (after each cell's first timed repeat)
+    profile_at: str = "auto"
     trace: bool = False
     options: dict[str, Any] = field(default_factory=dict)
     # Noise (bench/noise.py): each cell measured ``repeats`` times in rounds (their orders a balanced
@@ -92,6 +95,9 @@ def default_config(gpus: int) -> RunConfig:
     return RunConfig(workloads=["mlp", "convnet", "gpt-200m"], strategies=["all"], backends=["nccl", "gloo"],
                      world_sizes=sizes, device="cuda", steps=30, warmup=5, budget="10m")
 
+
+#: When the profiled steps run (RunConfig.profile_at)
+PROFILE_AT = ("auto", "end", "inline")
 
 #: The settings that say how a cell is measured; given explicitly, a budget plan keeps them.
 MEASURE_KEYS = ("steps", "warmup", "repeats", "warmup_max", "steps_max", "target_ci", "time_cap_s", "profile_steps")
@@ -259,6 +265,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise UserError(f"sample rate {cfg.sample_hz} Hz must be between 0 (off) and 1000")
     if profile_steps < 0:
         raise UserError(f"profile_steps={cfg.profile_steps} must be >= 0 (0: no breakdown)")
+    if cfg.profile_at not in PROFILE_AT:
+        raise UserError(f"profile_at {cfg.profile_at!r} unknown; use {', '.join(PROFILE_AT)} (e.g. --profile-at auto)")
     if not isinstance(cfg.trace, bool):
         raise UserError(f"trace={cfg.trace!r} must be true or false")
     if cfg.trace and profile_steps == 0:

@@ -48,7 +48,7 @@ from bench.hardware import cpu_threads, threads_per_rank
 from bench.metrics import Metric, registry
 from bench.results import RunWriter, cell_columns, new_run_id, write_meta
 from bench.rows import build_row, failure_row, telemetry_means
-from bench.spec import ONE_RANK_SKIP, CellSpec, GroupPlan, Measure, RankMeasurement
+from bench.spec import ONE_RANK_SKIP, CellSpec, GroupPlan, Measure, RankMeasurement, deferred
 from bench.workloads import Workload, resolve
 
 log = logging.getLogger("parbench")
@@ -140,6 +140,16 @@ def cell_nodes(cfg: RunConfig, n_procs: int) -> int:
     return cfg.nnodes if n_procs > 1 else 1
 
 
+def profile_when(cfg: RunConfig) -> str:
+    """When the cells' profiled steps run (``Measure.profile_at``): ``--profile-at auto`` is "end" on
+    CUDA, where a GPU profiler session slows the process's later work (bench.worker.profile_cell),
+    and "inline" on CPU, where there is no such effect to avoid and the pass's rebuild would only
+    cost time."""
+    if cfg.profile_at == "auto":
+        return "end" if cfg.device == "cuda" else "inline"
+    return cfg.profile_at
+
+
 def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload], list[Metric]]:
     """Every cell of the matrix, each runnable or skipped with its reason; the workloads by name;
     the run's column registry. A single-device reference cell is added for every workload: parity
@@ -160,7 +170,7 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
     measure = Measure(steps=cfg.steps, warmup=cfg.warmup, profile_steps=cfg.profile_steps,
                       precision=cfg.effective_precision(), seed=cfg.seed, lr=cfg.lr, repeats=cfg.repeats,
                       warmup_max=cfg.warmup_max or 0, settle=cfg.settle, steps_max=cfg.steps_max or 0,
-                      target_ci=cfg.target_ci, time_cap_s=cfg.time_cap_s)
+                      target_ci=cfg.target_ci, time_cap_s=cfg.time_cap_s, profile_at=profile_when(cfg))
     one_proc_backend = backends.for_one_process(cfg.device, cfg.backends)
     cells: list[Planned] = []
     seen: set[tuple] = set()
@@ -677,6 +687,26 @@ class Pending:
     telemetry: list[dict[str, float]] = field(default_factory=list)
     wall_s: float = 0.0
 
+    def timed(self) -> bool:
+        """Every planned repeat is in (only a deferred profile pass may be left)."""
+        return len(self.repeats) >= self.spec.measure.repeats
+
+    def merge_profile(self, ev: spec.Profiled) -> str:
+        """The profile pass's breakdown and records into the first repeat; '' or why it failed."""
+        self.wall_s += ev.wall_s
+        bad = [r for r in ev.ranks if r.status != "ok"]
+        if bad:
+            first = min(bad, key=lambda r: r.rank)
+            return f"profile pass failed on rank {first.rank}: {first.reason}"
+        mine = {r.rank: r for r in ev.ranks}
+        for r in self.repeats[0] if self.repeats else []:
+            got = mine.get(r.rank)
+            if got is not None:
+                r.breakdown, r.comm, r.profile_s = got.breakdown, got.comm, r.profile_s + got.profile_s
+                if got.comm_calls_per_step is not None:
+                    r.comm_calls_per_step, r.comm_bytes_per_step = got.comm_calls_per_step, got.comm_bytes_per_step
+        return ""
+
 
 def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work: Path, telemetry: Telemetry,
               on_progress: ProgressFn, trace_dir: Path | None, deadline_unix: float | None = None,
@@ -695,12 +725,14 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
     attempt = 0
     clean = True  # no launch of the group was killed (a timeout, a desynchronised error, a lost node)
 
-    def finish(p: Pending, status: str | None = None, reason: str = "") -> None:
+    def finish(p: Pending, status: str | None = None, reason: str = "", profile_note: str = "") -> None:
         c = p.spec
         if status is None:
             cls = type(strategies.get(c.strategy_spec))
             row, steps, comm = build_row(c, p.repeats, wall_s=p.wall_s, strategy_metrics=cls.metrics,
                                          expects=cls.distributes, telemetry=p.telemetry)
+            if profile_note and row.get("status") == "ok":
+                row["profile_note"] = profile_note
         else:
             row, steps, comm = failure_row(c, status=status, reason=reason), [], []
         writer.add(row, steps, comm)
@@ -768,7 +800,16 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
             p = pending.get(ev.cell_id)
             if p is None:
                 return
-            if isinstance(ev, spec.Start):
+            if isinstance(ev, spec.Start) and ev.repeat == spec.PROFILE_PASS:
+                current, deadline = p.spec, time.monotonic() + cfg.cell_timeout_s
+            elif isinstance(ev, spec.Profiled):
+                telemetry.take()
+                telemetry.flush()
+                current, desync_at = None, None
+                deadline = time.monotonic() + cfg.cell_timeout_s
+                errors.pop(p.spec.cell_id, None)  # a failed pass is the row's note, not the cell's failure
+                finish(p, profile_note=p.merge_profile(ev))
+            elif isinstance(ev, spec.Start):
                 marks["first_cell"] = marks["first_cell"] or time.time()
                 current, started_any = p.spec, True
                 deadline = time.monotonic() + cfg.cell_timeout_s
@@ -791,7 +832,7 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
                 current, desync_at = None, None
                 deadline = time.monotonic() + cfg.cell_timeout_s
                 failed = any(r.status != "ok" for r in ev.ranks)
-                if failed or len(p.repeats) >= p.spec.measure.repeats:
+                if failed or (p.timed() and not deferred(p.spec)):
                     finish(p)
 
         queue: list[spec.Event] = []  # read but not yet handled: a signal between the two must not lose them
@@ -862,12 +903,26 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
             # The worker ended its rounds (the time budget) or finished: cells keep the repeats they got.
             for p in list(pending.values()):
                 if p.repeats:
-                    finish(p)
+                    finish(p, profile_note="profile pass not run: "
+                           + ("the time budget's deadline passed" if stopped else "the group ended without it")
+                           if deferred(p.spec) else "")
                 else:
                     finish(p, "skipped", "time budget: the run's deadline passed before this cell's turn")
             continue
         if not pending:
             continue
+        # Killed or crashed in the profile pass: the cells whose timed repeats are all in keep them.
+        done = [p for p in pending.values() if p.timed()]
+        if done:
+            why = ("no result within cell_timeout_s" if timed_out
+                   else crash_reason(prefix, logpath, proc.returncode, g.n_procs))
+            for p in done:
+                err = errors.get(p.spec.cell_id)
+                finish(p, profile_note=f"profile pass did not finish: {err[1] if err else why}")
+            if current is not None and current.cell_id not in pending:
+                current = None
+            if not pending or current is None:
+                continue
         rc = proc.returncode
         # Who gets the blame: the cell that was running; if none had started, every remaining cell
         # (the group itself could not start) -- never loop forever.

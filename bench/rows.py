@@ -45,7 +45,7 @@ def base_row(spec: CellSpec) -> dict[str, Any]:
             "role": spec.role, "mode": spec.mode, "steps": m.steps, "warmup": m.warmup, "precision": m.precision,
             "time_cap_s": m.time_cap_s or None,
             "global_batch": spec.workload.global_batch, "params": spec.workload.params, "scaling": spec.scaling,
-            "repeats": m.repeats,
+            "repeats": m.repeats, "profile_at": m.profile_at if m.profile_steps else None,
             "flops_per_sample": spec.workload.flops_per_sample, **spec.labels,
             **{f"option_{k}": v for k, v in spec.options.items()}}
 

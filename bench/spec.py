@@ -62,6 +62,12 @@ class Measure:
     steps_max: int = 0  # timed steps continue until the median's interval is narrow enough, up to this (0: fixed)
     target_ci: float = 0.02  # narrow enough: relative half-width of the median's 95% interval
     time_cap_s: float = 0.0  # no more timed steps are added past this many seconds (0: no cap)
+    # When the profiled steps run: "inline" after the cell's first timed repeat (in the processes that
+    # go on to time the group's later cells), or "end": after every timed step of the group, in a
+    # profile pass that builds the cell again (bench.worker.profile_cell), so no timed step ever
+    # follows a GPU profiler session in its process. The first repeat then profiles one step on the
+    # CPU side only, for the distribution check's communication evidence.
+    profile_at: str = "inline"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,6 +180,27 @@ class Measured:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Profiled:
+    """A cell's deferred profile pass (``Measure.profile_at == "end"``): each rank's breakdown and
+    communication records, to be merged into the cell's first repeat."""
+
+    cell_id: int
+    wall_s: float
+    ranks: list[RankMeasurement]
+    t: float
+    event: Literal["profiled"] = "profiled"
+
+
+#: The ``repeat`` of a :class:`Start` that opens a cell's profile pass rather than a timed repeat.
+PROFILE_PASS = -1
+
+
+def deferred(cell: CellSpec) -> bool:
+    """The cell's profiled steps run in its group's profile pass, after every timed step."""
+    return cell.measure.profile_at == "end" and cell.measure.profile_steps > 0
+
+
+@dataclass(frozen=True, kw_only=True)
 class Stopped:
     """The worker ends its rounds early (the time budget's deadline passed)."""
 
@@ -183,8 +210,9 @@ class Stopped:
     event: Literal["stopped"] = "stopped"
 
 
-Event = Start | Error | Measured | Stopped
-EVENTS: dict[str, type] = {"start": Start, "error": Error, "measured": Measured, "stopped": Stopped}
+Event = Start | Error | Measured | Profiled | Stopped
+EVENTS: dict[str, type] = {"start": Start, "error": Error, "measured": Measured, "profiled": Profiled,
+                           "stopped": Stopped}
 
 
 class ContractError(ValueError):

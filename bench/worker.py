@@ -30,7 +30,7 @@ import torch.distributed as dist
 import strategies
 from bench import backends, spec
 from bench.samplers.nvml import EnergyMeter
-from bench.spec import CellSpec, GroupPlan, RankMeasurement
+from bench.spec import CellSpec, GroupPlan, RankMeasurement, deferred
 from bench.timing import StepTimer, order_stat_halfwidth
 from bench.workloads import resolve
 from strategies.base import Context
@@ -148,6 +148,38 @@ def settled(x: np.ndarray, tol: float) -> bool:
 PLACE: dict[str, Any] = {}
 
 
+def _build(cell: CellSpec, local_rank: int, out: RankMeasurement):
+    """A cell's model under its strategy, and its batches staged on the device: (devices, device,
+    batches, step, memory each device held before the cell). Fills ``out``'s device facts."""
+    m = cell.measure
+    rank = dist.get_rank()
+    devices = rank_devices(cell, local_rank)
+    device = devices[0]
+    if device.type == "cuda":
+        from bench.multinode.netinfo import device_names
+
+        out.device_ids = device_names([d.index for d in devices])
+    wl = resolve(cell.workload.spec, seed=m.seed, global_batch=cell.workload.global_batch, **cell.workload.dims)
+    if wl.global_batch != cell.workload.global_batch:
+        raise ValueError(f"workload {cell.workload.name} built a global batch of {wl.global_batch}, the plan asked "
+                         f"{cell.workload.global_batch}: its factory must accept global_batch")
+    strat = strategies.get(cell.strategy_spec)
+    ctx = Context(rank=rank, world_size=dist.get_world_size(), local_rank=local_rank, device=device,
+                  devices=devices, backend=cell.backend, seed=m.seed, precision=m.precision, lr=m.lr,
+                  options=dict(cell.options))
+    before: list[int] = []
+    if device.type == "cuda":
+        out.gpu_name = torch.cuda.get_device_name(device)
+        # What every device held before this cell (the group's warm-up tensors, caches): a
+        # device counts as used only if the cell's training grew it.
+        before = [torch.cuda.memory_allocated(d) for d in devices]
+    # Every strategy gets the same global batches, staged on the device before timing starts.
+    most = max(m.warmup, m.warmup_max) + max(m.steps, m.steps_max)
+    batches = [ctx.to_device(wl.batch(s)) for s in range(min(most, BATCH_POOL))]
+    step = strat.prepare(wl, ctx)
+    return devices, device, batches, step, before
+
+
 def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = True) -> RankMeasurement:
     """Build, warm up to steady state, time until the interval target or a cap, profile (first
     repeat only); returns this rank's measurements (never raises)."""
@@ -156,30 +188,8 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = 
     step = None
     m = cell.measure
     try:
-        devices = rank_devices(cell, local_rank)
-        device = devices[0]
-        if device.type == "cuda":
-            from bench.multinode.netinfo import device_names
-
-            out.device_ids = device_names([d.index for d in devices])
-        wl = resolve(cell.workload.spec, seed=m.seed, global_batch=cell.workload.global_batch, **cell.workload.dims)
-        if wl.global_batch != cell.workload.global_batch:
-            raise ValueError(f"workload {cell.workload.name} built a global batch of {wl.global_batch}, the plan asked "
-                             f"{cell.workload.global_batch}: its factory must accept global_batch")
-        strat = strategies.get(cell.strategy_spec)
-        ctx = Context(rank=rank, world_size=dist.get_world_size(), local_rank=local_rank, device=device,
-                      devices=devices, backend=cell.backend, seed=m.seed, precision=m.precision, lr=m.lr,
-                      options=dict(cell.options))
-        if device.type == "cuda":
-            out.gpu_name = torch.cuda.get_device_name(device)
-            # What every device held before this cell (the group's warm-up tensors, caches): a
-            # device counts as used only if the cell's training grew it.
-            before = [torch.cuda.memory_allocated(d) for d in devices]
+        devices, device, batches, step, before = _build(cell, local_rank, out)
         backend = backends.get(cell.backend)
-        # Every strategy gets the same global batches, staged on the device before timing starts.
-        most = max(m.warmup, m.warmup_max) + max(m.steps, m.steps_max)
-        batches = [ctx.to_device(wl.batch(s)) for s in range(min(most, BATCH_POOL))]
-        step = strat.prepare(wl, ctx)
         out.loss_weight = step.loss_weight
         losses: list[Any] = []
 
@@ -247,16 +257,17 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = 
         out.losses = [float("nan") if x is None else float(x) for x in losses]
         if not first:  # profiling, evidence and the strategy's own metrics come from the first repeat
             return out
-        # Profiled steps give the breakdown and the communication records; without them one step is
-        # profiled on the CPU side only, for the distribution check's communication evidence.
+        # Profiled steps give the breakdown and the communication records; without them, or when
+        # they are deferred to the group's profile pass (profile_at "end"), one step is profiled on
+        # the CPU side only, for the distribution check's communication evidence.
         from bench.comm import analyze_trace, comm_volume
 
         tp = time.perf_counter()
-        n_prof = m.profile_steps or 1
-        trace_path = (Path(plan.trace_dir) / f"cell{cell.cell_id}-rank{rank}.json"
-                      if plan.trace_dir and m.profile_steps else None)
-        trace = profile_steps(step, batches, cell, device, trace_path, n=n_prof, gpu=m.profile_steps > 0)
-        if m.profile_steps > 0:
+        here = m.profile_steps > 0 and not deferred(cell)
+        n_prof = m.profile_steps if here else 1
+        trace_path = Path(plan.trace_dir) / f"cell{cell.cell_id}-rank{rank}.json" if plan.trace_dir and here else None
+        trace = profile_steps(step, batches, cell, device, trace_path, n=n_prof, gpu=here)
+        if here:
             out.breakdown, out.comm = analyze_trace(trace, device.type, n_prof, backend)
         out.profile_s = time.perf_counter() - tp
         calls, nbytes = comm_volume(trace, backend)
@@ -276,6 +287,47 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = 
         gc.collect()
         if torch.cuda.is_available() and cell.device == "cuda":
             torch.cuda.empty_cache()
+    return out
+
+
+def profile_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, warmup: int) -> RankMeasurement:
+    """A cell's deferred profile pass: build it again, run ``warmup`` steps (what its first timed
+    repeat needed to settle), then its profiled steps; returns this rank's breakdown, communication
+    records and the pass's time (build included) as ``profile_s`` (never raises).
+
+    Why deferred: a profiler session with GPU activity leaves the process slower at launching work
+    even with CUPTI torn down (x1.09 on a launch-bound loop, ``bench/baselines/profiler_aftereffect.py``),
+    and the harness's ranks go on to time the group's later cells; on 4 H100s a host-bound FSDP cell
+    timed after the reference cell's GPU-profiled steps ran 1.06-1.34x its plain loop in 3 of 3
+    rounds, and 0.95-1.01x with no GPU profiling in its processes (docs/RESULTS.md, tenth stop)."""
+    from bench.comm import analyze_trace, comm_volume
+
+    rank = dist.get_rank()
+    out = RankMeasurement(rank=rank, **PLACE)
+    step = None
+    m = cell.measure
+    tp = time.perf_counter()
+    try:
+        _, device, batches, step, _ = _build(cell, local_rank, out)
+        backend = backends.get(cell.backend)
+        for k in range(max(warmup, 1)):
+            step.run(batches[k % len(batches)])
+        trace_path = Path(plan.trace_dir) / f"cell{cell.cell_id}-rank{rank}.json" if plan.trace_dir else None
+        trace = profile_steps(step, batches, cell, device, trace_path, n=m.profile_steps, gpu=True)
+        out.breakdown, out.comm = analyze_trace(trace, device.type, m.profile_steps, backend)
+        calls, nbytes = comm_volume(trace, backend)
+        out.comm_calls_per_step, out.comm_bytes_per_step = calls / m.profile_steps, nbytes / m.profile_steps
+        del trace
+    except Exception as e:  # noqa: BLE001 - a failed pass leaves the cell's timing alone
+        out.status, out.reason = "failed", one_line(e)
+        if os.environ.get("PARBENCH_DEBUG"):
+            traceback.print_exc()
+    finally:
+        step = None
+        gc.collect()
+        if torch.cuda.is_available() and cell.device == "cuda":
+            torch.cuda.empty_cache()
+    out.profile_s = time.perf_counter() - tp
     return out
 
 
@@ -476,7 +528,10 @@ def _main(plan: GroupPlan) -> int:
         write_startup(Path(plan.events_prefix + "-leader.startup.json"), marks)
     try:
         failed_cells: set[int] = set()
-        for r, order in enumerate(rounds(plan)):
+        settled_at: dict[int, int] = {}  # cell -> warm-up steps its first repeat took (for its profile pass)
+        plan_rounds = rounds(plan)
+        stop = False
+        for r, order in enumerate(plan_rounds):
             stop = False
             for cell, repeat in order:
                 if cell.cell_id in failed_cells:  # failed once: its later repeats are not run
@@ -502,11 +557,36 @@ def _main(plan: GroupPlan) -> int:
                 dist.all_gather_object(per_rank, mine)
                 if any(m.status != "ok" for m in per_rank):  # every rank sees the same list
                     failed_cells.add(cell.cell_id)
+                if repeat == 0:
+                    settled_at[cell.cell_id] = max(m.warmup_steps for m in per_rank)
                 if leader:
                     events.emit(spec.Measured(cell_id=cell.cell_id, wall_s=time.perf_counter() - t0,
                                               ranks=per_rank, t=time.time(), repeat=repeat))
             if stop:
                 break
+        # The profile pass: every timed step of the group is done, so the profiler's after-effects
+        # on these processes can no longer reach a measurement.
+        for cell in [] if stop else [c for c in plan.cells if deferred(c) and c.cell_id not in failed_cells]:
+            if plan.deadline_unix is not None:
+                late = [time.time() > plan.deadline_unix]
+                dist.broadcast_object_list(late, src=0)
+                if late[0]:
+                    if leader:
+                        events.emit(spec.Stopped(reason="time budget: the deadline passed before the profile pass",
+                                                 t=time.time(), rounds_done=len(plan_rounds)))
+                    break
+            if leader:
+                events.emit(spec.Start(cell_id=cell.cell_id, t=time.time(), repeat=spec.PROFILE_PASS))
+            t0 = time.perf_counter()
+            mine = profile_cell(cell, plan, local_rank, settled_at.get(cell.cell_id, cell.measure.warmup))
+            if mine.status != "ok":
+                events.emit(spec.Error(cell_id=cell.cell_id, rank=rank, reason=f"profile pass: {mine.reason}",
+                                       t=time.time()))
+            per_rank = [None] * dist.get_world_size()
+            dist.all_gather_object(per_rank, mine)
+            if leader:
+                events.emit(spec.Profiled(cell_id=cell.cell_id, wall_s=time.perf_counter() - t0, ranks=per_rank,
+                                          t=time.time()))
     finally:
         # Without this, gloo can abort at interpreter exit: its run-loop thread frees work during
         # finalisation (seen in 2-11 of 20 runs on CPU; 0 of 20 with the explicit destroy).

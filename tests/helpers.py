@@ -84,6 +84,42 @@ class Hangs(Strategy):
         raise AssertionError("unreachable")
 
 
+class _SecondBuild(Strategy):
+    """Data parallel whose second build in a process (the profile pass of ``--profile-at end``)
+    misbehaves; the first (the timed repeat) trains normally."""
+
+    summary = needs = "test only"
+    builds = 0
+
+    def prepare(self, wl: Workload, ctx: Context) -> Step:
+        type(self).builds += 1
+        if type(self).builds > 1:
+            self.misbehave()
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(wl.build(ctx.device))
+        opt = make_optimizer(model.parameters(), ctx)
+        return Step(run=lambda b: train_step(model, wl, ctx, opt, local_share(b, ctx)),
+                    loss_weight=1.0 / ctx.world_size, optimizer=opt)
+
+    def misbehave(self) -> None:
+        raise NotImplementedError
+
+
+class RaisesWhenProfiled(_SecondBuild):
+    name = "test-raises-when-profiled"
+
+    def misbehave(self) -> None:
+        raise RuntimeError("deliberate failure in the profile pass")
+
+
+class HangsWhenProfiled(_SecondBuild):
+    name = "test-hangs-when-profiled"
+
+    def misbehave(self) -> None:
+        time.sleep(3600)
+
+
 class KnownCommSerial(Strategy):
     """A known amount of compute (matmuls) and one all-reduce of a known 16 MiB buffer per step,
     one after the other. ``finish`` times the same all-reduce alone, for comparison."""

@@ -1,0 +1,67 @@
+"""``--profile-at end``: the profiled steps run in a pass after every timed step of the process group
+(no timed step follows a profiler session in its process), and a pass that fails or hangs costs the
+cell its breakdown, never its timing. Real torchrun groups on gloo/CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bench import launch
+from bench.config import build_config
+from bench.results import load_run
+
+pytestmark = pytest.mark.distributed
+
+
+def run(tmp_path, **flags) -> tuple[pd.DataFrame, Path]:
+    cfg = build_config(toml=None, flags={"out": str(tmp_path), "device": "cpu", "backends": "gloo",
+                                         "workloads": "gpt-tiny", **flags}, gpus=0)
+    path = launch.run(cfg, 0)
+    return load_run(path)[0], Path(path)
+
+
+def events(run_dir: Path, group: str) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "work" / f"{group}-a1-r0.jsonl").read_text().splitlines()]
+
+
+def test_profile_pass_comes_after_every_timed_step_and_fills_the_breakdown(tmp_path):
+    end, run_dir = run(tmp_path / "end", strategies="ddp,fsdp", world_sizes="2", steps=3, warmup=1, repeats=2,
+                       profile_at="end")
+    inline, _ = run(tmp_path / "inline", strategies="ddp,fsdp", world_sizes="2", steps=3, warmup=1, repeats=2,
+                    profile_at="inline")
+    for cells in (end, inline):
+        assert (cells["status"] == "ok").all(), cells[["strategy", "status", "reason"]]
+        assert cells["compute_time_s"].notna().all() and cells["profiled_step_s"].notna().all()
+        assert cells["profile_note"].isna().all()
+    assert set(end["profile_at"]) == {"end"} and set(inline["profile_at"]) == {"inline"}
+    # the same communication evidence either way (what the distribution check reads)
+    by_end, by_inline = end.set_index("strategy"), inline.set_index("strategy")
+    for name in ("ddp", "fsdp"):
+        assert by_end.loc[name, "comm_calls_per_step"] == by_inline.loc[name, "comm_calls_per_step"] > 0
+    # in the two-rank group, every pass starts after the last timed repeat, one pass per cell
+    ev = events(run_dir, "g1")
+    kinds = [(e["event"], e.get("repeat")) for e in ev if e["event"] in ("start", "measured", "profiled")]
+    last_measured = max(i for i, (k, _) in enumerate(kinds) if k == "measured")
+    passes = [i for i, (k, r) in enumerate(kinds) if k == "start" and r == -1]
+    assert len(passes) == 2 and min(passes) > last_measured
+    assert sum(k == "profiled" for k, _ in kinds) == 2
+    comm = pd.read_parquet(run_dir / "comm.parquet")
+    assert set(comm["cell_id"]) >= set(end.loc[end["world_size"] == 2, "cell_id"])
+
+
+def test_a_failing_or_hanging_profile_pass_keeps_the_timing(tmp_path):
+    cells, _ = run(tmp_path, strategies="tests.helpers:RaisesWhenProfiled,tests.helpers:HangsWhenProfiled",
+                   world_sizes="2", steps=3, warmup=1, profile_at="end", cell_timeout_s=10)
+    by = cells.set_index("strategy")
+    raised, hung = by.loc["test-raises-when-profiled"], by.loc["test-hangs-when-profiled"]
+    for row in (raised, hung):
+        assert row["status"] == "ok" and row["step_time_median_s"] > 0 and row["parity_ok"]
+        assert pd.isna(row["compute_time_s"])  # no breakdown: the pass gave none
+        assert row["comm_calls_per_step"] > 0  # the first repeat's CPU-side evidence step
+    assert raised["profile_note"].startswith("profile pass failed on rank")
+    assert "deliberate failure in the profile pass" in raised["profile_note"]
+    assert hung["profile_note"].startswith("profile pass did not finish")
