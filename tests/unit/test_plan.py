@@ -128,7 +128,8 @@ def test_a_budget_plan_charges_gloo_and_one_process_multi_gpu_cells_more_on_gpus
     # dataparallel (one process, 2 GPUs) 0.7 + 10e-9; ddp gloo x2 0.6 + 0.15 + (6 + 21) e-9
     p = 927_760
     assert cells[0].spec.workload.params == p
-    fixed = 3 * 23.0 + (0.5 + 8.5e-9 * p) + (0.6 + 8.5e-9 * p) + (0.7 + 10e-9 * p) + (0.75 + 27e-9 * p)
+    # each cell's overhead x 1.5: on CUDA its profiled steps run in the group's profile pass (a rebuild)
+    fixed = 3 * 23.0 + 1.5 * ((0.5 + 8.5e-9 * p) + (0.6 + 8.5e-9 * p) + (0.7 + 10e-9 * p) + (0.75 + 27e-9 * p))
     out, text = launch.budget_plan(cfg, cells, 120.0)
     caps = {round(c.spec.measure.time_cap_s, 9) for c in out if c.reason is None}
     assert caps == {round((0.8 * 120 - fixed) / 4, 9)}, (caps, text)
@@ -221,3 +222,33 @@ def test_the_pacer_keeps_the_budget_when_the_capped_part_runs_over():
         t += pacer.fixed(g) + 1.5 * sum(c.measure.repeats for c in g.cells) * g.cells[0].measure.time_cap_s
         pacer.group_done(budget - t)
     assert t <= budget, t
+
+
+def test_profiled_steps_run_in_a_pass_at_the_end_on_cuda_and_inline_on_cpu():
+    """--profile-at auto: "end" on CUDA (a GPU profiler session slows the process's later timed
+    work), "inline" on CPU; either can be asked for; the pass's rebuild is charged to a budget."""
+    from bench import launch
+
+    def at(flags, gpus):
+        _, cells, _ = planned(flags, gpus)
+        return {p.spec.measure.profile_at for p in cells}
+
+    assert at({"workloads": "mlp", "strategies": "ddp", "world_sizes": "2"}, 2) == {"end"}
+    assert at({"workloads": "mlp", "strategies": "ddp", "world_sizes": "2", "device": "cpu"}, 0) == {"inline"}
+    assert at({"workloads": "mlp", "strategies": "ddp", "world_sizes": "2", "profile_at": "inline"}, 2) == {"inline"}
+    assert at({"workloads": "mlp", "strategies": "ddp", "world_sizes": "2", "device": "cpu",
+               "profile_at": "end"}, 0) == {"end"}
+    cfg = build_config(toml=None, flags={"workloads": "mlp", "strategies": "ddp", "world_sizes": "2"}, gpus=2)
+    cells = [p.spec for p in plan(cfg, gpus=2)[0] if p.reason is None]
+    inline = build_config(toml=None, flags={"workloads": "mlp", "strategies": "ddp", "world_sizes": "2",
+                                            "profile_at": "inline"}, gpus=2)
+    for c in cells:
+        assert launch._overhead(cfg, c) == pytest.approx(1.5 * launch._overhead(inline, _inline(c)))
+    with pytest.raises(UserError, match="profile_at 'later' unknown; use auto, end, inline"):
+        build_config(toml=None, flags={"profile_at": "later"}, gpus=2)
+
+
+def _inline(c):
+    import dataclasses
+
+    return dataclasses.replace(c, measure=dataclasses.replace(c.measure, profile_at="inline"))
