@@ -3,9 +3,13 @@
 Rates are tried in ascending order (``--sweep-rates``, or a geometric ladder from the lowest load
 level); the first failing rate ends the ladder, then three bisection steps between the last passing
 and the first failing rate narrow it. A rate passes when its p99 is reported (enough requests: the
-early-stopping rule refuses a p99 of fewer than 662) and within the target, and the cell kept up
-with the offered rate (answered >= 90% of it per second): a saturated server's latency grows with
-the run's length, so a short run could otherwise pass a rate it cannot sustain.
+early-stopping rule refuses a p99 of fewer than 662) and within the target, the cell kept up with
+the rate its requests arrived at (answered >= 90% of it per second), and its backlog was steady (no
+steady-state flag: it did not grow over the cell, drained in about one latency, Little's law held):
+a saturated server's latency grows with the run's length, so a short run could otherwise pass a rate
+it cannot sustain. (Until the tenth stop the throughput rule compared with the nominal rate: the
+seeded draw's own 5% shortfall and the last request's latency then failed a steady 3,856 req/s
+batching point on 4 H100s at 89.99%.)
 """
 
 from __future__ import annotations
