@@ -62,7 +62,8 @@ SERVE_METRICS: tuple[Metric, ...] = (
     Metric(name="little_lambda_W", dtype="float64", doc="arrival rate x mean time in system (steady window)"),
     Metric(name="little_rel_err", dtype="float64", fmt=".1%", doc="|L - lambda W| / lambda W"),
     Metric(name="slo_s", **_ms, kind="fact", doc="latency target of the sweep (p99)"),
-    Metric(name="slo_met", dtype="boolean", doc="p99 reported and within slo_s, the cell answered >= 90% of its realised arrival rate, "
+    Metric(name="slo_met", dtype="boolean",
+           doc="p99 reported and within slo_s, the cell answered >= 90% of its realised arrival rate, "
                "and (open loop) its backlog was steady (no steady-state flag in noise)"),
     Metric(name="per_device", dtype="string", doc="JSON per process: requests, busy, utilisation, memory, energy"),
 )
