@@ -209,13 +209,8 @@ class ServeRun:
                                        row.get("little_rel_err"))
             row["stable"], row["noise"] = not flags, "; ".join(flags) or None
         if self.cfg.slo_ms:
-            p99 = row.get("latency_p99_s")
-            kept_up = stats.kept_up(row.get("serve_achieved_rps"), [r["arrival_s"] for r in reqs],
-                                    row.get("serve_offered_rps"))
-            # open loop: a backlog that grew or did not drain is above capacity whatever its p99 says
-            steady = load.clients or row.get("stable") is not False
-            row["slo_met"] = bool(p99 == p99 and p99 is not None and p99 <= self.cfg.slo_ms / 1e3 and kept_up
-                                  and steady)
+            row["slo_met"] = stats.meets_target(row, [r["arrival_s"] for r in reqs], self.cfg.slo_ms / 1e3,
+                                                open_loop=not load.clients)
         self._telemetry(row, res, pool)
 
     def _telemetry(self, row: dict[str, Any], res, pool: Pool) -> None:

@@ -159,6 +159,19 @@ def kept_up(achieved_rps: float | None, arrival: Sequence[float], offered_rps: f
     return not rate or achieved_rps >= KEPT_UP * rate
 
 
+def meets_target(row: dict, arrival: Sequence[float], slo_s: float, *, open_loop: bool) -> bool:
+    """A sweep point passes: its p99 is reported and within ``slo_s``, it kept up with the rate its
+    requests arrived at (:func:`kept_up`), and, open loop, its backlog was steady (``row["stable"]``
+    from :func:`steady_flags`: a backlog that grew or did not drain is above capacity whatever a
+    short cell's p99 says)."""
+    p99 = row.get("latency_p99_s")
+    if p99 is None or p99 != p99 or p99 > slo_s:
+        return False
+    if not kept_up(row.get("serve_achieved_rps"), arrival, row.get("serve_offered_rps")):
+        return False
+    return not (open_loop and row.get("stable") is False)
+
+
 def imbalance(values: Sequence[float]) -> float:
     """max / mean of per-device values (1.0 = perfectly even); NaN for none or an all-zero set."""
     v = np.asarray(values, float)

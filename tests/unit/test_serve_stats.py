@@ -134,3 +134,42 @@ def test_kept_up_compares_with_the_rate_the_requests_arrived_at():
     # no window to read (fewer than two arrivals, or all at once): the nominal rate decides
     assert not kept_up(3470.2, [0.0], 3856.0) and kept_up(3500.0, [0.0, 0.0], 3856.0)
     assert kept_up(None, arrivals, 3856.0) and kept_up(100.0, [], None)  # nothing to compare
+
+
+def test_the_sweep_climbs_the_ladder_then_bisects_to_the_last_passing_rate():
+    """A server whose p99 meets 100 ms up to 1,000 req/s and whose backlog stops being steady above
+    1,200: the ladder from 100 req/s doubles to the first failure (1,600), three bisection steps
+    narrow it between 800 and 1,600 (1,200 passes, 1,400 fails, 1,300 fails), and the answer is
+    1,200; a point that meets p99 but is not steady fails (the slo_met a cell row carries)."""
+    from bench.serve.config import ServeConfig
+    from bench.serve.sweep import run_sweep
+
+    cfg = ServeConfig(rates=[100.0], slo_ms=100.0)
+    seen = []
+
+    def cell(load):
+        seen.append(load.rate)
+        return {"status": "ok", "slo_met": load.rate <= 1200, "latency_p99_s": 0.01 if load.rate <= 1000 else 0.05}
+
+    out = run_sweep(cell, cfg, None)
+    assert seen == [100, 200, 400, 800, 1600, 1200, 1400, 1300]
+    assert out["max_rate_rps"] == 1200 and out["first_failing_rps"] == 1300
+    assert [t["pass"] for t in out["tried"]] == [True] * 4 + [False, True, False, False]
+    # nothing passes: no rate, and a note says why
+    none = run_sweep(lambda load: {"status": "ok", "slo_met": False}, cfg, None)
+    assert none["max_rate_rps"] is None and "no rate tried met the target" in none["note"]
+
+
+def test_a_sweep_point_needs_its_p99_its_throughput_and_a_steady_backlog():
+    from bench.serve.stats import meets_target
+
+    arrivals = [i / 1000 for i in range(701)]  # 1,000 req/s realised
+    ok = {"latency_p99_s": 0.012, "serve_achieved_rps": 990.0, "serve_offered_rps": 1050.0, "stable": True}
+    assert meets_target(ok, arrivals, 0.1, open_loop=True)
+    assert not meets_target({**ok, "latency_p99_s": 0.2}, arrivals, 0.1, open_loop=True)
+    assert not meets_target({**ok, "latency_p99_s": None}, arrivals, 0.1, open_loop=True)  # refused: < 662
+    assert not meets_target({**ok, "latency_p99_s": float("nan")}, arrivals, 0.1, open_loop=True)
+    assert not meets_target({**ok, "serve_achieved_rps": 850.0}, arrivals, 0.1, open_loop=True)
+    # Little's law off or a growing backlog: not steady, fails open loop; a closed loop is bounded
+    assert not meets_target({**ok, "stable": False}, arrivals, 0.1, open_loop=True)
+    assert meets_target({**ok, "stable": False}, arrivals, 0.1, open_loop=False)
