@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -94,20 +93,24 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> CommConfig:
     if device == "cuda" and max(worlds) > gpus:
         raise UserError(f"--world-sizes {max(worlds)} needs {max(worlds)} GPUs, {gpus} visible; "
                         "lower it or use --device cpu")
-    lo = parse_bytes(args.min_bytes or "1K", "--min-bytes")
-    hi = parse_bytes(args.max_bytes or ("1G" if device == "cuda" else "16M"), "--max-bytes")
+    # a flag given empty is refused, not read as left out (a shell variable that expanded to nothing)
+    lo = parse_bytes("1K" if args.min_bytes is None else args.min_bytes, "--min-bytes")
+    hi = parse_bytes(("1G" if device == "cuda" else "16M") if args.max_bytes is None else args.max_bytes,
+                     "--max-bytes")
     if lo < 4 or hi < lo:
         raise UserError(f"--min-bytes {lo} / --max-bytes {hi}: need 4 <= min <= max, e.g. 1K and 1G")
+    check_memory(hi, max(worlds), device, args.max_bytes)
     if args.factor not in (2, 4):
         raise UserError(f"--factor {args.factor}: use 2 or 4")
     for flag, v in (("--iters", args.iters), ("--warmup", args.warmup)):
         if v is not None and v < (1 if flag == "--iters" else 0):
             raise UserError(f"{flag} {v}: use a positive number (default 20 iters, 5 warm-up)")
     cfg = CommConfig(backends=backends, world_sizes=sorted(set(worlds)), device=device,
-                     ops=_csv(args.ops or ",".join(OPS), OPS, "--ops"),
-                     dtypes=_csv(args.dtypes or "fp32,bf16", tuple(DTYPES), "--dtypes"),
+                     ops=_csv(",".join(OPS) if args.ops is None else args.ops, OPS, "--ops"),
+                     dtypes=_csv("fp32,bf16" if args.dtypes is None else args.dtypes, tuple(DTYPES), "--dtypes"),
                      min_bytes=lo, max_bytes=hi, factor=args.factor, out=args.out or "results",
-                     graph_max_bytes=parse_bytes(args.graph_max_bytes or "0", "--graph-max-bytes"),
+                     graph_max_bytes=parse_bytes("0" if args.graph_max_bytes is None else args.graph_max_bytes,
+                                                 "--graph-max-bytes"),
                      reference=not args.no_reference)
     if args.iters is not None:
         cfg.iters = args.iters
@@ -118,8 +121,34 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> CommConfig:
             raise UserError(f"--timeout {args.timeout}: use a positive number of seconds, e.g. 300")
         cfg.group_timeout_s = args.timeout
     if args.budget is not None:
+        if not (0 <= args.budget < float("inf")):
+            raise UserError(f"--budget {args.budget:g}: use seconds per point >= 0 (0: exactly --iters), e.g. 0.2")
         cfg.budget_s = args.budget
     return cfg
+
+
+#: A point's buffers on one rank, in sizes S (nccl-tests' total array): all_to_all and send/recv
+#: hold an input and an output of S each, and the correctness check fills and compares them.
+BUFFERS_PER_RANK = 3
+
+
+def check_memory(max_bytes: int, world: int, device: str, given: str | None) -> None:
+    """Refuse a largest size whose buffers cannot fit: on CPU every rank of the largest world size
+    shares this host's available memory; on CUDA each rank has its own GPU's. (--max-bytes 100G on CPU
+    ran into the host's OOM killer.)"""
+    need = BUFFERS_PER_RANK * max_bytes
+    if device == "cpu":
+        import psutil
+
+        have, need, where = psutil.virtual_memory().available, need * world, f"{world} ranks on this host"
+    else:
+        import torch
+
+        have, where = torch.cuda.get_device_properties(0).total_memory, "each rank's GPU"
+    if need > 0.8 * have:
+        flag = f"--max-bytes {given}" if given else f"the default --max-bytes ({max_bytes:,} B)"
+        raise UserError(f"{flag} needs about {need / 2**30:.1f} GiB for {where} ({BUFFERS_PER_RANK} buffers of the "
+                        f"size a rank); {have / 2**30:.1f} GiB there: lower --max-bytes, e.g. 16M on cpu, 1G on cuda")
 
 
 def free_port() -> int:
@@ -171,29 +200,12 @@ def run_group(cfg: CommConfig, backend: str, world: int, work: Path) -> list[dic
 
 
 def _stop_group(proc: subprocess.Popen, plan_path: str, grace_s: float = 3.0) -> None:
-    """SIGTERM, then SIGKILL after ``grace_s``, to torchrun's session and to every process whose
-    command line names this group's plan (ranks that left the session)."""
-    import psutil
+    """SIGTERM, then SIGKILL after ``grace_s``, to torchrun's session, its descendants and every
+    process whose command line names this group's plan (ranks that left the session): the run
+    command's own :class:`bench.launch.ProcessTree`."""
+    from bench.launch import ProcessTree
 
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        ranks = [p for p in psutil.process_iter(["cmdline"])
-                 if p.pid != os.getpid() and any(plan_path in a for a in (p.info.get("cmdline") or []))]
-        for p in ranks:
-            try:
-                p.send_signal(sig)
-            except psutil.Error:
-                pass
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        _, left = psutil.wait_procs(ranks, timeout=grace_s)
-        if proc.poll() is not None and not left:
-            return
+    ProcessTree(proc, plan_path).kill(grace_s)
 
 
 def write_atomic(df: pd.DataFrame, path: Path) -> None:

@@ -89,6 +89,11 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     cfg = build_config(toml=toml, flags=flags, gpus=args.gpus_per_node)
     if cfg.device == "cuda" and args.gpus_per_node == 0:
         raise UserError("--gpus-per-node 0 with a CUDA run; give the GPUs per node or pass --device cpu")
+    # the planning the nodes will do, here: an unknown strategy, workload or option fails now, not
+    # after the job waited in the queue (build_config alone checks the flags' forms)
+    from bench.launch import plan
+
+    plan(cfg, args.gpus_per_node)
     out = str(Path(args.out or "results").resolve())
     actions = getattr(args, "_run_actions", [])
     given = run_argv(args, actions)

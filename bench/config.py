@@ -259,6 +259,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise UserError(f"steps={steps} must be >= 1; e.g. --steps 20")
     if warmup < 0:
         raise UserError(f"warmup={warmup} must be >= 0; e.g. --warmup 3")
+    if not isinstance(cfg.out, str) or not cfg.out.strip():
+        raise UserError(f"out {cfg.out!r} is empty: give the folder for the run's results, e.g. --out results")
     if cell_timeout_s <= 0:
         raise UserError(f"cell_timeout_s={cfg.cell_timeout_s} must be > 0")
     if not 0 <= sample_hz <= 1000:
@@ -281,6 +283,13 @@ def validate(cfg: RunConfig) -> RunConfig:
     time_cap_s = _as_float("time_cap_s", cfg.time_cap_s, "--time-cap 20")
     if warmup_max < 0 or steps_max < 0:
         raise UserError(f"warmup_max={warmup_max} and steps_max={steps_max} must be >= 0 (0: fixed counts)")
+    # a cap below the count it caps was silently a fixed count (the loops only ever add steps)
+    if 0 < steps_max < steps:
+        raise UserError(f"steps_max={steps_max} is below steps={steps}: the cap must be >= the timed steps; "
+                        f"e.g. --steps-max {3 * steps}, or --steps-max 0 for exactly --steps {steps}")
+    if 0 < warmup_max < warmup:
+        raise UserError(f"warmup_max={warmup_max} is below warmup={warmup}: the cap must be >= the warm-up steps; "
+                        f"e.g. --warmup-max {4 * warmup}, or --warmup-max 0 for exactly --warmup {warmup}")
     # counts past any real measurement (a million steps of a 1 ms cell is 17 minutes) are typos; left
     # alone, --steps 1e20 overflowed the tables' int64 columns after the cells had run
     for key, val, example in (("steps", steps, "--steps 20"), ("warmup", warmup, "--warmup 3"),
@@ -337,6 +346,16 @@ def parse_endpoint(text: Any) -> tuple[str, int]:
     if not port.isdigit() or not 1 <= int(port) <= 65535:
         raise UserError(f"--rdzv-endpoint {text!r}: port {port!r} must be a number from 1 to 65535, "
                         f"e.g. {host}:29400")
+    # a numeric address is checked here (256.1.1.1 waited out the store's 60 s connect timeout before
+    # failing); a host name is resolved by the nodes themselves (a Slurm script names one not yet known)
+    if m["v6"] or re.fullmatch(r"[0-9.]+", host):
+        import ipaddress
+
+        try:
+            ipaddress.ip_address(host.split("%")[0])
+        except ValueError:
+            raise UserError(f"--rdzv-endpoint {text!r}: {host!r} is not an IP address; e.g. "
+                            f"--rdzv-endpoint 10.0.0.1:{port} or a host name") from None
     return host, int(port)
 
 

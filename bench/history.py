@@ -258,14 +258,11 @@ def show(store: str | os.PathLike, machine: str | None = None, threshold: float 
     trend PNG per cell under ``plots`` when given."""
     _, rows = load(store, machine)
     if plots is not None:  # before any figure: an unwritable --plots was a traceback after the analysis
-        try:
-            Path(plots).mkdir(parents=True, exist_ok=True)
-            probe = Path(plots) / ".parbench-write-probe"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as e:
-            raise UserError(f"--plots {str(plots)!r} cannot be written ({e.strerror or e}); pass a writable "
-                            "folder") from None
+        from bench.paths import folder_problem
+
+        why = folder_problem(plots)
+        if why:
+            raise UserError(f"--plots {str(plots)!r} cannot be written ({why}); pass a writable folder")
     out = []
     for label, s in series(rows).items():
         a = analyze(s, threshold)

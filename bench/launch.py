@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import errno
 import json
 import logging
 import os
@@ -32,7 +31,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -1029,15 +1027,13 @@ def check_out(out: str) -> None:
         if len(os.fsencode(part)) > 255:
             raise UserError(f"--out {out[:40]!r}...: the name {part[:20]!r}... is {len(os.fsencode(part))} bytes, over "
                             "the file system's 255; pass a shorter folder name")
-    if p.exists() and not p.is_dir():
+    from bench.paths import folder_problem
+
+    why = folder_problem(p)
+    if why == "it is a file":
         raise UserError(f"--out {out!r} is a file, not a folder; pass a folder, e.g. --out results")
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=p, prefix=".parbench-probe-"):
-            pass
-    except OSError as e:
-        why = "a part of the path is a file" if e.errno in (errno.ENOTDIR, errno.EEXIST) else e.strerror
-        raise UserError(f"--out {out!r} is not writable ({why}); pass a folder you can write to") from None
+    if why:
+        raise UserError(f"--out {out!r} is not writable ({why}); pass a folder you can write to")
 
 
 def finished_cells(run_dir: Path) -> set[int]:

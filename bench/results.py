@@ -337,6 +337,14 @@ def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, di
     cells = frame(cells, {m.name: m.dtype for m in all_metrics() if m.name in cells or m.name == "role"})
     steps = read_table(d, "steps", STEP_COLUMNS)
     meta = load_meta(d)
+    newer = meta.get("schema_version")
+    if isinstance(newer, int) and newer > SCHEMA_VERSION:
+        import logging
+
+        logging.getLogger("parbench").warning(
+            "%s was written by a newer parbench (schema %d; this one reads %d): columns it does not know are "
+            "passed through unread and derived ones may be wrong; upgrade parbench to read it", d, newer,
+            SCHEMA_VERSION)
     cells = derive(cells, steps)
     order = [c for c in CELL_COLUMNS if c in cells] + [c for c in cells.columns if c not in CELL_COLUMNS]
     return cells[order].sort_values("cell_id", kind="stable").reset_index(drop=True), steps, meta

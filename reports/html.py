@@ -225,16 +225,13 @@ def build_report(run_dir: Path, out: Path | None = None, *, baseline: Path | Non
     serving = cells[cells["mode"] == "serve"] if "mode" in cells else cells.iloc[:0]
     cells = cells.drop(serving.index)  # training cells: figures and the recommendation are about steps
     out = Path(out) if out else run_dir / "report"
-    if out.exists() and not out.is_dir():
+    from bench.paths import folder_problem
+
+    why = folder_problem(out)
+    if why == "it is a file":
         raise UserError(f"report output {out} is a file; pass a folder with -o")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".parbench-write-probe"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise UserError(f"report output {str(out)!r} cannot be written ({e.strerror or e}); pass a writable folder "
-                        "with -o") from None
+    if why:
+        raise UserError(f"report output {str(out)!r} cannot be written ({why}); pass a writable folder with -o")
     described = meta.get("workloads", {})
     annotated = _annotated_comm(run_dir, meta)
     wls = [{"name": wl, "description": described.get(wl, ""), "flags": _comm_flags(cells, wl, annotated),

@@ -123,6 +123,12 @@ def resolve(spec: str, *, seed: int = 0, global_batch: int | None = None, **dims
     if global_batch is not None:
         kw["global_batch"] = global_batch
     if spec in reg:
+        # every dimension of a built-in workload is a size or a count (mlp[width=0] and
+        # gpt-tiny[n_layer=0] trained an empty or a layerless model and reported ok)
+        small = [(k, v) for k, v in dims.items() if isinstance(v, int) and v < 1]
+        if small:
+            k, v = small[0]
+            raise UserError(f"workload {spec!r}: {k}={v} must be >= 1; e.g. {spec}[{k}=2]")
         try:
             wl = reg[spec](**kw)
         except TypeError as e:

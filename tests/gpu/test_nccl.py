@@ -65,3 +65,27 @@ def test_nccl_telemetry_energy_and_comm_records(tmp_path):
     ddp = comm[comm["cell_id"] == ok.set_index("strategy").loc["ddp", "cell_id"]]
     assert len(ddp) > 0 and ddp["duration_s"].gt(0).all()
     assert "nvml_sampler" not in meta.get("telemetry", {})  # present: nothing to explain
+
+
+@pytest.mark.skipif(gpu_count() < 2, reason="needs 2 GPUs")
+def test_profile_pass_on_cuda_fills_the_breakdown_after_every_timed_step(tmp_path):
+    """--profile-at auto is "end" on CUDA: each cell's GPU-profiled steps run in a pass after every
+    timed step of its process group; the rows carry the breakdown, the NCCL records, no note."""
+    import json
+    from pathlib import Path
+
+    cfg = build_config(toml=None, flags={"out": str(tmp_path), "device": "cuda", "workloads": "gpt-small",
+                                         "strategies": "ddp,fsdp", "backends": "nccl", "world_sizes": "2",
+                                         "steps": 5, "warmup": 2, "repeats": 2}, gpus=gpu_count())
+    path = Path(launch.run(cfg, gpu_count()))
+    cells, _, _ = load_run(path)
+    assert (cells["status"] == "ok").all(), cells[["strategy", "status", "reason"]]
+    assert set(cells["profile_at"]) == {"end"} and cells["profile_note"].isna().all()
+    multi = cells[cells["world_size"] == 2]
+    assert multi["compute_time_s"].gt(0).all() and multi["comm_time_s"].gt(0).all()
+    assert multi["comm_calls_per_step"].gt(0).all()
+    for f in sorted((path / "work").glob("g*-a1-r0.jsonl")):  # each group: its passes after its timed repeats
+        kinds = [(e["event"], e.get("repeat")) for e in map(json.loads, f.read_text().splitlines())]
+        passes = [i for i, (k, r) in enumerate(kinds) if k == "start" and r == -1]
+        timed = [i for i, (k, _) in enumerate(kinds) if k == "measured"]
+        assert passes and timed and min(passes) > max(timed), (f.name, kinds)

@@ -145,6 +145,11 @@ CASES = [
                                 "3"], "world size 3 is not divisible by --nnodes 2"),
     ("slurm-cuda-without-gpus", None, ["slurm", "--nodes", "2", "--gpus-per-node", "0", "--device", "cuda"],
      "--gpus-per-node 0 with a CUDA run"),
+    # the nodes' planning checks, before the queue: a typo waited for its nodes, then failed on them
+    ("slurm-strategy-unknown", None, ["slurm", "--nodes", "2", "--gpus-per-node", "0", "--device", "cpu",
+                                      "--strategies", "zero3"], "unknown strategy 'zero3'"),
+    ("slurm-workload-unknown", None, ["slurm", "--nodes", "2", "--gpus-per-node", "0", "--device", "cpu",
+                                      "--workloads", "nope"], "unknown workload 'nope'"),
     # workloads and strategies
     ("workload-unknown", None, [RUN, "--workloads", "nope"], "unknown workload 'nope'"),
     ("workload-dim-not-int", None, [RUN, "--workloads", "gpt-tiny[d_model=x]"], "must be key=<integer>"),
@@ -203,6 +208,21 @@ CASES = [
     ("steps-max-huge", None, [RUN, "--steps-max", "2000000"], "steps_max=2000000 is more than 1,000,000"),
     ("seed-huge", None, [RUN, "--seed", "99999999999999999999"], "seed=99999999999999999999 does not fit 64 bits"),
     ("compare-threshold-word", None, ["compare", "/a", "/b", "--threshold", "x"], "threshold 'x'"),
+    # a cap below its count was silently a fixed count; an empty --out wrote into the current folder;
+    # a numeric endpoint that is no address waited out the store's 60 s connect timeout (tenth stop)
+    ("steps-max-below-steps", None, [RUN, "--steps", "5", "--steps-max", "2"], "steps_max=2 is below steps=5"),
+    ("warmup-max-below-warmup", None, [RUN, "--warmup", "4", "--warmup-max", "2"], "warmup_max=2 is below warmup=4"),
+    ("out-empty", None, [RUN, "--out", ""], "out '' is empty"),
+    ("rdzv-not-an-address", None, [RUN, "--nnodes", "2", "--rdzv-endpoint", "256.1.1.1:29400"],
+     "'256.1.1.1' is not an IP address"),
+    ("profile-at-unknown", None, [RUN, "--profile-at", "later"], "invalid choice: 'later'"),
+    ("workload-dim-zero", None, [RUN, "--workloads", "mlp[width=0]"], "workload 'mlp': width=0 must be >= 1"),
+    ("workload-layers-zero", None, [RUN, "--workloads", "gpt-tiny[n_layer=0]"], "n_layer=0 must be >= 1"),
+    # comm: an empty list ran the defaults, a negative budget ran, 100G on CPU met the OOM killer
+    ("comm-ops-empty", None, ["comm", "--device", "cpu", "--ops", ""], "--ops is empty"),
+    ("comm-budget-negative", None, ["comm", "--device", "cpu", "--budget", "-1"], "--budget -1: use seconds"),
+    ("comm-max-bytes-huge", None, ["comm", "--device", "cpu", "--max-bytes", "100G"],
+     "--max-bytes 100G needs about 600.0 GiB for 2 ranks on this host"),
 ]
 
 

@@ -83,3 +83,21 @@ def test_load_run_names_what_is_wrong(tmp_path):
     pd.DataFrame({"workload": ["w"]}).to_parquet(tmp_path / "cells.parquet")
     with pytest.raises(UserError, match="lacks column"):
         load_run(tmp_path)
+
+
+def test_a_run_of_a_newer_schema_loads_with_a_warning(tmp_path, caplog):
+    import json
+
+    from bench import SCHEMA_VERSION
+
+    w = RunWriter(tmp_path / "run1")
+    w.add(cell(0, "single", 1, 10.0), steps(0, [1.0, 0.9]))
+    (tmp_path / "run1" / "meta.json").write_text(json.dumps({"schema_version": SCHEMA_VERSION + 1}))
+    with caplog.at_level("WARNING", logger="parbench"):
+        cells, _, _ = load_run(tmp_path / "run1")
+    assert len(cells) == 1
+    assert f"newer parbench (schema {SCHEMA_VERSION + 1}; this one reads {SCHEMA_VERSION})" in caplog.text
+    caplog.clear()
+    (tmp_path / "run1" / "meta.json").write_text(json.dumps({"schema_version": SCHEMA_VERSION}))
+    load_run(tmp_path / "run1")
+    assert "newer parbench" not in caplog.text
