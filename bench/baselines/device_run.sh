@@ -15,6 +15,8 @@
 #          pipeline-1f1b at 2 GPUs (AF_WS), global batch 64, --repeats 6 (orders: a balanced Latin square),
 #          then bench/baselines/order_effect.py over the run (sixth stop: 1F1B jittery after DDP/FSDP);
 #          once with --profile-steps 2 and once with 0 (AF_PROFILE)
+#   pass   issue 10 after the tenth stop's profile pass: harness --profile-at end, then inline, against the
+#          plain loop, 3 rounds each (IL_FAM default fsdp, IL_WS default 4)
 #   order  issue 10: FSDP after DDP and FSDP first in the harness's processes, 4 GPUs (IL_WS), 3 rounds each
 #   tail   issue 14's two-agent NCCL run (one agent vs two, whole runs alternating, 3 rounds)
 #   trun   issue 10: DDP and FSDP (IL_WS GPUs, default 4) with the plain programs under torchrun
@@ -161,6 +163,18 @@ gb)  # issue 10 with GPU-bound steps: gpt-200m at global batch 64 (the default 1
      --warmup 3 --harness-profile-steps 2 --deadline-s "${IL_DEADLINE:-430}" --out "$OUT/gb" > "$OUT/gb.log" 2>&1
   tail -n 10 "$OUT/gb.log"
   (cd "$OUT" && tar czf gb.tgz gb gb.log && rm -rf gb) ;;
+pass)  # issue 10 after the tenth stop's fix: the harness with its profiled steps in a pass after every
+  # timed step (--profile-at end, the CUDA default) against the plain loop, then the old order (inline:
+  # profiled right after each cell's first repeat), 3 rounds each, ${IL_FAM:-fsdp} at ${IL_WS:-4} GPUs
+  # (~230 s each on 4 H100s for FSDP alone)
+  for at in end inline; do
+    PYTHONPATH=. timeout "${PA_TIMEOUT:-280}" python3 bench/baselines/interleave.py --world-sizes "${IL_WS:-4}" \
+       --families "${IL_FAM:-fsdp}" --global-batch "${IL_GB:-64}" --repeats 3 --steps 8 --warmup 3 \
+       --harness-profile-steps 2 --harness-profile-at "$at" --deadline-s "${PA_DEADLINE:-270}" \
+       --out "$OUT/pass-$at" > "$OUT/pass-$at.log" 2>&1
+    echo "== harness --profile-at $at"; grep -E "^[a-z-]+ +[0-9]+ +[0-9]+ " "$OUT/pass-$at.log"
+  done
+  (cd "$OUT" && tar czf pass.tgz pass-end pass-inline pass-*.log && rm -rf pass-end pass-inline) ;;
 order)  # issue 10: FSDP x4 ran 4.2% behind its plain loop as the cell after DDP (seventh stop), where a
   # profiled DDP session had run in the same processes; the cell order follows --families, so the same
   # comparison with FSDP first measures it before any profiling in its processes (~6 min on 4 H100s)

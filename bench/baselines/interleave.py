@@ -221,6 +221,7 @@ def run_harness(fams: list[str], worlds: list[int], rnd: int, args: argparse.Nam
            "--strategies", ",".join(dict.fromkeys(PAIRS[f].strategy for f in fams)),
            "--world-sizes", ",".join(map(str, worlds)), "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--profile-steps", str(args.harness_profile_steps), "--sample-hz", "0",
+           *(["--profile-at", args.harness_profile_at] if args.harness_profile_at else []),
            "--cell-timeout", str(args.run_timeout_s),
            "--out", str(out), *[a for o in opts for a in ("--option", o)], *pin_flags(args),
            *(["--global-batch", str(args.global_batch)] if args.global_batch else [])]
@@ -564,8 +565,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default=None, help="default: nccl on cuda, gloo on cpu")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 round, smallest world size, 5 steps")
     ap.add_argument("--harness-profile-steps", type=int, default=0,
-                    help="the harness's --profile-steps (its default is 2: GPU-profiled steps after each cell's "
-                         "timed steps, in the processes that measure later cells); 0 profiles one CPU-only step")
+                    help="the harness's --profile-steps (its default is 2: GPU-profiled steps, on CUDA in a pass "
+                         "after every timed step of the group); 0 profiles one CPU-only step")
+    ap.add_argument("--harness-profile-at", choices=("auto", "end", "inline"), default=None,
+                    help="the harness's --profile-at (left out: its default, end on CUDA); inline profiles after "
+                         "each cell's first repeat, in the processes that go on to time later cells")
     ap.add_argument("--pairwise", action="store_true", help="one harness call per family and size (strict A B)")
     ap.add_argument("--harness-adaptive", action="store_true",
                     help="let the harness extend warm-up and timed steps until the step time settles")
