@@ -792,6 +792,7 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
         desync_at: float | None = None  # when to stop a group still inside a cell that a rank failed
         grace_s = min(ERROR_GRACE_S, cfg.cell_timeout_s / 2)
         started_any = stopped = False
+        in_pass = False  # the worker reached the profile pass (every timed repeat of the launch is in)
         # On several nodes the rendezvous may wait for the other nodes' agents to start.
         deadline = time.monotonic() + STARTUP_S + cfg.cell_timeout_s + (cfg.rdzv_timeout_s if multi else 0)
         timed_out = False
@@ -800,7 +801,7 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
 
         def handle(ev: spec.Event) -> None:
             """One event of a rank: a cell starts, fails on a rank, or is measured (its row)."""
-            nonlocal current, started_any, stopped, deadline, desync_at
+            nonlocal current, started_any, stopped, deadline, desync_at, in_pass
             if isinstance(ev, spec.Stopped):
                 stopped = True
                 return
@@ -808,10 +809,11 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
             if p is None:
                 return
             if isinstance(ev, spec.Start) and ev.repeat == spec.PROFILE_PASS:
-                current, deadline = p.spec, time.monotonic() + cfg.cell_timeout_s
+                current, deadline, in_pass = p.spec, time.monotonic() + cfg.cell_timeout_s, True
             elif isinstance(ev, spec.Profiled):
                 telemetry.take()
                 telemetry.flush()
+                marks["last_cell"] = time.time()  # teardown starts after the last pass
                 current, desync_at = None, None
                 deadline = time.monotonic() + cfg.cell_timeout_s
                 errors.pop(p.spec.cell_id, None)  # a failed pass is the row's note, not the cell's failure
@@ -886,8 +888,11 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
                 # A cell measured just before the signal is finished: its row must not be lost.
                 try:
                     for ev in [*queue, *reader.poll()]:
-                        if isinstance(ev, spec.Measured):
+                        if isinstance(ev, spec.Measured | spec.Profiled):
                             handle(ev)
+                    # every timed repeat in, its profile pass not: the timing is the row
+                    for p in [p for p in pending.values() if p.timed()]:
+                        finish(p, profile_note="profile pass not run: the run was stopped")
                 except Exception as e:  # noqa: BLE001 - stopping anyway; the kill below matters more
                     log.warning("last events not recorded: %s", e)
             tree.kill(grace_s=1.0)
@@ -918,17 +923,22 @@ def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work:
             continue
         if not pending:
             continue
-        # Killed or crashed in the profile pass: the cells whose timed repeats are all in keep them.
+        # Killed or crashed in the profile pass: the cell whose pass was running keeps its timing with a
+        # note; the other cells' passes run in the relaunch (their timed repeats are all in, so the
+        # relaunch's rounds skip them). Killed before the pass (a hang or crash in another cell's timed
+        # repeat): cells already timed wait for the relaunch's pass, and are never the victim.
         done = [p for p in pending.values() if p.timed()]
-        if done:
+        if in_pass or (done and not started_any):
             why = ("no result within cell_timeout_s" if timed_out
                    else crash_reason(prefix, logpath, proc.returncode, g.n_procs))
-            for p in done:
+            if launch_notes:
+                why += "; " + "; ".join(launch_notes)
+            hit = [p for p in done if current is not None and p.spec.cell_id == current.cell_id] or done
+            for p in hit:
                 err = errors.get(p.spec.cell_id)
-                finish(p, profile_note=f"profile pass did not finish: {err[1] if err else why}")
-            if current is not None and current.cell_id not in pending:
-                current = None
-            if not pending or current is None:
+                finish(p, profile_note=f"profile pass {'did not finish' if in_pass else 'did not run'}: "
+                                       f"{err[1] if err else why}")
+            if in_pass or not pending:
                 continue
         rc = proc.returncode
         # Who gets the blame: the cell that was running; if none had started, every remaining cell

@@ -12,9 +12,9 @@ def folder_problem(path: str | os.PathLike) -> str | None:
     """Create ``path`` (with its parents) and write a probe file in it: None when that worked, else
     why not, in a few words ("it is a file", "a part of the path is a file", the OS's reason)."""
     p = Path(path)
-    if p.exists() and not p.is_dir():
-        return "it is a file"
     try:
+        if p.exists() and not p.is_dir():
+            return "it is a file"
         p.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=p, prefix=".parbench-probe-"):
             pass

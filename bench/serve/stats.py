@@ -160,16 +160,18 @@ def kept_up(achieved_rps: float | None, arrival: Sequence[float], offered_rps: f
 
 
 def meets_target(row: dict, arrival: Sequence[float], slo_s: float, *, open_loop: bool) -> bool:
-    """A sweep point passes: its p99 is reported and within ``slo_s``, it kept up with the rate its
-    requests arrived at (:func:`kept_up`), and, open loop, its backlog was steady (``row["stable"]``
+    """A sweep point passes: its p99 is reported and within ``slo_s`` and, open loop, it kept up with
+    the rate its requests arrived at (:func:`kept_up`) and its backlog was steady (``row["stable"]``
     from :func:`steady_flags`: a backlog that grew or did not drain is above capacity whatever a
     short cell's p99 says)."""
     p99 = row.get("latency_p99_s")
     if p99 is None or p99 != p99 or p99 > slo_s:
         return False
+    if not open_loop:  # a closed loop sends when its clients are answered: its rate is its achieved rate
+        return True
     if not kept_up(row.get("serve_achieved_rps"), arrival, row.get("serve_offered_rps")):
         return False
-    return not (open_loop and row.get("stable") is False)
+    return row.get("stable") is not False
 
 
 def imbalance(values: Sequence[float]) -> float:

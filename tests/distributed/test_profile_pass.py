@@ -65,3 +65,22 @@ def test_a_failing_or_hanging_profile_pass_keeps_the_timing(tmp_path):
     assert raised["profile_note"].startswith("profile pass failed on rank")
     assert "deliberate failure in the profile pass" in raised["profile_note"]
     assert hung["profile_note"].startswith("profile pass did not finish")
+
+
+def test_a_hang_in_a_timed_repeat_or_in_a_pass_costs_only_that_cell(tmp_path):
+    """Three cells in one group: A hangs in its profile pass, ddp is fine, C hangs in its timed repeat.
+    C's hang (before any pass) kills the launch: C is the timeout, and A and ddp, timed already, are
+    neither blamed nor dropped; the relaunch runs only passes: A's hangs (A keeps its timing, with a
+    note), and ddp's, in one more relaunch, fills ddp's breakdown."""
+    cells, run_dir = run(tmp_path, strategies="tests.helpers:HangsWhenProfiled,ddp,tests.helpers:Hangs",
+                         world_sizes="2", steps=3, warmup=1, profile_at="end", cell_timeout_s=10)
+    by = cells.set_index("strategy")
+    assert by.loc["test-hangs", "status"] == "timeout"
+    a, ddp = by.loc["test-hangs-when-profiled"], by.loc["ddp"]
+    assert a["status"] == "ok" and a["step_time_median_s"] > 0
+    assert a["profile_note"].startswith("profile pass did not finish") and pd.isna(a["compute_time_s"])
+    assert ddp["status"] == "ok" and ddp["compute_time_s"] > 0 and pd.isna(ddp["profile_note"])
+    # the relaunches ran no timed repeat again: one Measured per cell over all launches of the group
+    measured = [json.loads(x) for f in (run_dir / "work").glob("g1-a*-r0.jsonl")
+                for x in f.read_text().splitlines() if '"measured"' in x]
+    assert sorted(m["cell_id"] for m in measured) == sorted(set(m["cell_id"] for m in measured))

@@ -173,3 +173,7 @@ def test_a_sweep_point_needs_its_p99_its_throughput_and_a_steady_backlog():
     # Little's law off or a growing backlog: not steady, fails open loop; a closed loop is bounded
     assert not meets_target({**ok, "stable": False}, arrivals, 0.1, open_loop=True)
     assert meets_target({**ok, "stable": False}, arrivals, 0.1, open_loop=False)
+    # closed loop: its sends follow its answers (32 clients, 96 requests in 3 latencies sent 95 over
+    # two), so no arrival rate is there to keep up with; only its p99 counts
+    closed = {"latency_p99_s": 0.012, "serve_achieved_rps": 32 / 0.01}
+    assert meets_target(closed, [0.0] * 32 + [0.01] * 32 + [0.02] * 32, 0.1, open_loop=False)
