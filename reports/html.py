@@ -257,8 +257,13 @@ def build_report(run_dir: Path, out: Path | None = None, *, baseline: Path | Non
     rows = []
     for _, r in cells.iterrows():
         bad = r["status"] in ("failed", "timeout") or r.get("parity_ok") is False
-        warn = is_false(r.get("stable")) or pd.notna(r.get("scaling_note", None))
-        rows.append({"cls": "bad" if bad else ("warn" if warn else ""), "vals": [m.show(r.get(m.name)) for m in cols]})
+        note = r.get("profile_note", None)
+        note = note if isinstance(note, str) and note else None  # a measured cell without its breakdown
+        warn = is_false(r.get("stable")) or pd.notna(r.get("scaling_note", None)) or note is not None
+        vals = [m.show(r.get(m.name)) for m in cols]
+        if note is not None and r["status"] == "ok":
+            vals[-1] = f"no breakdown: {note}"  # the reason column, empty for an ok cell
+        rows.append({"cls": "bad" if bad else ("warn" if warn else ""), "vals": vals})
     not_run = cells[cells["status"] != "ok"].sort_values(["status", "workload", "strategy"])
     serve = _serving(run_dir, serving, out)
     html = jinja2.Environment(autoescape=True).from_string(TEMPLATE).render(

@@ -85,6 +85,17 @@ def test_report_is_self_contained_and_figures_fit(tmp_path):
     assert "needs CUDA [/x]" in html  # skipped cells in their own section, text verbatim
 
 
+def test_a_cell_whose_profile_pass_failed_says_so_in_the_table(tmp_path):
+    run = fake_run(tmp_path)
+    w = RunWriter(run, resume=True)
+    w.add(dict(cell_id=7, workload="gpt-tiny", strategy="allreduce", backend="gloo", device="cpu", world_size=2,
+               status="ok", precision="fp32", global_batch=8, step_time_median_s=0.07, throughput_samples_s=8 / 0.07,
+               profile_at="end", profile_note="profile pass did not finish: no result within cell_timeout_s"),
+          [dict(cell_id=7, repeat=0, rank=0, step=0, phase="timed", step_time_s=0.07, loss=1.0, loss_weight=1.0)])
+    html = build_report(run, tmp_path / "out").read_text()
+    assert "no breakdown: profile pass did not finish: no result within cell_timeout_s" in html
+
+
 def test_report_with_a_baseline_puts_regressions_first(tmp_path):
     base = fake_run(tmp_path, "base")
     cur = fake_run(tmp_path, "cur", slow=1.3)
