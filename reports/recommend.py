@@ -83,7 +83,11 @@ def reason(r: pd.Series, gpu_mem: float | None = None) -> str:
         parts.append(f"memory-bound ({mem / gpu_mem:.0%} of the GPU)")
     if not parts and pd.notna(idle) and idle >= IDLE_BOUND:
         parts.append(f"launch-bound ({idle:.0%} of the step the device is idle)")
-    if not parts:
+    if not parts and (compute is None or pd.isna(compute)):
+        # no breakdown (profiling off, or the profile pass failed or was cut): no bound is claimed
+        note = r.get("profile_note")
+        parts.append("bound not known (no breakdown" + (f": {note})" if isinstance(note, str) and note else ")"))
+    elif not parts:
         mfu = r.get("mfu")
         parts.append(f"compute-bound (MFU {mfu:.0%})" if pd.notna(mfu) else "compute-bound")
     if is_false(r.get("stable")):

@@ -239,3 +239,17 @@ def test_breakdown_adds_up_on_the_committed_gpu_runs(run):
     assert sorted(ends.values()) == pytest.approx(sorted(drawn["step_time_median_s"] * 1e3), rel=1e-6)
     assert any("profiled step" in lab for lab in labels)  # the profiler's own cost is shown, not hidden
     plt.close(ax.figure)
+
+
+def test_a_cell_without_a_breakdown_claims_no_bound():
+    """With no profiled steps (--profile-steps 0, or a profile pass that failed or was cut) the
+    recommendation said 'compute-bound' by default: a claim nothing measured."""
+    import pandas as pd
+
+    from reports.recommend import reason
+
+    measured = pd.Series({"compute_time_s": 0.05, "exposed_comm_s": 0.001, "idle_frac": 0.01, "mfu": 0.4})
+    assert reason(measured).startswith("compute-bound (MFU 40%)")
+    assert reason(pd.Series({"mfu": 0.4})) == "bound not known (no breakdown)"
+    note = pd.Series({"profile_note": "profile pass not run: the time budget's deadline passed"})
+    assert reason(note) == "bound not known (no breakdown: profile pass not run: the time budget's deadline passed)"
