@@ -24,7 +24,7 @@ import pandas as pd
 
 from bench import UserError
 from bench.collectives import DTYPES, OPS, size_ladder
-from bench.hardware import threads_per_rank
+from bench.hardware import cpu_threads, threads_per_rank
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 2**10, "m": 2**20, "mib": 2**20, "mb": 2**20,
           "g": 2**30, "gib": 2**30, "gb": 2**30}
@@ -90,6 +90,9 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> CommConfig:
         raise UserError(f"--world-sizes {args.world_sizes!r}: use a comma list of integers >= 2, e.g. 2,4") from None
     if not worlds or min(worlds) < 2:
         raise UserError(f"--world-sizes {args.world_sizes!r}: collectives need at least 2 ranks, e.g. 2,4")
+    if device == "cpu" and max(worlds) > 4 * cpu_threads():
+        raise UserError(f"--world-sizes {max(worlds)}: more ranks than 4 x {cpu_threads()} CPU threads on this host "
+                        f"(they would crawl or hang); use at most {4 * cpu_threads()} here, e.g. --world-sizes 2,4")
     if device == "cuda" and max(worlds) > gpus:
         raise UserError(f"--world-sizes {max(worlds)} needs {max(worlds)} GPUs, {gpus} visible; "
                         "lower it or use --device cpu")
@@ -121,11 +124,15 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> CommConfig:
             raise UserError(f"--timeout {args.timeout}: use a positive number of seconds, e.g. 300")
         cfg.group_timeout_s = args.timeout
     if args.budget is not None:
-        if not (0 <= args.budget < float("inf")):
-            raise UserError(f"--budget {args.budget:g}: use seconds per point >= 0 (0: exactly --iters), e.g. 0.2")
+        if not (0 <= args.budget <= BUDGET_MAX_S):
+            raise UserError(f"--budget {args.budget:g}: use seconds per point from 0 (exactly --iters) to "
+                            f"{BUDGET_MAX_S:g} (a point stops at {cfg.max_iters} calls), e.g. 0.2")
         cfg.budget_s = args.budget
     return cfg
 
+
+#: The most seconds per point --budget takes: a point stops at max_iters calls whatever is left
+BUDGET_MAX_S = 60.0
 
 #: A point's buffers on one rank, in sizes S (nccl-tests' total array): all_to_all and send/recv
 #: hold an input and an output of S each, and the correctness check fills and compares them.

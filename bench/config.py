@@ -131,6 +131,9 @@ def parse_workload(spec: str) -> tuple[str, dict[str, int]]:
     dims: dict[str, int] = {}
     for item in split_list(m["dims"]):
         key, eq, val = item.partition("=")
+        if eq and re.fullmatch(r"\s*-\d+\s*", val):
+            raise UserError(f"workload {spec!r}: {key.strip()}={val.strip()} must be >= 1 (a size or a count); "
+                            "drop it for the workload's default")
         if not eq or not val.strip().isdigit():
             raise UserError(f"workload {spec!r}: dimension {item!r} must be key=<integer>")
         dims[key.strip()] = int(val)
@@ -262,7 +265,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     if not isinstance(cfg.out, str) or not cfg.out.strip():
         raise UserError(f"out {cfg.out!r} is empty: give the folder for the run's results, e.g. --out results")
     if cell_timeout_s <= 0:
-        raise UserError(f"cell_timeout_s={cfg.cell_timeout_s} must be > 0")
+        raise UserError(f"--cell-timeout {cfg.cell_timeout_s:g}: use seconds > 0, e.g. --cell-timeout 300")
     if not 0 <= sample_hz <= 1000:
         raise UserError(f"sample rate {cfg.sample_hz} Hz must be between 0 (off) and 1000")
     if profile_steps < 0:
@@ -273,6 +276,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise UserError(f"trace={cfg.trace!r} must be true or false")
     if cfg.trace and profile_steps == 0:
         raise UserError("--trace needs profiled steps; drop --profile-steps 0")
+    if cfg.profile_at != "auto" and profile_steps == 0:
+        raise UserError(f"--profile-at {cfg.profile_at} needs profiled steps; drop --profile-steps 0 or --profile-at")
     repeats = _as_int("repeats", cfg.repeats, "--repeats 3")
     if repeats < 1:
         raise UserError(f"repeats={repeats} must be >= 1; e.g. --repeats 3")
@@ -281,8 +286,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     settle = _as_float("settle", cfg.settle, "settle = 0.01")
     target_ci = _as_float("target_ci", cfg.target_ci, "--target-ci 0.02")
     time_cap_s = _as_float("time_cap_s", cfg.time_cap_s, "--time-cap 20")
-    if warmup_max < 0 or steps_max < 0:
-        raise UserError(f"warmup_max={warmup_max} and steps_max={steps_max} must be >= 0 (0: fixed counts)")
+    for flag, val, count in (("--steps-max", steps_max, "--steps"), ("--warmup-max", warmup_max, "--warmup")):
+        if val < 0:
+            raise UserError(f"{flag} {val} must be >= 0 (0: exactly {count})")
     # a cap below the count it caps was silently a fixed count (the loops only ever add steps)
     if 0 < steps_max < steps:
         raise UserError(f"steps_max={steps_max} is below steps={steps}: the cap must be >= the timed steps; "
@@ -379,6 +385,9 @@ def validate_nodes(cfg: RunConfig) -> tuple[int, int, str | None, float]:
             raise UserError(f"--rdzv-endpoint {cfg.rdzv_endpoint!r} is for runs on several nodes; add --nnodes N "
                             "(N >= 2) or drop it")
         return 1, 0, None, timeout
+    if isinstance(cfg.rdzv_endpoint, str) and not cfg.rdzv_endpoint.strip():
+        raise UserError("--rdzv-endpoint '' is empty: give node 0's HOST:PORT, e.g. --rdzv-endpoint 10.0.0.1:29400 "
+                        "(or leave it out for loopback, every node on this host)")
     host, port = parse_endpoint(cfg.rdzv_endpoint or RDZV_DEFAULT)
     endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     bad = [w for w in cfg.world_sizes if w > 1 and w % nnodes]

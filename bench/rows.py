@@ -53,7 +53,7 @@ def base_row(spec: CellSpec) -> dict[str, Any]:
 def failure_row(spec: CellSpec, *, status: str, reason: str, wall_s: float | None = None) -> dict[str, Any]:
     """A row for a cell that produced no measurements (skipped, failed, timed out)."""
     row = base_row(spec)
-    row.update(status=status, reason=reason)
+    row.update(status=status, reason=reason, profile_at=None)  # nothing was profiled
     if wall_s is not None:
         row["cell_wall_s"] = wall_s
     return row
@@ -140,19 +140,20 @@ def build_row(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]], *, w
     """
     row = base_row(spec)
     if not repeats:
-        row.update(status="failed", reason="no repeat was measured", cell_wall_s=wall_s)
+        row.update(status="failed", profile_at=None, reason="no repeat was measured", cell_wall_s=wall_s)
         return row, [], []
     for k, ranks in enumerate(repeats):
         failed = [r for r in ranks if r.status != "ok"]
         if failed:
             first = min(failed, key=lambda r: r.rank)
             where = f"repeat {k}, " if len(repeats) > 1 else ""
-            row.update(status="failed", reason=f"{where}rank {first.rank}: {first.reason}", cell_wall_s=wall_s)
+            row.update(status="failed", profile_at=None, reason=f"{where}rank {first.rank}: {first.reason}",
+                       cell_wall_s=wall_s)
             return row, [], []
         counts = sorted({len(r.times) for r in ranks})
         if len(counts) != 1 or counts[0] < 1:
-            row.update(status="failed", reason=f"ranks timed {counts} steps in repeat {k}; they must agree",
-                       cell_wall_s=wall_s)
+            row.update(status="failed", profile_at=None,
+                       reason=f"ranks timed {counts} steps in repeat {k}; they must agree", cell_wall_s=wall_s)
             return row, [], []
     ranks = repeats[0]
     per_step = [np.array([r.times for r in rep], dtype=np.float64).max(axis=0) for rep in repeats]

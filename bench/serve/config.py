@@ -70,8 +70,12 @@ class ServeConfig:
             raise UserError(f"--precision {self.precision!r} must be auto, fp32 or bf16")
         if any(w < 1 for w in self.world_sizes):
             raise UserError("--world-sizes must be positive integers, e.g. 2,4")
-        if any(r <= 0 for r in self.rates + self.sweep_rates):
-            raise UserError("--rates must be positive requests per second, e.g. 10,40,80")
+        for flag, rates in (("--rates", self.rates), ("--sweep-rates", self.sweep_rates)):
+            bad = [r for r in rates if not r > 0]
+            if bad:
+                raise UserError(f"{flag} {bad[0]:g}: rates must be positive requests per second, e.g. 10,40,80")
+        if self.sweep_rates and not self.slo_ms:
+            raise UserError("--sweep-rates needs a latency target to sweep against; add --slo-ms, e.g. --slo-ms 100")
         # every arrival of an open-loop cell is drawn before it starts: bound what one cell holds
         most = max(self.rates + self.sweep_rates + list(self.noisy_rates if self.noisy else []), default=0.0)
         if not self.max_requests and most * self.duration_s > MAX_CELL_REQUESTS:
@@ -101,6 +105,19 @@ class ServeConfig:
             t.check()
         if not (self.rates or self.clients):
             raise UserError("give --rates or --clients: at least one load level")
+        if self.slo_ms:
+            # a sweep point passes on its p99: a first point too short to report one ends the sweep
+            # at once with no answer (n = 43 at 10 req/s for 5 s ran and exited 0)
+            from bench.serve.stats import min_samples
+            from bench.serve.sweep import ladder
+
+            first, need = ladder(self)[0], min_samples(99.0)
+            n = self.max_requests or int(first * self.duration_s)
+            if n < need:
+                raise UserError(f"--slo-ms {self.slo_ms:g}: the sweep's first point ({first:g} req/s"
+                                + (f" for --duration {self.duration_s:g} s" if not self.max_requests else "")
+                                + f") holds {n} requests and a p99 needs {need}; pass --requests 700"
+                                + ("" if self.max_requests else " or a longer --duration"))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

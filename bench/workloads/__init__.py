@@ -128,7 +128,8 @@ def resolve(spec: str, *, seed: int = 0, global_batch: int | None = None, **dims
         small = [(k, v) for k, v in dims.items() if isinstance(v, int) and v < 1]
         if small:
             k, v = small[0]
-            raise UserError(f"workload {spec!r}: {k}={v} must be >= 1; e.g. {spec}[{k}=2]")
+            raise UserError(f"workload {spec!r}: {k}={v} must be >= 1 (a size or a count); drop it for the "
+                            "workload's default")
         try:
             wl = reg[spec](**kw)
         except TypeError as e:

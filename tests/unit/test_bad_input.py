@@ -115,7 +115,7 @@ CASES = [
     ("bf16-on-cpu", None, [RUN, "--precision", "bf16", "--device", "cpu"], "use --precision fp32 on cpu"),
     ("scaling-unknown", None, [RUN, "--scaling", "diagonal"], "scaling 'diagonal' unknown"),
     ("sample-hz-high", None, [RUN, "--sample-hz", "5000"], "must be between 0 (off) and 1000"),
-    ("cell-timeout-0", None, [RUN, "--cell-timeout", "0"], "cell_timeout_s=0.0 must be > 0"),
+    ("cell-timeout-0", None, [RUN, "--cell-timeout", "0"], "--cell-timeout 0: use seconds > 0"),
     ("budget-word", None, [RUN, "--budget", "soon"], "budget 'soon' is not a duration"),
     ("budget-0", None, [RUN, "--budget", "0"], "budget '0' must be longer than 0 s"),
     ("budget-empty", None, [RUN, "--budget", ""], "--budget '' is empty"),
@@ -222,6 +222,22 @@ CASES = [
     ("comm-budget-negative", None, ["comm", "--device", "cpu", "--budget", "-1"], "--budget -1: use seconds"),
     ("comm-max-bytes-huge", None, ["comm", "--device", "cpu", "--max-bytes", "100G"],
      "--max-bytes 100G needs about 600.0 GiB for 2 ranks on this host"),
+    # a second sweep over the tenth stop's surfaces (silent, hanging or misleading before)
+    ("profile-at-without-steps", None, [RUN, "--profile-steps", "0", "--profile-at", "end"],
+     "--profile-at end needs profiled steps; drop --profile-steps 0 or --profile-at"),
+    ("steps-max-negative", None, [RUN, "--steps-max", "-3"], "--steps-max -3 must be >= 0 (0: exactly --steps)"),
+    ("warmup-max-negative", None, [RUN, "--warmup-max", "-1"], "--warmup-max -1 must be >= 0"),
+    ("rdzv-endpoint-empty", None, [RUN, "--nnodes", "2", "--rdzv-endpoint", ""], "--rdzv-endpoint '' is empty"),
+    ("workload-dim-negative", None, [RUN, "--workloads", "mlp[width=-1]"], "width=-1 must be >= 1"),
+    ("comm-world-too-big", None, ["comm", "--device", "cpu", "--world-sizes", "100000"],
+     "--world-sizes 100000: more ranks than 4 x"),
+    ("comm-budget-huge", None, ["comm", "--device", "cpu", "--budget", "1e9"], "--budget 1e+09: use seconds per point"),
+    ("serve-sweep-rates-zero", None, ["serve", "--device", "cpu", "--slo-ms", "100", "--sweep-rates", "0"],
+     "--sweep-rates 0: rates must be positive"),
+    ("serve-sweep-rates-no-slo", None, ["serve", "--device", "cpu", "--sweep-rates", "10,20"],
+     "--sweep-rates needs a latency target"),
+    ("serve-sweep-too-short", None, ["serve", "--device", "cpu", "--slo-ms", "50"],
+     "a p99 needs 662; pass --requests 700"),
 ]
 
 
