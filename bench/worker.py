@@ -260,19 +260,10 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = 
         # Profiled steps give the breakdown and the communication records; without them, or when
         # they are deferred to the group's profile pass (profile_at "end"), one step is profiled on
         # the CPU side only, for the distribution check's communication evidence.
-        from bench.comm import analyze_trace, comm_volume
-
         tp = time.perf_counter()
         here = m.profile_steps > 0 and not deferred(cell)
-        n_prof = m.profile_steps if here else 1
-        trace_path = Path(plan.trace_dir) / f"cell{cell.cell_id}-rank{rank}.json" if plan.trace_dir and here else None
-        trace = profile_steps(step, batches, cell, device, trace_path, n=n_prof, gpu=here)
-        if here:
-            out.breakdown, out.comm = analyze_trace(trace, device.type, n_prof, backend)
+        _profile(out, step, batches, cell, plan, device, backend, n=m.profile_steps if here else 1, full=here)
         out.profile_s = time.perf_counter() - tp
-        calls, nbytes = comm_volume(trace, backend)
-        out.comm_calls_per_step, out.comm_bytes_per_step = calls / n_prof, nbytes / n_prof
-        del trace
         out.param_numel = local_numel(step.optimizer)
         if step.finish is not None:
             out.metrics.update(step.finish())
@@ -284,10 +275,30 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = 
             traceback.print_exc()
     finally:
         step = None  # drop the model before the next cell is built
-        gc.collect()
-        if torch.cuda.is_available() and cell.device == "cuda":
-            torch.cuda.empty_cache()
+        _release(cell)
     return out
+
+
+def _profile(out: RankMeasurement, step, batches, cell: CellSpec, plan: GroupPlan, device: torch.device,
+             backend: backends.Backend, *, n: int, full: bool) -> None:
+    """``n`` profiled steps into ``out``: the communication per step (the distribution check's
+    evidence) always; with ``full``, GPU activity too, the breakdown and the communication records
+    (and the trace kept under the run's traces when asked)."""
+    from bench.comm import analyze_trace, comm_volume
+
+    trace_path = Path(plan.trace_dir) / f"cell{cell.cell_id}-rank{out.rank}.json" if plan.trace_dir and full else None
+    trace = profile_steps(step, batches, cell, device, trace_path, n=n, gpu=full)
+    if full:
+        out.breakdown, out.comm = analyze_trace(trace, device.type, n, backend)
+    calls, nbytes = comm_volume(trace, backend)
+    out.comm_calls_per_step, out.comm_bytes_per_step = calls / n, nbytes / n
+
+
+def _release(cell: CellSpec) -> None:
+    """Free what a cell left (its model is already dropped) before the next one is built."""
+    gc.collect()
+    if torch.cuda.is_available() and cell.device == "cuda":
+        torch.cuda.empty_cache()
 
 
 def profile_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, warmup: int) -> RankMeasurement:
@@ -300,35 +311,33 @@ def profile_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, warmup: int) 
     and the harness's ranks go on to time the group's later cells; on 4 H100s a host-bound FSDP cell
     timed after the reference cell's GPU-profiled steps ran 1.06-1.34x its plain loop in 3 of 3
     rounds, and 0.95-1.01x with no GPU profiling in its processes (docs/RESULTS.md, tenth stop)."""
-    from bench.comm import analyze_trace, comm_volume
-
-    rank = dist.get_rank()
-    out = RankMeasurement(rank=rank, **PLACE)
+    out = RankMeasurement(rank=dist.get_rank(), **PLACE)
     step = None
-    m = cell.measure
     tp = time.perf_counter()
     try:
         _, device, batches, step, _ = _build(cell, local_rank, out)
-        backend = backends.get(cell.backend)
         for k in range(max(warmup, 1)):
             step.run(batches[k % len(batches)])
-        trace_path = Path(plan.trace_dir) / f"cell{cell.cell_id}-rank{rank}.json" if plan.trace_dir else None
-        trace = profile_steps(step, batches, cell, device, trace_path, n=m.profile_steps, gpu=True)
-        out.breakdown, out.comm = analyze_trace(trace, device.type, m.profile_steps, backend)
-        calls, nbytes = comm_volume(trace, backend)
-        out.comm_calls_per_step, out.comm_bytes_per_step = calls / m.profile_steps, nbytes / m.profile_steps
-        del trace
+        _profile(out, step, batches, cell, plan, device, backends.get(cell.backend), n=cell.measure.profile_steps,
+                 full=True)
     except Exception as e:  # noqa: BLE001 - a failed pass leaves the cell's timing alone
         out.status, out.reason = "failed", one_line(e)
         if os.environ.get("PARBENCH_DEBUG"):
             traceback.print_exc()
     finally:
         step = None
-        gc.collect()
-        if torch.cuda.is_available() and cell.device == "cuda":
-            torch.cuda.empty_cache()
+        _release(cell)
     out.profile_s = time.perf_counter() - tp
     return out
+
+
+def _past_deadline(plan: GroupPlan) -> bool:
+    """The run's deadline (its time budget) has passed: rank 0's clock decides, for every rank."""
+    if plan.deadline_unix is None:
+        return False
+    late = [time.time() > plan.deadline_unix]
+    dist.broadcast_object_list(late, src=0)
+    return bool(late[0])
 
 
 def warm_group(device: torch.device, precision: str, extra_gpus: tuple[int, ...] = ()) -> None:
@@ -536,17 +545,14 @@ def _main(plan: GroupPlan) -> int:
             for cell, repeat in order:
                 if cell.cell_id in failed_cells:  # failed once: its later repeats are not run
                     continue
-                if plan.deadline_unix is not None:
+                if _past_deadline(plan):
                     # Past the run's deadline no new cell starts (its build and warm-up alone could
-                    # overrun the budget); one decision for every rank.
-                    late = [time.time() > plan.deadline_unix]
-                    dist.broadcast_object_list(late, src=0)
-                    if late[0]:
-                        if leader:
-                            events.emit(spec.Stopped(reason="time budget: the deadline passed", t=time.time(),
-                                                     rounds_done=r))
-                        stop = True
-                        break
+                    # overrun the budget).
+                    if leader:
+                        events.emit(spec.Stopped(reason="time budget: the deadline passed", t=time.time(),
+                                                 rounds_done=r))
+                    stop = True
+                    break
                 if leader:
                     events.emit(spec.Start(cell_id=cell.cell_id, t=time.time(), repeat=repeat))
                 t0 = time.perf_counter()
@@ -567,14 +573,11 @@ def _main(plan: GroupPlan) -> int:
         # The profile pass: every timed step of the group is done, so the profiler's after-effects
         # on these processes can no longer reach a measurement.
         for cell in [] if stop else [c for c in plan.cells if deferred(c) and c.cell_id not in failed_cells]:
-            if plan.deadline_unix is not None:
-                late = [time.time() > plan.deadline_unix]
-                dist.broadcast_object_list(late, src=0)
-                if late[0]:
-                    if leader:
-                        events.emit(spec.Stopped(reason="time budget: the deadline passed before the profile pass",
-                                                 t=time.time(), rounds_done=len(plan_rounds)))
-                    break
+            if _past_deadline(plan):
+                if leader:
+                    events.emit(spec.Stopped(reason="time budget: the deadline passed before the profile pass",
+                                             t=time.time(), rounds_done=len(plan_rounds)))
+                break
             if leader:
                 events.emit(spec.Start(cell_id=cell.cell_id, t=time.time(), repeat=spec.PROFILE_PASS))
             t0 = time.perf_counter()
