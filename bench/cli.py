@@ -120,13 +120,15 @@ def restore_stop_handlers() -> None:
         signal.signal(s, signal.SIG_DFL if s != signal.SIGINT else signal.default_int_handler)
 
 
-def report_interrupt(e: KeyboardInterrupt, kept: str) -> int:
-    """The one line for a stopped command (serve, comm): which signal, and where what finished is
-    (``e.run_dir``, set by the command's run function); the exit code is 128 + the signal."""
+def report_interrupt(e: KeyboardInterrupt, kept: str, then: str = "") -> int:
+    """The one line for a stopped command (run, serve, comm): which signal, and where what finished
+    is (``e.run_dir``, set by the command's run function), then ``then`` with ``{where}`` filled in;
+    the exit code is 128 + the signal."""
     signum = getattr(e, "signum", signal.SIGINT)
     where = getattr(e, "run_dir", None)
     print(f"interrupted by {signal.Signals(signum).name}: "
-          + (f"{kept} are in {where}" if where else "no run folder was started yet"), file=sys.stderr)
+          + (f"{kept} are in {where}" + then.format(where=where) if where else "no run folder was started yet"),
+          file=sys.stderr)
     return 128 + signum
 
 
@@ -197,12 +199,7 @@ def cmd_run(args) -> int:
         print(f"parbench: node {cfg.node_rank}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
-        signum = getattr(e, "signum", signal.SIGINT)
-        where = getattr(e, "run_dir", None)
-        print(f"interrupted by {signal.Signals(signum).name}: " + (
-            f"the cells that finished are in {where}; finish it with parbench run --resume {where}" if where else
-            "no run folder was started yet"), file=sys.stderr)
-        return 128 + signum
+        return report_interrupt(e, "the cells that finished", "; finish it with parbench run --resume {where}")
     finally:
         restore_stop_handlers()
     if cfg.node_rank > 0:
