@@ -138,23 +138,20 @@ def build_row(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]], *, w
     multi-device cell without the evidence its strategy ``expects`` (:func:`distribution_check`),
     fails the cell with the reason; its measurements stay in the row.
     """
-    row = base_row(spec)
     if not repeats:
-        row.update(status="failed", profile_at=None, reason="no repeat was measured", cell_wall_s=wall_s)
-        return row, [], []
+        return failure_row(spec, status="failed", reason="no repeat was measured", wall_s=wall_s), [], []
     for k, ranks in enumerate(repeats):
         failed = [r for r in ranks if r.status != "ok"]
         if failed:
             first = min(failed, key=lambda r: r.rank)
             where = f"repeat {k}, " if len(repeats) > 1 else ""
-            row.update(status="failed", profile_at=None, reason=f"{where}rank {first.rank}: {first.reason}",
-                       cell_wall_s=wall_s)
-            return row, [], []
+            return failure_row(spec, status="failed", reason=f"{where}rank {first.rank}: {first.reason}",
+                               wall_s=wall_s), [], []
         counts = sorted({len(r.times) for r in ranks})
         if len(counts) != 1 or counts[0] < 1:
-            row.update(status="failed", profile_at=None,
-                       reason=f"ranks timed {counts} steps in repeat {k}; they must agree", cell_wall_s=wall_s)
-            return row, [], []
+            return failure_row(spec, status="failed", reason=f"ranks timed {counts} steps in repeat {k}; they must "
+                               "agree", wall_s=wall_s), [], []
+    row = base_row(spec)
     ranks = repeats[0]
     per_step = [np.array([r.times for r in rep], dtype=np.float64).max(axis=0) for rep in repeats]
     stats = summarize(per_step)
