@@ -15,7 +15,7 @@
 #          pipeline-1f1b at 2 GPUs (AF_WS), global batch 64, --repeats 6 (orders: a balanced Latin square),
 #          then bench/baselines/order_effect.py over the run (sixth stop: 1F1B jittery after DDP/FSDP);
 #          once with --profile-steps 2 and once with 0 (AF_PROFILE)
-#   pass   issue 10 after the tenth stop's profile pass: harness --profile-at end, then inline, against the
+#   pass   issue 10 after the tenth stop's profile pass: harness --profile-at end, then inline (PA_AT), against the
 #          plain loop, 3 rounds each (IL_FAM default fsdp, IL_WS default 4)
 #   order  issue 10: FSDP after DDP and FSDP first in the harness's processes, 4 GPUs (IL_WS), 3 rounds each
 #   tail   issue 14's two-agent NCCL run (one agent vs two, whole runs alternating, 3 rounds)
@@ -167,7 +167,7 @@ pass)  # issue 10 after the tenth stop's fix: the harness with its profiled step
   # timed step (--profile-at end, the CUDA default) against the plain loop, then the old order (inline:
   # profiled right after each cell's first repeat), 3 rounds each, ${IL_FAM:-fsdp} at ${IL_WS:-4} GPUs
   # (~230 s each on 4 H100s for FSDP alone)
-  for at in end inline; do
+  for at in ${PA_AT:-end inline}; do
     PYTHONPATH=. timeout "${PA_TIMEOUT:-280}" python3 bench/baselines/interleave.py --world-sizes "${IL_WS:-4}" \
        --families "${IL_FAM:-fsdp}" --global-batch "${IL_GB:-64}" --repeats 3 --steps 8 --warmup 3 \
        --harness-profile-steps 2 --harness-profile-at "$at" --deadline-s "${PA_DEADLINE:-270}" \
