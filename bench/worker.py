@@ -308,9 +308,10 @@ def profile_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, warmup: int) 
 
     Why deferred: a profiler session with GPU activity leaves the process slower at launching work
     even with CUPTI torn down (x1.09 on a launch-bound loop, ``bench/baselines/profiler_aftereffect.py``),
-    and the harness's ranks go on to time the group's later cells; on 4 H100s a host-bound FSDP cell
-    timed after the reference cell's GPU-profiled steps ran 1.06-1.34x its plain loop in 3 of 3
-    rounds, and 0.95-1.01x with no GPU profiling in its processes (docs/RESULTS.md, tenth stop)."""
+    and the harness's ranks go on to time the group's later cells; on 2 H100s a host-bound tensor-sp
+    cell timed after the reference cell's GPU-profiled steps ran 246-347 ms a round, and 246.6-247.1 ms
+    with its profiling in this pass, where its plain loop ran 247-272 ms (docs/RESULTS.md, tenth and
+    twelfth stops)."""
     out = RankMeasurement(rank=dist.get_rank(), **PLACE)
     step = None
     tp = time.perf_counter()
