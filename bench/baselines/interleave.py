@@ -55,7 +55,9 @@ harness against plain cannot reach significance (with n = 3 pairs the smallest t
 Wilcoxon signed-rank p-value is 0.25, with n = 5 it is 0.0625), so a test would only ever say "not
 significant"; the rule above says instead whether the effect is larger than what the machine
 itself moved. For a resolved 1% the regression gate (``parbench compare``) with more repeats is
-the tool.
+the tool; ``bench/baselines/pool.py`` pools the rounds of several calls of this script (the same
+configuration measured again) and tests them (Wilcoxon signed-rank, a t-interval of the geometric
+mean, Mann-Whitney U between two conditions).
 """
 
 from __future__ import annotations

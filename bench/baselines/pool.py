@@ -1,0 +1,211 @@
+"""Pool the rounds of several ``interleave.py`` results, across calls and stops, and test them.
+
+    python3 -m bench.baselines.pool RESULT... [--vs RESULT...] [--family F] [--world-size N] [--json]
+
+A RESULT is an ``interleave.json``, a folder holding one, or a ``.tgz`` of run folders (as
+``bench/baselines/device_run.sh`` returns them and ``docs/runs/`` keeps them); ``ARCHIVE.tgz::TEXT``
+keeps only the archive's ``interleave.json`` members whose path contains TEXT (``pass.tgz::pass-end``).
+
+One call affords 3-5 rounds, too few for a rank test to reach significance (``interleave.py``'s
+docstring), so ``interleave.py`` reads each call against the plain loop's own spread instead. Pooling
+the calls that measured the same configuration gives the test its rounds. Each round is paired
+within its own call, harness against the plain loop of the same round, exactly as ``interleave.py``
+pairs them (rounds whose two sides trained different global batches are left out). Per family and
+world size it prints:
+
+* ``n``: the pooled rounds, and ``calls``: the results they came from;
+* the median of the per-round ratios (harness / plain), with min and max;
+* the geometric mean of the ratios with a 95% t-interval over the log ratios (rounds taken as
+  independent: each is a fresh launch of both sides);
+* ``p``: the two-sided Wilcoxon signed-rank test of the log ratios against 0 (exact for small n):
+  is the harness systematically slower or faster than its plain loop;
+* ``h>p``: the rounds in which the harness was slower; ``floor``: the largest plain spread
+  (``max / min - 1`` of its round medians) of any single call, the machine's own movement.
+
+With ``--vs``, a second set is tabled the same way and each family's log ratios of the two sets are
+compared with a two-sided Mann-Whitney U test (did the condition that differs between the sets,
+e.g. ``--profile-at``, change the ratio?).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tarfile
+from pathlib import Path
+
+from bench.baselines import interleave
+
+
+class BadInput(ValueError):
+    """A result that cannot be read; the message names it and the fix."""
+
+
+def _load_json(data: bytes, where: str) -> dict:
+    try:
+        doc = json.loads(data)
+    except ValueError as e:
+        raise BadInput(f"{where} is not JSON ({e.__class__.__name__}): pass an interleave.json") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("runs"), list):
+        raise BadInput(f"{where} has no 'runs' list: it is not an interleave.py result")
+    return doc
+
+
+def load(spec: str) -> list[tuple[str, dict]]:
+    """(name, document) of every interleave result ``spec`` names (see the module docstring)."""
+    path_text, _, member = spec.partition("::")
+    path = Path(path_text)
+    if not path.exists():
+        raise BadInput(f"result {path_text!r} does not exist: pass an interleave.json, its folder or a .tgz")
+    if path.is_dir():
+        path = path / "interleave.json"
+        if not path.is_file():
+            raise BadInput(f"folder {path_text!r} holds no interleave.json")
+    if path.name.endswith((".tgz", ".tar.gz")):
+        try:
+            with tarfile.open(path) as tar:
+                out = []
+                for m in sorted(tar.getmembers(), key=lambda m: m.name):
+                    if m.isfile() and m.name.endswith("interleave.json") and member in m.name:
+                        data = tar.extractfile(m).read()
+                        out.append((f"{path_text}::{m.name}", _load_json(data, f"{path_text}::{m.name}")))
+        except (tarfile.TarError, OSError, EOFError) as e:
+            first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
+            raise BadInput(f"{path_text!r} is not a readable .tgz ({first})") from None
+        if not out:
+            what = f" whose path contains {member!r}" if member else ""
+            raise BadInput(f"{path_text!r} holds no interleave.json{what}")
+        return out
+    if member:
+        raise BadInput(f"'::{member}' selects members of a .tgz; {path_text!r} is not one")
+    return [(path_text, _load_json(path.read_bytes(), path_text))]
+
+
+def rounds_of(doc: dict) -> list[dict]:
+    """interleave.py's table rows of one result (its own pairing of rounds)."""
+    def usable(r) -> bool:
+        if not isinstance(r, dict) or not {"side", "round", "family", "world_size", "ok"} <= set(r):
+            return False
+        return not r["ok"] or all(isinstance(r.get(k), (int, float)) and r[k] > 0 for k in ("median_s", "mean_s"))
+
+    runs = [r for r in doc["runs"] if usable(r)]
+    state = interleave.State(args=doc.get("args") or {}, runs=runs)
+    fams = list(dict.fromkeys(r["family"] for r in runs))
+    worlds = sorted({int(r["world_size"]) for r in runs})
+    return [row for row in interleave.table(state, fams, worlds) if row["n"]]
+
+
+def pooled(results: list[tuple[str, dict]], family: str | None = None, world_size: int | None = None) -> list[dict]:
+    """Per (family, world size): the pooled per-round ratios and their statistics."""
+    from scipy import stats
+
+    groups: dict[tuple[str, int], dict] = {}
+    for name, doc in results:
+        for row in rounds_of(doc):
+            if (family and row["family"] != family) or (world_size and row["world_size"] != world_size):
+                continue
+            g = groups.setdefault((row["family"], row["world_size"]), {"ratios": [], "calls": [], "floors": []})
+            g["ratios"] += row["ratios"]
+            g["calls"].append(name)
+            if row["plain_spread"] is not None:
+                g["floors"].append(row["plain_spread"])
+    out = []
+    for (fam, ws), g in sorted(groups.items()):
+        r = g["ratios"]
+        logs = [math.log(x) for x in r]
+        n = len(r)
+        mean = sum(logs) / n
+        row = {"family": fam, "world_size": ws, "n": n, "calls": g["calls"], "ratios": r,
+               "ratio_median": _median(r), "ratio_min": min(r), "ratio_max": max(r),
+               "geomean": math.exp(mean), "geomean_ci": None, "p_wilcoxon": None,
+               "rounds_harness_slower": sum(x > 1 for x in r), "floor": max(g["floors"], default=None)}
+        if n >= 2:
+            sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+            half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+            row["geomean_ci"] = (math.exp(mean - half), math.exp(mean + half))
+        if n >= 2 and any(x != 0 for x in logs):
+            row["p_wilcoxon"] = float(stats.wilcoxon(logs).pvalue)
+        out.append(row)
+    return out
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    k = len(s) // 2
+    return s[k] if len(s) % 2 else (s[k - 1] + s[k]) / 2
+
+
+def compare(a: list[dict], b: list[dict]) -> list[dict]:
+    """Per family present in both sets: the Mann-Whitney U p of their log ratios."""
+    from scipy import stats
+
+    bb = {(r["family"], r["world_size"]): r for r in b}
+    out = []
+    for r in a:
+        o = bb.get((r["family"], r["world_size"]))
+        if o is None or r["n"] < 2 or o["n"] < 2:
+            continue
+        p = stats.mannwhitneyu([math.log(x) for x in r["ratios"]], [math.log(x) for x in o["ratios"]],
+                               alternative="two-sided").pvalue
+        out.append({"family": r["family"], "world_size": r["world_size"], "geomean": r["geomean"],
+                    "vs_geomean": o["geomean"], "p_mannwhitney": float(p)})
+    return out
+
+
+def print_rows(title: str, rows: list[dict]) -> None:
+    f3 = lambda v: f"{v:6.3f}" if v is not None else f"{'-':>6s}"  # noqa: E731
+    print(title)
+    print(f"{'family':16s} {'ws':>3s} {'n':>3s} {'calls':>5s} {'median':>6s} {'[min,':>7s} {'max]':>6s} "
+          f"{'geomean':>7s} {'[95% CI]':>15s} {'p':>6s} {'h>p':>5s} {'floor':>6s}")
+    for r in rows:
+        ci = f"{r['geomean_ci'][0]:6.3f} {r['geomean_ci'][1]:6.3f}" if r["geomean_ci"] else f"{'-':>13s}"
+        fl = f"{r['floor']:6.1%}" if r["floor"] is not None else f"{'-':>6s}"
+        print(f"{r['family']:16s} {r['world_size']:3d} {r['n']:3d} {len(r['calls']):5d} {f3(r['ratio_median'])} "
+              f"[{f3(r['ratio_min'])} {f3(r['ratio_max'])}] {r['geomean']:7.3f} [{ci}] {f3(r['p_wilcoxon'])} "
+              f"{r['rounds_harness_slower']:2d}/{r['n']:<2d} {fl}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m bench.baselines.pool", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", nargs="+", metavar="RESULT", help="interleave.json, its folder, or ARCHIVE.tgz[::TEXT]")
+    ap.add_argument("--vs", nargs="+", metavar="RESULT", default=[], help="a second set, compared with the first")
+    ap.add_argument("--family", help="only this family")
+    ap.add_argument("--world-size", type=int, help="only this world size")
+    ap.add_argument("--json", action="store_true", help="print the pooled rows as JSON instead of tables")
+    args = ap.parse_args(argv)
+    if args.world_size is not None and args.world_size < 1:
+        print(f"pool: --world-size {args.world_size} is not a world size: give 1 or more, or leave it out",
+              file=sys.stderr)
+        return 2
+    try:
+        a = pooled([x for s in args.results for x in load(s)], args.family, args.world_size)
+        b = pooled([x for s in args.vs for x in load(s)], args.family, args.world_size) if args.vs else []
+    except BadInput as e:
+        print(f"pool: {e}", file=sys.stderr)
+        return 2
+    if not a:
+        print("pool: no compared rounds in the results (every run failed, or the filters matched nothing)",
+              file=sys.stderr)
+        return 2
+    cmp = compare(a, b) if b else []
+    if args.json:
+        json.dump({"set": a, "vs": b, "compare": cmp}, sys.stdout, indent=1)
+        print()
+        return 0
+    print_rows("harness / plain, pooled rounds" + (" (first set)" if b else ""), a)
+    if b:
+        print()
+        print_rows("harness / plain, pooled rounds (--vs set)", b)
+        print()
+        for c in cmp:
+            print(f"{c['family']} x{c['world_size']}: geomean {c['geomean']:.3f} vs {c['vs_geomean']:.3f}, "
+                  f"Mann-Whitney U p = {c['p_mannwhitney']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
