@@ -309,9 +309,9 @@ def profile_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, warmup: int) 
     Why deferred: a profiler session with GPU activity leaves the process slower at launching work
     even with CUPTI torn down (x1.09 on a launch-bound loop, ``bench/baselines/profiler_aftereffect.py``),
     and the harness's ranks go on to time the group's later cells; on 2 H100s a host-bound tensor-sp
-    cell timed after the reference cell's GPU-profiled steps ran 246-347 ms a round, and 246.6-247.1 ms
-    with its profiling in this pass, where its plain loop ran 247-272 ms (docs/RESULTS.md, tenth and
-    twelfth stops)."""
+    cell timed after the reference cell's GPU-profiled steps moved 16-26% from round to round within a
+    call, and held within 0.2% without them (tenth stop, CPU-only profiling; twelfth, this pass) while
+    its plain loop beside it moved 8-10% (docs/RESULTS.md)."""
     out = RankMeasurement(rank=dist.get_rank(), **PLACE)
     step = None
     tp = time.perf_counter()

@@ -174,7 +174,8 @@ pass)  # issue 10 after the tenth stop's fix: the harness with its profiled step
        --out "$OUT/pass-$at" > "$OUT/pass-$at.log" 2>&1
     echo "== harness --profile-at $at"; grep -E "^[a-z-]+ +[0-9]+ +[0-9]+ " "$OUT/pass-$at.log"
   done
-  (cd "$OUT" && tar czf pass.tgz pass-end pass-inline pass-*.log && rm -rf pass-end pass-inline) ;;
+  dirs=(); for at in ${PA_AT:-end inline}; do dirs+=("pass-$at"); done  # the logs stay beside the archive too
+  (cd "$OUT" && tar czf pass.tgz "${dirs[@]}" pass-*.log && rm -rf "${dirs[@]}") ;;
 order)  # issue 10: FSDP x4 ran 4.2% behind its plain loop as the cell after DDP (seventh stop), where a
   # profiled DDP session had run in the same processes; the cell order follows --families, so the same
   # comparison with FSDP first measures it before any profiling in its processes (~6 min on 4 H100s)

@@ -43,10 +43,15 @@ class BadInput(ValueError):
     """A result that cannot be read; the message names it and the fix."""
 
 
+MAX_BYTES = 256 * 2**20  # an interleave.json is kilobytes; anything this large is not one
+SETTINGS = ("workload", "dims", "global_batch", "steps", "warmup", "device", "backend", "harness_profile_steps",
+            "harness_profile_at", "harness_adaptive", "launcher")  # interleave.py's args a pooled set should share
+
+
 def _load_json(data: bytes, where: str) -> dict:
     try:
         doc = json.loads(data)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise BadInput(f"{where} is not JSON ({e.__class__.__name__}): pass an interleave.json") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("runs"), list):
         raise BadInput(f"{where} has no 'runs' list: it is not an interleave.py result")
@@ -63,14 +68,20 @@ def load(spec: str) -> list[tuple[str, dict]]:
         path = path / "interleave.json"
         if not path.is_file():
             raise BadInput(f"folder {path_text!r} holds no interleave.json")
+    if not path.is_file():
+        raise BadInput(f"result {path_text!r} is not a regular file: pass an interleave.json, its folder or a .tgz")
+    if path.stat().st_size > MAX_BYTES:
+        raise BadInput(f"result {path_text!r} is {path.stat().st_size / 2**20:.0f} MiB: not an interleave result")
     if path.name.endswith((".tgz", ".tar.gz")):
         try:
             with tarfile.open(path) as tar:
                 out = []
                 for m in sorted(tar.getmembers(), key=lambda m: m.name):
                     if m.isfile() and m.name.endswith("interleave.json") and member in m.name:
-                        data = tar.extractfile(m).read()
-                        out.append((f"{path_text}::{m.name}", _load_json(data, f"{path_text}::{m.name}")))
+                        where = f"{path_text}::{m.name}"
+                        if m.size > MAX_BYTES:
+                            raise BadInput(f"{where} is {m.size / 2**20:.0f} MiB: not an interleave result")
+                        out.append((where, _load_json(tar.extractfile(m).read(), where)))
         except (tarfile.TarError, OSError, EOFError) as e:
             first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
             raise BadInput(f"{path_text!r} is not a readable .tgz ({first})") from None
@@ -83,18 +94,73 @@ def load(spec: str) -> list[tuple[str, dict]]:
     return [(path_text, _load_json(path.read_bytes(), path_text))]
 
 
-def rounds_of(doc: dict) -> list[dict]:
-    """interleave.py's table rows of one result (its own pairing of rounds)."""
-    def usable(r) -> bool:
-        if not isinstance(r, dict) or not {"side", "round", "family", "world_size", "ok"} <= set(r):
-            return False
-        return not r["ok"] or all(isinstance(r.get(k), (int, float)) and r[k] > 0 for k in ("median_s", "mean_s"))
+def _int(v, low: int) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= low else None
 
-    runs = [r for r in doc["runs"] if usable(r)]
-    state = interleave.State(args=doc.get("args") or {}, runs=runs)
+
+def _seconds(v) -> float | None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    return float(v) if ok else None
+
+
+def clean(r) -> dict | None:
+    """The fields interleave.py's table reads, checked, from one run record; None if it is malformed
+    (a wrong type, a non-finite or non-positive step time, a side that is neither harness nor plain)."""
+    if not isinstance(r, dict) or r.get("side") not in ("harness", "plain") or not isinstance(r.get("ok"), bool):
+        return None
+    rnd, ws, fam = _int(r.get("round"), 0), _int(r.get("world_size"), 1), r.get("family")
+    if rnd is None or ws is None or not isinstance(fam, str) or not fam:
+        return None
+    row = r.get("row")
+    gb = r.get("global_batch", row.get("global_batch") if isinstance(row, dict) else None)
+    if gb is not None and _int(gb, 1) is None:
+        return None
+    out = {"side": r["side"], "round": rnd, "family": fam, "world_size": ws, "ok": r["ok"], "global_batch": gb,
+           "error": r["error"] if isinstance(r.get("error"), str) else ""}
+    if r["ok"]:
+        med, mean = _seconds(r.get("median_s")), _seconds(r.get("mean_s"))
+        if med is None or mean is None:
+            return None
+        out.update(median_s=med, mean_s=mean)
+    return out
+
+
+def run_ids(doc: dict) -> set[str]:
+    """The harness run ids a result holds (to refuse pooling one call twice)."""
+    return {r["row"]["run_id"] for r in doc["runs"] if isinstance(r, dict) and isinstance(r.get("row"), dict)
+            and isinstance(r["row"].get("run_id"), str)}
+
+
+def rounds_of(doc: dict, where: str = "result") -> tuple[list[dict], int]:
+    """interleave.py's table rows of one result (its own pairing of rounds) and how many records were
+    left out as malformed; BadInput where one round has two records of the same side."""
+    runs, bad, seen = [], 0, set()
+    for r in doc["runs"]:
+        c = clean(r)
+        if c is None:
+            bad += 1
+            continue
+        key = (c["side"], c["round"], c["family"], c["world_size"])
+        if c["ok"] and key in seen:
+            raise BadInput(f"{where} has two {c['side']} records for round {c['round'] + 1} of {c['family']} "
+                           f"x{c['world_size']}: it is not one interleave.py call")
+        seen.add(key) if c["ok"] else None
+        runs.append(c)
+    state = interleave.State(args={}, runs=runs)
     fams = list(dict.fromkeys(r["family"] for r in runs))
-    worlds = sorted({int(r["world_size"]) for r in runs})
-    return [row for row in interleave.table(state, fams, worlds) if row["n"]]
+    worlds = sorted({r["world_size"] for r in runs})
+    return [row for row in interleave.table(state, fams, worlds) if row["n"]], bad
+
+
+def differing_settings(results: list[tuple[str, dict]]) -> dict[str, list]:
+    """The interleave.py settings that are not the same in every pooled result."""
+    out = {}
+    for k in SETTINGS:
+        vals = [json.dumps((doc.get("args") or {}).get(k) if isinstance(doc.get("args"), dict) else None,
+                           sort_keys=True) for _, doc in results]
+        if len(set(vals)) > 1:
+            out[k] = sorted({json.loads(v) for v in vals}, key=str)
+    return out
 
 
 def pooled(results: list[tuple[str, dict]], family: str | None = None, world_size: int | None = None) -> list[dict]:
@@ -102,8 +168,15 @@ def pooled(results: list[tuple[str, dict]], family: str | None = None, world_siz
     from scipy import stats
 
     groups: dict[tuple[str, int], dict] = {}
+    owner: dict[str, str] = {}
     for name, doc in results:
-        for row in rounds_of(doc):
+        for rid in run_ids(doc):
+            if rid in owner:
+                raise BadInput(f"{owner[rid]} and {name} hold the same harness run {rid}: pool each call's rounds once")
+            owner[rid] = name
+    for name, doc in results:
+        rows, _ = rounds_of(doc, name)
+        for row in rows:
             if (family and row["family"] != family) or (world_size and row["world_size"] != world_size):
                 continue
             g = groups.setdefault((row["family"], row["world_size"]), {"ratios": [], "calls": [], "floors": []})
@@ -125,8 +198,8 @@ def pooled(results: list[tuple[str, dict]], family: str | None = None, world_siz
             sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
             half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
             row["geomean_ci"] = (math.exp(mean - half), math.exp(mean + half))
-        if n >= 2 and any(x != 0 for x in logs):
-            row["p_wilcoxon"] = float(stats.wilcoxon(logs).pvalue)
+        if n >= 2 and any(x != 0 for x in logs):  # zeros (equal sides) ranked, not dropped (Pratt)
+            row["p_wilcoxon"] = float(stats.wilcoxon(logs, zero_method="pratt").pvalue)
         out.append(row)
     return out
 
@@ -147,8 +220,9 @@ def compare(a: list[dict], b: list[dict]) -> list[dict]:
         o = bb.get((r["family"], r["world_size"]))
         if o is None or r["n"] < 2 or o["n"] < 2:
             continue
-        p = stats.mannwhitneyu([math.log(x) for x in r["ratios"]], [math.log(x) for x in o["ratios"]],
-                               alternative="two-sided").pvalue
+        x, y = [math.log(v) for v in r["ratios"]], [math.log(v) for v in o["ratios"]]
+        exact = len(set(x + y)) == len(x + y)  # the exact distribution where there are no ties
+        p = stats.mannwhitneyu(x, y, alternative="two-sided", method="exact" if exact else "asymptotic").pvalue
         out.append({"family": r["family"], "world_size": r["world_size"], "geomean": r["geomean"],
                     "vs_geomean": o["geomean"], "p_mannwhitney": float(p)})
     return out
@@ -181,8 +255,16 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        a = pooled([x for s in args.results for x in load(s)], args.family, args.world_size)
-        b = pooled([x for s in args.vs for x in load(s)], args.family, args.world_size) if args.vs else []
+        set_a = [x for s in args.results for x in load(s)]
+        set_b = [x for s in args.vs for x in load(s)]
+        names = [n for n, _ in set_a + set_b]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise BadInput(f"{twice[0]} is named twice: pool each call's rounds once")
+        pooled(set_a + set_b)  # refuses one harness run in two results, either set
+        a = pooled(set_a, args.family, args.world_size)
+        b = pooled(set_b, args.family, args.world_size) if set_b else []
+        left_out = {n: k for n, doc in set_a + set_b if (k := rounds_of(doc, n)[1])}
     except BadInput as e:
         print(f"pool: {e}", file=sys.stderr)
         return 2
@@ -191,8 +273,17 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     cmp = compare(a, b) if b else []
+    if set_b and not cmp:
+        print("pool: the --vs set has no family and world size with 2 or more compared rounds in common with the "
+              "first set: nothing to compare", file=sys.stderr)
+        return 2
+    notes = [f"{n}: {k} malformed record(s) left out" for n, k in left_out.items()]
+    for label, results in (("results", set_a), ("--vs results", set_b)):
+        diff = differing_settings(results) if len(results) > 1 else {}
+        if diff:
+            notes.append(f"the pooled {label} differ in " + "; ".join(f"{k} {v}" for k, v in diff.items()))
     if args.json:
-        json.dump({"set": a, "vs": b, "compare": cmp}, sys.stdout, indent=1)
+        json.dump({"set": a, "vs": b, "compare": cmp, "notes": notes}, sys.stdout, indent=1)
         print()
         return 0
     print_rows("harness / plain, pooled rounds" + (" (first set)" if b else ""), a)
@@ -203,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         for c in cmp:
             print(f"{c['family']} x{c['world_size']}: geomean {c['geomean']:.3f} vs {c['vs_geomean']:.3f}, "
                   f"Mann-Whitney U p = {c['p_mannwhitney']:.3f}")
+    for n in notes:
+        print(f"note: {n}")
     return 0
 
 

@@ -59,7 +59,7 @@ def test_nccl_telemetry_energy_and_comm_records(tmp_path):
     # coarse below): 20 steps of gpt-small on an H100 were about 0.3 s and gave none, so 200 here.
     from bench.rows import ENERGY_MIN_WINDOW_S
 
-    window = ok["timed_end_unix"] - ok["timed_start_unix"]
+    window = ok["timed_end_unix"] - ok["timed_start_unix"]  # one repeat (the default): the timed window itself
     assert window.ge(ENERGY_MIN_WINDOW_S).all(), window
     assert ok["energy_j"].gt(0).all() and ok["samples_per_j"].gt(0).all()
     assert ok["comm_time_s"].gt(0).all() and ok["overlap_frac"].between(0, 1).all()
