@@ -167,14 +167,15 @@ pass)  # issue 10 after the tenth stop's fix: the harness with its profiled step
   # timed step (--profile-at end, the CUDA default) against the plain loop, then the old order (inline:
   # profiled right after each cell's first repeat), 3 rounds each, ${IL_FAM:-fsdp} at ${IL_WS:-4} GPUs
   # (~230 s each on 4 H100s for FSDP alone)
+  dirs=()  # the orders run; their logs stay beside the archive too
   for at in ${PA_AT:-end inline}; do
+    dirs+=("pass-$at")
     PYTHONPATH=. timeout "${PA_TIMEOUT:-280}" python3 bench/baselines/interleave.py --world-sizes "${IL_WS:-4}" \
        --families "${IL_FAM:-fsdp}" --global-batch "${IL_GB:-64}" --repeats 3 --steps 8 --warmup 3 \
        --harness-profile-steps 2 --harness-profile-at "$at" --deadline-s "${PA_DEADLINE:-270}" \
        --out "$OUT/pass-$at" > "$OUT/pass-$at.log" 2>&1
     echo "== harness --profile-at $at"; grep -E "^[a-z-]+ +[0-9]+ +[0-9]+ " "$OUT/pass-$at.log"
   done
-  dirs=(); for at in ${PA_AT:-end inline}; do dirs+=("pass-$at"); done  # the logs stay beside the archive too
   (cd "$OUT" && tar czf pass.tgz "${dirs[@]}" pass-*.log && rm -rf "${dirs[@]}") ;;
 order)  # issue 10: FSDP x4 ran 4.2% behind its plain loop as the cell after DDP (seventh stop), where a
   # profiled DDP session had run in the same processes; the cell order follows --families, so the same

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import tarfile
 from pathlib import Path
@@ -131,35 +132,52 @@ def run_ids(doc: dict) -> set[str]:
             and isinstance(r["row"].get("run_id"), str)}
 
 
-def rounds_of(doc: dict, where: str = "result") -> tuple[list[dict], int]:
-    """interleave.py's table rows of one result (its own pairing of rounds) and how many records were
-    left out as malformed; BadInput where one round has two records of the same side."""
-    runs, bad, seen = [], 0, set()
-    for r in doc["runs"]:
-        c = clean(r)
-        if c is None:
-            bad += 1
-            continue
+def malformed(doc: dict) -> int:
+    """How many of a result's run records :func:`clean` leaves out."""
+    return sum(clean(r) is None for r in doc["runs"])
+
+
+def rounds_of(doc: dict, where: str = "result") -> list[dict]:
+    """interleave.py's table rows of one result (its own pairing of rounds), malformed records left
+    out; BadInput where one round has two records of the same side."""
+    runs, seen = [], set()
+    for c in filter(None, map(clean, doc["runs"])):
         key = (c["side"], c["round"], c["family"], c["world_size"])
-        if c["ok"] and key in seen:
-            raise BadInput(f"{where} has two {c['side']} records for round {c['round'] + 1} of {c['family']} "
-                           f"x{c['world_size']}: it is not one interleave.py call")
-        seen.add(key) if c["ok"] else None
+        if c["ok"]:
+            if key in seen:
+                raise BadInput(f"{where} has two {c['side']} records for round {c['round'] + 1} of {c['family']} "
+                               f"x{c['world_size']}: it is not one interleave.py call")
+            seen.add(key)
         runs.append(c)
     state = interleave.State(args={}, runs=runs)
     fams = list(dict.fromkeys(r["family"] for r in runs))
     worlds = sorted({r["world_size"] for r in runs})
-    return [row for row in interleave.table(state, fams, worlds) if row["n"]], bad
+    return [row for row in interleave.table(state, fams, worlds) if row["n"]]
+
+
+def check_distinct(results: list[tuple[str, dict]]) -> None:
+    """BadInput where one result is named twice or two results hold the same harness run: a call's
+    rounds pooled twice would count as independent evidence."""
+    names: set[str] = set()
+    owner: dict[str, str] = {}  # harness run id -> the result that holds it
+    for name, doc in results:
+        if name in names:
+            raise BadInput(f"{name} is named twice: pool each call's rounds once")
+        names.add(name)
+        for rid in run_ids(doc):
+            if rid in owner:
+                raise BadInput(f"{owner[rid]} and {name} hold the same harness run {rid}: pool each call's rounds once")
+            owner[rid] = name
 
 
 def differing_settings(results: list[tuple[str, dict]]) -> dict[str, list]:
     """The interleave.py settings that are not the same in every pooled result."""
+    args = [doc["args"] if isinstance(doc.get("args"), dict) else {} for _, doc in results]
     out = {}
     for k in SETTINGS:
-        vals = [json.dumps((doc.get("args") or {}).get(k) if isinstance(doc.get("args"), dict) else None,
-                           sort_keys=True) for _, doc in results]
-        if len(set(vals)) > 1:
-            out[k] = sorted({json.loads(v) for v in vals}, key=str)
+        distinct = {json.dumps(a.get(k), sort_keys=True, default=str): a.get(k) for a in args}
+        if len(distinct) > 1:
+            out[k] = [distinct[j] for j in sorted(distinct)]
     return out
 
 
@@ -167,16 +185,10 @@ def pooled(results: list[tuple[str, dict]], family: str | None = None, world_siz
     """Per (family, world size): the pooled per-round ratios and their statistics."""
     from scipy import stats
 
+    check_distinct(results)
     groups: dict[tuple[str, int], dict] = {}
-    owner: dict[str, str] = {}
     for name, doc in results:
-        for rid in run_ids(doc):
-            if rid in owner:
-                raise BadInput(f"{owner[rid]} and {name} hold the same harness run {rid}: pool each call's rounds once")
-            owner[rid] = name
-    for name, doc in results:
-        rows, _ = rounds_of(doc, name)
-        for row in rows:
+        for row in rounds_of(doc, name):
             if (family and row["family"] != family) or (world_size and row["world_size"] != world_size):
                 continue
             g = groups.setdefault((row["family"], row["world_size"]), {"ratios": [], "calls": [], "floors": []})
@@ -191,7 +203,7 @@ def pooled(results: list[tuple[str, dict]], family: str | None = None, world_siz
         n = len(r)
         mean = sum(logs) / n
         row = {"family": fam, "world_size": ws, "n": n, "calls": g["calls"], "ratios": r,
-               "ratio_median": _median(r), "ratio_min": min(r), "ratio_max": max(r),
+               "ratio_median": statistics.median(r), "ratio_min": min(r), "ratio_max": max(r),
                "geomean": math.exp(mean), "geomean_ci": None, "p_wilcoxon": None,
                "rounds_harness_slower": sum(x > 1 for x in r), "floor": max(g["floors"], default=None)}
         if n >= 2:
@@ -202,12 +214,6 @@ def pooled(results: list[tuple[str, dict]], family: str | None = None, world_siz
             row["p_wilcoxon"] = float(stats.wilcoxon(logs, zero_method="pratt").pvalue)
         out.append(row)
     return out
-
-
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    k = len(s) // 2
-    return s[k] if len(s) % 2 else (s[k - 1] + s[k]) / 2
 
 
 def compare(a: list[dict], b: list[dict]) -> list[dict]:
@@ -257,17 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         set_a = [x for s in args.results for x in load(s)]
         set_b = [x for s in args.vs for x in load(s)]
-        names = [n for n, _ in set_a + set_b]
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            raise BadInput(f"{twice[0]} is named twice: pool each call's rounds once")
-        pooled(set_a + set_b)  # refuses one harness run in two results, either set
+        check_distinct(set_a + set_b)  # across the two sets too
         a = pooled(set_a, args.family, args.world_size)
         b = pooled(set_b, args.family, args.world_size) if set_b else []
-        left_out = {n: k for n, doc in set_a + set_b if (k := rounds_of(doc, n)[1])}
     except BadInput as e:
         print(f"pool: {e}", file=sys.stderr)
         return 2
+    left_out = {n: k for n, doc in set_a + set_b if (k := malformed(doc))}
     if not a:
         print("pool: no compared rounds in the results (every run failed, or the filters matched nothing)",
               file=sys.stderr)
