@@ -204,7 +204,7 @@ def energy_bars(cells: pd.DataFrame, workload: str, ax=None):
 
 def collective_bandwidth(annotated: pd.DataFrame, ax=None):
     """Achieved bus bandwidth of every recorded call against the machine's sweep curve (from
-    :func:`bench.commmodel.annotate_comm`): calls far below it are flagged in the report."""
+    :func:`bench.comm.model.annotate_comm`): calls far below it are flagged in the report."""
     ax = _ax(ax, (WIDTH_IN, 3.8))
     d = annotated.dropna(subset=["busbw_gbs", "size_bytes"])
     if "group_size" in d:

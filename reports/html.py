@@ -17,7 +17,7 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
-from bench.results import load_run
+from bench.results.store import load_run
 from reports import figures
 from reports.recommend import candidates, is_false, recommend
 
@@ -99,7 +99,7 @@ document.querySelectorAll("#cells th").forEach((th, i) => th.addEventListener("c
 
 def table_columns(columns) -> list:
     """The table's columns: keys and status, the registry's report metrics, then the reason."""
-    from bench.metrics import lookup, shown
+    from bench.core.metrics import lookup, shown
 
     head = [lookup(c) for c in ("workload", "strategy", "backend", "world_size", "status")]
     body = [m for m in shown("report", columns) if m.name not in {h.name for h in head}]
@@ -198,7 +198,7 @@ def _annotated_comm(run_dir: Path, meta: dict) -> pd.DataFrame | None:
     if not comm_path.exists():
         return None
     try:
-        from bench.commmodel import annotate_comm, find_sweep
+        from bench.comm.model import annotate_comm, find_sweep
 
         sweep = None
         if (run_dir / "collectives.parquet").exists():
@@ -218,14 +218,14 @@ def build_report(run_dir: Path, out: Path | None = None, *, baseline: Path | Non
     """Write ``index.html`` (self-contained) and its PNG figures into ``out`` (default
     RUN_DIR/report); returns the HTML path. ``baseline`` (a run) or ``history`` (a store) adds the
     comparison, regressions first."""
-    from bench import UserError
+    from bench.core.errors import UserError
 
     run_dir = Path(run_dir)
     cells, steps, meta = load_run(run_dir)
     serving = cells[cells["mode"] == "serve"] if "mode" in cells else cells.iloc[:0]
     cells = cells.drop(serving.index)  # training cells: figures and the recommendation are about steps
     out = Path(out) if out else run_dir / "report"
-    from bench.paths import folder_problem
+    from bench.core.paths import folder_problem
 
     why = folder_problem(out)
     if why == "it is a file":
@@ -239,7 +239,7 @@ def build_report(run_dir: Path, out: Path | None = None, *, baseline: Path | Non
     telemetry = []
     samples_path = run_dir / "samples.parquet"
     if samples_path.exists():
-        from bench.results import read_table
+        from bench.results.store import read_table
 
         samples = read_table(run_dir, "samples")
         ok = cells[cells["status"] == "ok"]
@@ -283,8 +283,8 @@ def _comparison(run_dir: Path, cells, steps, meta, baseline: Path | None, histor
     figures for the cells that are not 'same'."""
     if baseline is None and history is None:
         return None
-    from bench import regress
-    from bench.ciout import cell_name, shift_text
+    from bench.gate import compare as regress
+    from bench.gate.ciout import cell_name, shift_text
 
     figs = []
     if baseline is not None:
@@ -292,7 +292,7 @@ def _comparison(run_dir: Path, cells, steps, meta, baseline: Path | None, histor
         table = regress.compare(bc, cells, 0.05, base_steps=bs, cur_steps=steps, base_meta=bm, cur_meta=meta)
         base_name = str(baseline)
     else:
-        from bench import history as hist
+        from bench.gate import history as hist
 
         machine = hist.fingerprint(meta)
         base, samples, base_meta = hist.baseline(history, machine)

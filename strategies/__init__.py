@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-from bench import UserError
+from bench.core.errors import UserError
 from strategies.allreduce import AllReduce, AllReduceBucketed
 from strategies.base import Context, Option, Step, Strategy
 from strategies.chain import Chain, EncoderHead, LayerSplit

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from bench.spec import CellSpec
+from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies.base import Context, Step, Strategy
 from strategies.common import local_share, make_optimizer, train_step

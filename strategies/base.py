@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from bench import backends
-from bench.metrics import Metric, check_declared
-from bench.spec import CellSpec
+from bench.core import backends
+from bench.core.metrics import Metric, check_declared
+from bench.core.spec import CellSpec
 from bench.workloads import Batch, Workload
 
 
@@ -144,7 +144,7 @@ class Strategy:
     options: ClassVar[tuple[Option, ...]] = ()
     labels: ClassVar[tuple[Metric, ...]] = ()  # row columns set at plan time from the options
     metrics: ClassVar[tuple[Metric, ...]] = ()  # row columns the strategy measures itself
-    # What a cell on more than one device must show to count as distributed (bench.rows.EVIDENCE):
+    # What a cell on more than one device must show to count as distributed (bench.results.rows.EVIDENCE):
     # "comm" (communication bytes every step), "sharded" (each rank holds about 1/n of the
     # parameters), "split" (no rank holds the whole model), "devices" (every planned GPU holds
     # memory: one-process multi-GPU). A cell that does not show it fails with the reason.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from bench.spec import CellSpec
+from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies.base import MESH, Context, OneProcessMultiGPU, Step, Strategy, common_check
 from strategies.common import P2P, make_optimizer, stage_modules

@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from bench.metrics import Metric
-from bench.spec import CellSpec
+from bench.core.metrics import Metric
+from bench.core.spec import CellSpec
 from bench.workloads import Batch, Workload
 from strategies.base import Context, Option
 

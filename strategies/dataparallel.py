@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from bench.spec import CellSpec
+from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies.base import Context, OneProcessMultiGPU, Step
 from strategies.common import make_optimizer, train_step

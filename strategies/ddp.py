@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from bench.spec import CellSpec
+from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies.base import Context, Option, Step, Strategy, common_check
 from strategies.common import local_share, make_optimizer, train_step

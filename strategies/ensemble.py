@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from bench.metrics import Metric
-from bench.spec import CellSpec
+from bench.core.metrics import Metric
+from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies.base import Context, Step, Strategy
 from strategies.common import local_share, make_optimizer, time_region, train_step

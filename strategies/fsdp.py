@@ -6,7 +6,7 @@ the FSDP2 tutorial, except where noted:
 * each inner block (a transformer block) is its own FSDP unit, all-gathered just before it runs;
   the first and last pieces of the workload (for the GPT: the embedding and the head) stay in the
   root unit, which FSDP2 gathers once at the start of forward and does not reshard after it (the
-  root's ``reshard_after_forward`` is treated as False), as ``bench/baselines/plain_fsdp.py``
+  root's ``reshard_after_forward`` is treated as False), as ``tools/baselines/plain_fsdp.py``
   does. torchtitan's current ``apply_fsdp`` differs: the embedding is a unit of its own (resharded
   after forward) and the final norm with the output head another (not resharded by default).
   Option ``fsdp_units=all`` makes every piece its own unit (the harness's structure before
@@ -35,8 +35,8 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from bench.metrics import Metric
-from bench.spec import CellSpec
+from bench.core.metrics import Metric
+from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies.base import Context, Option, Step, Strategy
 from strategies.common import local_share, make_optimizer, param_count, train_step

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.spec import CellSpec
+from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies.base import MESH, Context, Step, Strategy, common_check
 from strategies.common import (

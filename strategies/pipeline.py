@@ -22,9 +22,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from bench import backends
-from bench.metrics import Metric
-from bench.spec import CellSpec, WorkloadFacts
+from bench.core import backends
+from bench.core.metrics import Metric
+from bench.core.spec import CellSpec, WorkloadFacts
 from bench.workloads import Workload
 from strategies.allreduce import allreduce_mean_bucketed
 from strategies.base import MESH, Context, Option, Step, Strategy, common_check

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch.distributed.device_mesh import init_device_mesh
 
-from bench.spec import CellSpec, WorkloadFacts
+from bench.core.spec import CellSpec, WorkloadFacts
 from bench.workloads import Workload
 from strategies.base import MESH, Context, Option, Step, Strategy, common_check
 from strategies.common import make_optimizer, train_step

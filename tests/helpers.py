@@ -7,7 +7,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from bench.metrics import Metric
+from bench.core.metrics import Metric
 from bench.workloads import Workload
 from strategies.base import Context, Option, Step, Strategy
 from strategies.common import local_share, make_optimizer, train_step
@@ -86,7 +86,7 @@ class Hangs(Strategy):
 
 class _SecondBuild(Strategy):
     """Data parallel that misbehaves when built for its profile pass (``--profile-at end``:
-    ``bench.worker.profile_cell``); built for its timed repeats it trains normally."""
+    ``bench.train.worker.profile_cell``); built for its timed repeats it trains normally."""
 
     summary = needs = "test only"
 

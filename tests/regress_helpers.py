@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.results import CELL_COLUMNS, STEP_COLUMNS, frame
+from bench.results.store import CELL_COLUMNS, STEP_COLUMNS, frame
 
 SLOWDOWN = 0.05
 

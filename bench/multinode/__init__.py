@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 
-from bench import spec
+from bench.core import spec
 
 
 class NodeLost(RuntimeError):

@@ -18,7 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench import spec
+from bench.core import spec
 from bench.multinode import NodeLost
 from bench.multinode.nodes import PUSH_S, Follower
 
@@ -30,8 +30,8 @@ def follow(cfg, digest: str, n_cells: int, *, on_progress=None) -> Path:
     UserError when the plans differ or node 0 never answers, NodeLost when it stops answering."""
     from torch.distributed import DistError
 
-    from bench import launch
-    from bench.samplers import start_samplers
+    from bench.train import launcher as launch
+    from bench.measure.telemetry import start_samplers
 
     node = Follower(cfg, digest, n_cells)
     work = Path(cfg.out) / node.run_id / "work" / f"node{cfg.node_rank}"
@@ -87,7 +87,7 @@ def _next_command(node: Follower, seq: int, tick) -> dict:
 
 def _run_launch(node: Follower, cfg, seq: int, cmd: dict, work: Path, tick) -> None:
     """This node's part of one launch, until it exits or node 0 stops it."""
-    from bench import launch
+    from bench.train import launcher as launch
 
     plan: spec.GroupPlan = spec.load(spec.GroupPlan, cmd["plan"])
     prefix = str(work / Path(plan.events_prefix).name)

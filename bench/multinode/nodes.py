@@ -36,7 +36,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bench import UserError, spec
+from bench.core.errors import UserError
+
+from bench.core import spec
 from bench.multinode import NodeLost
 from bench.multinode.netinfo import route
 
@@ -215,7 +217,7 @@ def local_addr(cfg, endpoint_host: str, routed: str) -> str:
 
 
 def _host_port(endpoint: str) -> tuple[str, int]:
-    from bench.config import parse_endpoint
+    from bench.core.config import parse_endpoint
 
     return parse_endpoint(endpoint)
 

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from bench import UserError
+from bench.core.errors import UserError
 from bench.serve.launcher import PLACEMENTS
 from bench.serve.loadgen import Tenant, parse_tenants
 from bench.serve.policies import POLICIES

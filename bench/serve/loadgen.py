@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from bench import UserError
+from bench.core.errors import UserError
 
 ARRIVALS = ("poisson", "gamma")
 SIZES = ("fixed", "uniform", "pareto", "lognormal")

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.metrics import registry
-from bench.results import RunWriter, cell_columns, new_run_id, write_meta
+from bench.core.metrics import registry
+from bench.results.store import RunWriter, cell_columns, new_run_id, write_meta
 from bench.serve import schema, stats, sweep
 from bench.serve.config import Load, ServeConfig
 from bench.serve.launcher import Pool, ServeError
@@ -58,7 +58,7 @@ def _guarded_reference(cfg: ServeConfig, sm: ServeModel, items: list[tuple[int, 
     import signal
     import threading
 
-    from bench import UserError
+    from bench.core.errors import UserError
 
     timed = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
     if timed:
@@ -126,7 +126,7 @@ class ServeRun:
         try:
             self.sm = ServeModel.create(self.wl, task=cfg.task, gen_tokens=cfg.gen_tokens, seed=cfg.seed)
         except ValueError as e:
-            from bench import UserError
+            from bench.core.errors import UserError
 
             raise UserError(f"--task/--workload: {e}") from None
         self.precision = "bf16" if resolve_precision(cfg.precision, torch.device(cfg.device)) == torch.bfloat16 \
@@ -229,7 +229,7 @@ class ServeRun:
 
 def run(cfg: ServeConfig, on_cell: Callable[[dict[str, Any]], None] | None = None) -> Path:
     """Run every cell of ``cfg``; returns the run folder."""
-    from bench.samplers import start_samplers
+    from bench.measure.telemetry import start_samplers
 
     sr = ServeRun(cfg, on_cell)
     sr.sampler, notes = start_samplers(cfg.sample_hz, gpu=cfg.device == "cuda")

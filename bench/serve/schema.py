@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.metrics import Metric, R, S
+from bench.core.metrics import Metric, R, S
 from bench.serve import stats
 
 _ms = dict(dtype="float64", unit="s", scale=1e3, fmt=".2f")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.results import load_run, read_table
+from bench.results.store import load_run, read_table
 
 
 def _ms(v: float) -> str:

@@ -103,7 +103,7 @@ class _Worker:
             if spec.role == "dp" and self.device.type == "cuda":
                 ids = [torch.device(d).index for d in spec.devices]
                 self.fn = torch.nn.DataParallel(self.fn, device_ids=ids, output_device=ids[0])
-        from bench.samplers.nvml import EnergyMeter
+        from bench.measure.nvml import EnergyMeter
 
         self.energy = EnergyMeter([torch.device(d).index for d in spec.devices]) \
             if self.device.type == "cuda" else None

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from bench import UserError
+from bench.core.errors import UserError
 
 if TYPE_CHECKING:
-    from bench.spec import WorkloadFacts
+    from bench.core.spec import WorkloadFacts
 
 Batch = tuple[Tensor, Tensor]
 
@@ -56,7 +56,7 @@ class Workload:
 
     def facts(self, spec: str, dims: dict[str, int]) -> WorkloadFacts:
         """What the planner records of this workload, once."""
-        from bench.spec import WorkloadFacts
+        from bench.core.spec import WorkloadFacts
 
         params = self.params
         if params is None:  # count them without allocating: build on the meta device

@@ -1,8 +1,8 @@
-"""The parbench_cell fixture (bench.pytest_plugin): a world-size-1 cell of a workload and
+"""The parbench_cell fixture (bench.gate.pytest_plugin): a world-size-1 cell of a workload and
 strategy timed as pytest-benchmark rounds. Importing the fixture is the conftest-free way to
-enable it; ``pytest -p bench.pytest_plugin`` enables it for a whole session."""
+enable it; ``pytest -p bench.gate.pytest_plugin`` enables it for a whole session."""
 
-from bench.pytest_plugin import parbench_cell  # noqa: F401 - the fixture
+from bench.gate.pytest_plugin import parbench_cell  # noqa: F401 - the fixture
 
 
 def test_mlp_single(parbench_cell):  # noqa: F811

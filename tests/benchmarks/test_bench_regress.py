@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.history import add, baseline, show
-from bench.regress import compare
-from bench.results import CELL_COLUMNS, STEP_COLUMNS, frame
+from bench.gate.history import add, baseline, show
+from bench.gate.compare import compare
+from bench.results.store import CELL_COLUMNS, STEP_COLUMNS, frame
 
 CELLS, STEPS = 1000, 20
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.rows import build_row
+from bench.results.rows import build_row
 from tests.unit.test_rows import rank, spec
 
 

@@ -1,6 +1,6 @@
-"""Microbenchmark of trace analysis (bench.comm.analyze_trace) on a synthetic NCCL trace."""
+"""Microbenchmark of trace analysis (bench.measure.trace.analyze_trace) on a synthetic NCCL trace."""
 
-from bench.comm import analyze_trace
+from bench.measure.trace import analyze_trace
 
 STEPS, KERNELS, COLLECTIVES = 20, 200, 10
 

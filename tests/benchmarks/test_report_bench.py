@@ -14,7 +14,7 @@ LIMIT_S = 15.0
 
 @pytest.mark.benchmark(group="report")
 def test_report_of_a_thousand_cells(benchmark, tmp_path_factory, capsys):
-    from bench.results import RunWriter
+    from bench.results.store import RunWriter
 
     run = tmp_path_factory.mktemp("big") / "run"
     write_run(run)

@@ -1,4 +1,4 @@
-"""The plain reference programs (bench/baselines) run under torchrun on gloo/CPU and train the same
+"""The plain reference programs (tools/baselines) run under torchrun on gloo/CPU and train the same
 model as one process: each family's final loss matches a single-process loop of the same steps."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def reference_loss(dims: str) -> float:
 def run_plain(world: int, module: str, flags: list[str], dims: str) -> dict:
     """torchrun the program on gloo/CPU and return its JSON line."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-           "-m", f"bench.baselines.{module}", "--device", "cpu", "--backend", "gloo", "--workload", "gpt-tiny",
+           "-m", f"tools.baselines.{module}", "--device", "cpu", "--backend", "gloo", "--workload", "gpt-tiny",
            "--steps", str(STEPS), "--warmup", str(WARMUP), *flags, *(["--dims", dims] if dims else [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
            "OMP_NUM_THREADS": "1"}
@@ -75,7 +75,7 @@ def test_plain_program_matches_one_process(case):
 
 
 def test_titan_split_counts_embedding_and_head_as_one_block_each():
-    from bench.baselines.plain_pipeline import split
+    from tools.baselines.plain_pipeline import split
 
     assert split(16, 4, "equal") == [4, 4, 4, 4]
     assert split(16, 4, "titan") == [4, 5, 4, 3]  # 18 units: 5, 5, 4, 4, less the embedding and head
@@ -88,12 +88,12 @@ def test_titan_split_counts_embedding_and_head_as_one_block_each():
 def test_plain_many_runs_programs_in_turn_each_with_its_own_group_and_line():
     """One launch of plain_many = the programs one after another, each its own process group and
     JSON line, the same losses as when launched alone; a failing program is reported, the next runs."""
-    from bench.baselines.interleave import by_program, free_port
+    from tools.baselines.interleave import by_program, free_port
 
     common = ["--device", "cpu", "--backend", "gloo", "--workload", "gpt-tiny", "--steps", str(STEPS),
               "--warmup", str(WARMUP)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "bench.baselines.plain_many", "--ports", ",".join(str(free_port()) for _ in range(4)),
+           "-m", "tools.baselines.plain_many", "--ports", ",".join(str(free_port()) for _ in range(4)),
            "--program", " ".join(["plain_ddp", *common]),
            "--program", " ".join(["plain_pipeline", *common, "--schedule", "1f1b", "--micro-batches", "4"]),
            "--program", " ".join(["plain_fsdp", *common, "--no-such-flag"]),
@@ -118,7 +118,7 @@ def test_plain_many_runs_programs_in_turn_each_with_its_own_group_and_line():
 def test_interleave_global_batch_reaches_both_sides(tmp_path):
     """A real gloo run: --global-batch 4 (gpt-tiny's own is 8, so the flag must have reached each
     side) and --dims; both sides report the batch and the same workload in every round."""
-    from bench.baselines.interleave import main
+    from tools.baselines.interleave import main
 
     rc = main(["--device", "cpu", "--workload", "gpt-tiny", "--global-batch", "4", "--dims", "n_layer=2",
                "--families", "ddp", "--world-sizes", "2", "--repeats", "2", "--steps", "3", "--warmup", "1",

@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 
 import strategies
-from bench import launch
-from bench.config import build_config
-from bench.results import PARITY_TOL, load_run
+from bench.train import launcher as launch
+from bench.core.config import build_config
+from bench.results.store import PARITY_TOL, load_run
 
 # Every strategy on two foreign models at world sizes 2 and 4: about 6 minutes on 2 cores, so it is
 # behind the slow marker (run it with `pytest -m slow`).
@@ -92,7 +92,7 @@ def test_every_ok_cell_matches_single_device(foreign):
 def test_no_cell_failed_the_distribution_check(foreign):
     """No cell is failed as 'did not distribute', and each multi-rank ok cell shows the evidence
     its strategy declares (checked here too, so a check that stopped looking would be noticed)."""
-    from bench.rows import SHARD_SLACK, SPLIT_MAX
+    from bench.results.rows import SHARD_SLACK, SPLIT_MAX
 
     factory, cells = foreign
     inert = cells[cells["reason"].fillna("").str.contains("did not distribute")]

@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 
 import strategies
-from bench import launch
-from bench.config import build_config
-from bench.results import load_run
+from bench.train import launcher as launch
+from bench.core.config import build_config
+from bench.results.store import load_run
 
 pytestmark = pytest.mark.distributed
 

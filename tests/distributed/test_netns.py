@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.results import load_run
+from bench.results.store import load_run
 from tests.distributed.agents import ROOT, leftovers, run_dir, start, wait_all
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -201,7 +201,7 @@ def delay_link(ms: float):
 def round_trips_s(run: Path, steps: int = 2) -> float:
     """Rank 0's time in the probe's round trips per profiled step: its sends and receives in the
     comm table (each receive waits for the answer to cross the link and back)."""
-    from bench.results import read_table
+    from bench.results.store import read_table
 
     comm = read_table(run, "comm")
     mine = comm[(comm["rank"] == 0) & comm["op"].isin(["send", "recv"])]

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from bench import launch
-from bench.config import build_config
-from bench.results import load_run
+from bench.train import launcher as launch
+from bench.core.config import build_config
+from bench.results.store import load_run
 
 pytestmark = pytest.mark.distributed
 
@@ -50,7 +50,7 @@ def test_a_time_budget_is_kept(tmp_path):
     assert took <= 40 * 1.10, took
     assert meta["plan"].startswith("budget 40s")
     assert (cells["status"].isin(["ok", "skipped"])).all(), cells[["strategy", "status", "reason"]]
-    # each process group ran under a cap drawn from the time left before it (bench.launch.Pacer)
+    # each process group ran under a cap drawn from the time left before it (bench.train.launcher.Pacer)
     ran = cells[cells["status"] == "ok"]
     assert ran["time_cap_s"].notna().all() and (ran["time_cap_s"] >= 0.1).all(), ran["time_cap_s"]
     assert ran.groupby(["nproc", "backend"])["time_cap_s"].nunique().eq(1).all()  # one cap a group
@@ -65,7 +65,7 @@ def test_a_time_budget_is_kept(tmp_path):
     from contextlib import redirect_stdout
     from pathlib import Path
 
-    from bench.cli import print_budget_use
+    from bench.cli.main import print_budget_use
 
     out = io.StringIO()
     with redirect_stdout(out):
@@ -88,7 +88,7 @@ def test_a_contended_host_is_flagged(tmp_path):
     hog = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         time.sleep(1.0)
-        r = subprocess.run([sys.executable, "-m", "bench.cli", "run", "--out", str(tmp_path), "--device", "cpu",
+        r = subprocess.run([sys.executable, "-m", "bench.cli.main", "run", "--out", str(tmp_path), "--device", "cpu",
                             "--backends", "gloo", "--workloads", "mlp", "--strategies", "single", "--world-sizes",
                             "1", "--steps", "30", "--warmup", "2", "--target-ci", "0", "--profile-steps", "0",
                             "--sample-hz", "20", "--no-progress"], capture_output=True, text=True, timeout=300)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench import launch
-from bench.config import build_config
-from bench.results import load_run
+from bench.train import launcher as launch
+from bench.core.config import build_config
+from bench.results.store import load_run
 
 pytestmark = pytest.mark.distributed
 

@@ -8,12 +8,12 @@ import time
 import pandas as pd
 import pytest
 
-from bench import launch
-from bench.config import build_config
-from bench.hardware import cpu_threads
-from bench.results import load_run
-from bench.samplers import Sampler
-from bench.samplers.host import HostSource
+from bench.train import launcher as launch
+from bench.core.config import build_config
+from bench.measure.hardware import cpu_threads
+from bench.results.store import load_run
+from bench.measure.telemetry import Sampler
+from bench.measure.host import HostSource
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench import launch
-from bench.config import build_config
-from bench.hardware import gpu_count
-from bench.results import load_run
+from bench.train import launcher as launch
+from bench.core.config import build_config
+from bench.measure.hardware import gpu_count
+from bench.results.store import load_run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_count() < 1, reason="needs a CUDA GPU")]
 
@@ -36,7 +36,7 @@ def test_bf16_single_gpu_reports_mfu_on_known_cards(tmp_path):
     cells = run(tmp_path, workloads="gpt-small", strategies="single", world_sizes="1", steps=5, warmup=2)
     row = cells.iloc[0]
     assert row["status"] == "ok" and row["precision"] == "bf16"
-    from bench.hardware import peak_flops
+    from bench.measure.hardware import peak_flops
 
     if peak_flops(torch.cuda.get_device_name(0), "bf16"):
         assert 0 < row["mfu"] < 1
@@ -57,7 +57,7 @@ def test_nccl_telemetry_energy_and_comm_records(tmp_path):
     assert len(ok) == 2, cells[["strategy", "status", "reason"]]
     # Energy is only given over timed windows of ENERGY_MIN_WINDOW_S or more (NVML's counter is too
     # coarse below): 20 steps of gpt-small on an H100 gave none (the window was not kept), so 200 here.
-    from bench.rows import ENERGY_MIN_WINDOW_S
+    from bench.results.rows import ENERGY_MIN_WINDOW_S
 
     window = ok["timed_end_unix"] - ok["timed_start_unix"]  # one repeat (the default): the timed window itself
     assert window.ge(ENERGY_MIN_WINDOW_S).all(), window

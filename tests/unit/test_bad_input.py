@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.results import RunWriter
+from bench.results.store import RunWriter
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PARBENCH_TEST_SECRET_TOKEN": "hunter2"}
-    return subprocess.run([sys.executable, "-m", "bench.cli", *args], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "bench.cli.main", *args], capture_output=True, text=True, timeout=120,
                           env=env, cwd=cwd)
 
 
@@ -49,7 +49,7 @@ def setup(tmp: Path, what: str) -> None:
     elif what.startswith("toml:"):
         (tmp / "c.toml").write_text(what[5:].replace(";", "\n"))
     elif what == "history":  # a history store holding one run
-        from bench.history import add
+        from bench.gate.history import add
 
         add(_run_folder(tmp), tmp / "hist", commit="abc")
     elif what.startswith("run"):
@@ -253,9 +253,9 @@ def argv_of(name: str, args: list[str], tmp: Path) -> list[str]:
 
 
 def in_process(argv: list[str], capsys) -> tuple[int, str]:
-    """bench.cli.main in this process (the same code path as the command, without paying a
+    """bench.cli.main.main in this process (the same code path as the command, without paying a
     Python + torch start per case on a loaded 2-core machine); argparse's exits count as codes."""
-    from bench.cli import main
+    from bench.cli.main import main
 
     capsys.readouterr()
     try:
@@ -309,8 +309,8 @@ def test_disk_full_keeps_parts_whole_and_says_so_in_one_line(tmp_path, monkeypat
 
     import pyarrow.parquet as pq
 
-    from bench import UserError
-    from bench.results import read_table
+    from bench.core.errors import UserError
+    from bench.results.store import read_table
 
     w = RunWriter(tmp_path / "run")
     w.append("cells", [{"cell_id": 0, "workload": "mlp", "strategy": "single", "backend": "gloo", "world_size": 1,
@@ -334,8 +334,8 @@ def test_disk_full_keeps_parts_whole_and_says_so_in_one_line(tmp_path, monkeypat
 def test_meta_json_full_disk_is_a_user_error(tmp_path, monkeypatch):
     import errno
 
-    from bench import UserError
-    from bench.results import write_meta
+    from bench.core.errors import UserError
+    from bench.results.store import write_meta
 
     d = tmp_path / "run"
     d.mkdir()
@@ -351,7 +351,7 @@ def test_meta_json_full_disk_is_a_user_error(tmp_path, monkeypatch):
 
 def test_no_secret_looking_variable_reaches_meta_or_report(tmp_path, monkeypatch):
     """meta.json keeps allowlisted variables only: a token-like name never appears."""
-    from bench.results import write_meta
+    from bench.results.store import write_meta
 
     monkeypatch.setenv("PARBENCH_API_TOKEN", "hunter2-token")
     monkeypatch.setenv("NCCL_SECRET_KEY", "hunter2-key")
@@ -368,8 +368,8 @@ def test_no_secret_looking_variable_reaches_meta_or_report(tmp_path, monkeypatch
 
 def test_a_budget_plan_with_no_time_cap_says_so():
     """`--time-cap 0` (no cap) under a budget was planned as "stops adding steps after 0.0s"."""
-    from bench import launch
-    from bench.config import build_config
+    from bench.train import launcher as launch
+    from bench.core.config import build_config
 
     cfg = build_config(toml=None, flags={"workloads": "mlp", "strategies": "single", "world_sizes": "1",
                                          "budget": "1m", "time_cap_s": 0, "target_ci": 0, "device": "cpu"}, gpus=0)
@@ -381,7 +381,7 @@ def test_a_budget_plan_with_no_time_cap_says_so():
 def test_a_long_budget_is_a_budget():
     """`--budget 99999h` was refused as "budget '3.59996e+08s' is not a duration": the checked budget
     was stored in scientific notation and parsed again."""
-    from bench.config import build_config, parse_duration
+    from bench.core.config import build_config, parse_duration
 
     assert parse_duration("99999h") == 99999 * 3600
     cfg = build_config(toml=None, flags={"workloads": "mlp", "budget": "99999h", "device": "cpu"}, gpus=0)
@@ -391,7 +391,7 @@ def test_a_long_budget_is_a_budget():
 
 def test_argparse_errors_are_one_line_with_the_fix(capsys):
     """argparse printed its whole usage before the error; a negative value read as a flag got no hint."""
-    from bench.cli import main
+    from bench.cli.main import main
 
     with pytest.raises(SystemExit) as e:
         main(["compare", "a", "b", "--threshold", "-5%"])

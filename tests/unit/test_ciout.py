@@ -7,8 +7,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from bench.ciout import benchmark_json, junit, markdown, pytest_benchmark_json, write_outputs
-from bench.regress import compare
+from bench.gate.ciout import benchmark_json, junit, markdown, pytest_benchmark_json, write_outputs
+from bench.gate.compare import compare
 from tests.regress_helpers import make_run, write_run
 
 
@@ -70,8 +70,8 @@ def parbench(argv):
     """The CLI as bench/cli.py will wire it: register(sub), then args.func; UserError -> 2."""
     import argparse
 
-    from bench import UserError
-    from bench.cli_regress import register
+    from bench.core.errors import UserError
+    from bench.cli.gate import register
 
     parser = argparse.ArgumentParser(prog="parbench")
     register(parser.add_subparsers(dest="cmd", required=True))

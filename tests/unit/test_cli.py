@@ -5,11 +5,11 @@ import sys
 
 import pytest
 
-from bench.cli import main
+from bench.cli.main import main
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "bench.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "bench.cli.main", *args], capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -41,8 +41,8 @@ def _fake_groups(monkeypatch, seen: list[int], stop_after: int | None = None):
     and raises SIGTERM's Interrupted after ``stop_after`` cells (as the signal handler would)."""
     import signal as _signal
 
-    from bench import launch
-    from bench.rows import failure_row
+    from bench.train import launcher as launch
+    from bench.results.rows import failure_row
 
     def fake(g, gid, cfg, writer, *a, **k):
         if k.get("starts") is not None:
@@ -59,7 +59,7 @@ def _fake_groups(monkeypatch, seen: list[int], stop_after: int | None = None):
 def test_sigterm_then_resume_runs_only_the_missing_cells(tmp_path, monkeypatch, capsys):
     import json
 
-    from bench.results import read_table
+    from bench.results.store import read_table
 
     args = ["run", "--out", str(tmp_path), "--device", "cpu", "--workloads", "mlp", "--strategies", "ddp,fsdp",
             "--world-sizes", "1,2", "--sample-hz", "0", "--no-progress"]
@@ -96,9 +96,9 @@ def test_disk_full_mid_run_stops_with_one_line_and_keeps_finished_cells(tmp_path
 
     import pyarrow.parquet as pq
 
-    from bench import launch
-    from bench.results import read_table
-    from bench.rows import failure_row
+    from bench.train import launcher as launch
+    from bench.results.store import read_table
+    from bench.results.rows import failure_row
 
     real = pq.write_table
 
@@ -134,7 +134,7 @@ TORCHRUN_LOG = """\
 E1126 10:06:31.080000 27500 api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 27521) of binary: python
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 =======================================================
-bench.worker FAILED
+bench.train.worker FAILED
 -------------------------------------------------------
 Failures:
 [1]:
@@ -156,7 +156,7 @@ Root Cause (first observed failure):
 
 
 def test_crash_reason_names_the_root_cause_rank_its_signal_and_a_real_error_line(tmp_path):
-    from bench.launch import crash_reason, exit_text
+    from bench.train.launcher import crash_reason, exit_text
 
     log = tmp_path / "g0-a1.log"
     log.write_text(TORCHRUN_LOG)
@@ -180,8 +180,8 @@ def test_summary_and_compare_print_brackets_verbatim(tmp_path):
     import pandas as pd
     from rich.console import Console
 
-    from bench.results import RunWriter
-    from bench.summary import print_compare, print_summary
+    from bench.results.store import RunWriter
+    from bench.cli.summary import print_compare, print_summary
 
     d = tmp_path / "run"
     RunWriter(d).append("cells", [{"cell_id": 0, "workload": "w[/x]", "strategy": "s[bold]", "backend": "gloo",
@@ -201,8 +201,8 @@ def test_the_budget_line_times_this_invocation_and_never_fails_a_finished_run(tm
     meta.json contents crashed the line after a complete run."""
     import json
 
-    from bench.cli import print_budget_use
-    from bench.results import RunWriter
+    from bench.cli.main import print_budget_use
+    from bench.results.store import RunWriter
 
     run = tmp_path / "r"
     RunWriter(run).add({"cell_id": 0, "status": "ok", "reason": ""})

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.collectives import busbw_factor
-from bench.commmodel import annotate_comm, fit, fit_alpha_beta, normalize_op, predict_comm
+from bench.comm.worker import busbw_factor
+from bench.comm.model import annotate_comm, fit, fit_alpha_beta, normalize_op, predict_comm
 
 SIZES = [2**k for k in range(10, 31)]  # 1 KiB .. 1 GiB
 
@@ -147,7 +147,7 @@ def test_annotate_recorded_run(tmp_path):
 def test_find_sweep_matches_the_machine_fingerprint(tmp_path):
     import json
 
-    from bench.commmodel import find_sweep
+    from bench.comm.model import find_sweep
 
     h100 = {"gpus": ["NVIDIA H100 80GB HBM3"] * 4, "gpu_count": 4, "driver": "580", "torch": "2.11", "nccl": "2.28.9"}
     for run, meta in (("20261126-090000-aaaa", h100), ("20261126-100000-bbbb", {**h100, "nccl": "2.27"}),

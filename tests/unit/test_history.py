@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from bench import UserError
-from bench.history import add, baseline, detect_steps, fingerprint, read_index, show
-from bench.regress import compare
-from bench.results import load_run
+from bench.core.errors import UserError
+from bench.gate.history import add, baseline, detect_steps, fingerprint, read_index, show
+from bench.gate.compare import compare
+from bench.results.store import load_run
 from tests.regress_helpers import write_run
 
 

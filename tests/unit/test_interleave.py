@@ -1,4 +1,4 @@
-"""bench/baselines/interleave.py's logic without processes: the noise verdict, the table built from
+"""tools/baselines/interleave.py's logic without processes: the noise verdict, the table built from
 records (synthetic and a committed GPU run), the global batch check."""
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ def _records(family: str, harness: list[float], plain: list[float], gb_h=16, gb_
 
 
 def _table(runs: list[dict], families: list[str]) -> dict[str, dict]:
-    from bench.baselines.interleave import State, table
+    from tools.baselines.interleave import State, table
 
     return {r["family"]: r for r in table(State(args={}, runs=runs), families, [2])}
 
 
 def test_interleave_verdict_rule():
-    from bench.baselines.interleave import verdict
+    from tools.baselines.interleave import verdict
 
     assert verdict([1.005, 0.995, 1.01], 0.30) == "within 1%"  # within 1% whatever the floor
     assert verdict([1.10, 1.12, 1.08], 0.03) == "harness slower"
@@ -73,7 +73,7 @@ def test_interleave_verdicts_of_the_real_fix2_run():
     """2x H100, gpt-200m at global batch 16, 3 rounds: launch-bound, the plain loops' round medians
     move by 39-60%, so no family's gap is resolved. The plain lines of that run carry no global batch
     (older programs): such rounds count as matching."""
-    from bench.baselines.interleave import State, print_table, table
+    from tools.baselines.interleave import State, print_table, table
 
     d = json.loads(FIX2.read_text())
     rows = table(State(args=d["args"], runs=d["runs"]), d["args"]["families"], d["args"]["world_sizes"])
@@ -93,7 +93,7 @@ def test_interleave_verdicts_of_the_real_fix2_run():
 def test_interleave_refuses_a_global_batch_one_side_cannot_take():
     import argparse
 
-    from bench.baselines.interleave import check_batch, parse_dims
+    from tools.baselines.interleave import check_batch, parse_dims
 
     args = argparse.Namespace(global_batch=4, _cli_help="--global-batch GLOBAL_BATCH")
     check_batch(args, ["ddp", "fsdp", "tensor"], [2, 4])

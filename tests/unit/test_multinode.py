@@ -11,11 +11,15 @@ import time
 
 import pytest
 
-from bench import UserError, launch, spec
-from bench.config import build_config, parse_endpoint
+from bench.core.errors import UserError
+
+from bench.train import launcher as launch
+
+from bench.core import spec
+from bench.core.config import build_config, parse_endpoint
 from bench.multinode import plan_digest
-from bench.rows import placement_columns
-from bench.spec import RankMeasurement
+from bench.results.rows import placement_columns
+from bench.core.spec import RankMeasurement
 from strategies.common import mesh_groups
 
 
@@ -107,9 +111,9 @@ def test_events_and_errors_are_read_by_global_rank(tmp_path):
 
 def test_ranks_of_nodes_sharing_a_machine_share_its_cores(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    import bench.hardware
+    import bench.measure.hardware
 
-    monkeypatch.setattr(bench.hardware, "cpu_threads", lambda: 8)  # threads_per_rank's source of CPUs
+    monkeypatch.setattr(bench.measure.hardware, "cpu_threads", lambda: 8)  # threads_per_rank's source of CPUs
     assert launch.child_env(2)["OMP_NUM_THREADS"] == "4"
     env = launch.child_env(2, node_rank=1, share=2)
     assert env["OMP_NUM_THREADS"] == "2" and env["PARBENCH_NODE_RANK"] == "1"
@@ -190,7 +194,7 @@ def test_a_listener_that_never_answers_is_given_up_after_the_rendezvous_timeout(
     import threading
     import time
 
-    from bench import UserError
+    from bench.core.errors import UserError
     from bench.multinode.nodes import _client
 
     srv = socket.socket()
@@ -231,7 +235,7 @@ def test_a_listener_that_answers_garbage_gives_one_line_not_torchs_retry_stacks(
 
     threading.Thread(target=serve, daemon=True).start()
     try:
-        r = subprocess.run([sys.executable, "-m", "bench.cli", "run", "--device", "cpu", "--workloads", "mlp",
+        r = subprocess.run([sys.executable, "-m", "bench.cli.main", "run", "--device", "cpu", "--workloads", "mlp",
                             "--strategies", "ddp", "--world-sizes", "2", "--nnodes", "2", "--node-rank", "1",
                             "--rdzv-endpoint", f"127.0.0.1:{srv.getsockname()[1]}", "--rdzv-timeout", "2",
                             "--out", str(tmp_path), "--no-progress"], capture_output=True, text=True, timeout=120)

@@ -1,4 +1,4 @@
-"""bench/baselines/order_effect.py: predecessors read from the recorded order, the separation verdict
+"""tools/baselines/order_effect.py: predecessors read from the recorded order, the separation verdict
 with its exact chance, the drift beside it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from bench.baselines import order_effect
+from tools.baselines import order_effect
 
 
 def _run(monkeypatch, order: list[tuple[str, int, float]], ws: int = 2):

@@ -1,8 +1,8 @@
 import pytest
 
-from bench import UserError
-from bench.config import build_config
-from bench.launch import group, plan
+from bench.core.errors import UserError
+from bench.core.config import build_config
+from bench.train.launcher import group, plan
 
 
 def planned(flags, gpus):
@@ -80,7 +80,7 @@ def test_tensor_parallel_needs_a_plan_from_the_workload():
 def test_the_default_budget_stands_aside_when_the_user_fixes_the_measurement():
     """Seen on 4x H100: `--steps 10 --steps-max 10` under the GPU's default 10-minute budget was
     rewritten to 2 steps and up to 500, so a cell meant to run exactly as a plain loop did not."""
-    from bench.launch import budget_plan
+    from bench.train.launcher import budget_plan
 
     cfg = build_config(toml=None, flags={"workloads": "mlp", "strategies": "ddp", "world_sizes": "1,2",
                                          "steps": 10, "warmup": 3, "steps_max": 10, "warmup_max": 3}, gpus=2)
@@ -101,7 +101,7 @@ def test_the_default_budget_stands_aside_when_the_user_fixes_the_measurement():
 def test_a_cells_earliest_rank_error_is_its_reason_whatever_order_they_are_read_in():
     """The launcher reads the ranks' event files in rank order, so a peer's consequence (rank 0: a
     broken collective) can be read before its cause (rank 1, earlier)."""
-    from bench.launch import earliest
+    from bench.train.launcher import earliest
 
     cause, consequence = (10.0, "rank 1: RuntimeError: cause"), (12.5, "rank 0: DistBackendError: peer gone")
     assert earliest(earliest(None, consequence), cause) == cause
@@ -115,8 +115,8 @@ def test_a_budget_plan_charges_gloo_and_one_process_multi_gpu_cells_more_on_gpus
     parameters, and for Gloo 21 s per billion at two ranks (its ring's 2(n-1)/n). A small GPU plan by hand: the
     reference (nccl), ddp x2 (nccl, gloo), dataparallel x2 (nccl, one process on 2 GPUs), in 3
     process groups, mlp (927,760 parameters)."""
-    from bench import launch
-    from bench.config import build_config
+    from bench.train import launcher as launch
+    from bench.core.config import build_config
 
     cfg = build_config(toml=None, flags={"device": "cuda", "workloads": "mlp", "strategies": "ddp,dataparallel",
                                          "backends": "nccl,gloo", "world_sizes": "2"}, gpus=2)
@@ -149,8 +149,8 @@ def test_a_budget_plan_charges_gloo_and_one_process_multi_gpu_cells_more_on_gpus
 def test_the_pacer_shares_the_time_left_among_the_cells_left_at_the_pace_so_far():
     """The default 4-GPU matrix ran 576 s against a 10-minute budget whose plan had assumed 400 s of
     fixed costs (seventh stop): before each group the cap is drawn again from the time left."""
-    from bench import launch
-    from bench.config import build_config
+    from bench.train import launcher as launch
+    from bench.core.config import build_config
 
     cfg = build_config(toml=None, flags={"device": "cuda", "workloads": "mlp", "strategies": "ddp",
                                          "backends": "nccl,gloo", "world_sizes": "2"}, gpus=2)
@@ -192,7 +192,7 @@ def test_the_pacer_shares_the_time_left_among_the_cells_left_at_the_pace_so_far(
 def test_an_adaptive_chunk_fits_the_time_left_of_its_allowance():
     import numpy as np
 
-    from bench.worker import CHUNK, chunk_within
+    from bench.train.worker import CHUNK, chunk_within
 
     assert chunk_within(None, 50, 1.0) == CHUNK and chunk_within(np.array([]), 50, 1.0) == CHUNK
     assert chunk_within(np.array([0.01, 0.01]), 3, None) == 3  # no allowance: the steps left
@@ -208,8 +208,8 @@ def test_the_pacer_keeps_the_budget_when_the_capped_part_runs_over():
     """A review's case: fixed costs exactly as modelled, but each capped slot takes 1.5 x its cap
     (warm-up may spend half a cap beyond the timed cap). Charging the pace to the fixed costs alone
     overran a 600 s budget by 22 s; the pace now divides the whole time left."""
-    from bench import launch
-    from bench.config import build_config
+    from bench.train import launcher as launch
+    from bench.core.config import build_config
 
     budget = 600.0
     cfg = build_config(toml=None, flags={"device": "cuda", "workloads": "mlp", "strategies": "ddp",
@@ -227,7 +227,7 @@ def test_the_pacer_keeps_the_budget_when_the_capped_part_runs_over():
 def test_profiled_steps_run_in_a_pass_at_the_end_on_cuda_and_inline_on_cpu():
     """--profile-at auto: "end" on CUDA (a GPU profiler session slows the process's later timed
     work), "inline" on CPU; either can be asked for; the pass's rebuild is charged to a budget."""
-    from bench import launch
+    from bench.train import launcher as launch
 
     def at(flags, gpus):
         _, cells, _ = planned(flags, gpus)

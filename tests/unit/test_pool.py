@@ -1,4 +1,4 @@
-"""bench/baselines/pool.py: interleave results pooled across calls (synthetic records, a .tgz with a
+"""tools/baselines/pool.py: interleave results pooled across calls (synthetic records, a .tgz with a
 member filter, the committed twelfth-stop runs) and its bad inputs."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.baselines import pool
+from tools.baselines import pool
 
 ROOT = Path(__file__).resolve().parents[2]
 STOP12 = ROOT / "docs" / "runs" / "stop12-h100-x4"

@@ -7,9 +7,9 @@ import math
 import pandas as pd
 import pytest
 
-from bench.collectives import busbw_factor
-from bench.commmodel import CommModel
-from bench.projection import calls_per_step, check_table, plot_projection, project
+from bench.comm.worker import busbw_factor
+from bench.comm.model import CommModel
+from bench.comm.projection import calls_per_step, check_table, plot_projection, project
 
 RUN4 = "docs/runs/four-gpus-h100"
 ALPHA, BUSBW = {2: 20e-6, 4: 25e-6}, {2: 300.0, 4: 330.0}

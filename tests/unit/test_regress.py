@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench import UserError
-from bench.calibrate import real_distributions, shipped_defaults, synthetic_trials
-from bench.regress import ALPHA, Samples, compare, decide, failed, min_samples, parse_threshold, shift_test, step_times
+from bench.core.errors import UserError
+from tools.calibrate import real_distributions, shipped_defaults, synthetic_trials
+from bench.gate.compare import ALPHA, Samples, compare, decide, failed, min_samples, parse_threshold, shift_test, step_times
 from tests.regress_helpers import make_run
 
 RUNS = Path(__file__).resolve().parents[2] / "docs" / "runs"
@@ -213,11 +213,11 @@ def test_bad_threshold(text, needle):
 
 
 def test_real_pair_bookkeeping(tmp_path):
-    """bench.calibrate's pairing of real runs (without making runs): A/A and A/B rows per pair,
+    """tools.calibrate's pairing of real runs (without making runs): A/A and A/B rows per pair,
     runs pooled as repeats, and the history variant; the slowed twin is compared as its target."""
     import argparse
 
-    from bench.calibrate import history_pairs, real_pairs
+    from tools.calibrate import history_pairs, real_pairs
     from tests.regress_helpers import write_run
 
     runs = [write_run(tmp_path / f"2026-{i}", {"single": 1.0, "slow5": 1.3}, seed=i, noise=0.002)
@@ -259,7 +259,7 @@ def test_too_few_repeats_give_no_interval_rather_than_an_infinite_one():
 def test_a_one_rank_cell_dropped_from_the_matrix_is_missing_not_broken():
     """A baseline recorded before one-rank cells ran under one backend has their Gloo row ok; the new
     run skips it by design (eighth stop's review): that must not fail the gate."""
-    from bench.spec import ONE_RANK_SKIP
+    from bench.core.spec import ONE_RANK_SKIP
 
     base = make_run({"ddp": 1.0, "fsdp": 1.0})
     cur = make_run({"ddp": 1.0, "fsdp": 1.0}, statuses={"ddp": "skipped", "fsdp": "skipped"}, seed=1)

@@ -6,7 +6,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pytest
 
-from bench.results import RunWriter, load_run
+from bench.results.store import RunWriter, load_run
 from reports import build_report, figures
 from reports.recommend import recommend
 from tests import chromium
@@ -104,7 +104,7 @@ def test_report_with_a_baseline_puts_regressions_first(tmp_path):
 
 
 def test_report_onto_a_file_is_a_one_line_error(tmp_path):
-    from bench import UserError
+    from bench.core.errors import UserError
 
     run = fake_run(tmp_path)
     (tmp_path / "f").write_text("x")

@@ -1,8 +1,8 @@
 import pandas as pd
 import pytest
 
-from bench import UserError
-from bench.results import CELL_COLUMNS, STEP_COLUMNS, RunWriter, derive, frame, load_run
+from bench.core.errors import UserError
+from bench.results.store import CELL_COLUMNS, STEP_COLUMNS, RunWriter, derive, frame, load_run
 
 
 def cell(cid, strategy, ws, tput, precision="fp32"):

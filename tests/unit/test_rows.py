@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from bench.metrics import Metric
-from bench.rows import build_row, failure_row
-from bench.spec import CellSpec, Measure, RankMeasurement, WorkloadFacts
+from bench.core.metrics import Metric
+from bench.results.rows import build_row, failure_row
+from bench.core.spec import CellSpec, Measure, RankMeasurement, WorkloadFacts
 from strategies.pipeline import PIPELINE_METRICS
 
 
@@ -60,7 +60,7 @@ def test_energy_needs_a_window_of_one_second():
 
 
 def test_telemetry_window_uses_the_planned_gpus_only():
-    from bench.rows import telemetry_means
+    from bench.results.rows import telemetry_means
 
     samples = [{"t": 100.5, "device": "gpu0", "metric": "power_w", "value": 300.0},
                {"t": 100.7, "device": "gpu1", "metric": "power_w", "value": 100.0},
@@ -77,7 +77,7 @@ def test_telemetry_window_uses_the_planned_gpus_only():
 def test_power_cap_is_reported_but_only_thermal_or_hardware_slowdowns_mark_contention():
     """A fully loaded GPU sits at its software power cap (0x4) and stays steady (seen on H100s); a
     thermal or hardware slowdown (0x8, 0x20, 0x40, 0x80) means something outside the cell slows it."""
-    from bench.rows import telemetry_means
+    from bench.results.rows import telemetry_means
 
     def means(reasons):
         samples = [{"t": 100.0 + i / 10, "device": "gpu0", "metric": "throttle_reasons", "value": float(v)}
@@ -144,7 +144,7 @@ def test_a_strategy_declaring_a_core_column_is_refused_when_loaded():
 
 
 def test_registry_lists_every_column_once_and_strategy_columns_after_the_core():
-    from bench.metrics import CORE, all_metrics
+    from bench.core.metrics import CORE, all_metrics
 
     names = [m.name for m in all_metrics()]
     assert len(names) == len(set(names)) and names[: len(CORE)] == [m.name for m in CORE]
@@ -168,7 +168,7 @@ def test_a_failure_in_a_later_repeat_fails_the_cell():
 
 
 def test_contention_is_named():
-    from bench.rows import contention
+    from bench.results.rows import contention
 
     assert contention({"host_other_cpu_cores": 1.6, "host_load1": 5.0}, 2).startswith("1.6 cores busy")
     assert "throttled" in contention({"gpu_throttled_frac": 0.5}, 64)
@@ -176,8 +176,8 @@ def test_contention_is_named():
 
 
 def test_a_one_process_cell_uses_a_device_when_its_training_grew_it_at_all():
-    from bench.rows import distribution_check
-    from bench.spec import devices_grown
+    from bench.results.rows import distribution_check
+    from bench.core.spec import devices_grown
     # A layer split of the built-in convnet: the last GPU holds a 2048 x 10 classifier, its
     # gradients and its inputs (about 0.7 MB). It is used; a GPU the cell never touched is not.
     assert devices_grown([50_000_000, 700_000 + 4096], [0, 4096]) == 2

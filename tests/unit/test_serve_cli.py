@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from bench import UserError
-from bench.cli_serve import config_from_args, main, register
+from bench.core.errors import UserError
+from bench.cli.serve import config_from_args, main, register
 from bench.serve.config import ServeConfig
 from bench.serve.sweep import run_sweep
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench import UserError
+from bench.core.errors import UserError
 from bench.serve.loadgen import Tenant, closed_sizes, parse_tenants, schedule
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from bench.metrics import registry
-from bench.results import RunWriter, cell_columns, load_run, read_table
+from bench.core.metrics import registry
+from bench.results.store import RunWriter, cell_columns, load_run, read_table
 from bench.serve import schema
 from bench.serve.policies import JoinShortestQueue, simulate
 from bench.serve.run import parity_err

@@ -2,8 +2,8 @@
 
 import pytest
 
-from bench import spec
-from bench.spec import ContractError, GroupPlan, Measured, RankMeasurement
+from bench.core import spec
+from bench.core.spec import ContractError, GroupPlan, Measured, RankMeasurement
 from tests.unit.test_rows import spec as cell
 
 

@@ -3,7 +3,7 @@ import time
 import numpy as np
 import torch
 
-from bench.noise import (
+from bench.stats import (
     bimodality_coefficient,
     median_ci,
     order_stat_halfwidth,
@@ -11,7 +11,7 @@ from bench.noise import (
     slow_rank,
     summarize,
 )
-from bench.timing import StepTimer
+from bench.measure.timing import StepTimer
 
 
 def test_median_interval_brackets_the_median_and_is_reproducible():
@@ -81,7 +81,8 @@ def test_ranks_tear_cupti_down_after_profiling_unless_the_user_says_otherwise(mo
     """A profiler session leaves CUPTI attached without TEARDOWN_CUPTI=1 (measured: launch-bound
     steps 1.95x slower afterwards on an H100), and the harness profiles cells in the processes that
     measure later cells; the ranks' environment and the recorded fingerprint must both say so."""
-    from bench import fingerprint, launch
+    from bench.measure import fingerprint
+    from bench.train import launcher as launch
 
     monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
     assert launch.child_env(2)["TEARDOWN_CUPTI"] == "1"
@@ -94,7 +95,7 @@ def test_ranks_tear_cupti_down_after_profiling_unless_the_user_says_otherwise(mo
 def test_the_binomial_quantile_matches_scipy():
     from scipy import stats
 
-    from bench.timing import binom_half_ppf
+    from bench.measure.timing import binom_half_ppf
 
     for n in [*range(0, 200), 499, 500, 1000, 2047]:
         # (at a q that a CDF value equals exactly, as 0.5 for odd n, scipy rounds in floating point)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.topology import cpu_list, format_matrix, pair_label, topology
+from bench.measure.topology import cpu_list, format_matrix, pair_label, topology
 
 
 class NotSupported(Exception):

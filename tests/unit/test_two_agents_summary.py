@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "multinode" / "device_two_agents.sh"
+SCRIPT = ROOT / "tools" / "device" / "two_agents.sh"
 RUNS = ROOT / "docs" / "runs" / "stop9-h100-x4"
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench import UserError
+from bench.core.errors import UserError
 from bench.workloads import Workload, resolve, shard
 from bench.workloads.gpt import SIZES
 

@@ -1,0 +1,135 @@
+"""`parbench slurm`: write (and with --submit, submit) an sbatch script for a multi-node run."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.core.errors import UserError
+
+#: run flags the script sets itself (per node) or that make no sense in a batch job
+OWN = {"nnodes", "node_rank", "rdzv_endpoint", "out", "resume", "no_progress"}
+
+
+def register(sub: Any) -> argparse.ArgumentParser:
+    from bench.cli.main import add_run_args
+
+    p = sub.add_parser("slurm", help="write an sbatch script for a run on several nodes (--submit: submit it)")
+    p.add_argument("--nodes", type=int, required=True, help="nodes to allocate; one parbench launcher each")
+    p.add_argument("--gpus-per-node", dest="gpus_per_node", type=int, required=True,
+                   help="GPUs per node (0 for a CPU run with --device cpu)")
+    p.add_argument("--script", "-o", help="where to write the script (default parbench-NxG.sbatch)")
+    p.add_argument("--submit", action="store_true", help="submit it with sbatch")
+    p.add_argument("--port", type=int, default=29400, help="rendezvous port on the first node (default 29400)")
+    p.add_argument("--time", help="sbatch --time, e.g. 00:30:00")
+    p.add_argument("--partition", help="sbatch --partition")
+    p.add_argument("--account", help="sbatch --account")
+    p.add_argument("--cpus-per-task", dest="cpus_per_task", type=int, help="sbatch --cpus-per-task")
+    p.add_argument("--job-name", dest="job_name", default="parbench")
+    p.add_argument("--python", default=sys.executable,
+                   help="the interpreter with parbench installed, as every node sees it (default: this one)")
+    p.add_argument("--rdzv-timeout", dest="rdzv_timeout_s", type=float,
+                   help="seconds the nodes wait for each other (default 300)")
+    run = p.add_argument_group("run options (passed to parbench run on every node)")
+    add_run_args(run)
+    p.set_defaults(func=cmd_slurm, _run_actions=list(run._group_actions))
+    return p
+
+
+def run_argv(args: argparse.Namespace, parser_actions) -> list[str]:
+    """The `parbench run` flags the user gave, rebuilt from the parsed values (paths absolute:
+    the job may start elsewhere)."""
+    out: list[str] = []
+    for a in parser_actions:
+        if not a.option_strings or a.dest in OWN | {"help"}:
+            continue
+        v = getattr(args, a.dest, None)
+        if v is None or v is False or v == []:
+            continue
+        flag = max(a.option_strings, key=len)
+        if a.dest == "config":
+            v = str(Path(v).resolve())
+        if isinstance(a, argparse._StoreTrueAction):
+            out.append(flag)
+        elif isinstance(a, argparse._AppendAction):
+            for item in v:
+                out += [flag, str(item)]
+        else:
+            out += [flag, str(v)]
+    return out
+
+
+def cmd_slurm(args: argparse.Namespace) -> int:
+    from bench.cli.main import parse_options
+    from bench.core.config import build_config, load_toml
+    from bench.multinode.slurm import SlurmJob, render
+
+    if args.nodes is None or args.nodes < 1:
+        raise UserError(f"--nodes {args.nodes} must be >= 1; e.g. --nodes 2")
+    if args.gpus_per_node < 0:
+        raise UserError(f"--gpus-per-node {args.gpus_per_node} must be >= 0 (0 for a CPU run)")
+    if not 1 <= args.port <= 65535:
+        raise UserError(f"--port {args.port} must be from 1 to 65535, e.g. --port 29400")
+    # The run's flags are checked here, as the nodes will see them, so that a typo fails now and
+    # not after the job waited in the queue.
+    flags = {k: getattr(args, k) for k in ("workloads", "strategies", "backends", "world_sizes", "device", "steps",
+                                           "warmup", "seed", "precision", "global_batch", "cell_timeout_s",
+                                           "sample_hz", "scaling", "repeats", "budget", "warmup_max", "steps_max",
+                                           "target_ci", "time_cap_s", "profile_steps", "profile_at", "trace",
+                                           "rdzv_timeout_s")}
+    flags.update(nnodes=args.nodes, rdzv_endpoint=f"slurm-first-node:{args.port}" if args.nodes > 1 else None)
+    toml = load_toml(args.config) if args.config else {}
+    if args.option:
+        flags["options"] = {**toml.get("options", {}), **parse_options(args.option)}
+    cfg = build_config(toml=toml, flags=flags, gpus=args.gpus_per_node)
+    if cfg.device == "cuda" and args.gpus_per_node == 0:
+        raise UserError("--gpus-per-node 0 with a CUDA run; give the GPUs per node or pass --device cpu")
+    # the planning the nodes will do, here: an unknown strategy, workload or option fails now, not
+    # after the job waited in the queue (build_config alone checks the flags' forms)
+    from bench.train.launcher import plan
+
+    try:
+        plan(cfg, args.gpus_per_node)
+    except UserError as e:
+        # a user's module may import only in the job's environment (--python): said, not refused
+        unloadable = "cannot import" in str(e) or "cannot load" in str(e)
+        if not unloadable or not any(":" in x for x in [*cfg.workloads, *cfg.strategies]):
+            raise
+        print(f"note: not checked here, the nodes will import it: {e}")
+    out = str(Path(args.out or "results").resolve())
+    actions = getattr(args, "_run_actions", [])
+    given = run_argv(args, actions)
+    if args.rdzv_timeout_s is not None:
+        given += ["--rdzv-timeout", f"{cfg.rdzv_timeout_s:g}"]
+    job = SlurmJob(nodes=args.nodes, gpus_per_node=args.gpus_per_node, run_args=given, out=out,
+                   python=args.python, workdir=os.getcwd(), port=args.port, job_name=args.job_name, time=args.time,
+                   partition=args.partition, account=args.account, cpus_per_task=args.cpus_per_task)
+    path = Path(args.script or f"parbench-{args.nodes}x{args.gpus_per_node}.sbatch")
+    if path.is_dir():
+        raise UserError(f"--script {str(path)!r} is a folder; pass a file name, e.g. --script job.sbatch")
+    try:
+        path.write_text(render(job))
+    except OSError as e:
+        raise UserError(f"--script {str(path)!r} cannot be written ({e.strerror}); pass a writable path") from None
+    print(f"wrote {path} ({args.nodes} node(s) x {args.gpus_per_node} GPU(s), results in {out})")
+    if not args.submit:
+        print(f"submit it with: sbatch {path}")
+        return 0
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        raise UserError(f"sbatch not found on PATH; submit the script on a Slurm login node: sbatch {path}")
+    try:  # Slurm opens --output (inside the results folder) before the script's own mkdir runs
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out {out!r} cannot be created ({e.strerror}); pass a folder on shared storage") from None
+    r = subprocess.run([sbatch, str(path)], capture_output=True, text=True)
+    if r.returncode:
+        line = (r.stderr.strip().splitlines() or ["no message"])[-1]
+        raise UserError(f"sbatch {path} failed (exit code {r.returncode}): {line}")
+    print(r.stdout.strip())
+    return 0

@@ -1,0 +1,236 @@
+"""Projected step time of DDP, FSDP and tensor parallel at more GPUs, from cells measured at 1 and
+2 GPUs and the alpha-beta communication model; checked against measured cells where they exist.
+
+For a strategy s, with the global batch fixed (as the measured cells have it):
+
+* compute(N) = a + b/N through the 1-GPU cell's and s's 2-GPU cell's ``compute_time_s``: ``b`` is
+  the work that divides over ranks, ``a`` what every rank repeats (optimizer, launches);
+* communication per step: s's 2-GPU calls from ``comm.parquet`` (op and nccl-tests size S per
+  rank and step). S does not change with N for these strategies (DDP reduces all gradients, FSDP
+  gathers all parameters and reduce-scatters all gradients, TP reduces whole activations); the
+  model gives each call's time at N (measured world sizes directly, others through the op's busbw
+  factor, capped at the inter-node bandwidth past one node);
+* overlap: the 2-GPU cell's ``overlap_frac`` hides that share of communication at every N;
+* anchor: what the 2-GPU step has beyond compute and exposed comm (launch gaps, profiler skew) is
+  carried unchanged, so step(2) is reproduced exactly.
+
+Two communication variants: ``model`` (calls run at the sweep's curve) and ``calibrated`` (calls
+keep the fraction of the curve the 2-GPU cell achieved). Every projected row has
+``kind == 'projected'``; measured numbers only appear in ``measured_step_s`` of the check rows.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bench.comm.model import CommModel, normalize_op, sweep_size
+
+STRATEGIES = ("ddp", "fsdp", "tensor")
+
+
+def calls_per_step(comm_df: pd.DataFrame, cell_id: int, steps: int) -> pd.DataFrame:
+    """(op, size_bytes, per_step): the calls one rank makes per step in a cell, by op and size."""
+    c = comm_df[comm_df["cell_id"] == cell_id].copy()
+    c["op_norm"] = c["op"].map(normalize_op)
+    c = c[c["op_norm"].notna() & c["bytes"].notna()]
+    if c.empty:
+        return pd.DataFrame(columns=["op", "size_bytes", "per_step"])
+    group = c["group_size"].where(c["group_size"].notna(), c["world_size"]).astype(float)
+    c["size_bytes"] = [sweep_size(o, b, g) for o, b, g in zip(c["op_norm"], c["bytes"], group)]
+    ranks = c["rank"].nunique()
+    out = c.groupby(["op_norm", "size_bytes"]).size().rename("per_step").reset_index()
+    out["per_step"] = out["per_step"] / (ranks * steps)
+    return out.rename(columns={"op_norm": "op"})
+
+
+def comm_per_step(calls: pd.DataFrame, model: CommModel, backend: str, world: int, **net: Any) -> float:
+    """Model seconds per step of these calls at ``world`` ranks (net: predict's inter-node args)."""
+    return float(sum(k * model.predict(o, backend, world, s, **net)
+                     for o, s, k in zip(calls["op"], calls["size_bytes"], calls["per_step"])))
+
+
+def measured_comm_per_step(comm_df: pd.DataFrame, cell_id: int, steps: int) -> float:
+    """Sum of the cell's modelled call durations per rank and step (recorded, waits included)."""
+    c = comm_df[comm_df["cell_id"] == cell_id]
+    c = c[c["op"].map(normalize_op).notna() & c["bytes"].notna()]
+    return float(c["duration_s"].sum() / max(c["rank"].nunique(), 1) / steps) if len(c) else 0.0
+
+
+def _cell(cells: pd.DataFrame, strategy: str, world: int) -> pd.Series | None:
+    c = cells[(cells["strategy"] == strategy) & (cells["world_size"] == world) & (cells["status"] == "ok")]
+    return c.iloc[0] if len(c) else None
+
+
+def _compute_fit(c1: float, c2: float) -> tuple[float, float]:
+    """(a, b) of compute(N) = a + b/N through (1, c1) and (2, c2), kept non-negative."""
+    b = 2.0 * (c1 - c2)
+    if b <= 0:
+        return c2, 0.0  # compute did not shrink from 1 to 2 GPUs: assume it stays
+    a = c1 - b
+    return (a, b) if a >= 0 else (0.0, c1)
+
+
+def project(cells: pd.DataFrame, comm_df: pd.DataFrame, model: CommModel, *, strategies: tuple[str, ...] = STRATEGIES,
+            worlds: tuple[int, ...] = (4, 8, 16, 64), steps: int = 2, gpus_per_node: int = 8,
+            inter_node_gbs: float = 50.0, inter_node_latency_s: float = 10e-6, backend: str = "nccl",
+            device: str | None = None) -> pd.DataFrame:
+    """One row per (strategy, world size): projected step time (both variants), its parts, and the
+    measured step time and relative errors where ``cells`` has that world size."""
+    single = _cell(cells, "single", 1)
+    if single is None:
+        raise ValueError("cells has no ok 'single' cell at world size 1: the projection needs it for compute")
+    net = {"gpus_per_node": gpus_per_node, "inter_node_gbs": inter_node_gbs,
+           "inter_node_latency_s": inter_node_latency_s, "device": device}
+    rows = []
+    for s in strategies:
+        c2 = _cell(cells[cells["backend"].isin([backend, "none"])], s, 2)
+        if c2 is None:
+            continue
+        a, b = _compute_fit(float(single["compute_time_s"]), float(c2["compute_time_s"]))
+        calls = calls_per_step(comm_df, int(c2["cell_id"]), steps)
+        ov = float(c2["overlap_frac"]) if pd.notna(c2.get("overlap_frac")) else 0.0
+        m2 = comm_per_step(calls, model, backend, 2, **net)
+        meas2 = measured_comm_per_step(comm_df, int(c2["cell_id"]), steps)
+        eff = meas2 / m2 if m2 > 0 else 1.0  # >1: the cell's calls were that much slower than the curve
+        step2, comp2 = float(c2["step_time_median_s"]), float(c2["compute_time_s"])
+        other = step2 - comp2 - (1 - ov) * m2
+        other_cal = step2 - comp2 - (1 - ov) * eff * m2
+        for n in worlds:
+            comp = a + b / n
+            mn = comm_per_step(calls, model, backend, n, **net)
+            pred = comp + (1 - ov) * mn + other
+            pred_cal = comp + (1 - ov) * eff * mn + other_cal
+            meas = _cell(cells[cells["backend"] == backend], s, n)
+            m_step = float(meas["step_time_median_s"]) if meas is not None else math.nan
+            rows.append({"kind": "projected", "strategy": s, "backend": backend, "world_size": n,
+                         "nodes": math.ceil(n / gpus_per_node), "compute_s": comp, "comm_model_s": mn,
+                         "overlap_frac_2gpu": ov, "comm_efficiency_2gpu": 1 / eff if eff else math.nan,
+                         "anchor_s": other, "pred_step_s": pred, "pred_step_calibrated_s": pred_cal,
+                         "pred_step_unanchored_s": comp + (1 - ov) * mn, "measured_step_s": m_step,
+                         "err": pred / m_step - 1, "err_calibrated": pred_cal / m_step - 1,
+                         "measured_compute_s": float(meas["compute_time_s"]) if meas is not None else math.nan,
+                         "inter_node_gbs": inter_node_gbs if n > gpus_per_node else math.nan})
+    return pd.DataFrame(rows)
+
+
+def check_table(proj: pd.DataFrame) -> pd.DataFrame:
+    """The held-out rows (world size > 2, with a measured cell): predicted vs measured, ms, errors
+    in %. World sizes 1 and 2 are the inputs: the anchor reproduces them by construction."""
+    c = proj[proj["measured_step_s"].notna() & (proj["world_size"] > 2)].copy()
+    for k in ("pred_step_s", "pred_step_calibrated_s", "measured_step_s", "compute_s", "measured_compute_s",
+              "comm_model_s"):
+        c[k[:-2] + "_ms"] = c[k] * 1e3
+    c["err_pct"] = c["err"] * 100
+    c["err_calibrated_pct"] = c["err_calibrated"] * 100
+    return c[["strategy", "world_size", "measured_step_ms", "pred_step_ms", "err_pct", "pred_step_calibrated_ms",
+              "err_calibrated_pct", "compute_ms", "measured_compute_ms", "comm_model_ms"]]
+
+
+def plot_projection(proj: pd.DataFrame, path: str | Path, title: str = "") -> Path:
+    """Two panels: left the 4-GPU check (measured and predicted side by side), right the
+    projection, labelled PROJECTED; the two are never drawn on the same axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    chk = proj[proj["measured_step_s"].notna() & (proj["world_size"] > 2)]
+    x = np.arange(len(chk))
+    ax1.bar(x - 0.27, chk["measured_step_s"] * 1e3, 0.27, label="measured", color="dimgray")
+    ax1.bar(x, chk["pred_step_s"] * 1e3, 0.27, label="predicted (model comm)", hatch="//",
+            color="white", edgecolor="black")
+    ax1.bar(x + 0.27, chk["pred_step_calibrated_s"] * 1e3, 0.27, label="predicted (calibrated comm)",
+            hatch="..", color="white", edgecolor="black")
+    ax1.set_xticks(x, [f"{s}\nx{w}" for s, w in zip(chk["strategy"], chk["world_size"])])
+    ax1.set_ylabel("step time (ms)")
+    ax1.set_title("check: measured vs predicted")
+    ax1.legend(fontsize=8)
+    for s, g in proj.groupby("strategy"):
+        line, = ax2.plot(g["world_size"], g["pred_step_s"] * 1e3, "--o", label=f"{s} (model comm)")
+        ax2.plot(g["world_size"], g["pred_step_calibrated_s"] * 1e3, ":s", color=line.get_color(),
+                 label=f"{s} (calibrated)")
+    ax2.set_xscale("log", base=2)
+    ax2.set_yscale("log")
+    ax2.set_xlabel("GPUs (past one node: capped at the inter-node bandwidth)")
+    ax2.set_ylabel("step time (ms)")
+    ax2.set_title("PROJECTED (model, not measured)")
+    ax2.text(0.5, 0.5, "PROJECTED", transform=ax2.transAxes, fontsize=40, color="grey", alpha=0.2,
+             ha="center", va="center", rotation=20)
+    ax2.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def annotate_summary(comm_df: pd.DataFrame, sweep: pd.DataFrame, device: str | None = "cuda") -> pd.DataFrame:
+    """Per (cell, op): calls, median achieved busbw, median curve busbw, median ratio, share of calls
+    below half the curve and share of those a late peer explains."""
+    from bench.comm.model import annotate_comm
+
+    a = annotate_comm(comm_df, sweep, device=device)
+    a = a[a["ratio"].notna()]
+    g = a.groupby(["cell_id", "backend", "n", "op_norm"])
+    out = g.agg(calls=("ratio", "size"), busbw_gbs=("busbw_gbs", "median"), curve_gbs=("curve_busbw_gbs", "median"),
+                ratio=("ratio", "median"), below=("below_curve", "mean"), wait_explains=("wait_explains", "mean"))
+    return out.reset_index()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.comm.projection --sweep collectives.parquet --run docs/runs/four-gpus-h100 --out DIR``:
+    fit the model, check the projection against the run's measured cells, project further,
+    annotate the run's recorded calls; writes CSVs and projection.png into DIR, prints tables."""
+    import argparse
+
+    from bench.comm.model import fit, predict_comm
+
+    ap = argparse.ArgumentParser(prog="python -m bench.comm.projection")
+    ap.add_argument("--sweep", nargs="+", required=True, help="collectives.parquet file(s)")
+    ap.add_argument("--run", required=True, help="run folder with cells.parquet and comm.parquet (1, 2, 4 GPUs)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--inter-node-gbs", type=float, default=50.0, help="per-GPU inter-node bandwidth, GB/s")
+    ap.add_argument("--gpus-per-node", type=int, default=8)
+    ap.add_argument("--profile-steps", type=int, default=2, help="steps comm.parquet covers per cell")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sweep = pd.concat([pd.read_parquet(p) for p in args.sweep], ignore_index=True)
+    model = fit(sweep)
+    model.fits.to_csv(out / "comm_model.csv", index=False)
+    cells = pd.read_parquet(Path(args.run) / "cells.parquet")
+    comm = pd.read_parquet(Path(args.run) / "comm.parquet")
+    pd.set_option("display.width", 250)
+    pd.set_option("display.max_columns", 30)
+    t = model.table()
+    print("alpha-beta model (largest size range per op/backend/world):")
+    print(t[t["hi"] == np.inf].round(3).to_string(index=False))
+    summ = annotate_summary(comm, sweep)
+    summ.to_csv(out / "comm_vs_curve.csv", index=False)
+    print(f"\nrecorded calls of {args.run} against the sweep's curve (ratio = achieved / curve busbw):")
+    print(summ.round(3).to_string(index=False))
+    pc = predict_comm(comm, model, steps=args.profile_steps, device="cuda")
+    print("\nper cell, comm per rank and step: measured (sum of call durations) vs model:")
+    print(pc.round(5).to_string(index=False))
+    proj = project(cells, comm, model, steps=args.profile_steps, gpus_per_node=args.gpus_per_node,
+                   inter_node_gbs=args.inter_node_gbs, device="cuda")
+    proj.to_csv(out / "projection.csv", index=False)
+    plot_projection(proj, out / "projection.png", title=f"{Path(args.run).name}: PROJECTED beyond the measured cells")
+    print("\nPROJECTED step time (ms; model comm / calibrated comm):")
+    print(proj.pivot_table(index="world_size", columns="strategy", values=["pred_step_s", "pred_step_calibrated_s"])
+          .mul(1e3).round(1).to_string())
+    print("\nprojection check against measured cells (goal: within 10%):")
+    print(check_table(proj).round(2).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

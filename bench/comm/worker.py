@@ -1,0 +1,340 @@
+"""The collective sweep worker: one torchrun group times every (op, dtype, size) of a plan.
+
+Started as ``python -m torch.distributed.run ... -m bench.comm.worker PLAN.json``; each rank inits
+the process group once and runs the whole plan; rank 0 writes the rows to ``plan["out"]`` (JSON,
+rewritten after every op so a killed run keeps what it measured).
+
+Definitions follow nccl-tests (doc/PERFORMANCE.md): ``size`` S is the total array in bytes (the
+output of all_gather, the input of reduce_scatter, the send buffer of all_to_all, one rank's send
+buffer for send/recv), ``algbw = S / t`` and ``busbw = algbw * factor(op, n)``.
+
+Timing is back-to-back: warm-up calls, then ``iters`` calls between two CUDA events (NCCL) or two
+``perf_counter`` reads around one synchronize (Gloo), so no per-call host sync is measured. On NCCL,
+sizes up to ``graph_max_bytes`` can be captured in a CUDA graph and replayed, which removes the
+Python launch cost that dominates small sizes. The time of a point is the mean over ranks (as
+nccl-tests reports by default); the max over ranks is kept too.
+
+Correctness: before timing, every op runs once on inputs filled with small integers that depend on
+rank, chunk and index (exact in bf16 up to 32 ranks), and the output is compared element by element
+with the expected value; ``wrong`` is the number of mismatching elements summed over ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "sendrecv")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+GB = 1e9  # nccl-tests reports GB/s with GB = 1e9 bytes
+#: ops Gloo cannot run on CUDA tensors, with the reason recorded in their rows
+UNSUPPORTED_GLOO_CUDA = {"sendrecv": "gloo send/recv takes CPU tensors only (CUDA: 'writev ... Bad address', "
+                                     "then the receiver hangs)"}
+
+
+def busbw_factor(op: str, n: int) -> float:
+    """nccl-tests' correction from algorithm to bus bandwidth for ``n`` ranks."""
+    if n <= 1:
+        return 1.0
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0  # broadcast, reduce, sendrecv
+
+
+def size_ladder(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
+    """min, min*f, ... up to and including max (max is appended if the ladder misses it)."""
+    out, s = [], int(min_bytes)
+    while s <= max_bytes:
+        out.append(s)
+        s *= factor
+    if out and out[-1] != max_bytes:
+        out.append(int(max_bytes))
+    return out
+
+
+def _pattern(count: int, src: int, chunk: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Small integers (1..8) depending on source rank, chunk and index: exact in bf16, sums too."""
+    base = (src % 4) + 1 + (chunk % 3)
+    return (torch.arange(count, device=device, dtype=torch.int32) % 3 + base).to(dtype)
+
+
+def _ranksum(n: int) -> int:
+    return sum((j % 4) + 1 for j in range(n))
+
+
+class Op:
+    """Buffers and a call for one (op, dtype, size) on this rank, plus its correctness check."""
+
+    def __init__(self, name: str, nbytes: int, dtype: torch.dtype, device: torch.device, rank: int, n: int):
+        self.name, self.dtype, self.device, self.rank, self.n = name, dtype, device, rank, n
+        esize = torch.tensor([], dtype=dtype).element_size()
+        count = max(1, nbytes // esize)
+        if name in ("all_gather", "reduce_scatter", "all_to_all"):
+            count = max(n, count - count % n)  # the total must split evenly over ranks
+        self.count, self.chunk = count, count // n
+        self.size_bytes = count * esize
+        e = lambda k: torch.empty(k, dtype=dtype, device=device)
+        if name in ("all_reduce", "broadcast"):
+            self.inp = self.out = e(count)
+        elif name == "all_gather":
+            self.inp, self.out = e(self.chunk), e(count)
+        elif name == "reduce_scatter":
+            self.inp, self.out = e(count), e(self.chunk)
+        elif name in ("all_to_all", "sendrecv"):
+            self.inp, self.out = e(count), e(count)
+        else:
+            raise ValueError(f"unknown op {name!r}; known: {', '.join(OPS)}")
+
+    def call(self) -> None:
+        n, r = self.n, self.rank
+        if self.name == "all_reduce":
+            dist.all_reduce(self.inp)
+        elif self.name == "all_gather":
+            dist.all_gather_into_tensor(self.out, self.inp)
+        elif self.name == "reduce_scatter":
+            dist.reduce_scatter_tensor(self.out, self.inp)
+        elif self.name == "broadcast":
+            dist.broadcast(self.inp, src=0)
+        elif self.name == "all_to_all":
+            dist.all_to_all_single(self.out, self.inp)
+        else:  # a ring, as nccl-tests' sendrecv: send to the next rank, receive from the previous
+            ops = [dist.P2POp(dist.isend, self.inp, (r + 1) % n), dist.P2POp(dist.irecv, self.out, (r - 1) % n)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+
+    def fill(self) -> None:
+        """Rank-dependent inputs for the check (overwrites whatever timing left there)."""
+        r, n, p = self.rank, self.n, lambda k, s, c: _pattern(k, s, c, self.dtype, self.device)
+        if self.name in ("reduce_scatter", "all_to_all"):  # chunk c is meant for rank c
+            self.inp.copy_(torch.cat([p(self.chunk, r, c) for c in range(n)]))
+        elif self.name == "all_gather":
+            self.inp.copy_(p(self.chunk, r, 0))
+        elif self.name == "broadcast":
+            self.inp.copy_(p(self.count, 0, 0) if r == 0 else torch.zeros_like(self.inp))
+        else:
+            self.inp.copy_(p(self.count, r, 0))
+        if self.out is not self.inp:
+            self.out.zero_()
+
+    def wrong(self) -> int:
+        """Elements of this rank's output that differ from the expected value."""
+        r, n, p = self.rank, self.n, lambda k, s, c: _pattern(k, s, c, torch.float32, self.device)
+        m = self.chunk
+        if self.name == "all_reduce":
+            exp = (torch.arange(self.count, device=self.device, dtype=torch.int32) % 3 * n + _ranksum(n))
+            return int((self.out.float() != exp.float()).sum())
+        if self.name == "reduce_scatter":
+            exp = (torch.arange(m, device=self.device, dtype=torch.int32) % 3 + (r % 3)) * n + _ranksum(n)
+            return int((self.out.float() != exp.float()).sum())
+        if self.name == "broadcast":
+            return int((self.out.float() != p(self.count, 0, 0)).sum())
+        if self.name == "sendrecv":
+            return int((self.out.float() != p(self.count, (r - 1) % n, 0)).sum())
+        # all_gather: chunk j came from rank j; all_to_all: chunk j is rank j's chunk meant for me
+        bad = 0
+        for j in range(n):
+            exp = p(m, j, 0) if self.name == "all_gather" else p(m, j, r)
+            bad += int((self.out[j * m:(j + 1) * m].float() != exp).sum())
+        return bad
+
+
+class Timer:
+    """Back-to-back timing of a call on this rank's device; ``sync`` aligns ranks first."""
+
+    def __init__(self, device: torch.device, use_events: bool):
+        self.device, self.use_events = device, use_events
+        self.probe = torch.zeros(1, device=device)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dist.all_reduce(self.probe)  # a tiny collective: every rank leaves it at about the same time
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def time(self, fn: Callable[[], None], iters: int) -> float:
+        """Seconds per call of ``iters`` back-to-back calls of ``fn``."""
+        self.sync()
+        if self.use_events:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(iters):
+                fn()
+            b.record()
+            b.synchronize()
+            return a.elapsed_time(b) / 1e3 / iters
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return (time.perf_counter() - t0) / iters
+
+    def across_ranks(self, seconds: float) -> tuple[float, float]:
+        """(mean, max) of a per-rank number over ranks."""
+        total = torch.tensor([seconds], dtype=torch.float64, device=self.device)
+        mx = total.clone()
+        dist.all_reduce(total)
+        dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+        return float(total[0]) / dist.get_world_size(), float(mx[0])
+
+
+def graph_call(fn: Callable[[], None], iters: int) -> Callable[[], None]:
+    """``iters`` calls of ``fn`` captured once in a CUDA graph; the returned callable replays them."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # NCCL needs a warm communicator before capture
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(iters):
+            fn()
+    return g.replay
+
+
+def _choose_iters(timer: Timer, fn: Callable[[], None], plan: dict[str, Any]) -> int:
+    """``iters`` calls, or more (up to ``max_iters``) where a call is cheap enough that ``budget_s``
+    allows it; every rank gets the same count (max of the per-rank single-call times)."""
+    iters, budget = int(plan["iters"]), float(plan.get("budget_s", 0))
+    if budget <= 0:
+        return iters
+    _, one = timer.across_ranks(timer.time(fn, 1))
+    return int(min(max(iters, budget / max(one, 1e-7)), plan.get("max_iters", 1000)))
+
+
+def measure(name: str, dtype_name: str, nbytes: int, plan: dict[str, Any], timer: Timer) -> dict[str, Any]:
+    """One row: check once, warm up, time back to back."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    op = Op(name, nbytes, DTYPES[dtype_name], timer.device, rank, n)
+    op.fill()
+    op.call()
+    if timer.device.type == "cuda":
+        torch.cuda.synchronize(timer.device)
+    wrong = torch.tensor([op.wrong()], dtype=torch.int64, device=timer.device)
+    dist.all_reduce(wrong)
+    for _ in range(int(plan["warmup"])):
+        op.call()
+    iters = _choose_iters(timer, op.call, plan)
+    graphed = (plan["backend"] == "nccl" and name != "sendrecv" and op.size_bytes <= plan.get("graph_max_bytes", 0))
+    if graphed:
+        # one graph of `per` calls, replayed `reps` times: the replay launch is amortised
+        per = min(iters, 100)
+        reps = max(1, iters // per)
+        replay = graph_call(op.call, per)
+        replay()
+        t = timer.time(replay, reps) / per
+        iters = per * reps
+    else:
+        t = timer.time(op.call, iters)
+    mean, mx = timer.across_ranks(t)
+    algbw = op.size_bytes / mean / GB
+    return {"kind": "sweep", "op": name, "dtype": dtype_name, "bytes": op.size_bytes, "count": op.count,
+            "iters": iters, "warmup": int(plan["warmup"]), "graph": graphed, "time_s": mean, "time_max_s": mx,
+            "algbw_gbs": algbw, "busbw_gbs": algbw * busbw_factor(name, n), "wrong": int(wrong.item()),
+            "status": "ok", "reason": None}
+
+
+def reference_loop(dtype_name: str, nbytes: int, plan: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """The plain torch loop the sweep must match: all_reduce back to back, one sync, perf_counter."""
+    n = dist.get_world_size()
+    x = torch.ones(nbytes // torch.tensor([], dtype=DTYPES[dtype_name]).element_size(),
+                   dtype=DTYPES[dtype_name], device=device)
+    iters = int(plan["iters"])
+    for _ in range(int(plan["warmup"])):
+        dist.all_reduce(x)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    sync()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(x)
+    sync()
+    t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    mean = float(t[0]) / n / iters
+    algbw = x.numel() * x.element_size() / mean / GB
+    return {"kind": "reference", "op": "all_reduce", "dtype": dtype_name, "bytes": x.numel() * x.element_size(),
+            "count": x.numel(), "iters": iters, "warmup": int(plan["warmup"]), "graph": False, "time_s": mean,
+            "time_max_s": None, "algbw_gbs": algbw, "busbw_gbs": algbw * busbw_factor("all_reduce", n),
+            "wrong": None, "status": "ok", "reason": None}
+
+
+def run_plan(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every op x dtype x size of the plan on this rank; the rows (complete on every rank)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if plan["device"] == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    else:
+        device = torch.device("cpu")
+    timer = Timer(device, use_events=plan["backend"] == "nccl")
+    common = {"backend": plan["backend"], "device": plan["device"], "world_size": n}
+    if device.type == "cuda":
+        common["gpu_name"] = torch.cuda.get_device_name(device)
+    rows: list[dict[str, Any]] = []
+    out = Path(plan["out"])
+    for name in plan["ops"]:
+        # Gloo's send/recv take CPU tensors only: with CUDA tensors the sender fails while the
+        # receiver waits for ever, so it is not attempted.
+        failed = (UNSUPPORTED_GLOO_CUDA.get(name) if plan["backend"] == "gloo" and device.type == "cuda" else None)
+        for dt in plan["dtypes"]:
+            for nbytes in plan["sizes"]:
+                if failed is None:
+                    try:
+                        rows.append({**common, **measure(name, dt, int(nbytes), plan, timer)})
+                        continue
+                    except (RuntimeError, NotImplementedError, ValueError) as e:
+                        # An op the backend/device lacks fails on every rank before any communication,
+                        # so the ranks stay in step; its other sizes and dtypes are not tried again.
+                        failed = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                rows.append({**common, "kind": "sweep", "op": name, "dtype": dt, "bytes": int(nbytes),
+                             "status": "unsupported", "reason": failed})
+            if rank == 0:
+                _write(out, rows)
+    if plan.get("reference"):
+        for dt in plan["dtypes"]:
+            rows.append({**common, **reference_loop(dt, int(max(plan["sizes"])), plan, timer.device)})
+    if rank == 0:
+        _write(out, rows)
+    return rows
+
+
+def _write(path: Path, rows: list[dict[str, Any]]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(rows))
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Worker entry point: ``python -m bench.comm.worker PLAN.json`` under torchrun."""
+    from datetime import timedelta
+
+    argv = sys.argv[1:] if argv is None else argv
+    plan = json.loads(Path(argv[0]).read_text())
+    kwargs: dict[str, Any] = {"timeout": timedelta(seconds=float(plan.get("pg_timeout_s", 300)))}
+    if plan["device"] == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        if plan["backend"] == "nccl":
+            kwargs["device_id"] = torch.device("cuda", local)  # eager NCCL init, and barrier knows the GPU
+    dist.init_process_group(plan["backend"], **kwargs)
+    try:
+        run_plan(plan)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,409 @@
+"""Run configuration: a TOML file and/or flags, validated before anything launches.
+
+The default matrix adapts to the machine: with no GPU, Gloo on the CPU at world sizes 1 and 2 with
+small workloads; with GPUs, NCCL and Gloo over every visible GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from bench.core.errors import UserError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from bench.core import backends as _backends
+
+BACKENDS = tuple(_backends.names())  # the backend registry is the one list
+DEVICES = ("cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    workloads: list[str]
+    strategies: list[str]
+    backends: list[str]
+    world_sizes: list[int]
+    device: str
+    steps: int
+    warmup: int
+    seed: int = 0
+    precision: str = "auto"
+    lr: float = 1e-2
+    out: str = "results"
+    cell_timeout_s: float = 300.0
+    global_batch: int | None = None
+    # strong: every cell trains the workload's global batch; weak: every device keeps the workload's
+    # global batch, so a cell on n devices trains n times it.
+    scaling: str = "strong"
+    sample_hz: float = 20.0
+    profile_steps: int = 2
+    # When the profiled steps run: auto ("end" on cuda, "inline" on cpu), end (a profile pass after
+    # every timed step of the process group) or inline (after each cell's first timed repeat)
+    profile_at: str = "auto"
+    trace: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+    # Noise (bench/noise.py): each cell measured ``repeats`` times in rounds (their orders a balanced
+    # Latin square, bench.train.worker.rounds); warm-up
+    # continues past ``warmup`` until the step time settles (up to ``warmup_max``, default 4 x
+    # warmup); timed steps continue past ``steps`` until the median's 95% interval is within
+    # ``target_ci`` (relative half-width), ``steps_max`` (default 3 x steps) or ``time_cap_s``.
+    repeats: int = 1
+    warmup_max: int | None = None
+    settle: float = 0.01
+    steps_max: int | None = None
+    target_ci: float = 0.02
+    time_cap_s: float = 20.0
+    # A time budget for the whole run ("10m", "90s"): repeats, steps and caps are planned to fit it.
+    budget: str | None = None
+    # Measurement settings the user gave (flags or TOML): a budget plan keeps them as given, and the
+    # machine's default budget stands aside when there is any (an explicit --budget still applies).
+    pinned: list[str] = field(default_factory=list)
+    # Past one machine (bench/multinode): the same plan on ``nnodes`` nodes, this one ``node_rank``;
+    # torchrun's c10d rendezvous at ``rdzv_endpoint`` (HOST:PORT, loopback unless given), hosted by
+    # node 0's launcher. Cells of one process run on node 0 alone; every other cell spans every node.
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_timeout_s: float = 300.0
+
+    def effective_precision(self) -> str:
+        if self.precision != "auto":
+            return self.precision
+        return "bf16" if self.device == "cuda" else "fp32"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def default_config(gpus: int) -> RunConfig:
+    """The matrix `parbench run` with no arguments runs on a machine with ``gpus`` GPUs."""
+    if gpus == 0:
+        return RunConfig(workloads=["mlp", "gpt-tiny", "convnet"], strategies=["all"], backends=["gloo"],
+                         world_sizes=[1, 2], device="cpu", steps=20, warmup=3, cell_timeout_s=120.0)
+    sizes = sorted({1, gpus} | {2**k for k in range(1, 4) if 2**k <= gpus})
+    # The full GPU matrix (about 170 cells on 4 GPUs) runs under a 10-minute budget by default.
+    return RunConfig(workloads=["mlp", "convnet", "gpt-200m"], strategies=["all"], backends=["nccl", "gloo"],
+                     world_sizes=sizes, device="cuda", steps=30, warmup=5, budget="10m")
+
+
+#: When the profiled steps run (RunConfig.profile_at)
+PROFILE_AT = ("auto", "end", "inline")
+
+#: The settings that say how a cell is measured; given explicitly, a budget plan keeps them.
+MEASURE_KEYS = ("steps", "warmup", "repeats", "warmup_max", "steps_max", "target_ci", "time_cap_s", "profile_steps")
+
+
+def split_list(text: str) -> list[str]:
+    """Split a comma list, keeping commas inside [...] (workload dimensions) together."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return [p.strip() for p in parts if p.strip()]
+
+
+_DIMS = re.compile(r"^(?P<name>[^\[\]]+)\[(?P<dims>[^\]]*)\]$")
+
+
+def parse_workload(spec: str) -> tuple[str, dict[str, int]]:
+    """``gpt-small[d_model=512,n_layer=8]`` -> ("gpt-small", {"d_model": 512, "n_layer": 8})."""
+    m = _DIMS.match(spec)
+    if not m:
+        if "[" in spec or "]" in spec:
+            raise UserError(f"workload {spec!r}: write dimensions as name[key=value,...]")
+        return spec, {}
+    dims: dict[str, int] = {}
+    for item in split_list(m["dims"]):
+        key, eq, val = item.partition("=")
+        if eq and re.fullmatch(r"\s*-\d+\s*", val):
+            raise UserError(f"workload {spec!r}: {key.strip()}={val.strip()} must be >= 1 (a size or a count); "
+                            "drop it for the workload's default")
+        if not eq or not val.strip().isdigit():
+            raise UserError(f"workload {spec!r}: dimension {item!r} must be key=<integer>")
+        dims[key.strip()] = int(val)
+    return m["name"].strip(), dims
+
+
+def _int_list(values: list[Any] | str, what: str) -> list[int]:
+    items = split_list(values) if isinstance(values, str) else list(values)
+    out = []
+    for v in items:
+        try:
+            n = int(v)
+        except (TypeError, ValueError):
+            raise UserError(f"{what}: {v!r} is not an integer; e.g. --world-sizes 1,2") from None
+        if n < 1:
+            raise UserError(f"{what}: {n} must be >= 1")
+        out.append(n)
+    return out
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"config {path!r} not found; pass a TOML file (see configs/)")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"config {path!r} is not valid TOML: {e}") from None
+    return data
+
+
+def build_config(*, toml: dict[str, Any] | None, flags: dict[str, Any], gpus: int) -> RunConfig:
+    """Defaults for this machine, then the TOML file, then the flags; validated."""
+    base = asdict(default_config(gpus))
+    known = set(base)
+    merged: dict[str, Any] = dict(base)
+    for source, values in (("config file", toml or {}), ("flags", flags)):
+        for key, val in values.items():
+            key = key.replace("-", "_")
+            if key not in known:
+                raise UserError(f"{source}: unknown setting {key!r}; known: {', '.join(sorted(known))}")
+            if val is not None:
+                merged[key] = val
+    # A device given without its own backends/world sizes gets that device's defaults.
+    given = {k.replace("-", "_") for src in (toml or {}, flags) for k, v in src.items() if v is not None}
+    if "device" in given and merged["device"] != base["device"]:
+        dev_default = asdict(default_config(0 if merged["device"] == "cpu" else max(gpus, 1)))
+        for key in ("backends", "world_sizes", "workloads", "steps", "warmup", "cell_timeout_s", "budget"):
+            if key not in given:
+                merged[key] = dev_default[key]
+    merged["pinned"] = [k for k in MEASURE_KEYS if k in given]
+    if merged["pinned"] and "budget" not in given:
+        merged["budget"] = None  # the user chose how to measure: no default budget rewrites it
+    for key in ("workloads", "strategies", "backends"):
+        if isinstance(merged[key], str):
+            merged[key] = split_list(merged[key])
+    merged["world_sizes"] = _int_list(merged["world_sizes"], "world sizes")
+    nnodes = merged["nnodes"]
+    if "world_sizes" not in given and isinstance(nnodes, int) and not isinstance(nnodes, bool) and nnodes > 1:
+        # The machine's defaults are per node: n nodes run n times each (and the one-device reference).
+        merged["world_sizes"] = sorted({1} | {w * nnodes for w in merged["world_sizes"]})
+    cfg = RunConfig(**merged)
+    return validate(cfg)
+
+
+COUNT_MAX = 1_000_000  # the most steps, warm-up steps, repeats or profiled steps a run may ask for
+
+
+def _as_int(name: str, v: Any, example: str) -> int:
+    """An integer setting: ints and integral strings only (True, 2.7 and "five" are refused)."""
+    if isinstance(v, bool) or isinstance(v, float) or not isinstance(v, int | str):
+        raise UserError(f"{name}={v!r} must be an integer; e.g. {example}")
+    try:
+        return int(v)
+    except ValueError:
+        raise UserError(f"{name}={v!r} must be an integer; e.g. {example}") from None
+
+
+def _as_float(name: str, v: Any, example: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float | str):
+        raise UserError(f"{name}={v!r} must be a number; e.g. {example}")
+    try:
+        x = float(v)
+    except ValueError:
+        raise UserError(f"{name}={v!r} must be a number; e.g. {example}") from None
+    if not math.isfinite(x):
+        what = f"{example.split()[0]} {v}" if example.startswith("--") else f"{name}={v!r}"
+        raise UserError(f"{what} must be a finite number; e.g. {example}")
+    return x
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Every setting checked by type and range, before anything launches."""
+    from strategies.common import parse_mesh
+
+    for key in ("workloads", "strategies", "backends"):
+        vals = getattr(cfg, key)
+        if not isinstance(vals, list) or not all(isinstance(v, str) for v in vals):
+            raise UserError(f"{key} must be a list of names (or a comma list); got {vals!r}")
+    if not cfg.workloads:
+        raise UserError("no workloads given; e.g. --workloads mlp,gpt-tiny")
+    for w in cfg.workloads:
+        parse_workload(w)
+    if not cfg.strategies:
+        raise UserError("no strategies given; e.g. --strategies all")
+    bad = [b for b in cfg.backends if b not in BACKENDS]
+    if bad or not cfg.backends:
+        raise UserError(f"backend {bad[0] if bad else '(none)'!r} unknown; use nccl and/or gloo")
+    if cfg.device not in DEVICES:
+        raise UserError(f"device {cfg.device!r} unknown; use cpu or cuda")
+    if cfg.scaling not in ("strong", "weak"):
+        raise UserError(f"scaling {cfg.scaling!r} unknown; use strong (fixed global batch) or weak (fixed per-device "
+                        "batch)")
+    if cfg.precision not in PRECISIONS:
+        raise UserError(f"precision {cfg.precision!r} unknown; use auto, fp32 or bf16")
+    if cfg.precision == "bf16" and cfg.device == "cpu":
+        raise UserError("precision 'bf16' is for CUDA here; use --precision fp32 on cpu")
+    steps = _as_int("steps", cfg.steps, "--steps 20")
+    warmup = _as_int("warmup", cfg.warmup, "--warmup 3")
+    seed = _as_int("seed", cfg.seed, "--seed 0")
+    profile_steps = _as_int("profile_steps", cfg.profile_steps, "--profile-steps 2")
+    cell_timeout_s = _as_float("cell_timeout_s", cfg.cell_timeout_s, "--cell-timeout 300")
+    sample_hz = _as_float("sample_hz", cfg.sample_hz, "--sample-hz 20")
+    lr = _as_float("lr", cfg.lr, "lr = 0.01")
+    if steps < 1:
+        raise UserError(f"steps={steps} must be >= 1; e.g. --steps 20")
+    if warmup < 0:
+        raise UserError(f"warmup={warmup} must be >= 0; e.g. --warmup 3")
+    if not isinstance(cfg.out, str) or not cfg.out.strip():
+        raise UserError(f"out {cfg.out!r} is empty: give the folder for the run's results, e.g. --out results")
+    if cell_timeout_s <= 0:
+        raise UserError(f"--cell-timeout {cfg.cell_timeout_s:g}: use seconds > 0, e.g. --cell-timeout 300")
+    if not 0 <= sample_hz <= 1000:
+        raise UserError(f"sample rate {cfg.sample_hz} Hz must be between 0 (off) and 1000")
+    if profile_steps < 0:
+        raise UserError(f"profile_steps={cfg.profile_steps} must be >= 0 (0: no breakdown)")
+    if cfg.profile_at not in PROFILE_AT:
+        raise UserError(f"profile_at {cfg.profile_at!r} unknown; use {', '.join(PROFILE_AT)} (e.g. --profile-at auto)")
+    if not isinstance(cfg.trace, bool):
+        raise UserError(f"trace={cfg.trace!r} must be true or false")
+    if cfg.trace and profile_steps == 0:
+        raise UserError("--trace needs profiled steps; drop --profile-steps 0")
+    if cfg.profile_at != "auto" and profile_steps == 0:
+        raise UserError(f"--profile-at {cfg.profile_at} needs profiled steps; drop --profile-steps 0 or --profile-at")
+    repeats = _as_int("repeats", cfg.repeats, "--repeats 3")
+    if repeats < 1:
+        raise UserError(f"repeats={repeats} must be >= 1; e.g. --repeats 3")
+    warmup_max = warmup * 4 if cfg.warmup_max is None else _as_int("warmup_max", cfg.warmup_max, "--warmup-max 20")
+    steps_max = steps * 3 if cfg.steps_max is None else _as_int("steps_max", cfg.steps_max, "--steps-max 100")
+    settle = _as_float("settle", cfg.settle, "settle = 0.01")
+    target_ci = _as_float("target_ci", cfg.target_ci, "--target-ci 0.02")
+    time_cap_s = _as_float("time_cap_s", cfg.time_cap_s, "--time-cap 20")
+    for flag, val, count in (("--steps-max", steps_max, "--steps"), ("--warmup-max", warmup_max, "--warmup")):
+        if val < 0:
+            raise UserError(f"{flag} {val} must be >= 0 (0: exactly {count})")
+    # a cap below the count it caps was silently a fixed count (the loops only ever add steps)
+    if 0 < steps_max < steps:
+        raise UserError(f"steps_max={steps_max} is below steps={steps}: the cap must be >= the timed steps; "
+                        f"e.g. --steps-max {3 * steps}, or --steps-max 0 for exactly --steps {steps}")
+    if 0 < warmup_max < warmup:
+        raise UserError(f"warmup_max={warmup_max} is below warmup={warmup}: the cap must be >= the warm-up steps; "
+                        f"e.g. --warmup-max {4 * warmup}, or --warmup-max 0 for exactly --warmup {warmup}")
+    # counts past any real measurement (a million steps of a 1 ms cell is 17 minutes) are typos; left
+    # alone, --steps 1e20 overflowed the tables' int64 columns after the cells had run
+    for key, val, example in (("steps", steps, "--steps 20"), ("warmup", warmup, "--warmup 3"),
+                              ("repeats", repeats, "--repeats 3"), ("warmup_max", warmup_max, "--warmup-max 20"),
+                              ("steps_max", steps_max, "--steps-max 100"),
+                              ("profile_steps", profile_steps, "--profile-steps 2")):
+        given = getattr(cfg, key) is not None  # the caps' defaults (3 x steps, 4 x warmup) follow the counts
+        if given and val > COUNT_MAX:
+            raise UserError(f"{key}={val} is more than {COUNT_MAX:,} (a typo?); e.g. {example}")
+    if not -(2**63) <= seed < 2**63:
+        raise UserError(f"seed={seed} does not fit 64 bits; e.g. --seed 0")
+    if time_cap_s < 0:
+        raise UserError(f"--time-cap {time_cap_s:g} must be >= 0 seconds (0: no cap); e.g. --time-cap 20")
+    if not 0 <= settle < 1 or not 0 <= target_ci < 1:
+        raise UserError(f"settle={settle} and target_ci={target_ci} must be fractions in [0, 1) (0: off)")
+    if isinstance(cfg.budget, str) and not cfg.budget.strip():
+        raise UserError("--budget '' is empty: give a duration (e.g. --budget 10m) or --budget off")
+    budget = None if cfg.budget in (None, "off", "none") else parse_duration(cfg.budget)
+    global_batch = None if cfg.global_batch is None else _as_int("global_batch", cfg.global_batch,
+                                                                  "--global-batch 16")
+    if global_batch is not None and global_batch < 1:
+        raise UserError(f"global batch {cfg.global_batch} must be >= 1")
+    if not isinstance(cfg.options, dict):
+        raise UserError("options must be a TOML table, e.g. [options] bucket_mb = 25")
+    nnodes, node_rank, endpoint, rdzv_timeout_s = validate_nodes(cfg)
+    if "mesh" in cfg.options:
+        try:
+            dp, mp = parse_mesh(cfg.options["mesh"], 0)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        if dp * mp not in cfg.world_sizes:
+            raise UserError(f"mesh {cfg.options['mesh']} has {dp * mp} ranks but world sizes are "
+                            f"{cfg.world_sizes}; add {dp * mp} to --world-sizes or change the mesh")
+    return replace(cfg, steps=steps, warmup=warmup, seed=seed, lr=lr, sample_hz=sample_hz,
+                   profile_steps=profile_steps, cell_timeout_s=cell_timeout_s, global_batch=global_batch,
+                   repeats=repeats, warmup_max=warmup_max, steps_max=steps_max, settle=settle, target_ci=target_ci,
+                   time_cap_s=time_cap_s, budget=None if budget is None else f"{budget:.15g}s", nnodes=nnodes,
+                   node_rank=node_rank, rdzv_endpoint=endpoint, rdzv_timeout_s=rdzv_timeout_s)
+
+
+#: torchrun's default c10d port; the rendezvous endpoint when --nnodes > 1 comes without one
+RDZV_DEFAULT = "127.0.0.1:29400"
+
+
+def parse_endpoint(text: Any) -> tuple[str, int]:
+    """'10.0.0.1:29400', 'node-a:29400', '[fe80::1]:29400' -> (host, port); a one-line UserError
+    naming the value and the fix otherwise."""
+    t = str(text).strip()
+    m = re.fullmatch(r"\[(?P<v6>[0-9A-Fa-f:.%a-z]+)\]:(?P<port>[^:]*)|(?P<host>[A-Za-z0-9_.-]+):(?P<port2>[^:]*)", t)
+    if not m:
+        raise UserError(f"--rdzv-endpoint {text!r} must be HOST:PORT, e.g. --rdzv-endpoint 10.0.0.1:29400 "
+                        "(an IPv6 address in brackets: [fe80::1]:29400)")
+    host, port = m["v6"] or m["host"], m["port"] if m["v6"] else m["port2"]
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise UserError(f"--rdzv-endpoint {text!r}: port {port!r} must be a number from 1 to 65535, "
+                        f"e.g. {host}:29400")
+    # a numeric address is checked here (256.1.1.1 waited out the store's 60 s connect timeout before
+    # failing); a host name is resolved by the nodes themselves (a Slurm script names one not yet known)
+    if m["v6"] or re.fullmatch(r"[0-9.]+", host):
+        import ipaddress
+
+        try:
+            ipaddress.ip_address(host.split("%")[0])
+        except ValueError:
+            raise UserError(f"--rdzv-endpoint {text!r}: {host!r} is not an IP address; e.g. "
+                            f"--rdzv-endpoint 10.0.0.1:{port} or a host name") from None
+    return host, int(port)
+
+
+def validate_nodes(cfg: RunConfig) -> tuple[int, int, str | None, float]:
+    """(nnodes, node_rank, endpoint, rendezvous timeout) checked: the node rank below the node count,
+    an endpoint only for several nodes (loopback by default), every world size above 1 split evenly
+    over the nodes."""
+    nnodes = _as_int("nnodes", cfg.nnodes, "--nnodes 2")
+    node_rank = _as_int("node_rank", cfg.node_rank, "--node-rank 0")
+    timeout = _as_float("rdzv_timeout_s", cfg.rdzv_timeout_s, "--rdzv-timeout 300")
+    if nnodes < 1:
+        raise UserError(f"--nnodes {nnodes} must be >= 1 (the number of machines, each running parbench run)")
+    if not 0 <= node_rank < nnodes:
+        raise UserError(f"--node-rank {node_rank} must be from 0 to {nnodes - 1} (below --nnodes {nnodes}); "
+                        "give each node its own rank, node 0 first")
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise UserError(f"--rdzv-timeout {cfg.rdzv_timeout_s} must be a finite number of seconds > 0, "
+                        "e.g. --rdzv-timeout 300")
+    if nnodes == 1:
+        if cfg.rdzv_endpoint not in (None, ""):
+            raise UserError(f"--rdzv-endpoint {cfg.rdzv_endpoint!r} is for runs on several nodes; add --nnodes N "
+                            "(N >= 2) or drop it")
+        return 1, 0, None, timeout
+    if isinstance(cfg.rdzv_endpoint, str) and not cfg.rdzv_endpoint.strip():
+        raise UserError("--rdzv-endpoint '' is empty: give node 0's HOST:PORT, e.g. --rdzv-endpoint 10.0.0.1:29400 "
+                        "(or leave it out for loopback, every node on this host)")
+    host, port = parse_endpoint(cfg.rdzv_endpoint or RDZV_DEFAULT)
+    endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    bad = [w for w in cfg.world_sizes if w > 1 and w % nnodes]
+    if bad:
+        raise UserError(f"world size {bad[0]} is not divisible by --nnodes {nnodes}: every node runs the same number "
+                        f"of ranks; use multiples of {nnodes}, e.g. --world-sizes {nnodes},{2 * nnodes}")
+    return nnodes, node_rank, endpoint, timeout
+
+
+def parse_duration(text: Any) -> float:
+    """'10m', '90s', '1h', '600' (seconds) -> seconds; a one-line UserError otherwise."""
+    t = str(text).strip().lower()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*(s|m|min|h)?", t)
+    if not m:
+        raise UserError(f"budget {text!r} is not a duration; e.g. --budget 10m, 90s or 1h")
+    value = float(m[1]) * {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m[2]]
+    if value <= 0 or not math.isfinite(value):
+        raise UserError(f"budget {text!r} must be longer than 0 s and finite")
+    return value

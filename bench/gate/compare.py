@@ -1,0 +1,494 @@
+"""Compare two runs cell by cell and give a verdict CI can trust.
+
+The verdict of a cell comes from a rank test on its recorded samples, not from the two medians:
+per-repeat median step times when both runs hold >= ``MIN_REPEATS`` repeats, else the per-step
+times (the step time of a step is its slowest rank). The change is the Hodges-Lehmann shift of
+log step time (a ratio, so cells of any speed share one scale) with its distribution-free
+confidence interval (the Mann-Whitney inversion). A cell is a
+
+* ``regression`` when the slowdown is significant (p < alpha) and the threshold lies inside or
+  below its interval, i.e. the data are consistent with a slowdown of at least the threshold;
+* ``noisy`` when the interval is wider than the threshold (the pair cannot resolve a change of
+  that size) and the slowdown is not beyond the threshold outright; the row says how many samples
+  would resolve it;
+* ``incomparable`` when the two measurements are of different things (precision, GPU model,
+  torch / NCCL version, workload dimensions).
+
+Why "inside or below" rather than "the estimate is above": a true slowdown of exactly the
+threshold then fails with probability >= 1 - alpha/2 whenever the cell is not noisy, while an
+A/A pair fails with probability <= alpha/2 (docs/REGRESSION.md has the argument and the numbers).
+
+That bound holds for samples that vary like the runs being compared. Per-step samples of one run
+a side see within-run noise only, not the drift between two runs of the same code, which on a
+shared machine is larger (docs/REGRESSION.md: 24-38% of real CPU A/A pairs failed that way);
+such rows say so. Against a history, CURRENT is tested against the per-run medians (unit "runs",
+:func:`run_test`), whose spread is that drift.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from bench.core.errors import UserError
+from bench.core.spec import ONE_RANK_SKIP
+
+KEY = ["workload", "strategy", "backend", "device", "world_size"]
+OPTIONAL_KEY = ["mesh", "micro_batches", "schedule"]
+#: two-sided level of the test and 1 - coverage of the interval: an A/A pair fails with p <= ALPHA/2
+ALPHA = 0.02
+#: repeats needed before per-repeat medians replace per-step times as the samples
+MIN_REPEATS = 3  # repeats are the samples from 3 on; a verdict past noisy needs min_samples() = 5 a side
+#: verdicts that fail a CI job
+FAILING = ("regression", "broken")
+#: verdicts that mean "these two cells were measured against each other"
+COMPARED = ("regression", "improvement", "same", "noisy", "broken", "fixed")
+#: workload dimensions that must match for step times to be comparable
+DIMENSIONS = ("precision", "params", "flops_per_sample", "global_batch", "gpu_name")
+
+
+@dataclass(frozen=True)
+class Samples:
+    """The samples of one cell: step times in seconds, and what one sample is."""
+
+    values: np.ndarray
+    unit: str  # "repeats", "steps", or "runs" (per-run medians of a history, one value per run)
+    runs: int | None = None  # a history's baseline: how many runs the values came from
+
+
+def parse_threshold(text: str) -> float:
+    """'5%' or '5' or '0.05' -> 0.05 (a fraction)."""
+    t = str(text).strip()
+    try:
+        v = float(t.rstrip("%"))
+    except ValueError:
+        raise UserError(f"threshold {text!r} is not a number; e.g. --threshold 5%") from None
+    if not t.endswith("%") and v >= 1:  # "1" is 1%? "0.999" 99.9%? say it with a unit instead
+        raise UserError(f"threshold {text!r} is ambiguous; write it as a percentage ({v:g}%) or a fraction "
+                        f"({v / 100:g})")
+    frac = v / 100 if t.endswith("%") else v
+    if not 0 < frac < 1:
+        raise UserError(f"threshold {text!r} must be between 0% and 100%; e.g. --threshold 5%")
+    return frac
+
+
+def step_times(steps: pd.DataFrame) -> pd.DataFrame:
+    """Timed steps, one row per (cell_id, [repeat,] step): the slowest rank's time is the step's."""
+    if steps is None or steps.empty or "step_time_s" not in steps:
+        return pd.DataFrame(columns=["cell_id", "repeat", "step", "step_time_s"])
+    s = steps[steps["phase"] == "timed"] if "phase" in steps else steps
+    by = ["cell_id", "repeat", "step"] if "repeat" in s else ["cell_id", "step"]
+    out = s.groupby(by, dropna=False)["step_time_s"].max().reset_index()
+    if "repeat" not in out:
+        out["repeat"] = 0
+    out = out[np.isfinite(out["step_time_s"].astype(float)) & (out["step_time_s"] > 0)]
+    return out
+
+
+def cell_samples(steps: pd.DataFrame, min_repeats: int = MIN_REPEATS) -> dict[int, Samples]:
+    """cell_id -> its samples: per-repeat medians when it has >= min_repeats repeats, else steps."""
+    st = step_times(steps)
+    out: dict[int, Samples] = {}
+    for cid, g in st.groupby("cell_id"):
+        per_rep = g.groupby("repeat")["step_time_s"].median()
+        if len(per_rep) >= min_repeats:
+            out[int(cid)] = Samples(per_rep.to_numpy(float), "repeats")
+        else:
+            out[int(cid)] = Samples(g["step_time_s"].to_numpy(float), "steps")
+    return out
+
+
+@lru_cache(maxsize=256)
+def _u_cdf(n: int, m: int) -> np.ndarray:
+    """P(U <= u) for u = 0..n*m under the null, exact (no ties), by the counting recurrence
+    c(i, j, u) = c(i-1, j, u-j) + c(i, j-1, u)."""
+    prev = [np.ones(1)] * (m + 1)  # i = 0: one arrangement, U = 0
+    for i in range(1, n + 1):
+        row = [np.ones(1)]
+        for j in range(1, m + 1):
+            a = np.concatenate([np.zeros(j), prev[j]])  # x-sample i ranks above all j y-samples
+            b = row[j - 1]
+            c = np.zeros(i * j + 1)
+            c[: len(a)] += a
+            c[: len(b)] += b
+            row.append(c)
+        prev = row
+    counts = prev[m]
+    return np.cumsum(counts) / counts.sum()
+
+
+def _k_low(n: int, m: int, alpha: float) -> int:
+    """How many sorted pairwise differences to cut from each end for a (1 - alpha) interval:
+    the number of u with P(U <= u) <= alpha/2. 0 means the interval is unbounded."""
+    if n <= 40 and m <= 40:
+        return int(np.searchsorted(_u_cdf(n, m), alpha / 2, side="right"))
+    z = stats.norm.ppf(1 - alpha / 2)
+    return max(int(math.floor(n * m / 2 - z * math.sqrt(n * m * (n + m + 1) / 12))), 0)
+
+
+def min_samples(alpha: float = ALPHA) -> int:
+    """The fewest samples a side for which the interval is bounded at all."""
+    n = 2
+    while _k_low(n, n, alpha) == 0:
+        n += 1
+    return n
+
+
+def shift_test(base: np.ndarray, cur: np.ndarray, alpha: float = ALPHA, test: str = "mannwhitneyu") -> dict:
+    """Relative change of ``cur`` over ``base`` (positive: slower) with its (1 - alpha) interval,
+    the test's p-value and the interval's width (the noise floor: the smallest change this pair
+    resolves)."""
+    lb, lc = np.log(np.asarray(base, float)), np.log(np.asarray(cur, float))
+    n, m = len(lc), len(lb)
+    d = np.sort((lc[:, None] - lb[None, :]).ravel())
+    k = _k_low(n, m, alpha)
+    lo, hi = (d[k - 1], d[len(d) - k]) if k >= 1 else (-np.inf, np.inf)
+    if test == "brunnermunzel":
+        p = stats.brunnermunzel(lc, lb).pvalue
+        if not np.isfinite(p):  # complete separation: B-M's variance is 0; take the exact rank test
+            p = stats.mannwhitneyu(lc, lb, alternative="two-sided").pvalue
+    elif test == "mannwhitneyu":
+        p = stats.mannwhitneyu(lc, lb, alternative="two-sided").pvalue
+    else:
+        raise UserError(f"test {test!r} is not known; use mannwhitneyu or brunnermunzel")
+    lo_r, hi_r = math.expm1(lo), math.expm1(hi)
+    return dict(shift=math.expm1(float(np.median(d))), shift_low=lo_r, shift_high=hi_r,
+                p_value=float(p), noise_floor=hi_r - lo_r, n_base=m, n_cur=n)
+
+
+def run_test(base_runs: np.ndarray, cur: np.ndarray, alpha: float = ALPHA) -> dict:
+    """CURRENT (one run's median, or its per-repeat medians) against the per-run medians of a
+    history: a t prediction test on log time, whose spread is the run-to-run noise itself, so
+    drift between runs is in the noise floor rather than in the verdict."""
+    b, c = np.log(np.asarray(base_runs, float)), np.log(np.asarray(cur, float))
+    k, n = len(b), len(c)
+    sd = max(float(np.std(b, ddof=1)), 1e-9)
+    # CURRENT is one run: its repeats share that run's drift, so it counts as one draw of the
+    # run-to-run spread whatever its repeat count (n only sets what is reported).
+    se = sd * math.sqrt(1 / k + 1)
+    d = float(c.mean() - b.mean())
+    p = 2 * stats.t.sf(abs(d) / se, k - 1)
+    half = stats.t.ppf(1 - alpha / 2, k - 1) * se
+    lo, hi = math.expm1(d - half), math.expm1(d + half)
+    return dict(shift=math.expm1(d), shift_low=lo, shift_high=hi, p_value=float(p), noise_floor=hi - lo,
+                n_base=k, n_cur=n)
+
+
+def runs_needed(base_runs: np.ndarray, threshold: float, alpha: float = ALPHA) -> int | None:
+    """History runs that bring :func:`run_test`'s interval under the threshold, or None when no
+    number would (one new run's own drift, the history's run-to-run spread, is wider than the
+    threshold: the machine is too noisy for it)."""
+    b = np.log(np.asarray(base_runs, float))
+    sd = max(float(np.std(b, ddof=1)), 1e-9)
+    for k in range(max(len(b), 3), 1000):
+        if 2 * stats.t.ppf(1 - alpha / 2, k - 1) * sd * math.sqrt(1 / k + 1) <= threshold:
+            return k
+    return None
+
+
+def samples_needed(base: np.ndarray, cur: np.ndarray, width: float, threshold: float,
+                   alpha: float = ALPHA) -> int:
+    """Samples a side that would bring the interval's width under the threshold (with a 20%
+    margin): the width shrinks as 1/sqrt(n). An unbounded interval is sized from the samples'
+    robust spread instead."""
+    n = min(len(base), len(cur))
+    if np.isfinite(width) and width > 0:
+        est = n * (width * 1.2 / threshold) ** 2
+    else:
+        lg = [np.log(np.asarray(x, float)) for x in (base, cur)]
+        sigma = max(stats.median_abs_deviation(np.concatenate([x - np.median(x) for x in lg]), scale="normal"),
+                    1e-6)
+        z = stats.norm.ppf(1 - alpha / 2)
+        # width of the shift interval ~ 2 z sigma sqrt(2/n) / efficiency(0.95) for a rank test
+        est = 2 * (2 * z * sigma * 1.2 / threshold) ** 2 / 0.95
+    return int(max(math.ceil(est), min_samples(alpha), n + 1))
+
+
+def decide(r: dict, threshold: float, alpha: float = ALPHA) -> tuple[str, str]:
+    """(verdict, note) for one tested cell; see the module docstring for the rule."""
+    sig = r["p_value"] < alpha
+    s, lo, hi, width = r["shift"], r["shift_low"], r["shift_high"], r["noise_floor"]
+    if sig and lo > threshold:
+        return "regression", f"slower by {s:+.1%}, all of [{lo:+.1%}, {hi:+.1%}] past the threshold"
+    if sig and hi < -threshold:
+        return "improvement", ""
+    if not width <= threshold:
+        return "noisy", f"noise floor {width:.1%} is above the threshold {threshold:.1%}"
+    if sig and s > 0 and hi >= threshold:
+        return "regression", f"slower by {s:+.1%} (p={r['p_value']:.2g}), interval reaches the threshold"
+    if sig and s < 0 and lo <= -threshold:
+        return "improvement", ""
+    return "same", ""
+
+
+def run_context(meta: dict[str, Any] | None) -> dict[str, Any]:
+    """The run-level facts that make step times comparable: torch, NCCL, the GPU models."""
+    meta = meta or {}
+    gpus = meta.get("gpus")
+    return {"torch": meta.get("torch"), "nccl": meta.get("nccl"),
+            "gpus": ", ".join(sorted(set(map(str, gpus)))) if gpus else None}
+
+
+def _differs(a: Any, b: Any) -> bool:
+    """Both known and not equal (numbers to 1e-9 relative)."""
+    if a is None or b is None or (isinstance(a, float) and math.isnan(a)) or pd.isna(a) or pd.isna(b):
+        return False
+    try:
+        fa, fb = float(a), float(b)
+        return not math.isclose(fa, fb, rel_tol=1e-9)
+    except (TypeError, ValueError):
+        return str(a) != str(b)
+
+
+def _check_inputs(base: pd.DataFrame, cur: pd.DataFrame, key: list[str]) -> None:
+    """The errors that would otherwise make a comparison of nothing look like a pass."""
+    for name, df in (("BASE", base), ("CURRENT", cur)):
+        if "throughput_samples_s" not in df.columns:
+            raise UserError(f"{name} run has no throughput_samples_s column; pass a run written by parbench run")
+    for k in key:
+        a, b = base[k].dropna(), cur[k].dropna()
+        if len(a) and len(b) and pd.api.types.is_numeric_dtype(a) != pd.api.types.is_numeric_dtype(b):
+            raise UserError(f"key column {k!r} is {a.dtype} in BASE but {b.dtype} in CURRENT; "
+                            "re-record the older run with this parbench version")
+
+
+def _norm_key(s: pd.Series) -> pd.Series:
+    """Key values as strings that match across dtypes: 8, 8.0 and '8' are all '8'."""
+    if pd.api.types.is_numeric_dtype(s):
+        return s.map(lambda v: "" if pd.isna(v) else f"{float(v):g}").astype("string")
+    return s.astype("string").fillna("")
+
+
+def _ci_fallback(b: pd.Series, c: pd.Series, threshold: float) -> tuple[str, str]:
+    """No step samples on one side: judge from the recorded median intervals, conservatively."""
+    try:
+        lo_b, hi_b = float(b["step_time_ci_low_s"]), float(b["step_time_ci_high_s"])
+        lo_c, hi_c = float(c["step_time_ci_low_s"]), float(c["step_time_ci_high_s"])
+    except (KeyError, TypeError, ValueError):
+        return "noisy", "no step samples and no intervals: nothing to test"
+    if not all(np.isfinite([lo_b, hi_b, lo_c, hi_c])):
+        return "noisy", "no step samples and no intervals: nothing to test"
+    note = "no step samples: judged from the recorded intervals"
+    if lo_c > hi_b * (1 + threshold):
+        return "regression", note
+    if hi_c * (1 + threshold) < lo_b:
+        return "improvement", note
+    return "same", note
+
+
+def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
+            base_steps: pd.DataFrame | None = None, cur_steps: pd.DataFrame | None = None,
+            base_meta: dict | None = None, cur_meta: dict | None = None,
+            base_samples: dict[int, Samples] | None = None, alpha: float = ALPHA,
+            test: str = "mannwhitneyu", min_repeats: int = MIN_REPEATS,
+            require_repeats: bool = False, fail_from_runs: int = 0) -> pd.DataFrame:
+    """One row per cell present in either run; raises UserError when nothing could be compared.
+
+    Columns: the key columns, ``base_status``, ``cur_status``, ``base_tput``, ``cur_tput``,
+    ``change`` (throughput, negative is slower), ``base_time_s`` / ``cur_time_s`` (median step
+    time of the samples, else of the cell), ``shift`` / ``shift_low`` / ``shift_high``
+    (step time, positive is slower, with its 1-alpha interval), ``p_value``, ``noise_floor``,
+    ``n_base``, ``n_cur``, ``unit`` (what a sample is), ``needed`` (samples a side that would
+    resolve a noisy cell), ``verdict``, ``note``, ``ci_overlap`` (for older printers only).
+
+    ``require_repeats``: a cell tested on one run's steps a side is at most ``noisy``, since that
+    test cannot see run-to-run drift. ``fail_from_runs``: against a history whose stable segment
+    holds fewer runs than this (so its runs' samples were pooled, not tested against their
+    run-to-run spread), a cell is at most ``noisy`` too (a CI gate's first runs after a new baseline).
+    """
+    # The cell's identity comes from the metric registry: core keys and every strategy label and
+    # option column both runs have (a cell run with other settings is another cell).
+    from bench.core.metrics import key_columns
+
+    key = [c for c in key_columns(set(base.columns) & set(cur.columns)) if c in base.columns and c in cur.columns]
+    key = KEY + [c for c in key if c not in KEY]
+    # Weak scaling plans one single-device cell per global batch: then the batch is part of the key.
+    if "global_batch" in base and "global_batch" in cur and (base.duplicated(key).any() or cur.duplicated(key).any()):
+        key.append("global_batch")
+    _check_inputs(base, cur, key)
+    extra = [c for c in ("cell_id", "status", "reason", "parity_ok", "throughput_samples_s", "step_time_median_s",
+                         "step_time_ci_low_s", "step_time_ci_high_s", *DIMENSIONS) if c not in key]
+    b = base.reindex(columns=key + extra).drop_duplicates(key).copy()
+    c = cur.reindex(columns=key + extra).drop_duplicates(key).copy()
+    for df in (b, c):
+        for k in key:
+            df[k] = _norm_key(df[k])
+    m = b.merge(c, on=key, how="outer", suffixes=("_b", "_c"), indicator=True)
+    bs = base_samples if base_samples is not None else cell_samples(base_steps, min_repeats)
+    cs = cell_samples(cur_steps, min_repeats)
+    ctx_b, ctx_c = run_context(base_meta), run_context(cur_meta)
+    run_diff = [f"{k} {ctx_b[k]} vs {ctx_c[k]}" for k in ("torch", "nccl") if _differs(ctx_b[k], ctx_c[k])]
+    rows = []
+    for _, r in m.iterrows():
+        row: dict[str, Any] = {k: r[k] for k in key}
+        row.update(base_status=r["status_b"], cur_status=r["status_c"],
+                   base_tput=pd.to_numeric(r["throughput_samples_s_b"], errors="coerce"),
+                   cur_tput=pd.to_numeric(r["throughput_samples_s_c"], errors="coerce"))
+        row["change"] = row["cur_tput"] / row["base_tput"] - 1 if row["base_tput"] else np.nan
+        lo_b, hi_b, lo_c, hi_c = (pd.to_numeric(r[f"step_time_ci_{x}_s_{y}"], errors="coerce")
+                                  for y in ("b", "c") for x in ("low", "high"))
+        row["ci_overlap"] = bool(lo_c <= hi_b and lo_b <= hi_c)  # kept for older printers; not the verdict
+        row["base_time_s"] = pd.to_numeric(r["step_time_median_s_b"], errors="coerce")
+        row["cur_time_s"] = pd.to_numeric(r["step_time_median_s_c"], errors="coerce")
+        row["verdict"], row["note"] = _verdict(r, row, bs, cs, run_diff, ctx_b, ctx_c, threshold, alpha, test)
+        if require_repeats and row.get("unit") == "steps" and row["verdict"] in ("regression", "improvement"):
+            row["verdict"], row["note"] = "noisy", (f"{row['verdict']} on one run's steps a side, not trusted "
+                                                    "(default; --single-run to allow it): record >= "
+                                                    f"{min_samples(alpha)} "
+                                                    "repeats or compare --history")
+        few = row.get("history_runs")
+        if (fail_from_runs and few is not None and few < fail_from_runs
+                and row["verdict"] in ("regression", "improvement")):
+            row["verdict"], row["note"] = "noisy", (f"{row['verdict']} on the pooled samples of {few} history "
+                                                    f"run(s), not trusted: this gate decides from "
+                                                    f"{fail_from_runs} runs (--fail-from-runs); {row['note']}")
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    for col in ("shift", "shift_low", "shift_high", "p_value", "noise_floor", "n_base", "n_cur", "needed", "unit"):
+        if col not in out:
+            out[col] = np.nan
+    out = _pair_changed_settings(out, key)
+    if not out["verdict"].isin(COMPARED).any():
+        raise UserError(_nothing_compared(out, key))
+    return out.sort_values(key).reset_index(drop=True)
+
+
+def _verdict(r: pd.Series, row: dict, bs: dict, cs: dict, run_diff: list[str], ctx_b: dict, ctx_c: dict,
+             threshold: float, alpha: float, test: str) -> tuple[str, str]:
+    """The verdict of one merged row; fills the test's columns into ``row``."""
+    if r["_merge"] == "right_only":
+        return "new", ""
+    if r["_merge"] == "left_only":
+        return "missing", ""
+    ok_b, ok_c = r["status_b"] == "ok", r["status_c"] == "ok"
+    if ok_b and r["status_c"] == "skipped" and str(r.get("reason_c", "")).startswith(ONE_RANK_SKIP):
+        # the matrix no longer runs it (one rank, measured under another backend): not a breakage
+        return "missing", "no longer in the matrix: " + str(r["reason_c"])
+    if ok_b and not ok_c:
+        return "broken", f"now {r['status_c']}"
+    if not ok_b:
+        return ("fixed", "") if ok_c else ("not run", "")
+    # A cell that trains another model than one device is broken however fast it got.
+    par_b, par_c = r.get("parity_ok_b"), r.get("parity_ok_c")
+    was_ok = par_b is None or pd.isna(par_b) or bool(par_b)
+    if par_c is not None and not pd.isna(par_c) and not bool(par_c) and was_ok:
+        return "broken", "parity with one device failed"
+    diffs = list(run_diff)
+    for dim in DIMENSIONS:
+        if f"{dim}_b" not in r:  # part of the key (weak scaling's global batch): equal by construction
+            continue
+        if _differs(r[f"{dim}_b"], r[f"{dim}_c"]):
+            diffs.append(f"{dim} {r[f'{dim}_b']} vs {r[f'{dim}_c']}")
+    if pd.isna(r["gpu_name_b"]) or pd.isna(r["gpu_name_c"]):  # no per-cell model: the run's GPUs
+        if _differs(ctx_b["gpus"], ctx_c["gpus"]):
+            diffs.append(f"GPUs {ctx_b['gpus']} vs {ctx_c['gpus']}")
+    if diffs:
+        return "incomparable", "; ".join(diffs)
+    sb = bs.get(int(r["cell_id_b"])) if pd.notna(r["cell_id_b"]) else None
+    sc = cs.get(int(r["cell_id_c"])) if pd.notna(r["cell_id_c"]) else None
+    if sb is None or sc is None or len(sb.values) < 2 or len(sc.values) < 2:
+        return _ci_fallback(r.rename(lambda x: x[:-2] if x.endswith("_b") else x),
+                            r.rename(lambda x: x[:-2] if x.endswith("_c") else x), threshold)
+    if sb.unit == "runs":  # a history's per-run medians: CURRENT's runs (repeats) against them
+        cur_runs = sc.values if sc.unit == "repeats" else np.array([np.median(sc.values)])
+        t = run_test(sb.values, cur_runs, alpha)
+        row.update(t, unit="runs", base_time_s=float(np.median(sb.values)), cur_time_s=float(np.median(cur_runs)))
+        verdict, note = decide(t, threshold, alpha)
+        if verdict == "noisy":
+            need = runs_needed(sb.values, threshold, alpha)
+            row["needed"] = need
+            spread = float(np.std(np.log(sb.values), ddof=1))
+            note += (f"; a history of about {need} runs would resolve it" if need else
+                     f"; its {len(sb.values)} runs differ by ~{spread:.0%} run to run, more than this threshold "
+                     "can resolve on this machine")
+        return verdict, note
+    verdict, note = _pooled_verdict(row, sb, sc, threshold, alpha, test)
+    if sb.runs is not None:  # a history too short for run_test: its runs' samples were pooled
+        row["history_runs"] = sb.runs
+        note = (note + "; " if note else "") + (f"the history's stable segment holds {sb.runs} run(s), too few "
+                                                f"to test against its run-to-run noise: its {sb.unit} pooled")
+    return verdict, note
+
+
+def _pooled_verdict(row: dict, sb: Samples, sc: Samples, threshold: float, alpha: float,
+                    test: str) -> tuple[str, str]:
+    """Rank test of BASE's samples against CURRENT's (repeats or steps); fills ``row``."""
+    # Repeats on one side only: compare like with like, steps against steps.
+    if sb.unit != sc.unit:
+        return "noisy", f"BASE has {sb.unit}, CURRENT {sc.unit}: record both with the same repeats"
+    t = shift_test(sb.values, sc.values, alpha, test)
+    row.update(t, unit=sb.unit, base_time_s=float(np.median(sb.values)), cur_time_s=float(np.median(sc.values)))
+    verdict, note = decide(t, threshold, alpha)
+    if not np.isfinite(t["noise_floor"]):
+        # Too few samples for any interval at this level: say that, not "[-100%, inf]" and "inf%".
+        row.update(shift_low=np.nan, shift_high=np.nan, noise_floor=np.nan)
+        note = (f"{min(len(sb.values), len(sc.values))} {sb.unit} a side cannot bound the interval at the "
+                f"{1 - alpha:.0%} level (>= {min_samples(alpha)} needed)")
+    if verdict == "noisy":
+        need = samples_needed(sb.values, sc.values, t["noise_floor"], threshold, alpha)
+        row["needed"] = need
+        if sb.unit == "repeats":
+            note += f"; about {need} repeats a side would resolve it"
+        else:
+            note += (f"; about {need} timed steps a side would resolve the within-run noise, "
+                     f">= {min_samples(alpha)} repeats the run-to-run drift")
+    elif sb.unit == "steps" and verdict in ("regression", "improvement"):
+        # One run a side: the steps show within-run noise only; two runs of the same code can differ
+        # by more than that (docs/REGRESSION.md has the measured A/A rate).
+        note = (note + "; " if note else "") + "one run a side: run-to-run drift is not in this test"
+    return verdict, note
+
+
+def _pair_changed_settings(out: pd.DataFrame, key: list[str]) -> pd.DataFrame:
+    """A cell missing from CURRENT and a new one with the same workload, strategy, backend, device
+    and world size, one of each, are one cell whose settings changed (an option, the mesh, the
+    micro-batches): one ``incomparable`` row that names what changed and keeps both times, not a
+    `missing` and a `new` row that leave the reader to find the pair."""
+    extra = [k for k in key if k not in KEY]
+    if not extra or out.empty:
+        return out
+    drop, add = [], []
+    for _, grp in out[out["verdict"].isin(["missing", "new"])].groupby(KEY, dropna=False, sort=False):
+        miss, new = grp[grp["verdict"] == "missing"], grp[grp["verdict"] == "new"]
+        if len(miss) != 1 or len(new) != 1:
+            continue
+        a, b = miss.iloc[0], new.iloc[0]
+        if "global_batch" in extra and str(a["global_batch"]) != str(b["global_batch"]):
+            continue  # weak scaling's reference cells of other batches: other cells, not other settings
+        changed = [f"{k} {a[k]} -> {b[k]}" for k in extra if str(a[k]) != str(b[k])]
+        row = a.copy()
+        for k in extra:
+            row[k] = b[k]
+        for col in ("cur_status", "cur_tput", "cur_time_s"):
+            row[col] = b[col]
+        row["change"] = row["cur_tput"] / row["base_tput"] - 1 if row["base_tput"] else np.nan
+        row["verdict"], row["note"] = "incomparable", "settings differ: " + "; ".join(changed)
+        drop += [miss.index[0], new.index[0]]
+        add.append(row)
+    if not add:
+        return out
+    return pd.concat([out.drop(index=drop), pd.DataFrame(add)], ignore_index=True)
+
+
+def _nothing_compared(out: pd.DataFrame, key: list[str]) -> str:
+    """The one-line error for a comparison that compared nothing, naming why."""
+    shared = out[~out["verdict"].isin(["new", "missing"])]
+    if shared.empty:
+        return ("the two runs share no cell (same workload, strategy, backend, device, world size); "
+                "compare runs of the same matrix")
+    inc = shared[shared["verdict"] == "incomparable"]
+    if not inc.empty:
+        return (f"no cell is comparable: {inc['note'].iloc[0]}; compare runs from the same setup "
+                "or record a new baseline")
+    return "no shared cell ran in both runs (all skipped or failed); fix the runs, then compare"
+
+
+def failed(table: pd.DataFrame) -> bool:
+    """True when a cell got significantly slower past the threshold or stopped running."""
+    return bool(table["verdict"].isin(FAILING).any())

@@ -1,0 +1,110 @@
+"""A pytest plugin: benchmark one cell of your own model and strategy with pytest-benchmark.
+
+Enable it with ``pytest -p bench.gate.pytest_plugin`` or, in a conftest.py, ``pytest_plugins =
+["bench.gate.pytest_plugin"]``. Then::
+
+    def test_my_model(parbench_cell):
+        stats = parbench_cell("mypkg.models:factory", "ddp", steps=30, warmup=5)
+        assert stats["throughput_samples_s"] > 100
+
+Each timed step is one pytest-benchmark round (device-synchronised), so its statistics, its
+storage (``--benchmark-autosave``, ``--benchmark-save``) and its gate (``--benchmark-compare
+--benchmark-compare-fail=median:5%``) work on step times as on any benchmark. The cell runs in
+the test's process at world size 1 (a one-rank Gloo group when the strategy uses a backend);
+multi-rank cells are measured by ``parbench run`` and reach pytest-benchmark through
+``parbench export RUN --format pytest-benchmark``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+
+def _context(device: Any, **kw: Any) -> Any:
+    """A one-rank strategies.base.Context, filling only the fields this version of it has."""
+    from strategies.base import Context
+
+    names = {f.name for f in dataclasses.fields(Context)}
+    base = dict(rank=0, world_size=1, local_rank=0, device=device, devices=(device,), backend="gloo")
+    return Context(**{k: v for k, v in {**base, **kw}.items() if k in names})
+
+
+def _one_rank_group() -> bool:
+    """Start a one-process Gloo group when none is up; True when this call started it."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return False
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    return True
+
+
+def run_cell(benchmark: Any, workload: Any, strategy: Any = "single", *, steps: int = 20, warmup: int = 3,
+             device: str = "cpu", precision: str = "fp32", seed: int = 0, lr: float = 0.01,
+             global_batch: int | None = None, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Build the cell, warm it up, and time ``steps`` steps as pytest-benchmark rounds.
+
+    ``workload``: a name or ``package.module:factory`` spec, or a bench.workloads.Workload.
+    ``strategy``: a registry name or ``package.module:Class``, or a strategies.base.Strategy.
+    Returns the median step time, throughput and the cell's facts (also in ``extra_info``)."""
+    import torch
+    import torch.distributed as dist
+
+    import strategies
+    from bench.core.errors import UserError
+    from bench.workloads import resolve
+
+    wl = resolve(workload, seed=seed, global_batch=global_batch) if isinstance(workload, str) else workload
+    strat = strategies.get(strategy) if isinstance(strategy, str) else strategy
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        pytest.skip("CUDA asked for but not available")
+    if getattr(strat, "min_world", 1) > 1:
+        raise UserError(f"strategy {strat.name!r} needs world size >= {strat.min_world}; the fixture runs world "
+                        "size 1: use parbench run, then parbench export --format pytest-benchmark")
+    started = _one_rank_group()  # strategies that use a backend need a group; the rest ignore it
+    try:
+        opts = dict(options or {})
+        if hasattr(strat, "resolve_options"):  # declared options with their defaults, validated
+            opts = strat.resolve_options(1, opts)
+        ctx = _context(dev, seed=seed, precision=precision, lr=lr, options=opts)
+        batches = [ctx.to_device(wl.batch(s)) for s in range(warmup + steps)]
+        step = strat.prepare(wl, ctx)
+        feed = iter(batches)
+
+        def setup() -> tuple[tuple, dict]:
+            return (next(feed),), {}
+
+        def target(batch: Any) -> None:
+            step.run(batch)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+
+        # One round per step, every step on its own batch, warm-up rounds untimed.
+        benchmark.pedantic(target, setup=setup, rounds=steps, warmup_rounds=warmup, iterations=1)
+    finally:
+        if started:
+            dist.destroy_process_group()
+    info = dict(workload=wl.name, strategy=strat.name, device=dev.type, precision=precision,
+                global_batch=int(wl.global_batch), world_size=1)
+    stats = getattr(benchmark, "stats", None)
+    median = stats.stats.median if stats is not None and getattr(stats, "stats", None) else float("nan")
+    info["step_time_median_s"] = median
+    info["throughput_samples_s"] = wl.global_batch / median if median == median and median > 0 else float("nan")
+    benchmark.extra_info.update(info)
+    return info
+
+
+@pytest.fixture
+def parbench_cell(benchmark: Any) -> Callable[..., dict[str, Any]]:
+    """``parbench_cell(workload, strategy="single", steps=20, warmup=3, device="cpu", ...)``: times
+    one world-size-1 cell of any workload and strategy into this test's ``benchmark``."""
+
+    def run(workload: Any, strategy: Any = "single", **kw: Any) -> dict[str, Any]:
+        return run_cell(benchmark, workload, strategy, **kw)
+
+    return run

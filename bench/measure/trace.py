@@ -1,0 +1,206 @@
+"""Per-collective records and the compute/communication breakdown, from a torch.profiler trace.
+
+A few steps of each cell run under ``torch.profiler`` after the timed steps (so profiling never
+touches the timed numbers). From the Chrome trace of each rank:
+
+* **On CUDA** the intervals are GPU kernels: NCCL kernels (name contains ``nccl``) are
+  communication, every other kernel, memcpy and memset is compute. A collective's duration is its
+  NCCL kernel's duration: it includes the time the kernel waits on the GPU for the slowest peer,
+  and excludes host-side queueing before the kernel starts. Op, bytes and group size come from the
+  ``record_param_comms`` event around the kernel's launch where the trace has one.
+* **Gloo with CUDA tensors**: compute is the GPU kernels, communication Gloo's annotations.
+* **On CPU with Gloo** communication is Gloo's own ``gloo:<op>`` annotation (on Gloo's worker
+  thread for async ops, on the caller's for blocking ones): it starts when Gloo picks the work up,
+  so it includes waiting for peers but not time spent queued behind earlier work. Compute is every
+  operator on the other threads, minus the time inside ``c10d::`` calls (the caller launching or
+  waiting for communication). Bytes come from the recorded input shapes; the trace does not say
+  which process group an op used, so ``group_size`` is empty there.
+
+Breakdown per step (all seconds, averaged over the profiled steps): ``compute_time_s``,
+``comm_time_s`` (union of communication intervals), ``overlap_frac`` (|comm & compute| / comm),
+``exposed_comm_s`` (comm not hidden behind compute), ``idle_frac`` (time in neither, over the
+profiled span; on CPU, Python between operators counts as idle).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from bench.core import backends
+from bench.core.backends import Backend
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+Interval = tuple[float, float]
+
+DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4,
+               "bool": 1, "unsigned char": 1, "signed char": 1, "short int": 2, "Float": 4, "BFloat16": 2,
+               "Half": 2, "Double": 8, "Long": 8, "Int": 4, "Byte": 1, "Bool": 1}
+COMM_CPU_PREFIXES = ("c10d::", "_c10d_functional", "record_param_comms", "gloo:", "nccl:")
+
+
+def union(iv: list[Interval]) -> list[Interval]:
+    """Sorted, merged intervals."""
+    out: list[list[float]] = []
+    for a, b in sorted(iv):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def length(iv: list[Interval]) -> float:
+    return sum(b - a for a, b in union(iv))
+
+
+def intersect(x: list[Interval], y: list[Interval]) -> list[Interval]:
+    """Intersection of two interval sets (each merged first)."""
+    x, y = union(x), union(y)
+    out, i, j = [], 0, 0
+    while i < len(x) and j < len(y):
+        a, b = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        if a < b:
+            out.append((a, b))
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def subtract(x: list[Interval], y: list[Interval]) -> list[Interval]:
+    """x minus y."""
+    out = []
+    y = union(y)
+    for a, b in union(x):
+        cur = a
+        for c, d in y:
+            if d <= cur or c >= b:
+                continue
+            if c > cur:
+                out.append((cur, c))
+            cur = max(cur, d)
+        if cur < b:
+            out.append((cur, b))
+    return out
+
+
+def breakdown(compute: list[Interval], comm: list[Interval], window: Interval, steps: int) -> dict[str, float]:
+    """The per-step breakdown from interval sets (seconds in, seconds out)."""
+    win = [window]
+    compute, comm = intersect(compute, win), intersect(comm, win)
+    span = max(window[1] - window[0], 1e-12)
+    t_comm, t_comp = length(comm), length(compute)
+    both = length(intersect(comm, compute))
+    busy = length(compute + comm)
+    n = max(steps, 1)
+    return {"compute_time_s": t_comp / n, "comm_time_s": t_comm / n, "exposed_comm_s": (t_comm - both) / n,
+            "overlap_frac": both / t_comm if t_comm > 0 else math.nan, "idle_frac": max(0.0, span - busy) / span,
+            "profiled_step_s": span / n}
+
+
+def _dims_bytes(args: dict[str, Any]) -> float | None:
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if not dims or not types:
+        return None
+    first = dims[0]
+    while first and isinstance(first[0], list):  # TensorList: [[[n]]]
+        first = first[0]
+    size = DTYPE_BYTES.get(types[0])
+    if size is None or not isinstance(first, list):
+        return None
+    return float(math.prod(first) * size)
+
+
+def _param_comms(e: dict[str, Any]) -> dict[str, Any]:
+    a = e.get("args", {})
+    nelems = a.get("In msg nelems") or a.get("In msg size")
+    size = DTYPE_BYTES.get(str(a.get("dtype")), None)
+    return {"op": a.get("Collective name"), "group_size": a.get("Group size"),
+            "bytes": float(nelems) * size if (nelems is not None and size) else None}
+
+
+def analyze_trace(trace: dict[str, Any], device_type: str, steps: int,
+                  backend: Backend | str = "nccl") -> tuple[dict[str, float], list[dict]]:
+    """(breakdown, collective rows) of one rank's Chrome trace. Timestamps are microseconds. How a
+    backend's communication shows up (GPU kernels or host spans) comes from the backend registry."""
+    be = backends.get(backend) if isinstance(backend, str) else backend
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    us = 1e-6
+    iv = lambda es: [(e["ts"] * us, (e["ts"] + e["dur"]) * us) for e in es]
+    is_span = lambda e: e["name"].startswith(be.span_prefixes) if be.span_prefixes else False
+    if device_type == "cuda" and not be.comm_in_kernels():
+        # Host-side backend on CUDA tensors: compute is on the GPU, communication on the backend's
+        # host threads (the same clock in the trace).
+        gpu = [e for e in events if e.get("cat") in GPU_CATS]
+        spans = [e for e in events if is_span(e)]
+        marks = [e for e in events if e["name"] == "parbench_step"]
+        if not marks:
+            return {}, []
+        everything = gpu + spans + marks
+        window = (min(e["ts"] for e in everything) * us, max(e["ts"] + e["dur"] for e in everything) * us)
+        return breakdown(iv(gpu), iv(spans), window, steps), _span_rows(spans)
+    if device_type == "cuda":
+        gpu = [e for e in events if e.get("cat") in GPU_CATS]
+        if not gpu:
+            return {}, []
+        is_comm = lambda e: any(k in e["name"].lower() for k in be.kernel_markers)
+        comm_k = [e for e in gpu if is_comm(e)]
+        comp_k = [e for e in gpu if not is_comm(e)]
+        window = (min(e["ts"] for e in gpu) * us, max(e["ts"] + e["dur"] for e in gpu) * us)
+        bd = breakdown(iv(comp_k), iv(comm_k), window, steps)
+        # Link each communication kernel to its launch, and the launch to the enclosing param-comms record.
+        launches = {e["args"].get("correlation"): e for e in events
+                    if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+        records = [e for e in events if e.get("name") == "record_param_comms"]
+        rows = []
+        for k in comm_k:
+            meta: dict[str, Any] = {"op": None, "group_size": None, "bytes": None}
+            launch = launches.get(k.get("args", {}).get("correlation"))
+            if launch is not None:
+                enclosing = [r for r in records if r["tid"] == launch["tid"] and r["ts"] <= launch["ts"]
+                             <= r["ts"] + r["dur"]]
+                if enclosing:
+                    meta = _param_comms(max(enclosing, key=lambda r: r["ts"]))
+            if not meta["op"]:
+                meta["op"] = k["name"].split("(")[0].replace("ncclDevKernel_", "").replace("ncclKernel_", "")
+            rows.append({**meta, "start_s": k["ts"] * us, "duration_s": k["dur"] * us, "kernel": k["name"][:80]})
+        return bd, rows
+    spans = [e for e in events if is_span(e)]
+    steps_ev = [e for e in events if e["name"] == "parbench_step"]
+    if not steps_ev:
+        return {}, []
+    window = (min(e["ts"] for e in steps_ev) * us, max(e["ts"] + e["dur"] for e in steps_ev) * us)
+    span_only = {e["tid"] for e in spans} - {e["tid"] for e in events if e.get("cat") == "cpu_op"}
+    compute: list[Interval] = []
+    waits: list[Interval] = []
+    for e in events:
+        if e.get("cat") != "cpu_op" or e["tid"] in span_only:
+            continue
+        span = (e["ts"] * us, (e["ts"] + e["dur"]) * us)
+        (waits if e["name"].startswith(COMM_CPU_PREFIXES) else compute).append(span)
+    compute = subtract(compute, waits)
+    return breakdown(compute, iv(spans), window, steps), _span_rows(spans)
+
+
+def comm_volume(trace: dict[str, Any], backend: Backend | str) -> tuple[int, float]:
+    """(calls, bytes) of communication in a trace: the ``record_param_comms`` records c10d writes
+    for each collective and point-to-point call (NCCL), else the backend's own spans (Gloo). The
+    distribution check reads this; it needs only the CPU side of the trace."""
+    be = backends.get(backend) if isinstance(backend, str) else backend
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    records = [_param_comms(e) for e in events if e.get("name") == "record_param_comms"]
+    records = [r for r in records if r["op"] not in (None, "barrier", "wait")]
+    if records:
+        return len(records), float(sum(r["bytes"] or 0.0 for r in records))
+    spans = [e for e in events if be.span_prefixes and e["name"].startswith(be.span_prefixes)
+             and not e["name"].endswith(("barrier", "wait"))]
+    return len(spans), float(sum(_dims_bytes(e.get("args", {})) or 0.0 for e in spans))
+
+
+def _span_rows(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"op": e["name"].split(":", 1)[-1], "group_size": None, "bytes": _dims_bytes(e.get("args", {})),
+             "start_s": e["ts"] * 1e-6, "duration_s": e["dur"] * 1e-6} for e in spans]

@@ -1,0 +1,433 @@
+"""The run folder: append-only tables that survive a killed run, metadata, derived columns.
+
+``DIR/<run-id>/`` holds the tables ``cells``, ``steps``, ``comm`` and ``samples`` and ``meta.json``.
+Each table is a folder of parquet parts (``cells.parquet/part-000001.parquet`` ...): a finished
+cell appends one part to each table, written to a hidden temporary name and renamed into place,
+so nothing already on disk is rewritten and a run killed at any moment leaves every finished cell
+readable. ``pandas.read_parquet(RUN/"cells.parquet")`` reads a table whole; :func:`load_run` also
+adds the derived columns (parity, scaling efficiency), which are computed when a run is read.
+Files written by older versions (one ``cells.parquet`` file) still load.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from bench import SCHEMA_VERSION, __version__
+
+from bench.core.errors import UserError
+from bench.core.metrics import CORE, Metric, stored
+from bench.stats import EFFICIENCY_MAX
+
+STEP_COLUMNS: dict[str, str] = {
+    "run_id": "string", "cell_id": "Int64", "repeat": "Int64", "rank": "Int64", "step": "Int64", "phase": "string",
+    "step_time_s": "float64", "t_unix": "float64", "loss": "float64", "loss_weight": "float64",
+}
+COMM_COLUMNS: dict[str, str] = {
+    "run_id": "string", "cell_id": "Int64", "rank": "Int64", "backend": "string", "world_size": "Int64",
+    "op": "string", "group_size": "Int64", "bytes": "float64", "start_s": "float64", "duration_s": "float64",
+    "kernel": "string",
+}
+SAMPLE_COLUMNS: dict[str, str] = {
+    "host": "string", "device": "string", "t": "float64", "metric": "string", "value": "float64",
+    "node": "Int64",  # the node (--node-rank) that sampled it; 0 on one machine
+}
+#: cells.parquet columns of the core registry (strategies' declared columns follow)
+CELL_COLUMNS: dict[str, str] = {m.name: m.dtype for m in CORE}
+#: relative tolerance of the parity check, by precision, over the first PARITY_STEPS steps: a
+#: legitimate reordering of sums (micro-batches, buckets) differs by float rounding that training
+#: then amplifies step after step, so the adaptive loops' longer runs are compared on a fixed horizon
+PARITY_TOL = {"fp32": 1e-5, "bf16": 2e-2}
+PARITY_STEPS = 25
+_ARROW = {"string": pa.string(), "Int64": pa.int64(), "float64": pa.float64(), "boolean": pa.bool_()}
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
+
+
+def arrow_schema(columns: dict[str, str]) -> pa.Schema:
+    return pa.schema([(name, _ARROW[dtype]) for name, dtype in columns.items()])
+
+
+def cell_columns(metrics: Iterable[Metric]) -> dict[str, str]:
+    """name -> dtype of the stored cell columns for a run whose strategies declare ``metrics``."""
+    return {m.name: m.dtype for m in stored(metrics)}
+
+
+def frame(rows: list[dict[str, Any]] | pd.DataFrame, schema: dict[str, str]) -> pd.DataFrame:
+    """Rows (or a frame) with the schema's columns first, typed; other columns after."""
+    df = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+    for col, dtype in schema.items():
+        if col not in df:
+            df[col] = pd.Series([None] * len(df), index=df.index, dtype="object")
+        if dtype == "float64":
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+        elif str(df[col].dtype) != dtype:
+            df[col] = df[col].astype(dtype)
+    extra = [c for c in df.columns if c not in schema]
+    return df[list(schema) + extra]
+
+
+def require_columns(df: pd.DataFrame, cols: list[str], what: str) -> None:
+    """Fail with the missing column's name rather than a KeyError deep in an analysis."""
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise UserError(f"{what} lacks column(s) {', '.join(missing)}; was it written by parbench "
+                        f"schema {SCHEMA_VERSION}?")
+
+
+def global_losses(steps: pd.DataFrame) -> pd.Series:
+    """Per (cell_id, step): the global-batch loss, sum over ranks of loss * loss_weight (the first
+    repeat: every repeat trains the same batches from the same seed)."""
+    s = steps.dropna(subset=["loss"])
+    if "repeat" in s:
+        s = s[s["repeat"].fillna(0) == 0]
+    return (s["loss"] * s["loss_weight"]).groupby([s["cell_id"], s["step"]]).sum()
+
+
+def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """The columns that need other cells, computed when a run is read: parity against the
+    single-device reference that trained the same global batch (same workload, device, precision;
+    cells that check their own parity keep their error), and scaling efficiency against the
+    reference of the same global batch (strong) or the same batch per device (weak), flagged where
+    it cannot be read as a number. Lookups are by key, so reading a run is linear in its cells."""
+    cells = cells.copy()
+    for col, dtype in (("scaling_efficiency", "float64"), ("scaling_note", "string"), ("parity_rel_err", "float64"),
+                       ("parity_tol", "float64"), ("parity_ok", "boolean")):
+        if col not in cells:
+            cells[col] = pd.Series([None] * len(cells), index=cells.index, dtype="object").astype(dtype)
+    if cells.empty:
+        return cells
+    losses = global_losses(steps) if not steps.empty else pd.Series(dtype=float)
+    by_cell = {cid: g.droplevel(0) for cid, g in losses.groupby(level=0)} if len(losses) else {}
+    ok = cells["status"] == "ok"
+    refs = cells[ok & (cells["role"] == "reference")] if "role" in cells else cells.iloc[:0]
+    if refs.empty and "strategy" in cells:  # runs written before the role column said so
+        refs = cells[ok & (cells["strategy"] == "single")]
+    has_gb = "global_batch" in cells
+    ref_by: dict[tuple, Any] = {}
+    for r in refs.itertuples():
+        ref_by.setdefault((r.workload, r.device, r.precision, r.global_batch if has_gb else None), r)
+        ref_by.setdefault((r.workload, r.device, r.precision, "any"), r)
+    eff, note, err_col, tol_col, ok_col = ({} for _ in range(5))
+    for r in cells[ok].itertuples():
+        i = r.Index
+        tol = PARITY_TOL.get(str(r.precision), 1e-5)
+        role = str(getattr(r, "role", ""))
+        if role == "independent" and pd.notna(r.parity_rel_err):  # checked its own parity
+            tol_col[i], ok_col[i] = tol, bool(r.parity_rel_err <= tol)
+        gb = r.global_batch if has_gb and pd.notna(r.global_batch) else None
+        weak = str(getattr(r, "scaling", "strong")) == "weak"
+        base_gb = gb // r.world_size if (weak and gb is not None) else gb
+
+        def find(batch):
+            return ref_by.get((r.workload, r.device, r.precision, batch if batch is not None else "any"))
+
+        scale_ref = find(base_gb)
+        tput = getattr(scale_ref, "throughput_samples_s", None) if scale_ref is not None else None
+        if tput is not None and pd.notna(tput) and tput > 0 and pd.notna(r.throughput_samples_s):
+            e = r.throughput_samples_s / (r.world_size * tput)
+            eff[i] = e
+            notes = []
+            # FSDP's MixedPrecisionPolicy computes in bf16 parameters, the reference in fp32 parameters
+            # under autocast (seen on 2 H100s, gpt-200m at global batch 64: FSDP x2 efficiency 1.09;
+            # not separated from noise by an fsdp_mp=off cell).
+            if e > EFFICIENCY_MAX:
+                own_dtype = getattr(r, "fsdp_param_dtype", None)
+                cast = str(r.precision) == "bf16" and isinstance(own_dtype, str) and own_dtype == "bf16"
+                why = ("likely the precision: its parameters are bf16 (MixedPrecisionPolicy), the reference's "
+                       "fp32 under autocast" if cast else "not physical, noise or a slow reference")
+                notes.append(f"efficiency {e:.2f} > {EFFICIENCY_MAX}: {why}")
+            stable = getattr(scale_ref, "stable", None)
+            if stable is not None and not pd.isna(stable) and not bool(stable):
+                notes.append("the single-device reference is not stable")
+            if notes:
+                note[i] = "; ".join(notes)
+        ref = find(gb)
+        if ref is None or role == "independent":
+            continue
+        mine, theirs = by_cell.get(r.cell_id), by_cell.get(ref.cell_id)
+        if mine is None or theirs is None:
+            continue
+        # Adaptive warm-up and timed loops take different numbers of steps; the steps both ran on
+        # the same batches are compared.
+        common = mine.index.intersection(theirs.index)
+        if len(common) == 0 or len(common) < min(len(mine), len(theirs), PARITY_STEPS):
+            continue
+        common = common[common < PARITY_STEPS]
+        a, b = mine.loc[common].to_numpy(), theirs.loc[common].to_numpy()
+        err = float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-12)))
+        err_col[i], tol_col[i], ok_col[i] = err, tol, bool(err <= tol)
+    for col, vals in (("scaling_efficiency", eff), ("scaling_note", note), ("parity_rel_err", err_col),
+                      ("parity_tol", tol_col), ("parity_ok", ok_col)):
+        if vals:
+            cells.loc[list(vals), col] = pd.Series(vals, dtype=cells[col].dtype)
+    return cells
+
+
+class RunWriter:
+    """Appends rows to a run folder's tables, one immutable part per call; never rewrites."""
+
+    def __init__(self, run_dir: Path, *, cell_schema: dict[str, str] | None = None, resume: bool = False,
+                 tables: dict[str, dict[str, str]] | None = None):
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=resume)
+        self.run_id = self.dir.name
+        # ``tables``: further tables of this run (e.g. serving's requests), name -> column dtypes
+        self.schemas = {"cells": cell_schema or CELL_COLUMNS, "steps": STEP_COLUMNS, "comm": COMM_COLUMNS,
+                        "samples": SAMPLE_COLUMNS, **(tables or {})}
+        self._arrow = {k: arrow_schema(v) for k, v in self.schemas.items()}
+        self._seq = itertools.count(1 + max((_part_seq(p) for p in self.dir.glob("*.parquet/part-*.parquet")),
+                                            default=0))
+
+    def append(self, table: str, rows: Sequence[dict[str, Any]]) -> None:
+        """Write ``rows`` as one new part of ``table`` (nothing if empty). Columns outside the
+        table's schema are refused: the schema comes from the metric registry."""
+        if not rows:
+            return
+        schema = self._arrow[table]
+        stamped = [{"run_id": self.run_id, **r} for r in rows] if "run_id" in schema.names else rows
+        unknown = {k for r in stamped for k in r} - set(schema.names)
+        if unknown:
+            raise ValueError(f"table {table}: columns {sorted(unknown)} are not in its schema (metric registry)")
+        data = pa.Table.from_pylist([_clean(r) for r in stamped], schema=schema)
+        folder = self.dir / f"{table}.parquet"
+        folder.mkdir(exist_ok=True)
+        name = f"part-{next(self._seq):06d}.parquet"
+        tmp = folder / f".{name}.tmp"
+        try:
+            pq.write_table(data, tmp)
+            os.replace(tmp, folder / name)
+        except OSError as e:
+            # A full disk (ENOSPC), a quota or a folder gone read-only: the parts already written
+            # stay whole; the run stops with one line and can be resumed once there is room.
+            _unlink_quietly(tmp)
+            raise UserError(f"cannot write {folder / name} ({e.strerror or e}); the finished cells are kept: free "
+                            f"space and run parbench run --resume {self.dir}") from None
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+
+    def compact(self) -> None:
+        """Merge each table's parts into one (at the end of a run: reading 1,000 parts costs
+        seconds, one part milliseconds). The merged table is written beside the parts and swapped
+        in with renames, so a killed compaction leaves either the parts or the merged table."""
+        for name in self.schemas:
+            folder = self.dir / f"{name}.parquet"
+            parts = sorted(folder.glob("part-*.parquet")) if folder.is_dir() else []
+            if len(parts) < 2:
+                continue
+            table = read_table(self.dir, name)
+            tmp = self.dir / f".{name}.parquet.compact"
+            old = self.dir / f".{name}.parquet.old"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
+            tmp.mkdir()
+            data = pa.Table.from_pandas(table, preserve_index=False)
+            pq.write_table(data, tmp / f"part-{next(self._seq):06d}.parquet")
+            os.replace(folder, old)
+            os.replace(tmp, folder)
+            shutil.rmtree(old, ignore_errors=True)
+
+    def add(self, row: dict[str, Any], steps: Sequence[dict[str, Any]] = (),
+            comm: Sequence[dict[str, Any]] = ()) -> None:
+        """One finished cell: its steps and comm rows first, the cell row last (a reader that sees
+        the cell row sees its steps)."""
+        self.append("steps", steps)
+        self.append("comm", comm)
+        self.append("cells", [row])
+
+
+def _unlink_quietly(p: Path) -> None:
+    try:
+        p.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def _part_seq(p: Path) -> int:
+    try:
+        return int(p.stem.split("-")[1])
+    except (IndexError, ValueError):
+        return 0
+
+
+def _clean(row: dict[str, Any]) -> dict[str, Any]:
+    """Python scalars for pyarrow: numpy numbers unwrapped, pandas NA to None."""
+    out = {}
+    for k, v in row.items():
+        if isinstance(v, np.generic):
+            v = v.item()
+        elif v is pd.NA:
+            v = None
+        out[k] = v
+    return out
+
+
+def read_table(run_dir: str | os.PathLike, name: str, schema: dict[str, str] | None = None) -> pd.DataFrame:
+    """One table of a run folder (a folder of parts, or one file from older versions); an empty
+    frame with ``schema``'s columns when absent. Raises UserError naming a part that cannot be read."""
+    path = Path(run_dir) / f"{name}.parquet"
+    if not path.exists():
+        # A compaction killed between its two renames leaves the parts under this name.
+        old = Path(run_dir) / f".{name}.parquet.old"
+        if old.is_dir():
+            os.replace(old, path)
+    if not path.exists():
+        return frame([], schema or {})
+    files = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
+    if not files:
+        return frame([], schema or {})
+    try:
+        # One dataset over every part (read in parallel). Every part of one writer has one schema
+        # (the registry's); a resumed run appends parts whose schema may add columns, so the first
+        # and the last part's schemas are unified (reading all of them costs a second per 1,000).
+        ends = [files[0]] if len(files) == 1 else [files[0], files[-1]]
+        unified = pa.unify_schemas([pq.read_schema(f) for f in ends], promote_options="permissive")
+        table = ds.dataset([str(f) for f in files], schema=unified, format="parquet").to_table()
+    except (OSError, pa.ArrowException):
+        table = _read_parts_one_by_one(files)
+    df = table.to_pandas()
+    return frame(df, schema) if schema else df
+
+
+def _read_parts_one_by_one(files: list[Path]) -> pa.Table:
+    """Slow path that names the part which cannot be read."""
+    tables = []
+    for f in files:
+        try:
+            tables.append(pq.read_table(f))
+        except (OSError, pa.ArrowException) as e:
+            raise UserError(f"{f} cannot be read ({type(e).__name__}: {' '.join(str(e).split())[:120]}); "
+                            "move it aside to load the rest of the run") from None
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
+    """cells (with derived columns), steps and meta of a run folder; a one-line UserError if it is
+    not one."""
+    d = Path(run_dir)
+    if not (d / "cells.parquet").exists():
+        raise UserError(f"{d} is not a parbench run folder (no cells.parquet); pass results/<run-id>")
+    cells = read_table(d, "cells")
+    require_columns(cells, ["workload", "strategy", "backend", "world_size", "status"], str(d / "cells.parquet"))
+    missing = cells["cell_id"][cells["status"].isna()] if "cell_id" in cells else cells.index[cells["status"].isna()]
+    if len(missing):  # every row parbench writes has one: this table was edited or damaged
+        raise UserError(f"{d / 'cells.parquet'}: cell(s) {', '.join(map(str, list(missing)[:5]))} have no status; "
+                        "restore the run folder or move the damaged part aside")
+    from bench.core.metrics import all_metrics
+
+    cells = frame(cells, {m.name: m.dtype for m in all_metrics() if m.name in cells or m.name == "role"})
+    steps = read_table(d, "steps", STEP_COLUMNS)
+    meta = load_meta(d)
+    newer = meta.get("schema_version")
+    if isinstance(newer, int) and newer > SCHEMA_VERSION:
+        import logging
+
+        logging.getLogger("parbench").warning(
+            "%s was written by a newer parbench (schema %d; this one reads %d): columns it does not know are "
+            "passed through unread and derived ones may be wrong; upgrade parbench to read it", d, newer,
+            SCHEMA_VERSION)
+    cells = derive(cells, steps)
+    order = [c for c in CELL_COLUMNS if c in cells] + [c for c in cells.columns if c not in CELL_COLUMNS]
+    return cells[order].sort_values("cell_id", kind="stable").reset_index(drop=True), steps, meta
+
+
+def load_meta(d: Path) -> dict[str, Any]:
+    p = Path(d) / "meta.json"
+    if not p.is_file():
+        return {}
+    try:
+        meta = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{p} is not valid JSON ({e}); restore it or delete it to load the run without metadata") \
+            from None
+    if not isinstance(meta, dict):
+        raise UserError(f"{p} holds a JSON {type(meta).__name__}, not an object; delete it to load the run")
+    return meta
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5)
+        if out.returncode:
+            return None
+        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def machine_meta() -> dict[str, Any]:
+    """Versions and hardware, for meta.json (cheap: no process group, no NCCL init)."""
+    import torch
+
+    from bench.measure.hardware import gpu_count, gpu_names
+
+    meta: dict[str, Any] = {
+        "host": socket.gethostname(), "platform": platform.platform(), "python": sys.version.split()[0],
+        "torch": torch.__version__, "cuda": torch.version.cuda, "parbench": __version__,
+        "gpus": gpu_names(), "gpu_count": gpu_count(),
+    }
+    try:
+        meta["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if meta["gpu_count"] else None
+    except Exception:  # noqa: BLE001
+        meta["nccl"] = None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        meta["driver"] = pynvml.nvmlSystemGetDriverVersion()
+        pynvml.nvmlShutdown()
+    except Exception as e:  # noqa: BLE001 - no NVML is normal on CPU machines
+        meta["driver"] = None
+        meta["nvml_unavailable"] = f"{type(e).__name__}: {e}"
+    from bench.measure.fingerprint import fingerprint
+
+    meta["fingerprint"] = fingerprint()
+    return meta
+
+
+def write_meta(run_dir: Path, config: dict[str, Any], **more: Any) -> dict[str, Any]:
+    meta = {
+        "schema_version": SCHEMA_VERSION, "run_id": run_dir.name,
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": _git_commit(), "command_line": sys.argv, "config": config,
+        **machine_meta(), **more,
+    }
+    old = run_dir / "meta.json"
+    if old.is_file():  # rewritten at the end of a run: keep when it started
+        try:
+            meta["created_utc"] = json.loads(old.read_text()).get("created_utc", meta["created_utc"])
+        except (OSError, ValueError):
+            pass
+    meta["updated_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    tmp = run_dir / ".meta.json.tmp"
+    try:  # whole or not at all: a reader never sees half a meta.json
+        tmp.write_text(json.dumps(meta, indent=2, default=str))
+        os.replace(tmp, run_dir / "meta.json")
+    except OSError as e:
+        _unlink_quietly(tmp)
+        raise UserError(f"cannot write {run_dir / 'meta.json'} ({e.strerror or e}); free space or pass a writable "
+                        "--out") from None
+    return meta
