@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bench.workloads import Workload, build_on, seeded
+from bench.workloads.base import Workload, build_on, seeded
 
 
 def make(*, seed: int = 0, width: int = 32, image: int = 32, classes: int = 10,

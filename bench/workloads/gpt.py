@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bench.workloads import Workload, build_on, display_name, seeded
+from bench.workloads.base import Workload, build_on, display_name, seeded
 
 
 @dataclass(frozen=True, kw_only=True)

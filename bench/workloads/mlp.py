@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bench.workloads import Workload, build_on, seeded
+from bench.workloads.base import Workload, build_on, seeded
 
 
 class Layer(nn.Sequential):

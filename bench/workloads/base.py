@@ -1,0 +1,89 @@
+"""The workload contract: a model, its data and its loss, with nothing about parallelism.
+
+Every strategy runs the same workload: the same model (built from the seed), the same global batch
+at every step (derived from the seed and the step number) and the same loss. A user's own workload
+enters as ``package.module:factory``; the factory returns a :class:`Workload`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from bench.core.spec import WorkloadFacts
+
+Batch = tuple[Tensor, Tensor]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """One model with its data.
+
+    ``build(device)`` returns the model on ``device``, deterministic given ``seed`` and the device
+    type. The model is an ``nn.Sequential`` (or ``blocks`` splits it into a sequence) so that
+    pipeline-style strategies can cut it. ``batch(step)`` returns the *global* batch of that step on
+    the CPU; strategies take their share of it.
+    """
+
+    name: str
+    build: Callable[[torch.device], nn.Module]
+    batch: Callable[[int], Batch]
+    loss: Callable[[Tensor, Tensor], Tensor]
+    global_batch: int
+    flops_per_sample: float | None = None
+    # The model's blocks in order: submodules of the model that its forward calls one after another
+    # (running them in sequence must equal the forward). Pipelines cut between them; FSDP shards
+    # each; a parameter shared by two blocks (tied embedding and head) cannot be cut apart.
+    blocks: Callable[[nn.Module], list[nn.Module]] = field(default=lambda m: list(m.children()))
+    n_blocks: int = 1
+    n_heads: int | None = None  # attention heads, for tensor-parallel divisibility
+    params: int | None = None
+    description: str = ""
+    # How this model is tensor-parallel: ``tp_plan(model, mesh, **options)`` parallelizes the model
+    # in place (torchtitan keeps each model's parallelize function with the model, since the plan
+    # depends on its module names). None: the tensor-parallel strategies skip this workload.
+    tp_plan: Callable[..., None] | None = None
+
+    def facts(self, spec: str, dims: dict[str, int]) -> WorkloadFacts:
+        """What the planner records of this workload, once."""
+        params = self.params
+        if params is None:  # count them without allocating: build on the meta device
+            try:
+                params = sum(p.numel() for p in self.build(torch.device("meta")).parameters())
+            except Exception:  # noqa: BLE001 - a model that cannot build on meta keeps no count
+                params = None
+        return WorkloadFacts(name=self.name, spec=spec, dims=dict(dims), global_batch=self.global_batch,
+                             flops_per_sample=self.flops_per_sample, params=params, n_blocks=self.n_blocks,
+                             n_heads=self.n_heads, has_tp_plan=self.tp_plan is not None,
+                             description=self.description)
+
+
+def seeded(seed: int, step: int) -> torch.Generator:
+    """A CPU generator for the data of ``step``: same seed and step, same numbers, on every rank."""
+    g = torch.Generator()
+    g.manual_seed(seed * 1_000_003 + step)
+    return g
+
+
+def build_on(device: torch.device, seed: int, ctor: Callable[[], nn.Module]) -> nn.Module:
+    """Construct ``ctor()`` with parameters initialised directly on ``device`` from ``seed``."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        return ctor()
+
+
+def shard(batch: Batch, rank: int, world: int) -> Batch:
+    """This rank's contiguous share of a global batch (the batch must divide evenly)."""
+    n = batch[0].shape[0]
+    if n % world:
+        raise ValueError(f"global batch {n} does not divide by {world} ranks")
+    k = n // world
+    return tuple(t[rank * k:(rank + 1) * k] for t in batch)  # type: ignore[return-value]
+
+
+def display_name(base: str, dims: dict[str, int]) -> str:
+    """``mlp`` with width=1024 -> ``mlp(width=1024)``: two variants of one workload never share a name."""
+    return base if not dims else f"{base}({','.join(f'{k}={v}' for k, v in sorted(dims.items()))})"

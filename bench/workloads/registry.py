@@ -1,0 +1,88 @@
+"""The built-in workloads by name, and a user's ``package.module:factory``, resolved to a Workload."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from collections.abc import Callable
+
+from bench.core.errors import UserError
+from bench.workloads import convnet, gpt, mlp
+from bench.workloads.base import Workload, display_name
+
+
+def _registry() -> dict[str, Callable[..., Workload]]:
+    reg: dict[str, Callable[..., Workload]] = {"mlp": mlp.make, "convnet": convnet.make}
+    for size in gpt.SIZES:
+        reg[size] = (lambda s: lambda **kw: gpt.make(size=s, **kw))(size)
+    return reg
+
+
+def names() -> list[str]:
+    """Names of the built-in workloads."""
+    return list(_registry())
+
+
+def resolve(spec: str, *, seed: int = 0, global_batch: int | None = None, **dims: int) -> Workload:
+    """Turn a workload spec into a :class:`Workload`.
+
+    ``spec`` is a built-in name (``mlp``, ``gpt-tiny`` .. ``gpt-200m``, ``convnet``) or
+    ``package.module:factory``; ``dims`` override dimensions (e.g. ``d_model=512`` for GPT).
+    """
+    reg = _registry()
+    kw = dict(seed=seed, **dims)
+    if global_batch is not None:
+        kw["global_batch"] = global_batch
+    if spec in reg:
+        # every dimension of a built-in workload is a size or a count (mlp[width=0] and
+        # gpt-tiny[n_layer=0] trained an empty or a layerless model and reported ok)
+        small = [(k, v) for k, v in dims.items() if isinstance(v, int) and v < 1]
+        if small:
+            k, v = small[0]
+            raise UserError(f"workload {spec!r}: {k}={v} must be >= 1 (a size or a count); drop it for the "
+                            "workload's default")
+        try:
+            wl = reg[spec](**kw)
+        except TypeError as e:
+            raise UserError(f"workload {spec!r}: {e}; see `parbench list` for its dimensions") from None
+        return _named(wl, spec, dims)
+    if ":" not in spec:
+        raise UserError(
+            f"unknown workload {spec!r}: use one of {', '.join(reg)} or 'package.module:factory'"
+        )
+    mod_name, _, attr = spec.partition(":")
+    try:
+        mod = importlib.import_module(mod_name)
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's to fix
+        raise UserError(f"workload {spec!r}: cannot import {mod_name!r} ({type(e).__name__}: {e}); "
+                        "check the module is on PYTHONPATH") from None
+    factory = getattr(mod, attr, None)
+    if not callable(factory):
+        raise UserError(f"workload {spec!r}: {mod_name} has no callable {attr!r}")
+    accepted = inspect.signature(factory).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+    unknown = [k for k in dims if not (takes_any or k in accepted)]
+    if unknown:
+        raise UserError(f"workload {spec!r} takes no dimension {unknown[0]!r}; its factory accepts "
+                        f"{', '.join(k for k in accepted if k != 'seed') or 'none'}")
+    try:
+        wl = factory(**{k: v for k, v in kw.items() if takes_any or k in accepted})
+    except Exception as e:  # noqa: BLE001 - a user's factory failing is the user's to fix
+        raise UserError(f"workload {spec!r}: its factory raised {type(e).__name__}: {' '.join(str(e).split())}"
+                        [:300]) from None
+    if not isinstance(wl, Workload):
+        raise UserError(f"workload {spec!r}: factory returned {type(wl).__name__}, "
+                        "expected bench.workloads.Workload")
+    gb = wl.global_batch
+    if isinstance(gb, bool) or not isinstance(gb, int) or gb < 1:  # a batch of 0 ran "ok" with a NaN efficiency
+        raise UserError(f"workload {spec!r}: its factory built global_batch={gb!r}; it must be an integer >= 1 "
+                        "(the factory should take global_batch and use it)")
+    return _named(wl, spec.rpartition(".")[2].replace(":", "."), dims)
+
+
+def _named(wl: Workload, base: str, dims: dict[str, int]) -> Workload:
+    """The workload under a name that carries its dimensions (unless its factory named them)."""
+    if dims and "(" not in wl.name:
+        return dataclasses.replace(wl, name=display_name(wl.name or base, dims))
+    return wl
