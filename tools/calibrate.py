@@ -64,7 +64,7 @@ def _defaults() -> tuple:
 
 def shipped_defaults() -> dict[str, object]:
     """The options ``parbench compare BASE CURRENT`` runs with when given none, taken from its own
-    parser (bench/cli_regress.py), so the calibration follows the CLI if a default changes."""
+    parser (bench/cli/gate.py), so the calibration follows the CLI if a default changes."""
     require_repeats, test, threshold = _defaults()
     return dict(require_repeats=require_repeats, test=test, threshold=threshold)
 
@@ -139,7 +139,7 @@ def rates(trials: pd.DataFrame, threshold: float = 0.05, col: str = "verdict") -
 def _run(out: Path, args: argparse.Namespace) -> Path:
     """One small CPU run holding the plain strategy and its slowed twin; returns the run folder."""
     strategies = ",".join([args.strategy, f"tests.regress_helpers:{SLOW_CLASS[args.strategy]}"])
-    cmd = [sys.executable, "-m", "bench.cli.main", "run", "--device", "cpu", "--backends", "gloo", "--workloads",
+    cmd = [sys.executable, "-m", "bench", "run", "--device", "cpu", "--backends", "gloo", "--workloads",
            args.workload, "--strategies", strategies, "--world-sizes", str(args.world_size), "--steps",
            str(args.steps), "--warmup", str(args.warmup), "--profile-steps", "0", "--sample-hz", "0",
            "--no-progress", "--out", str(out)]

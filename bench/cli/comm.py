@@ -2,9 +2,7 @@
 
 Writes ``<out>/<run-id>/collectives.parquet`` (one row per op, dtype, size, backend and world size,
 plus ``kind == 'reference'`` rows: a plain torch all_reduce loop at the largest size), the fitted
-alpha-beta model ``comm_model.parquet`` and ``meta.json`` (with the NVML topology). Wire into
-``bench/cli.py`` with ``cli_comm.register(sub)``; the parser's ``handler`` default is ``cmd_comm``.
-Also runnable alone: ``python -m bench.cli.comm --backends nccl --world-sizes 2,4 ...``.
+alpha-beta model ``comm_model.parquet`` and ``meta.json`` (with the NVML topology).
 """
 
 from __future__ import annotations
@@ -22,8 +20,8 @@ from typing import Any
 
 import pandas as pd
 
-from bench.core.errors import UserError
 from bench.comm.worker import DTYPES, OPS, size_ladder
+from bench.core.errors import UserError
 from bench.measure.hardware import cpu_threads, threads_per_rank
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 2**10, "m": 2**20, "mib": 2**20, "mb": 2**20,
@@ -240,9 +238,9 @@ def add_reference(df: pd.DataFrame) -> pd.DataFrame:
 def run_sweep(cfg: CommConfig) -> Path:
     """The whole sweep; returns the run folder (tables rewritten after every group)."""
     from bench.comm.model import fit
-    from bench.train.launcher import check_out
-    from bench.results.store import new_run_id, write_meta
     from bench.measure.topology import topology
+    from bench.results.store import new_run_id, write_meta
+    from bench.train.launcher import check_out
 
     check_out(cfg.out)  # an unwritable --out was a traceback
     run_dir = Path(cfg.out) / new_run_id()
@@ -302,7 +300,7 @@ def _human(n: int) -> str:
 
 def cmd_comm(args: argparse.Namespace) -> int:
     """Handler of ``parbench comm``."""
-    from bench.cli.main import install_stop_handlers, report_interrupt, restore_stop_handlers
+    from bench.cli.common import install_stop_handlers, report_interrupt, restore_stop_handlers
     from bench.measure.hardware import gpu_count
 
     cfg = config_from_args(args, gpu_count())
@@ -338,16 +336,5 @@ def register(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, help="seconds one (backend, world size) group may take (default 600)")
     p.add_argument("--no-reference", action="store_true", help="skip the plain torch all_reduce loop")
     p.add_argument("--out", help="results folder (default: results)")
-    p.set_defaults(handler=cmd_comm)
+    p.set_defaults(func=cmd_comm)
     return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m bench.cli.comm`` = ``parbench comm`` (device scripts call it this way)."""
-    from bench.cli.main import main as parbench
-
-    return parbench(["comm", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

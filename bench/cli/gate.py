@@ -119,8 +119,8 @@ def cmd_history_add(args: argparse.Namespace) -> int:
 
 
 def cmd_history_show(args: argparse.Namespace) -> int:
-    from bench.gate.history import show
     from bench.gate.compare import parse_threshold
+    from bench.gate.history import show
 
     table = show(_store(args), args.machine, parse_threshold(args.threshold), args.plots)
     t = Table(title=Text(f"parbench history {_store(args)}"))

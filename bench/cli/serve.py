@@ -1,7 +1,7 @@
 """``parbench serve``: the serving benchmark (issue 15; docs/SERVING.md).
 
-Wire into bench/cli.py with ``cli_serve.register(sub)``; the subparser sets ``func=cmd_serve``.
-Also runnable alone (the device script uses this): ``python -m bench.cli.serve --device cuda ...``.
+The subparser sets ``func=cmd_serve``.
+Also runnable alone (the device script uses this): ``python -m bench serve --device cuda ...``.
 Exit codes: 0 every cell ok and parity held, 1 a cell failed or parity broke, 2 bad input.
 """
 
@@ -124,7 +124,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         rows.append(row)
         print(serve_run.summary_lines([row])[0], flush=True)
 
-    from bench.cli.main import install_stop_handlers, report_interrupt, restore_stop_handlers
+    from bench.cli.common import install_stop_handlers, report_interrupt, restore_stop_handlers
 
     install_stop_handlers()  # Ctrl-C, SIGTERM, SIGHUP: the pools are stopped and what finished is kept
     try:
@@ -190,14 +190,3 @@ def register(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", default="results", help="results folder (default results)")
     p.set_defaults(func=cmd_serve)
     return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m bench.cli.serve`` = ``parbench serve`` (device scripts call it this way)."""
-    from bench.cli.main import main as parbench
-
-    return parbench(["serve", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,7 +17,7 @@ OWN = {"nnodes", "node_rank", "rdzv_endpoint", "out", "resume", "no_progress"}
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
-    from bench.cli.main import add_run_args
+    from bench.cli.common import add_run_args
 
     p = sub.add_parser("slurm", help="write an sbatch script for a run on several nodes (--submit: submit it)")
     p.add_argument("--nodes", type=int, required=True, help="nodes to allocate; one parbench launcher each")
@@ -65,7 +65,7 @@ def run_argv(args: argparse.Namespace, parser_actions) -> list[str]:
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
-    from bench.cli.main import parse_options
+    from bench.cli.common import parse_options
     from bench.core.config import build_config, load_toml
     from bench.multinode.slurm import SlurmJob, render
 

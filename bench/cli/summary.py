@@ -17,7 +17,7 @@ def _fmt(v, spec: str) -> str:
 def print_summary(run_dir: Path, console: Console | None = None) -> None:
     """The cells that ran, with the registry's summary columns; skipped cells grouped by reason.
     Every value is printed as plain text: names and reasons can hold brackets (never markup)."""
-    from bench.core.metrics import shown
+    from bench.results.columns import shown
     from bench.results.store import load_run
 
     cells, _, _ = load_run(run_dir)

@@ -304,7 +304,7 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
     """
     # The cell's identity comes from the metric registry: core keys and every strategy label and
     # option column both runs have (a cell run with other settings is another cell).
-    from bench.core.metrics import key_columns
+    from bench.results.columns import key_columns
 
     key = [c for c in key_columns(set(base.columns) & set(cur.columns)) if c in base.columns and c in cur.columns]
     key = KEY + [c for c in key if c not in KEY]

@@ -18,7 +18,7 @@ from typing import Any
 
 import pynvml as nv
 
-from bench.measure.telemetry import POWER_CAP, THROTTLED
+from bench.measure.slowdown import POWER_CAP, THROTTLED
 
 UINT_MAX = 0xFFFFFFFF
 #: clock-event reasons that slow running kernels: SW power cap, HW slowdown, SW/HW thermal, power brake

@@ -13,14 +13,6 @@ import threading
 import time
 from typing import Any, Protocol
 
-#: NVML clock-event reasons the samplers keep and the rows read. The software power cap is how a
-#: fully loaded GPU holds its power limit: a compute-bound cell sits there most of the time and
-#: stays steady (4x H100, 2026-11-26: one-GPU gpt-200m at the cap in 93% of its samples, repeats
-#: within 0.3%), so it is reported beside the cell, not as contention. Thermal slowdowns, the
-#: hardware slowdown and the power brake mean something outside the cell is slowing it.
-POWER_CAP = 0x4
-THROTTLED = 0x8 | 0x20 | 0x40 | 0x80
-
 
 class Source(Protocol):
     name: str

@@ -46,7 +46,7 @@ def render(job: SlurmJob) -> str:
     # Expanded by the shell of each node's task, not by the batch script: node rank and endpoint.
     nodes = (f'--nnodes {job.nodes} --node-rank "$SLURM_NODEID" --rdzv-endpoint "$PARBENCH_RDZV_ENDPOINT" '
              if job.nodes > 1 else "")
-    inner = (f"exec {shlex.quote(job.python)} -m bench.cli.main run {nodes}--out {shlex.quote(job.out)} --no-progress"
+    inner = (f"exec {shlex.quote(job.python)} -m bench run {nodes}--out {shlex.quote(job.out)} --no-progress"
              + "".join(f" {shlex.quote(a)}" for a in job.run_args))
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [

@@ -20,7 +20,7 @@ import numpy as np
 from bench.measure.hardware import cpu_threads, peak_flops
 from bench.core.metrics import Metric
 from bench.stats import slow_rank, summarize
-from bench.measure.telemetry import POWER_CAP, THROTTLED
+from bench.measure.slowdown import POWER_CAP, THROTTLED
 from bench.core.spec import CellSpec, RankMeasurement
 
 #: NVML's energy counter advances in steps (about 12.6 J at a time was seen on H200s), so a short

@@ -334,7 +334,7 @@ def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, di
     if len(missing):  # every row parbench writes has one: this table was edited or damaged
         raise UserError(f"{d / 'cells.parquet'}: cell(s) {', '.join(map(str, list(missing)[:5]))} have no status; "
                         "restore the run folder or move the damaged part aside")
-    from bench.core.metrics import all_metrics
+    from bench.results.columns import all_metrics
 
     cells = frame(cells, {m.name: m.dtype for m in all_metrics() if m.name in cells or m.name == "role"})
     steps = read_table(d, "steps", STEP_COLUMNS)

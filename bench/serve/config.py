@@ -11,6 +11,9 @@ from bench.serve.launcher import PLACEMENTS
 from bench.serve.loadgen import Tenant, parse_tenants
 from bench.serve.policies import POLICIES
 
+#: rates the sweep climbs at most before it bisects (each doubling the last)
+SWEEP_LADDER = 6
+
 
 @dataclass(kw_only=True)
 class Load:
@@ -57,6 +60,13 @@ class ServeConfig:
     cell_timeout_s: float = 600.0
     out: str = "results"
 
+
+    def sweep_ladder(self) -> list[float]:
+        """The rates the sweep tries: given, or doubling from the lowest load level's rate."""
+        if self.sweep_rates:
+            return sorted(self.sweep_rates)
+        start = min(self.rates) if self.rates else 10.0
+        return [start * 2**k for k in range(SWEEP_LADDER)]
     def check(self) -> None:
         for p in self.placements:
             if p not in PLACEMENTS:
@@ -109,9 +119,8 @@ class ServeConfig:
             # a sweep point passes on its p99: a first point too short to report one ends the sweep
             # at once with no answer (n = 43 at 10 req/s for 5 s ran and exited 0)
             from bench.serve.stats import min_samples
-            from bench.serve.sweep import ladder
 
-            first, need = ladder(self)[0], min_samples(99.0)
+            first, need = self.sweep_ladder()[0], min_samples(99.0)
             n = self.max_requests or int(first * self.duration_s)
             if n < need:
                 raise UserError(f"--slo-ms {self.slo_ms:g}: the sweep's first point ({first:g} req/s"

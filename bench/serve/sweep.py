@@ -20,15 +20,6 @@ from typing import Any
 from bench.serve.config import Load, ServeConfig
 
 BISECT_STEPS = 3
-LADDER = 6
-
-
-def ladder(cfg: ServeConfig) -> list[float]:
-    """The rates to try: given, or doubling from the lowest load level's rate."""
-    if cfg.sweep_rates:
-        return sorted(cfg.sweep_rates)
-    start = min(cfg.rates) if cfg.rates else 10.0
-    return [start * 2**k for k in range(LADDER)]
 
 
 def passed(row: dict[str, Any]) -> bool:
@@ -39,7 +30,7 @@ def run_sweep(cell: Callable[[Load], dict[str, Any]], cfg: ServeConfig, sm: Any)
     """Run the sweep's cells through ``cell`` (which writes each); returns what it found."""
     tried: list[tuple[float, bool, float | None]] = []
     best, first_fail = None, None
-    for rate in ladder(cfg):
+    for rate in cfg.sweep_ladder():
         row = cell(cfg.sweep_loads([rate])[0])
         ok = passed(row)
         tried.append((rate, ok, row.get("latency_p99_s")))

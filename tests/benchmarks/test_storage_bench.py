@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from bench.core.metrics import all_metrics
+from bench.results.columns import all_metrics
 from bench.results.store import RunWriter, cell_columns, load_run, read_table
 
 N_CELLS, SAMPLES_PER_CELL, STEPS_PER_CELL = 1000, 1000, 20

@@ -33,7 +33,7 @@ def free_port() -> int:
 def start(args: list[str], *, node_rank: int, nnodes: int, endpoint: str, out: Path, prefix: list[str] | None = None,
           env: dict[str, str] | None = None) -> subprocess.Popen:
     """One node's launcher, in a process of its own (stdout/stderr captured)."""
-    argv = [*(prefix or []), sys.executable, "-m", "bench.cli.main", "run", *args, "--nnodes", str(nnodes),
+    argv = [*(prefix or []), sys.executable, "-m", "bench", "run", *args, "--nnodes", str(nnodes),
             "--node-rank", str(node_rank), "--rdzv-endpoint", endpoint, "--out", str(out), "--no-progress"]
     full = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full, cwd=ROOT)

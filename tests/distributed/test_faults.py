@@ -126,7 +126,7 @@ def _start(tmp_path: Path, strategies: str, *extra: str) -> subprocess.Popen:
     args = ["run", "--out", str(tmp_path), "--device", "cpu", "--backends", "gloo", "--world-sizes", "1",
             "--workloads", "mlp", "--strategies", strategies, "--steps", "2", "--warmup", "1", "--profile-steps",
             "0", "--sample-hz", "0", "--target-ci", "0", "--no-progress", *extra]
-    return subprocess.Popen([sys.executable, "-m", "bench.cli.main", *args], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "bench", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -201,7 +201,7 @@ def test_resume_runs_only_the_unfinished_cell_and_sets_aside_its_partial_rows(tm
     for part in (run_dir / "cells.parquet").glob("part-*.parquet"):
         if pd.read_parquet(part)["cell_id"].tolist() == [ddp]:
             part.unlink()  # as if killed between the cell's steps part and its row
-    r = subprocess.run([sys.executable, "-m", "bench.cli.main", "run", "--resume", str(run_dir), "--no-progress"],
+    r = subprocess.run([sys.executable, "-m", "bench", "run", "--resume", str(run_dir), "--no-progress"],
                        capture_output=True, text=True, timeout=150)
     assert r.returncode == 0, r.stderr
     cells = read_table(run_dir, "cells")
@@ -233,7 +233,7 @@ def _descendants(pid: int) -> list[psutil.Process]:
      signal.SIGINT, "the groups that finished are in"),
 ])
 def test_serve_and_comm_stop_cleanly_on_a_signal(tmp_path, cmd, sig, kept):
-    proc = subprocess.Popen([sys.executable, "-m", "bench.cli.main", *cmd, "--out", str(tmp_path)],
+    proc = subprocess.Popen([sys.executable, "-m", "bench", *cmd, "--out", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     end = time.monotonic() + 120
     kids: list[psutil.Process] = []

@@ -65,7 +65,7 @@ def test_a_time_budget_is_kept(tmp_path):
     from contextlib import redirect_stdout
     from pathlib import Path
 
-    from bench.cli.main import print_budget_use
+    from bench.cli.run import print_budget_use
 
     out = io.StringIO()
     with redirect_stdout(out):
@@ -88,7 +88,7 @@ def test_a_contended_host_is_flagged(tmp_path):
     hog = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         time.sleep(1.0)
-        r = subprocess.run([sys.executable, "-m", "bench.cli.main", "run", "--out", str(tmp_path), "--device", "cpu",
+        r = subprocess.run([sys.executable, "-m", "bench", "run", "--out", str(tmp_path), "--device", "cpu",
                             "--backends", "gloo", "--workloads", "mlp", "--strategies", "single", "--world-sizes",
                             "1", "--steps", "30", "--warmup", "2", "--target-ci", "0", "--profile-steps", "0",
                             "--sample-hz", "20", "--no-progress"], capture_output=True, text=True, timeout=300)

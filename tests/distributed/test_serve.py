@@ -18,7 +18,7 @@ pytestmark = pytest.mark.distributed
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("serve")
-    cmd = [sys.executable, "-m", "bench.cli.serve", "--device", "cpu", "--workload", "gpt-tiny",
+    cmd = [sys.executable, "-m", "bench", "serve", "--device", "cpu", "--workload", "gpt-tiny",
            "--placements", "replicas,pipeline", "--policies", "round-robin,jsq,batch", "--world-sizes", "2",
            "--rates", "40", "--duration", "4", "--size", "uniform", "--size-min", "8", "--size-max", "24",
            "--slow", "1=25", "--sample-hz", "0", "--out", str(out), "--cell-timeout", "120"]
@@ -96,7 +96,7 @@ def test_generation_through_the_pipeline_placement(tmp_path):
     """--task generate on a 2-stage pipeline: each token goes round the stages (the last stage hands
     it back to stage 0, every stage keeps its share of the KV cache), and the tokens equal one
     device's; each stage serves every request once; Little's law holds at this light load."""
-    cmd = [sys.executable, "-m", "bench.cli.serve", "--device", "cpu", "--workload", "gpt-tiny", "--task", "generate",
+    cmd = [sys.executable, "-m", "bench", "serve", "--device", "cpu", "--workload", "gpt-tiny", "--task", "generate",
            "--gen-tokens", "4", "--placements", "pipeline,replicas", "--policies", "round-robin", "--world-sizes", "2",
            "--rates", "20", "--duration", "3", "--size", "uniform", "--size-min", "8", "--size-max", "16",
            "--sample-hz", "0", "--out", str(tmp_path), "--cell-timeout", "120"]
@@ -120,7 +120,7 @@ def test_an_overloaded_generating_pipeline_bounds_its_work_in_flight(tmp_path):
     with the tokens one device gives; the cell says it never reached a steady state."""
     from bench.serve.worker import MAX_INFLIGHT
 
-    cmd = [sys.executable, "-m", "bench.cli.serve", "--device", "cpu", "--workload", "gpt-tiny", "--task", "generate",
+    cmd = [sys.executable, "-m", "bench", "serve", "--device", "cpu", "--workload", "gpt-tiny", "--task", "generate",
            "--gen-tokens", "6", "--placements", "pipeline", "--world-sizes", "2", "--rates", "150", "--duration", "2",
            "--size", "uniform", "--size-min", "8", "--size-max", "16", "--sample-hz", "0", "--out", str(tmp_path),
            "--cell-timeout", "120"]

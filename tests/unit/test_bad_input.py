@@ -16,7 +16,7 @@ from bench.results.store import RunWriter
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PARBENCH_TEST_SECRET_TOKEN": "hunter2"}
-    return subprocess.run([sys.executable, "-m", "bench.cli.main", *args], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "bench", *args], capture_output=True, text=True, timeout=120,
                           env=env, cwd=cwd)
 
 

@@ -9,7 +9,7 @@ from bench.cli.main import main
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "bench.cli.main", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "bench", *args], capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -201,7 +201,7 @@ def test_the_budget_line_times_this_invocation_and_never_fails_a_finished_run(tm
     meta.json contents crashed the line after a complete run."""
     import json
 
-    from bench.cli.main import print_budget_use
+    from bench.cli.run import print_budget_use
     from bench.results.store import RunWriter
 
     run = tmp_path / "r"

@@ -235,7 +235,7 @@ def test_a_listener_that_answers_garbage_gives_one_line_not_torchs_retry_stacks(
 
     threading.Thread(target=serve, daemon=True).start()
     try:
-        r = subprocess.run([sys.executable, "-m", "bench.cli.main", "run", "--device", "cpu", "--workloads", "mlp",
+        r = subprocess.run([sys.executable, "-m", "bench", "run", "--device", "cpu", "--workloads", "mlp",
                             "--strategies", "ddp", "--world-sizes", "2", "--nnodes", "2", "--node-rank", "1",
                             "--rdzv-endpoint", f"127.0.0.1:{srv.getsockname()[1]}", "--rdzv-timeout", "2",
                             "--out", str(tmp_path), "--no-progress"], capture_output=True, text=True, timeout=120)

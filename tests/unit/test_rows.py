@@ -144,7 +144,8 @@ def test_a_strategy_declaring_a_core_column_is_refused_when_loaded():
 
 
 def test_registry_lists_every_column_once_and_strategy_columns_after_the_core():
-    from bench.core.metrics import CORE, all_metrics
+    from bench.core.metrics import CORE
+    from bench.results.columns import all_metrics
 
     names = [m.name for m in all_metrics()]
     assert len(names) == len(set(names)) and names[: len(CORE)] == [m.name for m in CORE]

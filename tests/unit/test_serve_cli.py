@@ -7,7 +7,8 @@ import argparse
 import pytest
 
 from bench.core.errors import UserError
-from bench.cli.serve import config_from_args, main, register
+from bench.cli.main import main as parbench
+from bench.cli.serve import config_from_args, register
 from bench.serve.config import ServeConfig
 from bench.serve.sweep import run_sweep
 
@@ -65,7 +66,7 @@ def test_policies_stand_beside_replicas_and_default_when_not_given():
 
 
 def test_main_exits_2_with_one_line(capsys):
-    assert main(["--policies", "fastest"]) == 2
+    assert parbench(["serve", "--policies", "fastest"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("parbench: error: --policies") and "\n" not in err
 
@@ -91,8 +92,8 @@ def test_sweep_with_nothing_passing_says_so():
 
 
 def test_unknown_workload_or_task_exits_2_and_leaves_no_run_folder(tmp_path, capsys):
-    assert main(["--workload", "nope", "--out", str(tmp_path)]) == 2
-    assert main(["--workload", "convnet", "--task", "generate", "--out", str(tmp_path)]) == 2
+    assert parbench(["serve", "--workload", "nope", "--out", str(tmp_path)]) == 2
+    assert parbench(["serve", "--workload", "convnet", "--task", "generate", "--out", str(tmp_path)]) == 2
     assert "--task" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
@@ -101,18 +102,18 @@ def test_a_forward_that_raises_or_hangs_is_one_line_before_any_pool(tmp_path, ca
     """The parity reference runs the model on one device before any pool: a broken user model was a
     traceback there, and a hanging one ran until something killed it (a bad-input sweep, ninth stop)."""
     base = ["--device", "cpu", "--world-sizes", "2", "--duration", "1", "--rates", "5", "--out", str(tmp_path)]
-    assert main(["--workload", "tests.helpers:forward_raises", *base]) == 2
+    assert parbench(["serve", "--workload", "tests.helpers:forward_raises", *base]) == 2
     err = capsys.readouterr().err.strip()
     assert "its forward failed on one device before serving (RuntimeError: forward exploded on purpose)" in err
     assert "\n" not in err
-    assert main(["--workload", "tests.helpers:forward_hangs", "--cell-timeout", "1", *base]) == 2
+    assert parbench(["serve", "--workload", "tests.helpers:forward_hangs", "--cell-timeout", "1", *base]) == 2
     err = capsys.readouterr().err.strip()
     assert "did not answer the 6 parity probes within --cell-timeout 1 s" in err and "\n" not in err
     assert list(tmp_path.iterdir()) == []  # no run folder
 
 
 def test_an_unwritable_out_is_one_line(capsys):
-    assert main(["--device", "cpu", "--out", "/proc/parbench-serve"]) == 2
+    assert parbench(["serve", "--device", "cpu", "--out", "/proc/parbench-serve"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--out '/proc/parbench-serve' is not writable" in err and "\n" not in err
 

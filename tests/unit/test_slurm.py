@@ -62,7 +62,7 @@ def test_slurm_script_runs_one_launcher_per_node_with_the_first_node_as_endpoint
     assert "#SBATCH --gpus-per-node=4" in text and "#SBATCH --time=00:20:00" in text
     assert f"#SBATCH --output={out}/slurm-%j.out" in text
     assert "--kill-on-bad-exit=1" in (log / "srun.args").read_text()
-    common = ["-m", "bench.cli.main", "run", "--nnodes", "2", "--rdzv-endpoint", "node-a:29400", "--out", str(out),
+    common = ["-m", "bench", "run", "--nnodes", "2", "--rdzv-endpoint", "node-a:29400", "--out", str(out),
               "--no-progress", "--workloads", "gpt-small", "--strategies", "ddp,fsdp-tp", "--world-sizes", "8",
               "--steps", "10", "--option", "mesh=2x4"]
     for rank in (0, 1):

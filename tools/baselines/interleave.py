@@ -7,10 +7,10 @@
 (All six default families at x2 and x4 with 3 rounds take ~18 min of device time, more than one
 600 s command: split the call by world size and family, as above; the script prints its estimate.)
 
-Each round runs, for every world size, the harness cells (A: ``python3 -m bench.cli.main run ...``) and
+Each round runs, for every world size, the harness cells (A: ``python3 -m bench run ...``) and
 the plain programs (B: ``tools/baselines/plain_*.py``) of every family, A then B, and rounds repeat,
 so both sides see the same machine state over the call. By default the harness cells of a round
-that can share one ``bench.cli.main run`` do (the harness adds a one-GPU reference cell and starts one
+that can share one ``parbench run`` do (the harness adds a one-GPU reference cell and starts one
 torchrun per world size on every call, ~10 s each); ``--pairwise`` runs one harness call per family
 and world size instead, right before its plain program (stricter A B, slower).
 
@@ -176,7 +176,7 @@ def effective_options(family: str, pair: Pair, state: State) -> tuple[str, ...]:
 
 
 def harness_groups(families: list[str], state: State) -> list[list[str]]:
-    """Families whose harness cells can share one ``bench.cli.main run``. ``--option`` applies to every
+    """Families whose harness cells can share one ``parbench run``. ``--option`` applies to every
     cell of a run, so members need distinct strategies, and every option a member's strategy
     declares must have the value that member asked for (or be unset by all, for its default)."""
     opts = {f: dict(o.split("=", 1) for o in effective_options(f, PAIRS[f], state)) for f in families}
@@ -213,12 +213,12 @@ def env_for(world: int, args: argparse.Namespace) -> dict[str, str]:
 
 
 def run_harness(fams: list[str], worlds: list[int], rnd: int, args: argparse.Namespace, state: State) -> None:
-    """One ``bench.cli.main run`` of these families at these world sizes; one record per (family, world)."""
+    """One ``parbench run`` of these families at these world sizes; one record per (family, world)."""
     import pandas as pd
 
     out = Path(args.runs_dir) / f"r{rnd}-{'+'.join(fams)}-x{'+'.join(map(str, worlds))}"
     opts = sorted({o for f in fams for o in effective_options(f, PAIRS[f], state)})
-    cmd = [sys.executable, "-m", "bench.cli.main", "run", "--no-progress", "--device", args.device,
+    cmd = [sys.executable, "-m", "bench", "run", "--no-progress", "--device", args.device,
            "--backends", args.backend, "--workloads", harness_workload(args),
            "--strategies", ",".join(dict.fromkeys(PAIRS[f].strategy for f in fams)),
            "--world-sizes", ",".join(map(str, worlds)), "--steps", str(args.steps), "--warmup", str(args.warmup),
@@ -257,9 +257,9 @@ def run_harness(fams: list[str], worlds: list[int], rnd: int, args: argparse.Nam
 
 
 def cli_help(args: argparse.Namespace) -> str:
-    """``bench.cli.main run --help`` of this checkout (asked once): which flags its harness takes."""
+    """``parbench run --help`` of this checkout (asked once): which flags its harness takes."""
     if not hasattr(args, "_cli_help"):
-        p = subprocess.run([sys.executable, "-m", "bench.cli.main", "run", "--help"], cwd=ROOT, env=env_for(1, args),
+        p = subprocess.run([sys.executable, "-m", "bench", "run", "--help"], cwd=ROOT, env=env_for(1, args),
                            capture_output=True, text=True)
         args._cli_help = p.stdout
     return args._cli_help
@@ -320,7 +320,7 @@ def check_batch(args: argparse.Namespace, families: list[str], worlds: list[int]
     if args.global_batch < 1:
         raise SystemExit(f"--global-batch {args.global_batch} must be >= 1")
     if "--global-batch" not in cli_help(args):
-        raise SystemExit("--global-batch: this checkout's `bench.cli.main run` has no --global-batch flag, so only the "
+        raise SystemExit("--global-batch: this checkout's `parbench run` has no --global-batch flag, so only the "
                          "plain side would change its batch; run without it")
     gb = args.global_batch
     for fam in families:

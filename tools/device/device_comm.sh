@@ -17,7 +17,7 @@ RUN=${RUN:-docs/runs/four-gpus-h100}
   nvidia-smi topo -m 2>/dev/null || true
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())"
 } > "$LOG" 2>&1
-comm() { timeout "$1" python3 -m bench.cli.comm "${@:2}" >> "$LOG" 2>&1; echo "[exit $? after: ${*:2}]" >> "$LOG"; }
+comm() { timeout "$1" python3 -m bench comm "${@:2}" >> "$LOG" 2>&1; echo "[exit $? after: ${*:2}]" >> "$LOG"; }
 t0=$SECONDS
 # 1. NCCL, eager back-to-back (the numbers), with the plain loop at 1 GiB in the same groups.
 comm 330 --backends nccl --device cuda --world-sizes 2,4 --min-bytes 1K --max-bytes 1G --factor 2 \

@@ -29,7 +29,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/parbench-out}; R=/tmp/pb-results; mkdir -p "$OUT" "$R"
 nvidia-smi --query-gpu=index,name,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpus.csv"
-pb() { python3 -m bench.cli.main run --no-progress --out "$R/$1" "${@:2}"; }
+pb() { python3 -m bench run --no-progress --out "$R/$1" "${@:2}"; }
 show() {  # short table of the latest run under $R/$1
   python3 - "$(ls -d "$R/$1"/*/ | tail -n 1)" <<'PY'
 import sys, pandas as pd
@@ -53,14 +53,14 @@ FIRST=${1:-none}
 for phase in "$@"; do
 case "$phase" in
 check)  # every strategy on NCCL at 2 and 4 GPUs (and the reference), a few fixed steps: does it all run?
-  timeout 170 python3 -m bench.cli.main run --no-progress --out "$R/check" --workloads gpt-small --strategies all \
+  timeout 170 python3 -m bench run --no-progress --out "$R/check" --workloads gpt-small --strategies all \
      --backends nccl --world-sizes 2,4 --steps 4 --warmup 2 --warmup-max 0 --steps-max 0 --budget off \
      --profile-steps 1 --cell-timeout 60 > "$OUT/check.log" 2>&1
   show check ;;
 ab)  # best-practice defaults vs the old defaults, gpt-200m on 4 GPUs, 3 interleaved repeats each
   for variant in new old; do
     opts=(); [ "$variant" = old ] && opts=(--option fsdp_mp=off --option fsdp_units=all --option pp_balance=params --option tp_plan=megatron)
-    timeout 110 python3 -m bench.cli.main run --no-progress --out "$R/ab-$variant" --workloads gpt-200m \
+    timeout 110 python3 -m bench run --no-progress --out "$R/ab-$variant" --workloads gpt-200m \
        --strategies fsdp,pipeline-1f1b,tensor --backends nccl --world-sizes 4 --repeats 3 --steps 10 --warmup 3 \
        --warmup-max 0 --steps-max 0 --budget off --profile-steps 0 --sample-hz 0 "${opts[@]}" > "$OUT/ab-$variant.log" 2>&1
     show "ab-$variant"
@@ -200,7 +200,7 @@ after)  # issue 10: 1F1B ran 192 ms as the first cell of its processes and 216-2
   # profiled step): a profiler session's residue (1.02-1.09x with TEARDOWN_CUPTI=1 in the fourth stop's
   # probe) would show as steadier cells in the second run (AF_PROFILE: which runs, default "2 0")
   for prof in ${AF_PROFILE:-2 0}; do
-    timeout 280 python3 -m bench.cli.main run --no-progress --out "$R/after-p$prof" --workloads gpt-200m --global-batch 64 \
+    timeout 280 python3 -m bench run --no-progress --out "$R/after-p$prof" --workloads gpt-200m --global-batch 64 \
        --strategies "${AF_STRATS:-ddp,fsdp,pipeline-1f1b}" --backends nccl --world-sizes "${AF_WS:-2}" --repeats 6 \
        --steps 8 --warmup 3 --warmup-max 0 --steps-max 0 --budget off --profile-steps "$prof" --sample-hz 2 \
        $(case "${AF_STRATS:-pipeline}" in *pipeline*) echo --option micro_batches=8 --option pp_balance=blocks;; esac) \
@@ -223,18 +223,18 @@ gate) (  # a subshell: the GPU mask and positional parameters stay inside
   g=(--workloads "${G_WL:-gpt-200m}" --backends "${G_BE:-nccl}" --device "${G_DEV:-cuda}" --repeats 5
      --steps "${G_STEPS:-20}" --warmup 5 --warmup-max 0 --steps-max 0 ${G_GB:+--global-batch "$G_GB"}
      --budget off --profile-steps 0 --sample-hz 2 --cell-timeout 90)
-  timeout 190 python3 -m bench.cli.main run --no-progress --out "$R/gate-a1" --strategies "$strats" \
+  timeout 190 python3 -m bench run --no-progress --out "$R/gate-a1" --strategies "$strats" \
      --world-sizes "${G_WS:-2,4}" "${g[@]}" > "$OUT/gate-a1.log" 2>&1
   show gate-a1
   export CUDA_VISIBLE_DEVICES=0,1
-  timeout 130 python3 -m bench.cli.main run --no-progress --out "$R/gate-b" \
+  timeout 130 python3 -m bench run --no-progress --out "$R/gate-b" \
      --strategies "${strats/ddp/tests.regress_helpers:DDPSlowed}" --world-sizes 2 "${g[@]}" > "$OUT/gate-b.log" 2>&1
-  timeout 130 python3 -m bench.cli.main run --no-progress --out "$R/gate-a2" --strategies "$strats" \
+  timeout 130 python3 -m bench run --no-progress --out "$R/gate-a2" --strategies "$strats" \
      --world-sizes 2 "${g[@]}" > "$OUT/gate-a2.log" 2>&1
   unset CUDA_VISIBLE_DEVICES
   a1=$(ls -d "$R"/gate-a1/*/ | tail -n 1); b=$(ls -d "$R"/gate-b/*/ | tail -n 1); a2=$(ls -d "$R"/gate-a2/*/ | tail -n 1)
   for pair in "aa $a1 $a2" "ab $a1 $b" "ba2 $a2 $b"; do set -- $pair
-    python3 -m bench.cli.main compare "$2" "$3" --markdown "$OUT/compare-$1.md" --json "$OUT/compare-$1.json" \
+    python3 -m bench compare "$2" "$3" --markdown "$OUT/compare-$1.md" --json "$OUT/compare-$1.json" \
        > "$OUT/compare-$1.txt" 2>&1; echo "compare $1: exit $?"; tail -n 12 "$OUT/compare-$1.txt"
   done
   # the device tool returns at most 8 files: logs, texts and JSON go back as one archive
@@ -243,7 +243,7 @@ gate) (  # a subshell: the GPU mask and positional parameters stay inside
 budget)  # issue 11 item 3: the default matrix (no options: every strategy, backend and world size the
   # GPUs allow) under its default 10-minute budget; the call's own 600 s limit is the budget's limit too
   start=$(date +%s)
-  timeout 570 python3 -m bench.cli.main run --no-progress --out "$R/budget" > "$OUT/budget.log" 2>&1
+  timeout 570 python3 -m bench run --no-progress --out "$R/budget" > "$OUT/budget.log" 2>&1
   echo "default matrix: exit $? after $(( $(date +%s) - start )) s"
   grep -iE "^budget" "$OUT/budget.log" | head -n 3
   # where each process group's start-up went (meta.json group_starts; written when the run ends)

@@ -26,7 +26,7 @@ WS=2; [ "$NG" -ge 4 ] && WS=2,4
 WMAX=${WS##*,}
 COMMON=(--device cuda --workload "$WL" --task "$TASK" --gen-tokens "$GEN" --size uniform --size-min 16
         --size-max 96 --sample-hz 10 --cell-timeout 240 --out "$OUT")
-serve() { local log="$OUT/device_serve_$PART.log"; timeout "$1" python3 -m bench.cli.serve "${@:2}" >> "$log" 2>&1
+serve() { local log="$OUT/device_serve_$PART.log"; timeout "$1" python3 -m bench serve "${@:2}" >> "$log" 2>&1
           echo "[exit $? after: ${*:2}]" >> "$log"; }
 capacity() {  # C: requests/s the closed loop achieved on $WMAX GPUs, per GPU x 2 (levels run at ws 2 and 4)
   [ -s "$OUT/capacity.txt" ] || python3 - "$OUT" <<'PY' > "$OUT/capacity.txt"

@@ -62,7 +62,7 @@ if [ "$rounds" -lt 1 ]; then echo "REPEATS=$rounds: need at least 1 round" >&2; 
 
 one_agent() {  # round $1: every world size in one run of one agent
   echo "== round $1: one agent, world sizes $all"
-  if ! $py -m bench.cli.main run "${common[@]}" --world-sizes "$all" --out "$out/one/r$1" > "$out/one-r$1.log" 2>&1; then
+  if ! $py -m bench run "${common[@]}" --world-sizes "$all" --out "$out/one/r$1" > "$out/one-r$1.log" 2>&1; then
     tail -n 20 "$out/one-r$1.log" >&2
     exit 1
   fi
@@ -79,7 +79,7 @@ two_agents() {  # round $1: each world size as one run of two agents
     for node in 0 1; do
       vis=$vis0; [ $node = 1 ] && vis=$vis1
       if [ $cpu = 0 ]; then export CUDA_VISIBLE_DEVICES=$vis; fi
-      $py -m bench.cli.main run "${common[@]}" --world-sizes "$ws" --nnodes 2 --node-rank $node \
+      $py -m bench run "${common[@]}" --world-sizes "$ws" --nnodes 2 --node-rank $node \
         --rdzv-endpoint "127.0.0.1:$port" --out "$out/two-$ws/r$1" > "$out/two-$ws-r$1-node$node.log" 2>&1 &
       pids[$node]=$!
     done

@@ -1,0 +1,21 @@
+"""``parbench list``: the built-in workloads and strategies, with what each needs."""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    sub.add_parser("list", help="workloads and strategies, with what each needs").set_defaults(func=cmd_list)
+
+
+def cmd_list(args) -> int:
+    import strategies
+    from bench import workloads
+
+    print("workloads:")
+    for n in workloads.names():
+        print(f"  {n:<20} {workloads.resolve(n).description}")
+    print("  package.module:factory  your own: a factory returning bench.workloads.Workload")
+    print("strategies:")
+    for n, cls in strategies.REGISTRY.items():
+        print(f"  {n:<20} {cls.summary}\n  {'':<20} needs: {cls.needs}")
+    return 0

@@ -1,0 +1,35 @@
+"""``parbench report``: the HTML and PNG report of a run folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.core.errors import UserError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="HTML + PNG report of a run folder")
+    p.add_argument("run_dir")
+    p.add_argument("-o", "--output", help="output folder (default: RUN_DIR/report)")
+    p.add_argument("--baseline", help="add the statistical comparison with this run (regressions first)")
+    p.add_argument("--history", help="add the comparison with this history store's last stable values")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(args) -> int:
+    from reports import build_report
+
+    if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
+        raise UserError(f"-o {args.output!r} is an existing file; the report is a folder: pass a new or existing "
+                        "folder name")
+    if args.baseline and args.history:
+        raise UserError("give --baseline RUN or --history DIR, not both")
+    for flag, path in (("--baseline", args.baseline), ("--history", args.history)):
+        if path and not Path(path).is_dir():
+            raise UserError(f"{flag} {path!r} is not a folder; pass a run folder (--baseline) or a history store "
+                            "(--history)")
+    out = build_report(Path(args.run_dir), Path(args.output) if args.output else None,
+                       baseline=Path(args.baseline) if args.baseline else None,
+                       history=Path(args.history) if args.history else None)
+    print(out)
+    return 0

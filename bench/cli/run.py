@@ -1,0 +1,161 @@
+"""``parbench run``: plan the matrix, run it, print the summary, the recommendation and the budget use."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from bench.cli.common import (
+    add_node_flags,
+    add_run_args,
+    install_stop_handlers,
+    parse_options,
+    report_interrupt,
+    restore_stop_handlers,
+)
+from bench.core.errors import UserError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run a benchmark matrix and write results/<run-id>/")
+    add_run_args(p)
+    p.add_argument("--resume", metavar="RUN", help="finish the run folder RUN (killed or interrupted): run only the "
+                                                   "cells it has no row for, with its own settings, appending to it")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_node_flags(p)
+    p.set_defaults(func=cmd_run)
+
+
+def check_gpus(cfg, gpus: int) -> None:
+    """A GPU run on a machine without GPUs is an error, not a run of nothing that exits 0."""
+    if gpus > 0:
+        return
+    if cfg.device == "cuda":
+        raise UserError("--device cuda: no GPU visible; use --device cpu (with --backends gloo)")
+    if "nccl" in cfg.backends:
+        raise UserError("--backends nccl: no GPU visible (NCCL needs CUDA); use --backends gloo")
+
+
+def resumed_config(run_dir: str, gpus: int):
+    """The settings of the run folder ``run_dir`` (its meta.json), for ``--resume``: the plan, and so
+    the cell ids, are the original's."""
+    from bench.core.config import RunConfig, validate
+    from bench.results.store import load_meta
+
+    d = Path(run_dir)
+    if not d.is_dir() or not (d / "meta.json").is_file():
+        raise UserError(f"--resume {run_dir!r} is not a parbench run folder (no meta.json); pass results/<run-id>")
+    config = load_meta(d).get("config")
+    if not isinstance(config, dict) or not config:
+        raise UserError(f"--resume {run_dir!r}: meta.json has no config; run it again instead")
+    # a run from before the profile pass profiled inline: its resumed cells keep that order
+    config = {"profile_at": "inline" if config.get("profile_steps", 2) else "auto", **config}
+    try:
+        return validate(RunConfig(**config))
+    except TypeError as e:
+        raise UserError(f"--resume {run_dir!r}: its config is from another parbench version ({e}); "
+                        "run it again instead") from None
+
+
+def cmd_run(args) -> int:
+    from bench.core.config import build_config, load_toml
+    from bench.measure.hardware import gpu_count
+    from bench.train import launcher as launch
+
+    gpus = gpu_count()
+    flags = {k: getattr(args, k) for k in ("workloads", "strategies", "backends", "world_sizes", "device",
+                                           "steps", "warmup", "seed", "precision", "global_batch",
+                                           "cell_timeout_s", "out", "sample_hz", "scaling", "repeats", "budget",
+                                           "warmup_max", "steps_max", "target_ci", "time_cap_s",
+                                           "profile_steps", "profile_at", "trace", "nnodes", "node_rank",
+                                           "rdzv_endpoint", "rdzv_timeout_s")}
+    if args.resume:
+        given = [k for k, v in flags.items() if v is not None] + (["option"] if args.option else []) \
+            + (["config"] if args.config else [])
+        if given:
+            raise UserError(f"--resume takes the run's own settings; drop --{given[0].replace('_', '-')}")
+        cfg = resumed_config(args.resume, gpus)
+    else:
+        toml = load_toml(args.config) if args.config else {}
+        if args.option:
+            flags["options"] = {**toml.get("options", {}), **parse_options(args.option)}
+        cfg = build_config(toml=toml, flags=flags, gpus=gpus)
+    check_gpus(cfg, gpus)
+    from bench.cli.progress import MatrixProgress
+
+    install_stop_handlers()
+    from bench.multinode import NodeLost
+
+    try:
+        with MatrixProgress(enabled=not args.no_progress and cfg.node_rank == 0) as bar:
+            run_dir = launch.run(cfg, gpus, on_progress=bar, resume=Path(args.resume) if args.resume else None)
+    except NodeLost as e:
+        print(f"parbench: node {cfg.node_rank}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as e:
+        return report_interrupt(e, "the cells that finished", "; finish it with parbench run --resume {where}")
+    finally:
+        restore_stop_handlers()
+    if cfg.node_rank > 0:
+        print(f"node {cfg.node_rank}: done; node 0 wrote the tables (this node's logs: {run_dir})")
+        return 0
+    from bench.cli.summary import print_summary
+
+    print_summary(run_dir)
+    print_recommendation(run_dir)
+    print_budget_use(run_dir)
+    if args.report:
+        from reports import build_report
+
+        print(f"report: {build_report(run_dir)}")
+    return 0
+
+
+def print_budget_use(run_dir: Path) -> None:
+    """One line after a budgeted run: this invocation's time against the budget (a resumed run got
+    the budget afresh), what the deadline cut, and what the process groups' start-ups cost
+    (meta.json ``group_starts``). Best effort: a meta.json it cannot read gives no line."""
+    import json
+    from datetime import datetime
+
+    from bench.core.config import parse_duration
+    from bench.results.store import load_run
+
+    try:
+        meta = json.loads((run_dir / "meta.json").read_text())
+        budget = (meta.get("config") or {}).get("budget")
+        if not budget:
+            return
+        budget_s = parse_duration(budget)
+        end = datetime.fromisoformat(meta["updated_utc"]).timestamp()
+        start = meta.get("invoked_unix") or datetime.fromisoformat(meta["created_utc"]).timestamp()
+        took = end - float(start)
+        starts = [g for g in meta.get("group_starts") or [] if g.get("launched_unix", start) >= start]
+        start_s = sum(float(g.get("start_s") or 0.0) for g in starts)
+        cells, _, _ = load_run(run_dir)
+        cut = int((cells["status"].eq("skipped") & cells["reason"].fillna("").str.startswith("time budget")).sum())
+        done = int(cells["status"].isin(["ok", "failed", "timeout"]).sum())
+    except Exception:  # noqa: BLE001 - a summary line, never a reason for the finished run to fail
+        return
+    print(f"budget {budget}: the run took {took:.0f} s ({took / budget_s:.0%})"
+          + (" since its resume" if meta.get("resumed") is not None else "")
+          + f"; {done} cells measured, {cut} cut by the deadline; {len(starts)} process group start-ups took "
+          f"{start_s:.0f} s")
+
+
+def print_recommendation(run_dir: Path) -> None:
+    """The report's first screen, as lines at the end of `parbench run` (plain text, never markup)."""
+    from rich.console import Console
+    from rich.text import Text
+
+    from bench.results.store import load_run
+    from reports.recommend import recommend
+
+    cells, _, _ = load_run(run_dir)
+    if "mode" in cells:
+        cells = cells[cells["mode"] != "serve"]
+    picks = recommend(cells)
+    console = Console(width=None if Console().is_terminal else 150)
+    console.print(Text("recommendation:" if picks else "recommendation: no strategy on more than one device passed"))
+    for p in picks:
+        console.print(Text(f"  {p.line()}"), soft_wrap=True)
