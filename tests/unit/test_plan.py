@@ -192,7 +192,7 @@ def test_the_pacer_shares_the_time_left_among_the_cells_left_at_the_pace_so_far(
 def test_an_adaptive_chunk_fits_the_time_left_of_its_allowance():
     import numpy as np
 
-    from bench.train.worker import CHUNK, chunk_within
+    from bench.train.timed import CHUNK, chunk_within
 
     assert chunk_within(None, 50, 1.0) == CHUNK and chunk_within(np.array([]), 50, 1.0) == CHUNK
     assert chunk_within(np.array([0.01, 0.01]), 3, None) == 3  # no allowance: the steps left

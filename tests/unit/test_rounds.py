@@ -1,4 +1,4 @@
-"""The order of a group's repeats (bench.train.worker.rounds): a balanced Latin square from the seed."""
+"""The order of a group's repeats (bench.train.rounds.rounds): a balanced Latin square from the seed."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.train.worker import rounds, williams
+from bench.train.rounds import rounds, williams
 
 
 def _plan(n_cells: int, repeats: int, seed: int = 0, first_repeat: dict | None = None):

@@ -1,0 +1,83 @@
+"""One cell on one rank: its devices, its model under its strategy with its batches staged, and the
+release of what it left before the next cell is built. Shared by the timed repeats
+(:mod:`bench.train.worker`) and the profile pass (:mod:`bench.train.profile`)."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+import strategies
+from bench.core.spec import CellSpec, RankMeasurement
+from bench.multinode.netinfo import device_names
+from bench.workloads import resolve
+from strategies.base import Context
+
+BATCH_POOL = 64  # distinct global batches staged per cell; step s trains batch s % BATCH_POOL
+
+#: Where this process runs (bench.multinode.netinfo.placement), found once per process group.
+PLACE: dict[str, Any] = {}
+
+
+def rank_devices(cell: CellSpec, local_rank: int) -> tuple[torch.device, ...]:
+    """The devices this rank drives in ``cell``, from the planned device ids: all of them for a
+    one-process cell, the rank's own otherwise."""
+    if cell.device != "cuda":
+        return (torch.device("cpu"),)
+    if cell.n_procs == 1:
+        return tuple(torch.device("cuda", i) for i in cell.devices)
+    return (torch.device("cuda", cell.devices[local_rank]),)
+
+
+def build(cell: CellSpec, local_rank: int, out: RankMeasurement):
+    """A cell's model under its strategy, and its batches staged on the device: (devices, device,
+    batches, step, memory each device held before the cell). Fills ``out``'s device facts."""
+    m = cell.measure
+    rank = dist.get_rank()
+    devices = rank_devices(cell, local_rank)
+    device = devices[0]
+    if device.type == "cuda":
+        out.device_ids = device_names([d.index for d in devices])
+    wl = resolve(cell.workload.spec, seed=m.seed, global_batch=cell.workload.global_batch, **cell.workload.dims)
+    if wl.global_batch != cell.workload.global_batch:
+        raise ValueError(f"workload {cell.workload.name} built a global batch of {wl.global_batch}, the plan asked "
+                         f"{cell.workload.global_batch}: its factory must accept global_batch")
+    strat = strategies.get(cell.strategy_spec)
+    ctx = Context(rank=rank, world_size=dist.get_world_size(), local_rank=local_rank, device=device,
+                  devices=devices, backend=cell.backend, seed=m.seed, precision=m.precision, lr=m.lr,
+                  options=dict(cell.options))
+    before: list[int] = []
+    if device.type == "cuda":
+        out.gpu_name = torch.cuda.get_device_name(device)
+        # What every device held before this cell (the group's warm-up tensors, caches): a
+        # device counts as used only if the cell's training grew it.
+        before = [torch.cuda.memory_allocated(d) for d in devices]
+    # Every strategy gets the same global batches, staged on the device before timing starts.
+    most = max(m.warmup, m.warmup_max) + max(m.steps, m.steps_max)
+    batches = [ctx.to_device(wl.batch(s)) for s in range(min(most, BATCH_POOL))]
+    step = strat.prepare(wl, ctx)
+    return devices, device, batches, step, before
+
+
+def release(cell: CellSpec) -> None:
+    """Free what a cell left (its model is already dropped) before the next one is built."""
+    gc.collect()
+    if torch.cuda.is_available() and cell.device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def local_numel(opt: torch.optim.Optimizer | None) -> int | None:
+    """Parameter elements this rank holds, from its optimizer (a DTensor counts its local shard)."""
+    if opt is None:
+        return None
+    seen, n = set(), 0
+    for g in opt.param_groups:
+        for p in g["params"]:
+            if id(p) not in seen:
+                seen.add(id(p))
+                n += (p.to_local() if isinstance(p, DTensor) else p).numel()
+    return n

@@ -1,0 +1,152 @@
+"""A cell's timed measurement on one rank: the adaptive warm-up, the timed steps, and their window,
+energy and peak memory.
+
+Both loops run the asked steps, then more in chunks of :data:`CHUNK`; between chunks the ranks agree
+on the step times and the deadline (:func:`agreed`), so every rank takes the same decision.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from bench.core import backends, spec
+from bench.core.spec import CellSpec, Measure, RankMeasurement
+from bench.measure.nvml import EnergyMeter
+from bench.measure.timing import StepTimer, order_stat_halfwidth
+
+CHUNK = 5  # steps between decisions of the adaptive warm-up and timed loops
+
+
+def agreed(times: list[float], backend: backends.Backend, device: torch.device,
+           deadline: float | None = None) -> tuple[np.ndarray, bool]:
+    """Each step's time as the slowest rank saw it, and whether any rank is past ``deadline``,
+    known to every rank, so that all ranks take the same decision (one small all-reduce, between
+    chunks, outside the timed steps)."""
+    late = float(deadline is not None and time.time() > deadline)
+    t = torch.tensor([*times, late], dtype=torch.float64, device=device if backend.bind_device else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    x = t.cpu().numpy()
+    return x[:-1], bool(x[-1])
+
+
+def chunk_within(x: np.ndarray | None, left: int, allowance_s: float | None) -> int:
+    """Steps of the next chunk of an adaptive loop: CHUNK, no more than ``left``, and, with an
+    allowance, no more than the latest step time says fit in what the steps ``x`` left of it (at
+    least one while any is left; 0 once it is spent)."""
+    n = min(CHUNK, max(left, 0))
+    if allowance_s is None or x is None or not x.size or n == 0:
+        return n
+    rest = allowance_s - float(x.sum())
+    if rest <= 0:
+        return 0
+    per = float(x[-1])
+    return n if per <= 0 else max(1, min(n, int(np.ceil(rest / per))))
+
+
+def settled(x: np.ndarray, tol: float) -> bool:
+    """The median of the last CHUNK steps moved less than ``tol`` from the CHUNK before."""
+    if x.size < 2 * CHUNK:
+        return False
+    a, b = float(np.median(x[-CHUNK:])), float(np.median(x[-2 * CHUNK:-CHUNK]))
+    return b > 0 and abs(a - b) / b < tol
+
+
+class Steps:
+    """A cell's training steps in order, step s on staged batch s (cycling), with each step's loss."""
+
+    def __init__(self, step, batches: list[Any]):
+        self.step, self.batches = step, batches
+        self.losses: list[Any] = []
+
+    def run(self, timer: StepTimer, n: int) -> None:
+        for _ in range(n):
+            s = len(self.losses)
+            self.losses.append(timer.time(lambda: self.step.run(self.batches[s % len(self.batches)])))  # noqa: B023
+
+
+class Agreement:
+    """What the ranks agree on between chunks: the cell's backend and device, and the run's deadline."""
+
+    def __init__(self, backend: backends.Backend, device: torch.device, deadline: float | None):
+        self.backend, self.device, self.deadline = backend, device, deadline
+
+    def __call__(self, timer: StepTimer) -> tuple[np.ndarray, bool]:
+        return agreed(timer.times(), self.backend, self.device, self.deadline)
+
+
+def warm_up(steps: Steps, m: Measure, agree: Agreement) -> int:
+    """The asked warm-up steps, then more in chunks until the step time settles (or the cap);
+    returns the steps taken. Warm-up may take half the time cap, and the next chunk is sized to
+    what is left of that half, so that a chunk of slow steps (seconds each on Gloo) does not run
+    far past it. Same decisions on every rank: the agreed times, not each rank's own clock."""
+    warm = StepTimer(agree.device)
+    steps.run(warm, m.warmup)
+    adaptive = m.warmup_max > len(steps.losses) and m.settle > 0
+    x, late = agree(warm) if adaptive else (None, False)
+    while adaptive and m.warmup_max > len(steps.losses):
+        n = chunk_within(x, m.warmup_max - len(steps.losses), m.time_cap_s / 2 if m.time_cap_s else None)
+        if late or n == 0:
+            break
+        steps.run(warm, n)
+        x, late = agree(warm)
+        if settled(x, m.settle):
+            break
+    return len(steps.losses)
+
+
+def time_steps(steps: Steps, m: Measure, agree: Agreement, out: RankMeasurement) -> StepTimer:
+    """The asked timed steps, then more in chunks until the median's interval is narrow enough
+    (``out.target_reached``), the step cap or the time cap."""
+    timer = StepTimer(agree.device)
+    steps.run(timer, m.steps)
+    if m.steps_max > m.steps and m.target_ci > 0:
+        out.target_reached = False
+        while True:
+            x, late = agree(timer)
+            if order_stat_halfwidth(x) <= m.target_ci:
+                out.target_reached = True
+                break
+            n = chunk_within(x, m.steps_max - x.size, m.time_cap_s or None)
+            if late or n == 0:
+                break
+            steps.run(timer, n)
+    return timer
+
+
+def measure(out: RankMeasurement, steps: Steps, cell: CellSpec, devices: tuple[torch.device, ...],
+            before: list[int], backend: backends.Backend, deadline: float | None) -> None:
+    """Warm up, then time ``cell``'s steps into ``out``: the warm-up taken, the step times and
+    starts, the window, the energy and peak memory of the timed steps, and every step's loss."""
+    m, device = cell.measure, devices[0]
+    agree = Agreement(backend, device, deadline)
+    out.warmup_steps = warm_up(steps, m, agree)
+    meter = EnergyMeter([d.index for d in devices]) if device.type == "cuda" else None
+    if device.type == "cuda":
+        for d in devices:  # the peak of training, not of building the full model before sharding it
+            torch.cuda.synchronize(d)
+            torch.cuda.reset_peak_memory_stats(d)
+    # The ranks start the timed steps together, as a plain loop does: otherwise the first timed
+    # step carries the skew the warm-up left between ranks (on 4 H100s, a 125 ms first step in a
+    # 45 ms DDP cell, which the noise flags report as bimodal with an outlier).
+    e0 = meter.read() if meter else None  # NVML takes milliseconds: before the barrier, not after it
+    dist.barrier()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.time()
+    timer = time_steps(steps, m, agree, out)
+    out.times = timer.times()  # synchronises the device
+    t1, e1 = time.time(), (meter.read() if meter else None)
+    if device.type == "cuda":
+        peaks = [torch.cuda.max_memory_allocated(d) for d in devices]
+        out.peak_mem = float(max(peaks))
+        out.devices_used = spec.devices_grown(peaks, before)
+    out.window = (t0, t1)
+    out.starts = timer.starts(t0)
+    if e0 is not None and e1 is not None:
+        out.energy_j = e1 - e0
+    out.losses = [float("nan") if x is None else float(x) for x in steps.losses]
