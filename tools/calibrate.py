@@ -5,12 +5,13 @@ its parser: ``require_repeats`` on, the Mann-Whitney test, alpha 0.02), so the r
 the gate as a user runs it; the rates under ``--single-run`` (one run's steps a side may decide)
 are reported beside them, labelled so. Two sources of pairs:
 
-* synthetic: per-step times resampled from real recorded distributions (``docs/runs/*/steps.parquet``),
+* synthetic: per-step times resampled from real recorded distributions (``--runs``: the timed steps of
+  recorded GPU runs, ``RUNS/*/steps.parquet``),
   so the pair is A/A by construction (or A/B with a known multiplicative slowdown);
 * real: small CPU runs of this machine, each run holding the plain strategy and the same strategy
   wrapped in ``tests.regress_helpers:Slow5`` (+5% of its own step time, spun, not slept).
 
-``python -m tools.calibrate --runs-total 30 --out /tmp/cal`` makes the runs, forms the real pairs
+``python -m tools.calibrate --runs results --runs-total 30 --out /tmp/cal`` makes the runs, forms the real pairs
 (with and without runs pooled as repeats) and prints both rates; docs/REGRESSION.md records what
 it gave.
 """
@@ -237,12 +238,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threshold", type=float, default=0.05)
-    p.add_argument("--runs", default="docs/runs", help="folder of recorded runs for the synthetic pairs")
+    p.add_argument("--runs", required=True, type=Path,
+                   help="a recorded run folder, or a folder of them (e.g. results), whose steps.parquet the "
+                        "synthetic pairs resample")
     p.add_argument("--out", default="/tmp/parbench-calibrate")
     args = p.parse_args(argv)
     args.slow = {v: k for k, v in SLOW.items()}[args.strategy]
     report: dict[str, object] = {}
-    dists = real_distributions(sorted(Path(args.runs).glob("*/steps.parquet")))
+    paths = [args.runs / "steps.parquet"] if (args.runs / "steps.parquet").exists() else \
+        sorted(args.runs.glob("*/steps.parquet"))
+    dists = real_distributions(paths)
     report["compare defaults"] = shipped_defaults()
     print(f"parbench compare defaults, as shipped: {report['compare defaults']}", flush=True)
     for reps in ((1, 5, 7, 10) if args.synthetic else ()):

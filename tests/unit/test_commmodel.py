@@ -4,14 +4,16 @@ names, and achieved bandwidth of recorded calls against a curve."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from bench.comm.worker import busbw_factor
 from bench.comm.model import annotate_comm, fit, fit_alpha_beta, normalize_op, predict_comm
+from bench.comm.worker import busbw_factor
 
+RUN4 = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "four-gpus-h100"
 SIZES = [2**k for k in range(10, 31)]  # 1 KiB .. 1 GiB
 
 
@@ -136,7 +138,7 @@ def test_predict_comm_per_cell():
 
 def test_annotate_recorded_run(tmp_path):
     """The committed 4-GPU run's calls all find a curve, sizes follow the group size."""
-    comm = pd.read_parquet("docs/runs/four-gpus-h100/comm.parquet")
+    comm = pd.read_parquet(RUN4 / "comm.parquet")
     a = annotate_comm(comm, flat_sweep(300.0))
     sized = a[a["bytes"].notna() & a["op_norm"].isin(["all_reduce", "all_gather"])]
     assert sized["ratio"].notna().all() and (sized["ratio"] > 0).all()

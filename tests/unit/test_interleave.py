@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FIX2 = ROOT / "docs" / "runs" / "stop5-h100-x2" / "fix" / "fix2" / "interleave.json"
+FIX2 = ROOT / "tests" / "fixtures" / "interleave" / "h100-x2-launch-bound.json"
 
 
 def _records(family: str, harness: list[float], plain: list[float], gb_h=16, gb_p=16) -> list[dict]:
@@ -69,7 +69,7 @@ def test_interleave_round_with_mismatched_global_batch_is_not_compared():
     assert row["round_notes"] == ["round 2 not compared: global batch harness 64 != plain 16"]
 
 
-def test_interleave_verdicts_of_the_real_fix2_run():
+def test_interleave_verdicts_of_a_real_launch_bound_run():
     """2x H100, gpt-200m at global batch 16, 3 rounds: launch-bound, the plain loops' round medians
     move by 39-60%, so no family's gap is resolved. The plain lines of that run carry no global batch
     (older programs): such rounds count as matching."""

@@ -1,5 +1,5 @@
 """tools/baselines/pool.py: interleave results pooled across calls (synthetic records, a .tgz with a
-member filter, the committed twelfth-stop runs) and its bad inputs."""
+member filter, committed H100 FSDP x4 rounds) and its bad inputs."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from tools.baselines import pool
 
 ROOT = Path(__file__).resolve().parents[2]
-STOP12 = ROOT / "docs" / "runs" / "stop12-h100-x4"
+FIX = ROOT / "tests" / "fixtures" / "pool"
 
 
 def _doc(family: str, harness: list[float], plain: list[float], ws: int = 4) -> dict:
@@ -112,10 +112,10 @@ def test_a_tgz_member_filter_and_the_family_filter(tmp_path):
     assert pool.pooled(pool.load(str(arc)), world_size=4)[0]["n"] == 3
 
 
-def test_the_committed_twelfth_stop_fsdp_rounds():
-    """The numbers docs/RESULTS.md gives for FSDP x4 with --profile-at end (twelfth stop)."""
-    rows = pool.pooled(pool.load(f"{STOP12}/fsdp-x4-pass-end-inline.tgz::pass-end")
-                       + pool.load(str(STOP12 / "fsdp-x4-end-6rounds.tgz")), "fsdp", 4)
+def test_the_committed_fsdp_rounds_with_the_profile_pass_at_the_end():
+    """The numbers docs/RESULTS.md gives for FSDP x4 with --profile-at end (4x H100, 2026-11-27)."""
+    rows = pool.pooled(pool.load(f"{FIX}/fsdp-x4-pass-end-inline.tgz::pass-end")
+                       + pool.load(str(FIX / "fsdp-x4-end-30steps.json")), "fsdp", 4)
     (row,) = rows
     assert row["n"] == 8 and row["rounds_harness_slower"] == 5
     assert row["ratio_median"] == pytest.approx(1.025, abs=5e-4) and row["geomean"] == pytest.approx(1.007, abs=5e-4)
@@ -124,15 +124,14 @@ def test_the_committed_twelfth_stop_fsdp_rounds():
 
 
 def test_the_committed_fsdp_rounds_with_and_without_a_profiler_session_before_timing():
-    """docs/RESULTS.md, twelfth stop: 11 rounds without a GPU profiler session before the timed steps
-    against 9 with one (tenth and twelfth stops)."""
-    stop10 = ROOT / "docs" / "runs" / "stop10-h100-x4"
-    without = pool.pooled(pool.load(str(stop10 / "fsdp-x4-profile0.tgz"))
-                          + pool.load(f"{STOP12}/fsdp-x4-pass-end-inline.tgz::pass-end")
-                          + pool.load(str(STOP12 / "fsdp-x4-end-6rounds.tgz")), "fsdp", 4)
-    with_ = pool.pooled(pool.load(str(stop10 / "gb-x4-fsdp-tensor-sp.tgz"))
-                        + pool.load(str(stop10 / "fsdp-x4-profile2.tgz"))
-                        + pool.load(f"{STOP12}/fsdp-x4-pass-end-inline.tgz::pass-inline"), "fsdp", 4)
+    """docs/RESULTS.md: 11 FSDP x4 rounds without a GPU profiler session before the timed steps
+    against 9 with one (4x H100, 2026-11-27, five calls)."""
+    without = pool.pooled(pool.load(str(FIX / "fsdp-x4-profile0.json"))
+                          + pool.load(f"{FIX}/fsdp-x4-pass-end-inline.tgz::pass-end")
+                          + pool.load(str(FIX / "fsdp-x4-end-30steps.json")), "fsdp", 4)
+    with_ = pool.pooled(pool.load(str(FIX / "fsdp-tensor-sp-x4-profile2.json"))
+                        + pool.load(str(FIX / "fsdp-x4-profile2.json"))
+                        + pool.load(f"{FIX}/fsdp-x4-pass-end-inline.tgz::pass-inline"), "fsdp", 4)
     assert (without[0]["n"], with_[0]["n"]) == (11, 9)
     assert without[0]["geomean"] == pytest.approx(1.001, abs=5e-4)
     assert with_[0]["geomean"] == pytest.approx(1.051, abs=5e-4)

@@ -1,17 +1,18 @@
-"""Projection on the committed GPU runs (docs/runs), with a synthetic communication model."""
+"""Projection on a committed 4-GPU H100 run (tests/fixtures/runs), with a synthetic communication model."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from bench.comm.worker import busbw_factor
 from bench.comm.model import CommModel
 from bench.comm.projection import calls_per_step, check_table, plot_projection, project
+from bench.comm.worker import busbw_factor
 
-RUN4 = "docs/runs/four-gpus-h100"
+RUN4 = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "four-gpus-h100"
 ALPHA, BUSBW = {2: 20e-6, 4: 25e-6}, {2: 300.0, 4: 330.0}
 
 
@@ -25,7 +26,7 @@ def model() -> CommModel:
 
 @pytest.fixture(scope="module")
 def run4() -> tuple[pd.DataFrame, pd.DataFrame]:
-    return pd.read_parquet(f"{RUN4}/cells.parquet"), pd.read_parquet(f"{RUN4}/comm.parquet")
+    return pd.read_parquet(RUN4 / "cells.parquet"), pd.read_parquet(RUN4 / "comm.parquet")
 
 
 def cell_id(cells: pd.DataFrame, strategy: str, world: int) -> int:

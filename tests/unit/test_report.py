@@ -121,7 +121,7 @@ PICKS_JS = """(() => { const t = document.querySelector('#picks');
   return t ? {bottom: t.getBoundingClientRect().bottom,
               rows: Array.from(t.rows).slice(1).map(r => Array.from(r.cells).map(c => c.innerText.trim()))}
            : null; })()"""
-RUNS = Path(__file__).resolve().parents[2] / "docs" / "runs"
+RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
 
 
 def shown_pick(p) -> list[str]:
@@ -223,10 +223,7 @@ def test_the_browser_check_catches_a_broken_page(kind, good_page, tmp_path):
 def test_breakdown_adds_up_on_the_committed_gpu_runs(run):
     """On real H100 runs: the stacked parts of every drawn cell sum to its timed median, and a cell
     whose profiled step is more than 5% off says so in its label."""
-    from pathlib import Path
-
-    d = Path(__file__).resolve().parents[2] / "docs" / "runs" / run
-    cells, _, _ = load_run(d)
+    cells, _, _ = load_run(RUNS / run)
     ax = figures.breakdown_bars(cells, "gpt-200m")
     ends = {}
     for p in ax.patches:

@@ -3,7 +3,7 @@
     python3 -m tools.baselines.pool RESULT... [--vs RESULT...] [--family F] [--world-size N] [--json]
 
 A RESULT is an ``interleave.json``, a folder holding one, or a ``.tgz`` of run folders (as
-``tools/device/device_run.sh`` returns them and ``docs/runs/`` keeps them); ``ARCHIVE.tgz::TEXT``
+``tools/device/device_run.sh`` returns them); ``ARCHIVE.tgz::TEXT``
 keeps only the archive's ``interleave.json`` members whose path contains TEXT (``pass.tgz::pass-end``).
 
 One call affords 3-5 rounds, too few for a rank test to reach significance (``interleave.py``'s

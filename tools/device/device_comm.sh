@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # Issue 16 on a 4-GPU machine: the collective sweep at world sizes 2 and 4 on NCCL (1 KiB .. 1 GiB)
 # and Gloo with CUDA tensors (1 KiB .. 64 MiB), the plain torch all_reduce loop, a small CUDA-graph
-# sweep of the small sizes, the alpha-beta fit, the projection check against the committed 4-GPU
-# run and the recorded calls against the curve. About 5 minutes on 4 H100s.
-# Usage (repository root): OUT=/some/dir bash tools/device/device_comm.sh
+# sweep of the small sizes, the alpha-beta fit, the projection check against a recorded multi-GPU
+# run (RUN) and that run's recorded calls against the curve. About 5 minutes on 4 H100s.
+# Usage (repository root): OUT=/some/dir bash tools/device/device_comm.sh RUN
+# RUN: a recorded multi-GPU run folder (results/<run-id> with cells.parquet and comm.parquet, its
+# single-device and 2-GPU cells) for the projection check and the recorded calls against the curve.
 # Into $OUT (7 files): collectives.parquet, meta.json, comm_model.csv, comm_vs_curve.csv,
 # projection.csv, projection.png, device_comm.log. The short tables are printed last.
 set -uo pipefail
+RUN=${1:-${RUN:-}}
+if [ -z "$RUN" ] || [ ! -e "$RUN/cells.parquet" ]; then
+  echo "usage: OUT=DIR bash tools/device/device_comm.sh RUN (a recorded multi-GPU run folder with cells.parquet)" >&2
+  exit 2
+fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/parbench-comm}; R=/tmp/pb-comm; rm -rf "$R"; mkdir -p "$OUT" "$R"
 LOG="$OUT/device_comm.log"
-RUN=${RUN:-docs/runs/four-gpus-h100}
 {
   nvidia-smi --query-gpu=index,name,driver_version --format=csv
   nvidia-smi topo -m 2>/dev/null || true
