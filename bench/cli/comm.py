@@ -210,7 +210,7 @@ def _stop_group(proc: subprocess.Popen, plan_path: str, grace_s: float = 3.0) ->
     """SIGTERM, then SIGKILL after ``grace_s``, to torchrun's session, its descendants and every
     process whose command line names this group's plan (ranks that left the session): the run
     command's own :class:`bench.train.launcher.ProcessTree`."""
-    from bench.train.launcher import ProcessTree
+    from bench.runtime.process import ProcessTree
 
     ProcessTree(proc, plan_path).kill(grace_s)
 
@@ -240,7 +240,7 @@ def add_reference(df: pd.DataFrame) -> pd.DataFrame:
 def run_sweep(cfg: CommConfig) -> Path:
     """The whole sweep; returns the run folder (tables rewritten after every group)."""
     from bench.comm.model import fit
-    from bench.train.launcher import check_out
+    from bench.results.folder import check_out
     from bench.results.store import new_run_id, write_meta
     from bench.measure.topology import topology
 

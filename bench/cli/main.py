@@ -105,7 +105,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 def install_stop_handlers() -> None:
     """SIGTERM and SIGHUP stop the run as SIGINT does (the launcher kills its process trees, keeps
     the finished cells and writes meta.json); a second signal during that cleanup is ignored."""
-    from bench.train.launcher import Interrupted, request_stop
+    from bench.runtime.signals import Interrupted, request_stop
 
     def handler(signum, _frame):
         for s in STOP_SIGNALS:
