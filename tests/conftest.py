@@ -20,7 +20,7 @@ def pytest_configure(config):
     # Orphans come home: a process whose parent died (a rank whose torchrun agent a fault test
     # killed) is re-parented to this process instead of init, so the check below can find it. A
     # process left running holds the suite's stdout open, and CI waits on that until its timeout.
-    from bench.train.launcher import become_subreaper
+    from bench.runtime.process import become_subreaper
 
     become_subreaper()
 

@@ -207,8 +207,8 @@ def run_group(cfg: CommConfig, backend: str, world: int, work: Path) -> list[dic
 def _stop_group(proc: subprocess.Popen, plan_path: str, grace_s: float = 3.0) -> None:
     """SIGTERM, then SIGKILL after ``grace_s``, to torchrun's session, its descendants and every
     process whose command line names this group's plan (ranks that left the session): the run
-    command's own :class:`bench.train.launcher.ProcessTree`."""
-    from bench.train.launcher import ProcessTree
+    command's own :class:`bench.runtime.process.ProcessTree`."""
+    from bench.runtime.process import ProcessTree
 
     ProcessTree(proc, plan_path).kill(grace_s)
 
@@ -240,7 +240,7 @@ def run_sweep(cfg: CommConfig) -> Path:
     from bench.comm.model import fit
     from bench.measure.topology import topology
     from bench.results.store import new_run_id, write_meta
-    from bench.train.launcher import check_out
+    from bench.results.folder import check_out
 
     check_out(cfg.out)  # an unwritable --out was a traceback
     run_dir = Path(cfg.out) / new_run_id()

@@ -9,7 +9,7 @@ import sys
 from typing import NoReturn
 
 from bench.core.errors import UserError
-from bench.train.launcher import Interrupted, request_stop
+from bench.runtime.signals import Interrupted, request_stop
 
 
 def add_run_args(p) -> None:

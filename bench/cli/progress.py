@@ -1,6 +1,6 @@
 """The rich progress bar over the matrix (to stderr, so stdout stays clean for tables).
 
-It is one consumer of the launcher's progress callback (:class:`bench.train.launcher.Progress`); the
+It is one consumer of the launcher's progress callback (:class:`bench.train.group.Progress`); the
 launcher itself draws nothing.
 """
 
@@ -28,7 +28,7 @@ class MatrixProgress:
             self.progress.__exit__(*exc)
 
     def __call__(self, p) -> None:
-        """Take one :class:`bench.train.launcher.Progress` event."""
+        """Take one :class:`bench.train.group.Progress` event."""
         if p.kind == "plan":
             self.progress.update(self.task, total=p.n)
             self.progress.__enter__()

@@ -106,7 +106,7 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> Any:
         raise UserError(f"--policies {args.policies} balances the replicas placement only, and --placements "
                         f"{args.placements} has none: add replicas to --placements or drop --policies")
     cfg.check()
-    from bench.train.launcher import check_out
+    from bench.results.folder import check_out
 
     check_out(cfg.out)  # before the model is built: an unwritable --out was a traceback after it
     return cfg

@@ -91,7 +91,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         raise UserError("--gpus-per-node 0 with a CUDA run; give the GPUs per node or pass --device cpu")
     # the planning the nodes will do, here: an unknown strategy, workload or option fails now, not
     # after the job waited in the queue (build_config alone checks the flags' forms)
-    from bench.train.launcher import plan
+    from bench.plan.matrix import plan
 
     try:
         plan(cfg, args.gpus_per_node)

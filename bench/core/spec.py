@@ -25,7 +25,7 @@ Status = Literal["ok", "failed", "timeout", "skipped"]
 
 
 #: The start of the skip reason of a multi-process strategy's one-rank cell under a second backend
-#: (``bench.train.launcher.plan`` runs it under one); ``bench.gate.compare`` reads a baseline's ok row of such a
+#: (``bench.plan.matrix.plan`` runs it under one); ``bench.gate.compare`` reads a baseline's ok row of such a
 #: cell as a change of the matrix, not a breakage
 ONE_RANK_SKIP = "one rank has no one to talk to"
 

@@ -96,7 +96,7 @@ def gpu_state(nvml: Any = None) -> list[dict[str, Any]]:
 def fingerprint() -> dict[str, Any]:
     """The static fingerprint for meta.json."""
     from bench.measure.hardware import cpu_threads
-    from bench.train.launcher import RANK_ENV_DEFAULTS
+    from bench.runtime.process import RANK_ENV_DEFAULTS
 
     # What the ranks run with: the launcher's environment plus the fixed defaults it gives every
     # rank (OMP_NUM_THREADS is set per launch, from the cores and that launch's ranks, and is

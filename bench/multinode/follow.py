@@ -14,35 +14,36 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import subprocess
 import time
 from pathlib import Path
 
 from bench.core import spec
 from bench.multinode import NodeLost
 from bench.multinode.nodes import PUSH_S, Follower
+from bench.runtime.process import Launch, become_subreaper, child_env
+from bench.runtime.signals import check_stop
 
 log = logging.getLogger("parbench")
 
 
-def follow(cfg, digest: str, n_cells: int, *, on_progress=None) -> Path:
-    """Join node 0's run and follow it until it ends; returns this node's work folder. Raises
-    UserError when the plans differ or node 0 never answers, NodeLost when it stops answering."""
+def follow(cfg, digest: str, n_cells: int, *, on_progress=None, module: str) -> Path:
+    """Join node 0's run and follow it until it ends, running the worker ``module`` in each launch;
+    returns this node's work folder. Raises UserError when the plans differ or node 0 never answers,
+    NodeLost when it stops answering."""
     from torch.distributed import DistError
 
-    from bench.train import launcher as launch
     from bench.measure.telemetry import start_samplers
 
     node = Follower(cfg, digest, n_cells)
     work = Path(cfg.out) / node.run_id / "work" / f"node{cfg.node_rank}"
     work.mkdir(parents=True, exist_ok=True)
-    launch.become_subreaper()
+    become_subreaper()
     sampler, _ = start_samplers(cfg.sample_hz, gpu=cfg.device == "cuda")
     pushed = [time.monotonic()]
 
     def tick() -> None:
         """Ship telemetry every PUSH_S; a stop signal is raised here."""
-        launch._check_stop()
+        check_stop()
         if sampler is not None and time.monotonic() - pushed[0] > PUSH_S:
             pushed[0] = time.monotonic()
             node.push_samples(sampler.drain())
@@ -57,7 +58,7 @@ def follow(cfg, digest: str, n_cells: int, *, on_progress=None) -> Path:
                 if status != "complete":  # interrupted or stopped there: not a success here either
                     raise NodeLost(f"node 0 ended the run early ({status}); this node stops")
                 break
-            _run_launch(node, cfg, seq, cmd, work, tick)
+            _run_launch(node, cfg, seq, cmd, work, tick, module)
             seq += 1
     except NodeLost as e:
         why = str(e)
@@ -85,10 +86,8 @@ def _next_command(node: Follower, seq: int, tick) -> dict:
         time.sleep(0.1)
 
 
-def _run_launch(node: Follower, cfg, seq: int, cmd: dict, work: Path, tick) -> None:
+def _run_launch(node: Follower, cfg, seq: int, cmd: dict, work: Path, tick, module: str) -> None:
     """This node's part of one launch, until it exits or node 0 stops it."""
-    from bench.train import launcher as launch
-
     plan: spec.GroupPlan = spec.load(spec.GroupPlan, cmd["plan"])
     prefix = str(work / Path(plan.events_prefix).name)
     trace_dir = None
@@ -97,39 +96,30 @@ def _run_launch(node: Follower, cfg, seq: int, cmd: dict, work: Path, tick) -> N
         Path(trace_dir).mkdir(exist_ok=True)
     plan = dataclasses.replace(plan, events_prefix=prefix, trace_dir=trace_dir)
     Path(prefix + ".json").write_text(spec.dump(plan))
-    argv = launch.torchrun_cmd(prefix + ".json", cmd["nproc"], nnodes=cfg.nnodes, endpoint=cfg.rdzv_endpoint,
-                               rdzv_id=cmd["rdzv_id"], rdzv_timeout_s=cfg.rdzv_timeout_s,
-                               local_addr=node.me["local_addr"])
-    logpath = Path(prefix + ".log")
-    with open(logpath, "w") as logf:
-        proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT,
-                                env=launch.child_env(cmd["nproc"], cfg.node_rank, node.share), start_new_session=True)
-    tree = launch.ProcessTree(proc, prefix + ".json")
-    reader = launch.EventReader(prefix)
+    launch = Launch(prefix, cmd["nproc"], module=module, env=child_env(cmd["nproc"], cfg.node_rank, node.share),
+                    nnodes=cfg.nnodes, endpoint=cfg.rdzv_endpoint, rdzv_id=cmd["rdzv_id"],
+                    rdzv_timeout_s=cfg.rdzv_timeout_s, local_addr=node.me["local_addr"])
     killed: list[str] = []
     try:
         while True:
-            tree.refresh()
-            exited = proc.poll() is not None
-            for line in reader.lines():
+            exited = launch.exited()
+            for line in launch.events.lines():
                 if spec.load_event(line).__class__ is spec.Error:  # node 0's leader reports the rest
                     node.push_event(seq, line)
             if exited:
                 break
             if node.stopped(seq):
                 # Node 0's part ended: a part that ended well ends here within moments too.
-                try:
-                    proc.wait(timeout=5.0)
-                except subprocess.TimeoutExpired:
-                    killed = tree.kill()
+                if not launch.wait(5.0):
+                    killed = launch.kill()
                 break
             node._check_node0()
             tick()
             time.sleep(0.05)
     except BaseException:
-        tree.kill(grace_s=1.0)
+        launch.kill(grace_s=1.0)
         raise
-    left = tree.survivors(grace_s=2.0 if proc.returncode else 0.5) + killed
-    rc = proc.returncode
-    reason = launch.crash_reason(prefix, logpath, rc) if rc else ""
+    left = launch.survivors() + killed
+    rc = launch.returncode
+    reason = launch.crash_reason() if rc else ""
     node.done(seq, {"rc": rc, "reason": reason, "survivors": left})

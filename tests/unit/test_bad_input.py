@@ -368,13 +368,14 @@ def test_no_secret_looking_variable_reaches_meta_or_report(tmp_path, monkeypatch
 
 def test_a_budget_plan_with_no_time_cap_says_so():
     """`--time-cap 0` (no cap) under a budget was planned as "stops adding steps after 0.0s"."""
-    from bench.train import launcher as launch
     from bench.core.config import build_config
+    from bench.plan.budget import budget_plan
+    from bench.plan.matrix import plan
 
     cfg = build_config(toml=None, flags={"workloads": "mlp", "strategies": "single", "world_sizes": "1",
                                          "budget": "1m", "time_cap_s": 0, "target_ci": 0, "device": "cpu"}, gpus=0)
-    cells, _, _ = launch.plan(cfg, 0)
-    _, text = launch.budget_plan(cfg, cells, 60.0)
+    cells, _, _ = plan(cfg, 0)
+    _, text = budget_plan(cfg, cells, 60.0)
     assert "has no time cap (--time-cap 0)" in text and "after 0.0s" not in text and "within 0%" not in text
 
 

@@ -41,15 +41,16 @@ def _fake_groups(monkeypatch, seen: list[int], stop_after: int | None = None):
     and raises SIGTERM's Interrupted after ``stop_after`` cells (as the signal handler would)."""
     import signal as _signal
 
-    from bench.train import launcher as launch
     from bench.results.rows import failure_row
+    from bench.runtime.signals import Interrupted
+    from bench.train import launcher as launch
 
     def fake(g, gid, cfg, writer, *a, **k):
         if k.get("starts") is not None:
             k["starts"].append({"group": g.label, "attempt": 1, "fake": True})
         for c in g.cells:
             if stop_after is not None and len(seen) >= stop_after:
-                raise launch.Interrupted(_signal.SIGTERM)
+                raise Interrupted(_signal.SIGTERM)
             seen.append(c.cell_id)
             writer.add(failure_row(c, status="failed", reason="fake"))
 
@@ -96,9 +97,9 @@ def test_disk_full_mid_run_stops_with_one_line_and_keeps_finished_cells(tmp_path
 
     import pyarrow.parquet as pq
 
-    from bench.train import launcher as launch
-    from bench.results.store import read_table
     from bench.results.rows import failure_row
+    from bench.results.store import read_table
+    from bench.train import launcher as launch
 
     real = pq.write_table
 
@@ -156,7 +157,7 @@ Root Cause (first observed failure):
 
 
 def test_crash_reason_names_the_root_cause_rank_its_signal_and_a_real_error_line(tmp_path):
-    from bench.train.launcher import crash_reason, exit_text
+    from bench.runtime.crash import crash_reason, exit_text
 
     log = tmp_path / "g0-a1.log"
     log.write_text(TORCHRUN_LOG)
@@ -180,8 +181,8 @@ def test_summary_and_compare_print_brackets_verbatim(tmp_path):
     import pandas as pd
     from rich.console import Console
 
-    from bench.results.store import RunWriter
     from bench.cli.summary import print_compare, print_summary
+    from bench.results.store import RunWriter
 
     d = tmp_path / "run"
     RunWriter(d).append("cells", [{"cell_id": 0, "workload": "w[/x]", "strategy": "s[bold]", "backend": "gloo",

@@ -11,15 +11,16 @@ import time
 
 import pytest
 
-from bench.core.errors import UserError
-
-from bench.train import launcher as launch
-
 from bench.core import spec
 from bench.core.config import build_config, parse_endpoint
-from bench.multinode import plan_digest
-from bench.results.rows import placement_columns
+from bench.core.errors import UserError
 from bench.core.spec import RankMeasurement
+from bench.multinode import plan_digest
+from bench.plan.matrix import group, plan
+from bench.results.rows import placement_columns
+from bench.runtime.crash import crash_reason, err_ranks
+from bench.runtime.events import EventReader
+from bench.runtime.process import child_env, torchrun_cmd
 from strategies.common import mesh_groups
 
 
@@ -43,7 +44,7 @@ def test_defaults_on_several_nodes_scale_per_node_and_stay_on_loopback():
 def test_plan_on_two_nodes_one_process_cells_on_node_0_and_gpus_per_node():
     cfg = cfg_of(gpus=2, device="cuda", backends="nccl", nnodes=2, world_sizes="2,4,8",
                  strategies="single,ddp,dataparallel")
-    cells, _, _ = launch.plan(cfg, gpus=2)
+    cells, _, _ = plan(cfg, gpus=2)
     by = {(p.spec.strategy, p.spec.n_devices): p for p in cells}
     assert by[("single", 1)].spec.nnodes == 1 and by[("single", 1)].spec.devices == (0,)
     ddp4 = by[("ddp", 4)].spec
@@ -51,14 +52,14 @@ def test_plan_on_two_nodes_one_process_cells_on_node_0_and_gpus_per_node():
     assert by[("ddp", 4)].reason is None
     assert "needs 4 GPUs a node; 2 visible here" in by[("ddp", 8)].reason
     assert by[("dataparallel", 2)].spec.nnodes == 1  # one process: node 0 alone
-    groups = launch.group(cells)
+    groups = group(cells)
     assert [g.label for g in groups][:2] == ["nccl x1", "nccl x2 on 2 nodes"]
 
 
 def test_the_plan_digest_is_the_same_for_the_same_flags_and_differs_otherwise():
-    a, _, _ = launch.plan(cfg_of(nnodes=2), gpus=0)
-    b, _, _ = launch.plan(cfg_of(nnodes=2, node_rank=1), gpus=0)
-    c, _, _ = launch.plan(cfg_of(nnodes=2, steps=3), gpus=0)
+    a, _, _ = plan(cfg_of(nnodes=2), gpus=0)
+    b, _, _ = plan(cfg_of(nnodes=2, node_rank=1), gpus=0)
+    c, _, _ = plan(cfg_of(nnodes=2, steps=3), gpus=0)
     assert plan_digest(a) == plan_digest(b) != plan_digest(c)
 
 
@@ -67,16 +68,16 @@ def test_mesh_groups_and_placement_on_two_nodes():
     assert mps == [[0, 1], [2, 3]] and dps == [[0, 2], [1, 3]]
     dps, mps = mesh_groups(2, 2, "dp-in-node")
     assert mps == [[0, 2], [1, 3]] and dps == [[0, 1], [2, 3]]
-    cells, _, _ = launch.plan(cfg_of(nnodes=2, world_sizes="4", strategies="fsdp-tp,dp-pp",
+    cells, _, _ = plan(cfg_of(nnodes=2, world_sizes="4", strategies="fsdp-tp,dp-pp",
                                      workloads="gpt-tiny[n_layer=6]"), gpus=0)
     fsdp_tp = next(p for p in cells if p.spec.strategy == "fsdp-tp")
     assert fsdp_tp.reason is None and fsdp_tp.spec.labels["mesh_placement"] == "tp within nodes, dp across 2 nodes"
-    cells, _, _ = launch.plan(cfg_of(nnodes=2, world_sizes="8", strategies="fsdp-tp,dp-pp",
+    cells, _, _ = plan(cfg_of(nnodes=2, world_sizes="8", strategies="fsdp-tp,dp-pp",
                                      workloads="gpt-tiny[n_layer=6,n_head=4]", options={"mesh": "2x4"}), gpus=0)
     for p in cells:
         if p.spec.strategy in ("fsdp-tp", "dp-pp"):
             assert p.reason is None or "placement" not in p.reason, p.reason  # tp=4 fits a node of 4
-    cells, _, _ = launch.plan(cfg_of(nnodes=4, world_sizes="8", strategies="fsdp-tp",
+    cells, _, _ = plan(cfg_of(nnodes=4, world_sizes="8", strategies="fsdp-tp",
                                      workloads="gpt-tiny[n_layer=6,n_head=4]", options={"mesh": "2x4"}), gpus=0)
     tp = next(p for p in cells if p.spec.strategy == "fsdp-tp")
     assert "placement mp-in-node: tp=4 ranks cannot share a node of 2 ranks" in tp.reason
@@ -104,9 +105,9 @@ def test_events_and_errors_are_read_by_global_rank(tmp_path):
         event = spec.Error(cell_id=4, rank=r, reason="boom", t=1.0)
         (tmp_path / f"g1-a1-r{r}.jsonl").write_text(spec.dump(event) + "\n")
         (tmp_path / f"g1-a1-r{r}.err").write_text(f"RuntimeError: rank {r} broke\n")
-    assert sorted(e.rank for e in launch.EventReader(prefix).poll()) == [2, 3]
-    assert launch.err_ranks(prefix) == [2, 3]
-    assert "rank 2: RuntimeError: rank 2 broke" in launch.crash_reason(prefix, tmp_path / "none.log", 1)
+    assert sorted(e.rank for e in EventReader(prefix).poll()) == [2, 3]
+    assert err_ranks(prefix) == [2, 3]
+    assert "rank 2: RuntimeError: rank 2 broke" in crash_reason(prefix, tmp_path / "none.log", 1)
 
 
 def test_ranks_of_nodes_sharing_a_machine_share_its_cores(monkeypatch):
@@ -114,16 +115,18 @@ def test_ranks_of_nodes_sharing_a_machine_share_its_cores(monkeypatch):
     import bench.measure.hardware
 
     monkeypatch.setattr(bench.measure.hardware, "cpu_threads", lambda: 8)  # threads_per_rank's source of CPUs
-    assert launch.child_env(2)["OMP_NUM_THREADS"] == "4"
-    env = launch.child_env(2, node_rank=1, share=2)
+    assert child_env(2)["OMP_NUM_THREADS"] == "4"
+    env = child_env(2, node_rank=1, share=2)
     assert env["OMP_NUM_THREADS"] == "2" and env["PARBENCH_NODE_RANK"] == "1"
 
 
 def test_torchrun_command_uses_c10d_at_the_endpoint_on_several_nodes():
-    cmd = launch.torchrun_cmd("p.json", 2, nnodes=2, endpoint="10.0.0.1:29400", rdzv_id="r-g1-a1", rdzv_timeout_s=60)
+    cmd = torchrun_cmd("p.json", 2, module="bench.train.worker", nnodes=2, endpoint="10.0.0.1:29400",
+                       rdzv_id="r-g1-a1", rdzv_timeout_s=60)
+    assert cmd[-3:] == ["-m", "bench.train.worker", "p.json"]
     assert "--rdzv-backend=c10d" in cmd and "--rdzv-endpoint=10.0.0.1:29400" in cmd
     assert "--rdzv-conf=is_host=0,join_timeout=60" in cmd and "--nnodes=2" in cmd and "--nproc-per-node=2" in cmd
-    assert "--master-addr=127.0.0.1" in launch.torchrun_cmd("p.json", 2)
+    assert "--master-addr=127.0.0.1" in torchrun_cmd("p.json", 2, module="bench.train.worker")
 
 
 def _pair(tmp_path, monkeypatch, digest1: str = "same"):

@@ -1,8 +1,8 @@
 import pytest
 
-from bench.core.errors import UserError
 from bench.core.config import build_config
-from bench.train.launcher import group, plan
+from bench.core.errors import UserError
+from bench.plan.matrix import group, plan
 
 
 def planned(flags, gpus):
@@ -80,7 +80,7 @@ def test_tensor_parallel_needs_a_plan_from_the_workload():
 def test_the_default_budget_stands_aside_when_the_user_fixes_the_measurement():
     """Seen on 4x H100: `--steps 10 --steps-max 10` under the GPU's default 10-minute budget was
     rewritten to 2 steps and up to 500, so a cell meant to run exactly as a plain loop did not."""
-    from bench.train.launcher import budget_plan
+    from bench.plan.budget import budget_plan
 
     cfg = build_config(toml=None, flags={"workloads": "mlp", "strategies": "ddp", "world_sizes": "1,2",
                                          "steps": 10, "warmup": 3, "steps_max": 10, "warmup_max": 3}, gpus=2)
@@ -101,7 +101,7 @@ def test_the_default_budget_stands_aside_when_the_user_fixes_the_measurement():
 def test_a_cells_earliest_rank_error_is_its_reason_whatever_order_they_are_read_in():
     """The launcher reads the ranks' event files in rank order, so a peer's consequence (rank 0: a
     broken collective) can be read before its cause (rank 1, earlier)."""
-    from bench.train.launcher import earliest
+    from bench.runtime.crash import earliest
 
     cause, consequence = (10.0, "rank 1: RuntimeError: cause"), (12.5, "rank 0: DistBackendError: peer gone")
     assert earliest(earliest(None, consequence), cause) == cause
@@ -115,51 +115,51 @@ def test_a_budget_plan_charges_gloo_and_one_process_multi_gpu_cells_more_on_gpus
     parameters, and for Gloo 21 s per billion at two ranks (its ring's 2(n-1)/n). A small GPU plan by hand: the
     reference (nccl), ddp x2 (nccl, gloo), dataparallel x2 (nccl, one process on 2 GPUs), in 3
     process groups, mlp (927,760 parameters)."""
-    from bench.train import launcher as launch
     from bench.core.config import build_config
+    from bench.plan.budget import budget_plan, cell_overhead
 
     cfg = build_config(toml=None, flags={"device": "cuda", "workloads": "mlp", "strategies": "ddp,dataparallel",
                                          "backends": "nccl,gloo", "world_sizes": "2"}, gpus=2)
-    cells, _, _ = launch.plan(cfg, 2)
+    cells, _, _ = plan(cfg, 2)
     run = sorted((c.spec.strategy, c.spec.backend) for c in cells if c.reason is None)
     assert run == [("dataparallel", "nccl"), ("ddp", "gloo"), ("ddp", "nccl"), ("single", "nccl")], run
-    assert len(launch.group(cells)) == 3  # 1 process nccl (single, dataparallel), 2 nccl, 2 gloo
+    assert len(group(cells)) == 3  # 1 process nccl (single, dataparallel), 2 nccl, 2 gloo
     # 3 starts x 23 s; single on nccl 0.5 + 8.5e-9 s a parameter, ddp x2 on nccl 0.5 + 0.1 + 8.5e-9;
     # dataparallel (one process, 2 GPUs) 0.7 + 10e-9; ddp gloo x2 0.6 + 0.15 + (6 + 21) e-9
     p = 927_760
     assert cells[0].spec.workload.params == p
     # each cell's overhead x 1.5: on CUDA its profiled steps run in the group's profile pass (a rebuild)
     fixed = 3 * 23.0 + 1.5 * ((0.5 + 8.5e-9 * p) + (0.6 + 8.5e-9 * p) + (0.7 + 10e-9 * p) + (0.75 + 27e-9 * p))
-    out, text = launch.budget_plan(cfg, cells, 120.0)
+    out, text = budget_plan(cfg, cells, 120.0)
     caps = {round(c.spec.measure.time_cap_s, 9) for c in out if c.reason is None}
     assert caps == {round((0.8 * 120 - fixed) / 4, 9)}, (caps, text)
-    assert launch.cell_overhead("cpu", "gloo") == 1.0 and launch.cell_overhead("cpu", "gloo", 2) == 1.0
-    assert launch.cell_overhead("cpu", "gloo", params=10**9) == 1.0  # not fitted on CPU: no size term
-    assert abs(launch.cell_overhead("cuda", "gloo", params=236_144_640) - (0.6 + 6 * 0.23614464)) < 1e-9
+    assert cell_overhead("cpu", "gloo") == 1.0 and cell_overhead("cpu", "gloo", 2) == 1.0
+    assert cell_overhead("cpu", "gloo", params=10**9) == 1.0  # not fitted on CPU: no size term
+    assert abs(cell_overhead("cuda", "gloo", params=236_144_640) - (0.6 + 6 * 0.23614464)) < 1e-9
     # Gloo at 4 ranks: 3 extra ranks, and its ring moves 2 * 3/4 of the gradients
-    assert abs(launch.cell_overhead("cuda", "gloo", params=236_144_640, ranks=4)
+    assert abs(cell_overhead("cuda", "gloo", params=236_144_640, ranks=4)
                - (0.6 + 3 * 0.15 + (6 + 21 * 1.5) * 0.23614464)) < 1e-9
     # the default 4-GPU matrix (issue 11, item 3) plans without refusing, and says so up front
     cfg4 = build_config(toml=None, flags={"device": "cuda"}, gpus=4)
-    cells4, _, _ = launch.plan(cfg4, 4)
-    _, text4 = launch.budget_plan(cfg4, cells4, 600.0)
+    cells4, _, _ = plan(cfg4, 4)
+    _, text4 = budget_plan(cfg4, cells4, 600.0)
     assert text4.startswith("budget 600s: ") and "cells x 1 repeat(s)" in text4
 
 
 def test_the_pacer_shares_the_time_left_among_the_cells_left_at_the_pace_so_far():
     """The default 4-GPU matrix ran 576 s against a 10-minute budget whose plan had assumed 400 s of
     fixed costs (seventh stop): before each group the cap is drawn again from the time left."""
-    from bench.train import launcher as launch
     from bench.core.config import build_config
+    from bench.plan.budget import Pacer, budget_plan
 
     cfg = build_config(toml=None, flags={"device": "cuda", "workloads": "mlp", "strategies": "ddp",
                                          "backends": "nccl,gloo", "world_sizes": "2"}, gpus=2)
-    cells, _, _ = launch.plan(cfg, 2)
-    out, _ = launch.budget_plan(cfg, cells, 120.0)
-    groups = launch.group(out)
+    cells, _, _ = plan(cfg, 2)
+    out, _ = budget_plan(cfg, cells, 120.0)
+    groups = group(out)
     assert [len(g.cells) for g in groups] == [1, 1, 1]  # single nccl; ddp nccl x2; ddp gloo x2
     planned = groups[0].cells[0].measure.time_cap_s
-    pacer = launch.Pacer(cfg, groups)
+    pacer = Pacer(cfg, groups)
     fixed = [pacer.fixed(g) for g in groups]
     # On schedule: the first group's cap is what is left of 90% of the time after the fixed costs
     g0 = pacer.next_group(0, 120.0)
@@ -173,12 +173,12 @@ def test_the_pacer_shares_the_time_left_among_the_cells_left_at_the_pace_so_far(
     g1 = pacer.next_group(1, 120.0 - 3 * modelled)
     assert g1.cells[0].measure.time_cap_s == 0.1  # nothing left beyond the fixed costs: the floor
     # Far ahead of schedule: at most twice the plan's cap
-    fast = launch.Pacer(cfg, groups)
+    fast = Pacer(cfg, groups)
     assert fast.next_group(0, 10_000.0).cells[0].measure.time_cap_s == 2 * planned
     # A group killed at a cell's timeout (a hang) costs its time but not the pace: the groups after it
     # are paced by the clean ones (counting it drove every later cap to the floor)
-    groups6 = launch.group(launch.budget_plan(cfg, cells, 600.0)[0])
-    counted, hung = launch.Pacer(cfg, groups6), launch.Pacer(cfg, groups6)
+    groups6 = group(budget_plan(cfg, cells, 600.0)[0])
+    counted, hung = Pacer(cfg, groups6), Pacer(cfg, groups6)
     for p in (counted, hung):
         p.next_group(0, 600.0)
     left = 600.0 - 2 * (counted.fixed(groups6[0]) + counted.cap(0, 600.0))
@@ -208,15 +208,15 @@ def test_the_pacer_keeps_the_budget_when_the_capped_part_runs_over():
     """A review's case: fixed costs exactly as modelled, but each capped slot takes 1.5 x its cap
     (warm-up may spend half a cap beyond the timed cap). Charging the pace to the fixed costs alone
     overran a 600 s budget by 22 s; the pace now divides the whole time left."""
-    from bench.train import launcher as launch
     from bench.core.config import build_config
+    from bench.plan.budget import Pacer, budget_plan
 
     budget = 600.0
     cfg = build_config(toml=None, flags={"device": "cuda", "workloads": "mlp", "strategies": "ddp",
                                          "backends": "nccl,gloo", "world_sizes": "2"}, gpus=2)
-    cells, _, _ = launch.plan(cfg, 2)
-    groups = launch.group(launch.budget_plan(cfg, cells, budget)[0])
-    pacer, t = launch.Pacer(cfg, groups), 0.0
+    cells, _, _ = plan(cfg, 2)
+    groups = group(budget_plan(cfg, cells, budget)[0])
+    pacer, t = Pacer(cfg, groups), 0.0
     for gid in range(len(groups)):
         g = pacer.next_group(gid, budget - t)
         t += pacer.fixed(g) + 1.5 * sum(c.measure.repeats for c in g.cells) * g.cells[0].measure.time_cap_s
@@ -227,7 +227,7 @@ def test_the_pacer_keeps_the_budget_when_the_capped_part_runs_over():
 def test_profiled_steps_run_in_a_pass_at_the_end_on_cuda_and_inline_on_cpu():
     """--profile-at auto: "end" on CUDA (a GPU profiler session slows the process's later timed
     work), "inline" on CPU; either can be asked for; the pass's rebuild is charged to a budget."""
-    from bench.train import launcher as launch
+    from bench.plan.budget import _overhead
 
     def at(flags, gpus):
         _, cells, _ = planned(flags, gpus)
@@ -243,7 +243,7 @@ def test_profiled_steps_run_in_a_pass_at_the_end_on_cuda_and_inline_on_cpu():
     inline = build_config(toml=None, flags={"workloads": "mlp", "strategies": "ddp", "world_sizes": "2",
                                             "profile_at": "inline"}, gpus=2)
     for c in cells:
-        assert launch._overhead(cfg, c) == pytest.approx(1.5 * launch._overhead(inline, _inline(c)))
+        assert _overhead(cfg, c) == pytest.approx(1.5 * _overhead(inline, _inline(c)))
     with pytest.raises(UserError, match="profile_at 'later' unknown; use auto, end, inline"):
         build_config(toml=None, flags={"profile_at": "later"}, gpus=2)
 

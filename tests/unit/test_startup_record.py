@@ -2,7 +2,7 @@
 
 import json
 
-from bench.train.launcher import startup_record
+from bench.train.run_folder import startup_record
 
 
 def test_phases_are_the_gaps_between_the_marks(tmp_path):

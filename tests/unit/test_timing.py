@@ -3,6 +3,7 @@ import time
 import numpy as np
 import torch
 
+from bench.measure.timing import StepTimer
 from bench.stats import (
     bimodality_coefficient,
     median_ci,
@@ -11,7 +12,6 @@ from bench.stats import (
     slow_rank,
     summarize,
 )
-from bench.measure.timing import StepTimer
 
 
 def test_median_interval_brackets_the_median_and_is_reproducible():
@@ -82,13 +82,13 @@ def test_ranks_tear_cupti_down_after_profiling_unless_the_user_says_otherwise(mo
     steps 1.95x slower afterwards on an H100), and the harness profiles cells in the processes that
     measure later cells; the ranks' environment and the recorded fingerprint must both say so."""
     from bench.measure import fingerprint
-    from bench.train import launcher as launch
+    from bench.runtime.process import child_env
 
     monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
-    assert launch.child_env(2)["TEARDOWN_CUPTI"] == "1"
+    assert child_env(2)["TEARDOWN_CUPTI"] == "1"
     assert fingerprint.fingerprint()["env"]["TEARDOWN_CUPTI"] == "1"
     monkeypatch.setenv("TEARDOWN_CUPTI", "0")  # a user who wants the old behaviour keeps it, and it is recorded
-    assert launch.child_env(2)["TEARDOWN_CUPTI"] == "0"
+    assert child_env(2)["TEARDOWN_CUPTI"] == "0"
     assert fingerprint.fingerprint()["env"]["TEARDOWN_CUPTI"] == "0"
 
 

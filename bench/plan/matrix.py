@@ -1,0 +1,177 @@
+"""The run's matrix: every cell of (workload, strategy, backend, world size), runnable or skipped
+with its reason, and the cells grouped into the process groups that run them.
+
+Every node of a multi-node run plans the same matrix (:func:`bench.multinode.plan_digest` checks
+it); nothing here starts a process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import strategies
+from bench.core import backends
+from bench.core.config import RunConfig, parse_workload
+from bench.core.errors import UserError
+from bench.core.metrics import Metric, registry
+from bench.core.spec import ONE_RANK_SKIP, CellSpec, Measure
+from bench.measure.hardware import cpu_threads
+from bench.workloads import Workload, resolve
+
+
+@dataclass(frozen=True, kw_only=True)
+class Planned:
+    """A cell of the matrix: runnable (reason None) or skipped with its reason."""
+
+    spec: CellSpec
+    reason: str | None
+
+
+@dataclass(kw_only=True)
+class Group:
+    """The cells one torchrun runs: ``n_procs`` processes of one backend over ``nnodes`` nodes."""
+
+    n_procs: int
+    backend: str
+    cells: list[CellSpec] = field(default_factory=list)
+    nnodes: int = 1
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend} x{self.n_procs}" + (f" on {self.nnodes} nodes" if self.nnodes > 1 else "")
+
+
+def expand_strategies(specs: list[str]) -> list[tuple[str, strategies.Strategy]]:
+    """(spec, strategy) for each asked strategy, 'all' expanded, duplicates dropped."""
+    flat: list[str] = []
+    for s in specs:
+        flat.extend(strategies.names() if s == "all" else [s])
+    out: dict[str, tuple[str, strategies.Strategy]] = {}
+    for sp in flat:
+        strat = strategies.get(sp)
+        out.setdefault(strat.name, (sp, strat))
+    return list(out.values())
+
+
+def validate_options(given: dict[str, Any], strats: list[strategies.Strategy]) -> None:
+    """Every ``--option`` key is declared by a strategy of the run and parses as its type."""
+    declared = {o.name: o for s in strats for o in s.options}
+    for key, value in given.items():
+        if key not in declared:
+            known = ", ".join(sorted(declared)) or "none (no strategy of this run takes options)"
+            raise UserError(f"option {key!r} is not an option of the strategies in this run; known: {known}")
+        try:
+            declared[key].parse(value)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+
+
+def plan_devices(device: str, n_devices: int, nnodes: int = 1) -> tuple[int, ...]:
+    """The CUDA indices a cell of ``n_devices`` runs on, on each of its ``nnodes`` nodes: the first
+    n / nnodes visible GPUs (torchrun binds local rank r to the r-th); nothing else in the harness
+    derives device ids."""
+    return tuple(range(n_devices // nnodes)) if device == "cuda" else ()
+
+
+def cell_nodes(cfg: RunConfig, n_procs: int) -> int:
+    """Nodes a cell spans: one-process cells run on node 0 alone, the others on every node."""
+    return cfg.nnodes if n_procs > 1 else 1
+
+
+def profile_when(cfg: RunConfig) -> str:
+    """When the cells' profiled steps run (``Measure.profile_at``): ``--profile-at auto`` is "end" on
+    CUDA, where a GPU profiler session slows the process's later work (bench.train.worker.profile_cell),
+    and "inline" on CPU, where there is no such effect to avoid and the pass's rebuild would only
+    cost time."""
+    if cfg.profile_at == "auto":
+        return "end" if cfg.device == "cuda" else "inline"
+    return cfg.profile_at
+
+
+def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload], list[Metric]]:
+    """Every cell of the matrix, each runnable or skipped with its reason; the workloads by name;
+    the run's column registry. A single-device reference cell is added for every workload: parity
+    and scaling efficiency need it."""
+    wls: dict[str, Workload] = {}
+    parsed: list[tuple[Workload, str, dict[str, int]]] = []
+    for text in cfg.workloads:
+        name, dims = parse_workload(text)
+        wl = resolve(name, seed=cfg.seed, global_batch=cfg.global_batch, **dims)
+        if wl.name in wls:
+            continue
+        wls[wl.name] = wl
+        parsed.append((wl, name, dims))
+    strats = expand_strategies(cfg.strategies)
+    if not any(s.name == "single" for _, s in strats):
+        strats.insert(0, ("single", strategies.get("single")))
+    validate_options(cfg.options, [s for _, s in strats])
+    measure = Measure(steps=cfg.steps, warmup=cfg.warmup, profile_steps=cfg.profile_steps,
+                      precision=cfg.effective_precision(), seed=cfg.seed, lr=cfg.lr, repeats=cfg.repeats,
+                      warmup_max=cfg.warmup_max or 0, settle=cfg.settle, steps_max=cfg.steps_max or 0,
+                      target_ci=cfg.target_ci, time_cap_s=cfg.time_cap_s, profile_at=profile_when(cfg))
+    one_proc_backend = backends.for_one_process(cfg.device, cfg.backends)
+    cells: list[Planned] = []
+    seen: set[tuple] = set()
+    weak = cfg.scaling == "weak"
+    for wl, name, dims in parsed:
+        base = wl.facts(name, dims)
+        for sp, strat in strats:
+            for backend in cfg.backends if not strat.one_process else [one_proc_backend]:
+                # Weak scaling: the single-device reference runs every global batch a cell trains,
+                # so that each cell has a parity reference of its own batch.
+                sizes = (cfg.world_sizes if strat.name != "single"
+                         else ([1] if not weak else sorted(set(cfg.world_sizes))))
+                for n in sizes:
+                    scale = n if weak else 1
+                    facts = dataclasses.replace(base, global_batch=base.global_batch * scale)
+                    n = 1 if strat.name == "single" else n
+                    nodes = cell_nodes(cfg, strat.procs(n))
+                    key = (wl.name, strat.name, backend, n, facts.global_batch)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    reason = None
+                    mine = {o.name for o in strat.options}
+                    try:
+                        options = strat.resolve_options(n, {k: v for k, v in cfg.options.items() if k in mine})
+                    except ValueError as e:
+                        options, reason = {}, str(e)
+                    cell = CellSpec(cell_id=len(cells), workload=facts, strategy=strat.name, strategy_spec=sp,
+                                    backend=backend, device=cfg.device, n_devices=n, n_procs=strat.procs(n),
+                                    devices=plan_devices(cfg.device, n, nodes), options=options, labels={},
+                                    role=strat.role, measure=measure, scaling=cfg.scaling, nnodes=nodes)
+                    reason = reason or strat.check(cell, gpus=gpus)
+                    if reason is None and strat.procs(n) == 1 and backend != one_proc_backend \
+                            and one_proc_backend in cfg.backends:
+                        reason = (f"{ONE_RANK_SKIP}: its {backend} cell would repeat the "
+                                  f"{one_proc_backend} one, which is measured")
+                    if reason is None and cfg.device == "cpu" and n // nodes > cpu_threads() * 4:
+                        reason = f"{n // nodes} ranks per node > 4 x {cpu_threads()} CPU threads"
+                    if reason is None:
+                        cell = dataclasses.replace(cell, labels=strat.label_values(cell))
+                    cells.append(Planned(spec=cell, reason=reason))
+    metrics = registry(m for _, s in strats for m in s.columns())
+    return cells, wls, metrics
+
+
+def group(cells: list[Planned]) -> list[Group]:
+    """Runnable cells grouped by (nodes, processes, backend), one-process groups first, the
+    reference first in its group."""
+    groups: dict[tuple[int, int, str], Group] = {}
+    for p in cells:
+        if p.reason is not None:
+            continue
+        c = p.spec
+        groups.setdefault((c.n_procs, c.nnodes, c.backend),
+                          Group(n_procs=c.n_procs, backend=c.backend, nnodes=c.nnodes)).cells.append(c)
+    for g in groups.values():
+        g.cells.sort(key=lambda c: (c.role != "reference", c.cell_id))
+    first_backend = {c.spec.backend for c in cells if c.spec.role == "reference"}
+    return [groups[k] for k in sorted(groups, key=lambda k: (k[0], k[1], k[2] not in first_backend, k[2]))]
+
+
+def runnable(cells: list[Planned]) -> int:
+    """How many of the planned cells run (have no skip reason)."""
+    return sum(p.reason is None for p in cells)

@@ -1,0 +1,48 @@
+"""Stop signals (SIGINT, SIGTERM, SIGHUP) while rank processes run: noted, then raised at a safe point.
+
+A loop that follows a launch calls :func:`check_stop` where raising loses nothing (between reading
+events and handling them a raise could lose a finished cell's row); it turns :func:`defer_stops` on
+while it runs, so the signal handler knows the loop will raise within its polling interval.
+"""
+
+from __future__ import annotations
+
+import signal
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped by a signal (SIGINT, SIGTERM, SIGHUP): cleaned up like Ctrl-C."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+#: While a group runs, a stop signal is only noted here and raised by the group's loop at a safe
+#: point (between reading events and handling them a raise could lose a finished cell's row).
+_STOP: list[int] = []
+_IN_GROUP: list[bool] = [False]
+
+
+def request_stop(signum: int) -> bool:
+    """Note a stop signal; True if a group's loop will raise it within 50 ms, False if the caller
+    must raise it now."""
+    _STOP.append(signum)
+    return _IN_GROUP[0]
+
+
+def defer_stops(on: bool) -> None:
+    """While on, :func:`request_stop` only notes a signal: the caller's loop raises it at its next
+    :func:`check_stop`."""
+    _IN_GROUP[0] = on
+
+
+def check_stop() -> None:
+    """Raise :class:`Interrupted` for the first stop signal noted, if any."""
+    if _STOP:
+        raise Interrupted(_STOP[0])
+
+
+def clear_stop() -> None:
+    """Forget stop signals noted earlier in this process (a new run starts)."""
+    _STOP.clear()

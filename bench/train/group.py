@@ -1,0 +1,445 @@
+"""One process group of a training run: its launches, until every cell of the group has a row.
+
+:class:`GroupRun` starts torchrun (:class:`bench.runtime.process.Launch`) for the cells left, follows
+the ranks' events (a cell starts, fails on a rank, is measured, has its profile pass), and stops the
+launch when a cell outlives ``cell_timeout_s``, when the ranks are desynchronised after an error, or
+when a node of the run stops answering; the cells the launch did not finish run in the next one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import strategies
+from bench.core import spec
+from bench.core.config import RunConfig
+from bench.core.spec import CellSpec, GroupPlan, RankMeasurement, deferred
+from bench.plan.matrix import Group
+from bench.results.rows import build_row, failure_row, telemetry_means
+from bench.results.store import RunWriter
+from bench.runtime import signals
+from bench.runtime.crash import earliest
+from bench.runtime.process import Launch, child_env
+from bench.train.run_folder import Telemetry, startup_record
+
+log = logging.getLogger("parbench")
+WORKER = "bench.train.worker"  # the module every rank runs
+STARTUP_S = 120.0  # torchrun + import torch + process group, before the first cell starts
+#: A rank that fails a cell reports it and moves on to the harness's all-gather of the cell's
+#: results; a peer still inside the cell may wait in a collective the failed rank will never join,
+#: so the group is desynchronised and would sit until cell_timeout_s (300 s by default). When the
+#: group has not finished the cell this long after a rank's error (at most half the cell timeout),
+#: it is stopped, the cell fails with the earliest error, and the group is relaunched for the
+#: cells it has left. A failure every rank hits at about the same time (a bad workload, an option
+#: the model cannot take) finishes within the grace and costs no relaunch; ranks that fail more
+#: than the grace apart cost one relaunch, never a wrong row.
+ERROR_GRACE_S = 5.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    """What the launcher tells its caller: the plan (``n`` runnable cells), a group starts (``n``
+    cells), a cell starts or is done."""
+
+    kind: Literal["plan", "note", "group", "start", "done"]
+    group: str
+    cell: CellSpec | None = None
+    n: int = 0
+    status: str = ""
+    text: str = ""
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+@dataclass(kw_only=True)
+class Pending:
+    """What the launcher holds of a cell until its last repeat arrives."""
+
+    spec: CellSpec
+    repeats: list[list[RankMeasurement]] = field(default_factory=list)
+    telemetry: list[dict[str, float]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def timed(self) -> bool:
+        """Every planned repeat is in (only a deferred profile pass may be left)."""
+        return len(self.repeats) >= self.spec.measure.repeats
+
+    def merge_profile(self, ev: spec.Profiled) -> str:
+        """The profile pass's breakdown and records into the first repeat; '' or why it failed."""
+        self.wall_s += ev.wall_s
+        bad = [r for r in ev.ranks if r.status != "ok"]
+        if bad:
+            first = min(bad, key=lambda r: r.rank)
+            return f"profile pass failed on rank {first.rank}: {first.reason}"
+        mine = {r.rank: r for r in ev.ranks}
+        for r in self.repeats[0] if self.repeats else []:
+            got = mine.get(r.rank)
+            if got is not None:
+                r.breakdown, r.comm, r.profile_s = got.breakdown, got.comm, r.profile_s + got.profile_s
+                if got.comm_calls_per_step is not None:
+                    r.comm_calls_per_step, r.comm_bytes_per_step = got.comm_calls_per_step, got.comm_bytes_per_step
+        return ""
+
+
+class GroupRun:
+    """Run a group's cells (all their repeats, in rounds), relaunching after a timeout or a crash,
+    until every cell has a row. Processes of a launch still alive when it ended are killed and
+    named in ``survivors`` (and in the reason of the cell that was running). A group on several
+    nodes is launched on every node through ``coord`` (:class:`bench.multinode.nodes.Coordinator`);
+    the other nodes' rank errors and crash reasons count as this node's, and a node that stops
+    answering fails the cell that was running and every later cell of the group. Each launch's
+    start-up and teardown, split into phases (:func:`bench.train.run_folder.startup_record`), is
+    appended to ``starts``.
+
+    The group's state lives across launches (the cells still pending, the attempt, whether a launch
+    had to be killed); each launch resets its own (:meth:`_launch`), and each kind of event and each
+    way a launch ends has a method of its own."""
+
+    def __init__(self, g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work: Path,
+                 telemetry: Telemetry, on_progress: ProgressFn, trace_dir: Path | None,
+                 deadline_unix: float | None = None, survivors: list[str] | None = None, coord=None,
+                 starts: list[dict[str, Any]] | None = None):
+        self.g, self.gid, self.cfg, self.writer, self.work = g, gid, cfg, writer, work
+        self.telemetry, self.on_progress, self.trace_dir = telemetry, on_progress, trace_dir
+        self.deadline_unix, self.coord, self.starts = deadline_unix, coord, starts
+        self.survivors = survivors if survivors is not None else []
+        self.pending = {c.cell_id: Pending(spec=c) for c in g.cells}
+        self.attempt = 0
+        self.clean = True  # no launch of the group was killed (a timeout, a desynchronised error, a lost node)
+        self.multi = g.nnodes > 1 and coord is not None
+        self.launch_notes: list[str] = []
+        self.grace_s = min(ERROR_GRACE_S, cfg.cell_timeout_s / 2)
+
+    def run(self) -> bool:
+        """Launch until every cell has a row. False when a launch of the group had to be killed
+        (the budget's pacer leaves it out of its pace)."""
+        while self.pending:
+            self.attempt += 1
+            self.launch_notes.clear()
+            gone = self.coord.lost() if self.multi else {}
+            if gone:
+                self._on_node_gone(gone)
+                return False
+            self._launch()
+            self._follow()
+            self._settle()
+        return self.clean
+
+    # --- rows and notes
+
+    def finish(self, p: Pending, status: str | None = None, reason: str = "", profile_note: str = "") -> None:
+        """The cell's row: built from its repeats (``status`` None) or a failure row."""
+        c = p.spec
+        if status is None:
+            cls = type(strategies.get(c.strategy_spec))
+            row, steps, comm = build_row(c, p.repeats, wall_s=p.wall_s, strategy_metrics=cls.metrics,
+                                         expects=cls.distributes, telemetry=p.telemetry)
+            if profile_note and row.get("status") == "ok":
+                row["profile_note"] = profile_note
+        else:
+            row, steps, comm = failure_row(c, status=status, reason=reason), [], []
+        self.writer.add(row, steps, comm)
+        del self.pending[c.cell_id]
+        self.on_progress(Progress(kind="done", group=self.g.label, cell=c, status=row["status"]))
+
+    def note(self, text: str) -> None:
+        """A note on this launch: in ``survivors``, the log, and the reason of the cell it fails."""
+        self.survivors.append(text)
+        self.launch_notes.append(text)
+        log.warning(text)
+
+    def _on_node_gone(self, gone: dict[int, str]) -> None:
+        why = "; ".join(f"node {r}: {w}" for r, w in sorted(gone.items()))
+        for p in list(self.pending.values()):
+            self.finish(p, "failed",
+                        f"a node of the run is gone ({why}); nothing ran on {self.g.nnodes} nodes after that")
+
+    # --- one launch
+
+    def _launch(self) -> None:
+        """Write the plan of the cells left and start torchrun for it (on every node when multi)."""
+        g, cfg = self.g, self.cfg
+        self.prefix = str(self.work / f"g{self.gid}-a{self.attempt}")
+        gplan = GroupPlan(backend=g.backend, device=cfg.device, n_procs=g.n_procs, events_prefix=self.prefix,
+                          pg_timeout_s=cfg.cell_timeout_s, trace_dir=str(self.trace_dir) if self.trace_dir else None,
+                          cells=tuple(p.spec for p in self.pending.values()),
+                          first_repeat={str(k): len(p.repeats) for k, p in self.pending.items() if p.repeats},
+                          deadline_unix=self.deadline_unix)
+        Path(self.prefix + ".json").write_text(spec.dump(gplan))
+        nproc = g.n_procs // g.nnodes
+        self.seq = -1
+        rendezvous: dict[str, Any] = {}
+        if self.multi:
+            rdzv_id = f"{self.writer.run_id}-g{self.gid}-a{self.attempt}"
+            self.seq = self.coord.launch(gplan, rdzv_id=rdzv_id, nproc_per_node=nproc)
+            rendezvous = dict(nnodes=g.nnodes, endpoint=cfg.rdzv_endpoint, rdzv_id=rdzv_id,
+                              rdzv_timeout_s=cfg.rdzv_timeout_s, local_addr=self.coord.me["local_addr"])
+        self.launched = time.time()
+        self.marks: dict[str, float | None] = {"first_cell": None, "last_cell": None, "exited": None}
+        self.launch = Launch(self.prefix, nproc, module=WORKER,
+                             env=child_env(nproc, share=self.coord.share if self.multi else 1), **rendezvous)
+        self.current: CellSpec | None = None
+        self.errors: dict[int, tuple[float, str]] = {}  # cell -> (when, "rank R: reason") of its first error
+        self.desync_at: float | None = None  # when to stop a group still inside a cell that a rank failed
+        self.started_any = self.stopped = self.timed_out = False
+        self.in_pass = False  # the worker reached the profile pass (every timed repeat of the launch is in)
+        # On several nodes the rendezvous may wait for the other nodes' agents to start.
+        self.deadline = time.monotonic() + STARTUP_S + cfg.cell_timeout_s + (cfg.rdzv_timeout_s if self.multi else 0)
+        self.lost: dict[int, str] = {}
+        self.last_remote = 0.0
+        self.remote: dict[int, dict[str, Any]] = {}
+
+    def _follow(self) -> None:
+        """Handle the launch's events until it exits or has to be stopped. A stop signal is raised
+        only between handled events; the cells measured before it keep their rows."""
+        self.queue: list[spec.Event] = []  # read but not yet handled: a signal between the two must not lose them
+        signals.defer_stops(True)
+        try:
+            while not self._step():
+                time.sleep(0.05)
+        except BaseException as stop:
+            if isinstance(stop, KeyboardInterrupt):
+                self._on_interrupt()
+            self.launch.kill(grace_s=1.0)
+            raise
+        finally:
+            signals.defer_stops(False)
+            self.remote = self.coord.finish_launch(self.seq) if self.multi else {}
+
+    def _step(self) -> bool:
+        """One poll of the launch; True when following it ends (it exited or was stopped)."""
+        signals.check_stop()
+        exited = self.launch.exited()
+        self.queue.extend(self.launch.events.poll())
+        if self.multi and (exited or time.monotonic() - self.last_remote > 0.25):
+            self.last_remote = time.monotonic()
+            self.queue.extend(self.coord.events(self.seq))  # the other nodes' ranks' errors
+            self.lost = self.coord.lost()
+        while self.queue:
+            self.handle(self.queue[0])
+            self.queue.pop(0)
+        if exited:
+            self.marks["exited"] = time.time()
+            return True
+        if self.lost:
+            self._on_node_lost()
+        elif self.desync_at is not None and time.monotonic() > self.desync_at:
+            self._on_desync()
+        elif time.monotonic() > self.deadline:
+            self._on_timeout()
+        else:
+            return False
+        return True
+
+    # --- events of the ranks
+
+    def handle(self, ev: spec.Event) -> None:
+        """One event of a rank: a cell starts, fails on a rank, or is measured (its row)."""
+        if isinstance(ev, spec.Stopped):
+            self.stopped = True
+            return
+        p = self.pending.get(ev.cell_id)
+        if p is None:
+            return
+        if isinstance(ev, spec.Start) and ev.repeat == spec.PROFILE_PASS:
+            self.current, self.in_pass = p.spec, True
+            self._rearm()
+        elif isinstance(ev, spec.Profiled):
+            self._on_profiled(p, ev)
+        elif isinstance(ev, spec.Start):
+            self._on_start(p)
+        elif isinstance(ev, spec.Error):
+            self._on_cell_error(p, ev)
+        elif isinstance(ev, spec.Measured):
+            self._on_measured(p, ev)
+
+    def _rearm(self) -> None:
+        """The cell timeout counts from now."""
+        self.deadline = time.monotonic() + self.cfg.cell_timeout_s
+
+    def _on_start(self, p: Pending) -> None:
+        self.marks["first_cell"] = self.marks["first_cell"] or time.time()
+        self.current, self.started_any = p.spec, True
+        self._rearm()
+        self.on_progress(Progress(kind="start", group=self.g.label, cell=p.spec))
+
+    def _on_cell_error(self, p: Pending, ev: spec.Error) -> None:
+        # The earliest error is the cause; a peer's later one is usually its consequence. (Across
+        # nodes the stamps are each host's wall clock: skew can reorder errors that came within it
+        # of each other.)
+        self.errors[p.spec.cell_id] = earliest(self.errors.get(p.spec.cell_id), (ev.t, f"rank {ev.rank}: {ev.reason}"))
+        if self.g.n_procs > 1 and self.desync_at is None:
+            self.desync_at = time.monotonic() + self.grace_s
+
+    def _on_measured(self, p: Pending, ev: spec.Measured) -> None:
+        """A repeat of the cell is in; the cell's row when it was the last (or a rank failed)."""
+        samples = self.telemetry.take()
+        window = ev.ranks[0].window if ev.ranks and ev.ranks[0].window else None
+        p.telemetry.append(telemetry_means(samples, p.spec, window) if window else {})
+        self.telemetry.flush()
+        p.repeats.append(ev.ranks)
+        self.marks["last_cell"] = time.time()
+        p.wall_s += ev.wall_s
+        self.current, self.desync_at = None, None
+        self._rearm()
+        failed = any(r.status != "ok" for r in ev.ranks)
+        if failed or (p.timed() and not deferred(p.spec)):
+            self.finish(p)
+
+    def _on_profiled(self, p: Pending, ev: spec.Profiled) -> None:
+        """The cell's profile pass is in: its row, with a note if the pass failed."""
+        self.telemetry.take()
+        self.telemetry.flush()
+        self.marks["last_cell"] = time.time()  # teardown starts after the last pass
+        self.current, self.desync_at = None, None
+        self._rearm()
+        self.errors.pop(p.spec.cell_id, None)  # a failed pass is the row's note, not the cell's failure
+        self.finish(p, profile_note=p.merge_profile(ev))
+
+    def _on_interrupt(self) -> None:
+        """A stop signal: a cell measured just before it is finished (its row must not be lost)."""
+        try:
+            for ev in [*self.queue, *self.launch.events.poll()]:
+                if isinstance(ev, spec.Measured | spec.Profiled):
+                    self.handle(ev)
+            # every timed repeat in, its profile pass not: the timing is the row
+            for p in [p for p in self.pending.values() if p.timed()]:
+                self.finish(p, profile_note="profile pass not run: the run was stopped")
+        except Exception as e:  # noqa: BLE001 - stopping anyway; the kill below matters more
+            log.warning("last events not recorded: %s", e)
+
+    # --- stopping a launch
+
+    def _on_node_lost(self) -> None:
+        self.note(f"{self.g.label} attempt {self.attempt}: " + "; ".join(f"node {r} stopped answering ({w})"
+                                                                       for r, w in sorted(self.lost.items())))
+        self.launch.kill()
+        self.clean = False
+
+    def _on_desync(self) -> None:
+        self.note(f"{self.g.label} attempt {self.attempt}: after a rank's error the other ranks had not finished "
+                  f"the cell {self.grace_s:g}s later (desynchronised): group stopped"
+                  + ("" if len(self.pending) <= 1 else " and relaunched for its remaining cells"))
+        self.launch.kill()
+        self.clean = False
+
+    def _on_timeout(self) -> None:
+        self.timed_out, self.clean = True, False
+        left = self.launch.kill()
+        if left:  # ignored SIGTERM: worth knowing, its CPU time skewed the cell
+            self.note(f"{self.g.label} attempt {self.attempt}: killed with SIGKILL after ignoring SIGTERM: "
+                      + ", ".join(left))
+
+    # --- after a launch
+
+    def _settle(self) -> None:
+        """Record the launch's start-up, kill what outlived it, and give rows to the cells it
+        ended; the cells left run in the next launch."""
+        if self.starts is not None:
+            self.starts.append(startup_record(self.g.label, self.attempt, self.launched, self.marks, Path(self.prefix)))
+        self._kill_survivors()
+        if self.stopped or (self.launch.returncode == 0 and not self.timed_out):
+            self._on_ended()
+            return
+        if not self.pending:
+            return
+        # Killed or crashed in the profile pass: the cell whose pass was running keeps its timing with a
+        # note; the other cells' passes run in the relaunch (their timed repeats are all in, so the
+        # relaunch's rounds skip them). Killed before the pass (a hang or crash in another cell's timed
+        # repeat): cells already timed wait for the relaunch's pass, and are never the victim.
+        done = [p for p in self.pending.values() if p.timed()]
+        if self.in_pass or (done and not self.started_any):
+            self._on_pass_broken(done)
+            if self.in_pass or not self.pending:
+                return
+        self._on_crash()
+
+    def _kill_survivors(self) -> None:
+        """No process of this launch may outlive it (a rank that lost its agent would run on beside
+        the next launch and skew its times): a survivor is killed and named."""
+        head = f"{self.g.label} attempt {self.attempt}"
+        left = self.launch.survivors()
+        if left:
+            self.note(f"{head}: still running after torchrun exited, killed: " + ", ".join(left))
+        for r, info in sorted(self.remote.items()):
+            if info.get("survivors"):
+                self.note(f"{head}: node {r}: still running after torchrun exited, killed: "
+                          + ", ".join(info["survivors"]))
+
+    def _on_ended(self) -> None:
+        """The worker ended its rounds (the time budget) or finished: cells keep the repeats they got."""
+        for p in list(self.pending.values()):
+            if p.repeats:
+                self.finish(p, profile_note="profile pass not run: "
+                            + ("the time budget's deadline passed" if self.stopped else "the group ended without it")
+                            if deferred(p.spec) else "")
+            else:
+                self.finish(p, "skipped", "time budget: the run's deadline passed before this cell's turn")
+
+    def _on_pass_broken(self, done: list[Pending]) -> None:
+        """The launch was killed or crashed in (or before) the profile pass: the timed cells it hit
+        keep their timing, with a note saying why the pass is missing."""
+        why = ("no result within cell_timeout_s" if self.timed_out
+               else self.launch.crash_reason(self.g.n_procs))
+        if self.launch_notes:
+            why += "; " + "; ".join(self.launch_notes)
+        hit = [p for p in done if self.current is not None and p.spec.cell_id == self.current.cell_id] or done
+        for p in hit:
+            err = self.errors.get(p.spec.cell_id)
+            self.finish(p, profile_note=f"profile pass {'did not finish' if self.in_pass else 'did not run'}: "
+                                        f"{err[1] if err else why}")
+
+    def _victims(self) -> list[CellSpec]:
+        """Who gets the blame: the cell that was running; if none had started, every remaining cell
+        (the group itself could not start), so that the group never relaunches forever."""
+        victims = ([self.current] if self.current is not None
+                   else ([] if self.started_any else [p.spec for p in self.pending.values()]))
+        return victims or [next(iter(self.pending.values())).spec]
+
+    def _on_crash(self) -> None:
+        """The launch was killed or crashed in a timed repeat: the cell(s) to blame fail with the
+        rank's error, the timeout, or the crash's reason; the rest run in the relaunch."""
+        for v in self._victims():
+            if v.cell_id in self.errors:
+                status, reason = "failed", self.errors[v.cell_id][1]
+            elif self.timed_out:
+                status, reason = "timeout", self._timeout_reason()
+            else:
+                status, reason = "failed", self._crash_reason()
+            gone = self.coord.lost() if self.multi else {}
+            if gone and not self.lost:  # seen after the launch ended (its ranks saw only a closed connection)
+                reason += "; " + "; ".join(f"node {r} stopped answering ({w})" for r, w in sorted(gone.items()))
+            if self.launch_notes:
+                reason += "; " + "; ".join(self.launch_notes)
+            self.telemetry.take()
+            self.telemetry.flush()
+            self.finish(self.pending[v.cell_id], status, reason)
+
+    def _timeout_reason(self) -> str:
+        if self.started_any:
+            return f"no result within cell_timeout_s={self.cfg.cell_timeout_s:g}s; group relaunched"
+        return f"group did not start within {STARTUP_S + self.cfg.cell_timeout_s:g}s"
+
+    def _crash_reason(self) -> str:
+        """The crash as this node saw it; the root cause may be on another node (its rank died;
+        this node's peers only saw the connection close), so their own reasons come first."""
+        reason = self.launch.crash_reason(self.g.n_procs)
+        theirs = [f"node {r}: {i['reason']}" for r, i in sorted(self.remote.items()) if i.get("reason")]
+        if theirs:
+            reason = "; ".join(theirs) + f"; node 0: {reason}"
+        return reason
+
+
+def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work: Path, telemetry: Telemetry,
+              on_progress: ProgressFn, trace_dir: Path | None, deadline_unix: float | None = None,
+              survivors: list[str] | None = None, coord=None, starts: list[dict[str, Any]] | None = None) -> bool:
+    """Run one group's cells until each has a row (:class:`GroupRun`); False when a launch of the
+    group had to be killed."""
+    return GroupRun(g, gid, cfg, writer, work, telemetry, on_progress, trace_dir, deadline_unix, survivors,
+                    coord=coord, starts=starts).run()
