@@ -17,6 +17,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from bench.core.rankenv import RANK_ENV_DEFAULTS
+
 #: variables recorded: these prefixes, or these exact names
 ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "NVIDIA_", "OMP_", "MKL_", "GLOO_", "PYTORCH_", "KMP_")
 ENV_NAMES = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_PORT", "SLURM_JOB_ID", "SLURM_NNODES", "TEARDOWN_CUPTI",
@@ -96,7 +98,6 @@ def gpu_state(nvml: Any = None) -> list[dict[str, Any]]:
 def fingerprint() -> dict[str, Any]:
     """The static fingerprint for meta.json."""
     from bench.measure.hardware import cpu_threads
-    from bench.runtime.process import RANK_ENV_DEFAULTS
 
     # What the ranks run with: the launcher's environment plus the fixed defaults it gives every
     # rank (OMP_NUM_THREADS is set per launch, from the cores and that launch's ranks, and is

@@ -26,9 +26,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("bench.workloads",),
     ("strategies",),
     ("bench.measure", "bench.stats"),
-    ("bench.results", "bench.runtime", "bench.plan"),
+    ("bench.results", "bench.runtime", "bench.plan", "bench.multinode"),
     ("bench.train", "bench.comm", "bench.serve", "bench.gate"),
-    ("bench.multinode",),
     ("reports",),
     ("bench.cli", "bench.__main__"),
 ]
