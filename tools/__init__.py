@@ -1,0 +1,1 @@
+"""Tools beside the harness: plain reference programs and the GPU experiment scripts."""

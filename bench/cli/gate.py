@@ -1,6 +1,6 @@
 """`parbench compare | history | export`: the argparse wiring and the printed tables.
 
-bench/cli.py calls :func:`register` with its subparsers object; each subcommand sets ``func`` to
+bench/cli/main.py calls :func:`register` with its subparsers object; each subcommand sets ``func`` to
 its handler, which returns the exit code (0 pass, 1 a failing cell) or raises ``UserError``
 (the CLI prints it and exits 2).
 """

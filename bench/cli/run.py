@@ -48,7 +48,7 @@ def resumed_config(run_dir: str, gpus: int):
     config = load_meta(d).get("config")
     if not isinstance(config, dict) or not config:
         raise UserError(f"--resume {run_dir!r}: meta.json has no config; run it again instead")
-    # a run from before the profile pass profiled inline: its resumed cells keep that order
+    # a meta.json without profile_at comes from a version that profiled inline: its resumed cells keep that order
     config = {"profile_at": "inline" if config.get("profile_steps", 2) else "auto", **config}
     try:
         return validate(RunConfig(**config))

@@ -54,7 +54,7 @@ def print_compare(table: pd.DataFrame, threshold: float, console: Console | None
                 "CIs overlap", "verdict"):
         t.add_column(col)
     for _, r in table.iterrows():
-        # Text, never markup: a workload or strategy name may hold brackets ("[/x]" crashed rich).
+        # Text, never markup: a workload or strategy name may hold brackets (rich fails on "[/x]").
         t.add_row(*(Text(str(v)) for v in (r["workload"], r["strategy"], r["backend"], r["world_size"],
                                            _fmt(r["base_tput"], ".1f"), _fmt(r["cur_tput"], ".1f"),
                                            _fmt(r["change"], "+.1%"), "yes" if r["ci_overlap"] is True else "no",

@@ -8,6 +8,7 @@
 #: callbacks stay on for the life of the process (pytorch/pytorch#144455), and every cell measured
 #: after a profiled one pays for them: on an H100 with torch 2.11, a launch-bound loop ran 1.95x
 #: slower after one profiler session with CUDA activity (tools/baselines/profiler_aftereffect.py,
-#: docs/RESULTS.md). The harness profiles each cell's first repeat in the processes that then
-#: measure the group's later cells, so this default is what keeps those cells honest.
+#: docs/RESULTS.md). With ``--profile-at inline`` the harness profiles each cell's first repeat in
+#: the processes that then measure the group's later cells, so this default is what keeps those
+#: cells honest.
 RANK_ENV_DEFAULTS = {"TEARDOWN_CUPTI": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}

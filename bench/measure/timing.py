@@ -2,12 +2,12 @@
 
 On CUDA each step is bracketed by CUDA events on the current stream (no host sync inside the
 loop); on CPU ``perf_counter`` brackets the step. Neither adds a synchronisation that a training
-loop would not have: the ranks start the timed window together (one barrier before it, in the
-worker) and then run free, as a plain loop does. (A barrier before every CPU step, this module's
-rule until 2026-11-26, kept a pipeline's stages from overlapping one step's tail with the next
-step's head and left the barrier's wait out of the step: against the plain loops on gloo, gpt-tiny,
-2 ranks, 3-4 interleaved rounds, harness / plain was 1.198 [1.143, 1.262] for 1F1B and 0.743
-[0.602, 0.858] for DDP with it; 0.769 [0.735, 1.388] and 1.012 [0.521, 1.139] without.) The step
+loop would not have: the ranks start the timed window together (one barrier before it, in
+:mod:`bench.train.timed`) and then run free, as a plain loop does. (A barrier before every CPU
+step would keep a pipeline's stages from overlapping one step's tail with the next step's head
+and leave the barrier's wait out of the step: against the plain loops on gloo, gpt-tiny, 2 ranks,
+3-4 interleaved rounds, harness / plain is 1.198 [1.143, 1.262] for 1F1B and 0.743 [0.602, 0.858]
+for DDP with such a barrier; 0.769 [0.735, 1.388] and 1.012 [0.521, 1.139] without.) The step
 time a cell reports is the maximum over ranks of each step, since the slowest rank sets the pace.
 """
 

@@ -64,8 +64,8 @@ def _wait_port(host: str, port: int, timeout_s: float) -> bool:
 
 class _C10dRetriesHidden:
     """Keep torch's C++ client retry warnings off the terminal while connecting: against a listener
-    that is not a store each retry printed a C++ stack of about 20 lines, some 200 lines in all
-    before the one-line error (a bad-input sweep). The process's stderr (file descriptor 2) goes to
+    that is not a store each retry prints a C++ stack of about 20 lines, some 200 lines in all
+    before the one-line error. The process's stderr (file descriptor 2) goes to
     a temporary file meanwhile; lines that are not c10d's retry chatter are written back after.
     ``abandon()`` (a connection given up while torch's thread still retries): file descriptor 2 stays
     away from the terminal for the rest of the process, and Python's ``sys.stderr`` is reopened on
@@ -121,9 +121,9 @@ _C10D_CHATTER = re.compile(r"TCPStore\.cpp|socket\.cpp|^frame #\d+:|^Exception r
 def _client(host: str, port: int, timeout_s: float, connect_s: float | None = None):
     """A client of node 0's store (``timeout_s``: each store operation's). Built on a thread of its
     own and given up after ``connect_s`` (default ``timeout_s``) plus a grace: a listener that
-    accepts the connection but never answers (not a parbench node 0) held torch's handshake read
-    forever, past --rdzv-timeout and deaf to SIGINT and SIGTERM (a review's run against an HTTP
-    server on that port)."""
+    accepts the connection but never answers (not a parbench node 0, e.g. an HTTP server on that
+    port) would hold torch's handshake read forever, past --rdzv-timeout and deaf to SIGINT and
+    SIGTERM."""
     from torch.distributed import PrefixStore, TCPStore
 
     box: dict[str, Any] = {}

@@ -57,8 +57,8 @@ def render(job: SlurmJob) -> str:
         *(f"#SBATCH {x}" for x in sb),
         "set -euo pipefail",
         f"mkdir -p {shlex.quote(job.out)}",
-        # no pipe into head: under pipefail, scontrol killed by SIGPIPE once head has its line ended
-        # the job with no message (a CI run of the fake-Slurm test, 2 of 2 host names)
+        # no pipe into head: under pipefail, scontrol killed by SIGPIPE once head has its line would
+        # end the job with no message
         'hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         'head_node=${hosts%%$\'\\n\'*}',
         ': "${head_node:?scontrol show hostnames gave no host names for $SLURM_JOB_NODELIST}"',

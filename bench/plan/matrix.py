@@ -82,7 +82,7 @@ def cell_nodes(cfg: RunConfig, n_procs: int) -> int:
 
 def profile_when(cfg: RunConfig) -> str:
     """When the cells' profiled steps run (``Measure.profile_at``): ``--profile-at auto`` is "end" on
-    CUDA, where a GPU profiler session slows the process's later work (bench.train.worker.profile_cell),
+    CUDA, where a GPU profiler session slows the process's later work (bench.train.profile.profile_cell),
     and "inline" on CPU, where there is no such effect to avoid and the pass's rebuild would only
     cost time."""
     if cfg.profile_at == "auto":

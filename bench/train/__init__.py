@@ -1,0 +1,1 @@
+"""Training runs: the launcher, its process groups and the worker each rank runs."""

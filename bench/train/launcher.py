@@ -11,7 +11,7 @@ Processes start and stop through :mod:`bench.runtime`: the launcher is the child
 descendants and follows each launch's whole process tree, so a timeout, a signal or an exception
 kills all of it, and a process still alive after its launch ended is killed and named in the row and
 in ``meta.json`` (``survivors``). Each rank also runs a watchdog
-(:func:`bench.train.worker.start_watchdog`) that exits it when the launcher or its agent is gone, which
+(:func:`bench.train.watchdog.start_watchdog`) that exits it when the launcher or its agent is gone, which
 covers SIGKILL of the launcher. ``run(..., resume=RUN)`` runs only the cells RUN has no row for.
 
 On several nodes (``--nnodes``) every node's launcher plans the same matrix; node 0 runs this module

@@ -77,7 +77,7 @@ def startup_record(label: str, attempt: int, launched: float, marks: dict[str, f
                    prefix: Path) -> dict[str, Any]:
     """Where one launch's time outside its cells went, in seconds: from the launcher's Popen to the
     leader's process (torchrun's own start-up), its interpreter and imports, device, process group,
-    placement and warm-up (the leader's marks, :func:`bench.train.worker.write_startup`), then to the first
+    placement and warm-up (the leader's marks, :func:`bench.train.events.write_startup`), then to the first
     cell's start; and from the last measured cell to torchrun's exit (teardown). The launcher's own
     work between two launches is the next one's ``launched_unix`` less this one's ``exited_unix``. A
     phase whose marks are missing (a launch that failed early) is left out."""

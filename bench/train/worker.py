@@ -1,7 +1,7 @@
 """Inside one rank: one process group, the group's cells one after another, each isolated.
 
-Started by ``bench.train.launcher`` through torchrun as ``python -m bench.train.worker PLAN.json`` (a
-:class:`bench.core.spec.GroupPlan`). Each rank measures each cell into a
+Started by the launcher (:class:`bench.train.group.GroupRun`) through torchrun as
+``python -m bench.train.worker PLAN.json`` (a :class:`bench.core.spec.GroupPlan`). Each rank measures each cell into a
 :class:`bench.core.spec.RankMeasurement`; the leader gathers them and sends them to the launcher as a
 ``measured`` event, where the row is built. The leader is the first rank of node 0 (on one node,
 rank 0): on several nodes c10d assigns global ranks by node, not by --node-rank, and node 0's
@@ -262,7 +262,7 @@ def _main(plan: GroupPlan) -> int:
         GroupLoop(plan, rank, local_rank, leader, events).run()
     finally:
         # Without this, gloo can abort at interpreter exit: its run-loop thread frees work during
-        # finalisation (seen in 2-11 of 20 runs on CPU; 0 of 20 with the explicit destroy).
+        # finalisation (in 2-11 of 20 runs on CPU without the explicit destroy; 0 of 20 with it).
         dist.destroy_process_group()
         gc.collect()
     return 0

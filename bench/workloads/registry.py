@@ -35,8 +35,8 @@ def resolve(spec: str, *, seed: int = 0, global_batch: int | None = None, **dims
     if global_batch is not None:
         kw["global_batch"] = global_batch
     if spec in reg:
-        # every dimension of a built-in workload is a size or a count (mlp[width=0] and
-        # gpt-tiny[n_layer=0] trained an empty or a layerless model and reported ok)
+        # every dimension of a built-in workload is a size or a count (mlp[width=0] or
+        # gpt-tiny[n_layer=0] would train an empty or a layerless model and report ok)
         small = [(k, v) for k, v in dims.items() if isinstance(v, int) and v < 1]
         if small:
             k, v = small[0]
@@ -75,7 +75,7 @@ def resolve(spec: str, *, seed: int = 0, global_batch: int | None = None, **dims
         raise UserError(f"workload {spec!r}: factory returned {type(wl).__name__}, "
                         "expected bench.workloads.Workload")
     gb = wl.global_batch
-    if isinstance(gb, bool) or not isinstance(gb, int) or gb < 1:  # a batch of 0 ran "ok" with a NaN efficiency
+    if isinstance(gb, bool) or not isinstance(gb, int) or gb < 1:  # a batch of 0 would run "ok" with a NaN efficiency
         raise UserError(f"workload {spec!r}: its factory built global_batch={gb!r}; it must be an integer >= 1 "
                         "(the factory should take global_batch and use it)")
     return _named(wl, spec.rpartition(".")[2].replace(":", "."), dims)

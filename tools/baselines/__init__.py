@@ -1,0 +1,1 @@
+"""Plain reference programs and the tools that compare the harness against them."""

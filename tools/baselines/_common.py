@@ -217,7 +217,7 @@ def global_mean(loss: Tensor, env: Env) -> float:
 
 def teardown(env: Env) -> None:
     """Destroy the group, then collect: gloo's worker thread can abort the process at exit when
-    its work objects are freed during interpreter finalisation (shared/NOTES-torch.md)."""
+    its work objects are freed during interpreter finalisation."""
     if env.distributed:
         dist.destroy_process_group()
     gc.collect()

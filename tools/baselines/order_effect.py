@@ -1,19 +1,21 @@
-"""Does a cell's step time depend on which cell ran before it in the same rank processes? (issue 10)
+"""Does a cell's step time depend on which cell ran before it in the same rank processes?
 
 The harness measures a group's cells one after another in the same rank processes (one torchrun a
 group), and with ``--repeats N`` it orders each round by a row of a balanced Latin square (each cell
 after each other cell equally often over the rounds). So a run with repeats already holds the
 experiment: each repeat of a cell had some predecessor (another cell, the same cell's
 previous repeat, or nothing: the first cell after the group's start-up), and that predecessor was
-profiled or not (the harness profiles each cell's first repeat). This reads a run folder and, per
+profiled or not (the harness profiles each cell's first repeat: with GPU activity under
+``--profile-at inline``, on the CPU side only when the GPU-profiled steps wait for the profile
+pass). This reads a run folder and, per
 cell, puts every repeat's median step beside its predecessor, then groups the repeats by
 predecessor: if one predecessor is followed by slower repeats than the others, beyond the spread
 within each group, the cells are not independent (NCCL communicators kept, the allocator's state,
 what a profiler session leaves behind).
 
-Measured first on 2 H100s (sixth stop, docs/RESULTS.md): a 1F1B cell run after DDP and FSDP cells
-in the same processes was jittery (215.7 and 220.5 ms, steps 192-237 ms) in 2 of 3 rounds, and
-192.6-193.2 ms when it was the first cell. `device_run.sh after` runs the experiment on a GPU.
+Why ask: on 2 H100s a 1F1B cell run after DDP and FSDP cells in the same processes has been
+jittery (215.7 and 220.5 ms, steps 192-237 ms) in 2 of 3 rounds, against 192.6-193.2 ms as the
+first cell (docs/RESULTS.md). `device_run.sh after` runs the experiment on a GPU.
 
     python3 -m tools.baselines.order_effect RUN_DIR [--strategy pipeline-1f1b] [--json]
 
@@ -121,7 +123,7 @@ def chance(sizes: list[int], draws: int = 20000, seed: int = 0) -> float:
     completely separated from the rest: the labels of the N repeats shuffled ``draws`` times (seeded,
     so a verdict is reproducible). This is the p-value of the verdict below; the one-group,
     one-direction chance 1 / C(N, k) would understate it, since every group and both directions are
-    tried (a review measured 10-22% false alarms for 2-3 groups of 2-5 with it)."""
+    tried (it gives 10-22% false alarms for 2-3 groups of 2-5)."""
     rng = np.random.default_rng(seed)
     labels = np.repeat(np.arange(len(sizes)), sizes)
     n = len(labels)

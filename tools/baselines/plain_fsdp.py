@@ -15,7 +15,7 @@ Configuration, after torchtitan's ``apply_fsdp`` (torchtitan/models/llama3/paral
 - ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` when precision is bf16: FSDP
   all-gathers bf16 parameters and the blocks compute in bf16 with no autocast; gradients are
   reduce-scattered in fp32. ``--no-mp`` keeps fp32 parameters and wraps forward in bf16 autocast
-  (the harness's ``fsdp`` before issue 10).
+  (the harness's ``fsdp`` with ``--option fsdp_mp=off``).
 - ``reshard_after_forward=True`` on every block except the last, which backward needs first
   ("FSDP would prefetch it immediately"); ``--no-reshard`` keeps every block gathered from forward
   to backward (ZeRO-2 like: less communication, more memory).

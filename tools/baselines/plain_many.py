@@ -7,8 +7,8 @@ Each ``--program`` is a plain program of this folder and its flags. It runs exac
 (its own ``main()``: its own process group, started from the environment with the next port of
 ``--ports``, torn down at its end, and its one JSON line on stdout), but the interpreter, the
 ``import torch`` and the CUDA context are paid once, not once per program: on a GPU host that is
-~5-8 s of the ~11 s a plain program takes to start, which is what made a 3-round interleave of six
-families too long for one 10-minute device call. What the timed steps measure is unchanged: the
+~5-8 s of the ~11 s a plain program takes to start, enough to keep a 3-round interleave of six
+families inside one 10-minute device call. What the timed steps measure is unchanged: the
 loop, its warm-up and its timing are each program's own; between programs the caching allocator
 is emptied and the garbage collected, so one program's memory does not shape the next one's.
 

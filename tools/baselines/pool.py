@@ -1,4 +1,4 @@
-"""Pool the rounds of several ``interleave.py`` results, across calls and stops, and test them.
+"""Pool the rounds of several ``interleave.py`` results, across device calls, and test them.
 
     python3 -m tools.baselines.pool RESULT... [--vs RESULT...] [--family F] [--world-size N] [--json]
 

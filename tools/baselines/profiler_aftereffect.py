@@ -1,9 +1,11 @@
-"""Does a torch.profiler session leave a cost behind in its process? (issue 10 diagnosis)
+"""Does a torch.profiler session leave a cost behind in its process?
 
 The harness profiles each cell's first repeat (``--profile-steps``, default 2 steps with GPU
-activity; with 0, one step with CPU activity only) in the same rank processes that then measure the
-group's later cells; the plain reference programs never profile. If the profiler (Kineto, CUPTI) stays
-attached after its session, later launch-bound steps pay for it, and only on the harness side.
+activity; with 0, one step with CPU activity only) in the same rank processes that measure the
+group's other cells: with ``--profile-at inline`` right after that repeat, with ``end`` (the CUDA
+default) in a pass after every timed step. The plain reference programs never profile. If the
+profiler (Kineto, CUPTI) stays attached after its session, later launch-bound steps pay for it, and
+only on the harness side.
 
 This runs one launch-bound loop (many small kernels: the regime of FSDP2, pipelines and tensor
 parallelism on a slow host) on one device in three phases, one after the other (a profiler session

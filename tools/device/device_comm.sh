@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16 on a 4-GPU machine: the collective sweep at world sizes 2 and 4 on NCCL (1 KiB .. 1 GiB)
+# On a 4-GPU machine: the collective sweep at world sizes 2 and 4 on NCCL (1 KiB .. 1 GiB)
 # and Gloo with CUDA tensors (1 KiB .. 64 MiB), the plain torch all_reduce loop, a small CUDA-graph
 # sweep of the small sizes, the alpha-beta fit, the projection check against a recorded multi-GPU
 # run (RUN) and that run's recorded calls against the curve. About 5 minutes on 4 H100s.

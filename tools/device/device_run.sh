@@ -1,28 +1,33 @@
 #!/usr/bin/env bash
-# The GPU runs of the issues, for the device tool. Usage: bash tools/device/device_run.sh PHASE
+# GPU experiments on a machine with 2 or 4 GPUs, one or more phases a call (each fits a 10-minute
+# call). Usage (repository root): OUT=DIR bash tools/device/device_run.sh PHASE [PHASE...]
+#   check  every strategy on NCCL at 2 and 4 GPUs (and the reference), gpt-small, 4 fixed steps
+#   ab     the default strategy options vs fsdp_mp=off, fsdp_units=all, pp_balance=params, tp_plan=megatron
+#          (gpt-200m, fsdp, pipeline-1f1b, tensor on 4 GPUs, 3 repeats each)
 #   smoke  GPU tests + every strategy on gpt-small at world sizes 1,2(,4), NCCL and Gloo, 4 steps
-#   two    on 2 GPUs: plain loops vs harness (gpt-200m), every strategy on NCCL and Gloo
+#   two    on 2 GPUs: plain DDP loops vs harness (gpt-200m), every strategy on NCCL and Gloo
 #   overhead  on 2 GPUs: the same DDP cell with the sampler off / 20 Hz / 100 Hz / off again
-#   budget issue 11: the default matrix under the default 10-minute budget, timed (4 GPUs: 168 cells)
+#   budget the default matrix under the default 10-minute budget, timed (4 GPUs: 168 cells), with
+#          each process group's start-up split (meta.json group_starts)
 #   four   on 4 GPUs: DDP, FSDP, pipelines, TP at 1,2,4 and the 2x2 hybrids on NCCL (gpt-200m)
 #   i2, i4, il  harness vs plain loops interleaved (interleave.py, 6 families, 3 rounds) at 2, 4 or both
-#   bisect issue 10's harness-vs-plain gap: profiler after-effect; both sides on 1 OpenMP thread; one
-#          harness call per family; nvidia-smi and vmstat in the background
-#   fix    issue 10 after the CUPTI teardown default: the probe with and without it, 6 families at 4 GPUs
-#   gb     issue 10 GPU-bound: harness vs plain interleaved at global batch 64 on 2 GPUs (IL_GB, IL_WS,
+#   bisect where a harness-vs-plain gap comes from: the profiler after-effect probe; both sides on 1
+#          OpenMP thread; one harness call per family; nvidia-smi and vmstat in the background
+#   fix    the after-effect probe with and without TEARDOWN_CUPTI, then 6 families at 4 GPUs
+#   gb     GPU-bound: harness vs plain interleaved at global batch 64 on 2 GPUs (IL_GB, IL_WS,
 #          IL_FAM: ddp,fsdp,pipeline-1f1b,tensor-sp; IL_TIMEOUT, IL_DEADLINE), 3 rounds, noise verdicts
-#   after  issue 10: does a cell depend on the cell before it in the same rank processes? ddp, fsdp,
+#   after  does a cell depend on the cell before it in the same rank processes? ddp, fsdp,
 #          pipeline-1f1b at 2 GPUs (AF_WS), global batch 64, --repeats 6 (orders: a balanced Latin square),
-#          then tools/baselines/order_effect.py over the run (sixth stop: 1F1B jittery after DDP/FSDP);
-#          once with --profile-steps 2 and once with 0 (AF_PROFILE)
-#   pass   issue 10 after the tenth stop's profile pass: harness --profile-at end, then inline (PA_AT), against the
-#          plain loop, 3 rounds each (IL_FAM default fsdp, IL_WS default 4)
-#   order  issue 10: FSDP after DDP and FSDP first in the harness's processes, 4 GPUs (IL_WS), 3 rounds each
-#   tail   issue 14's two-agent NCCL run (one agent vs two, whole runs alternating, 3 rounds)
-#   trun   issue 10: DDP and FSDP (IL_WS GPUs, default 4) with the plain programs under torchrun
-#   gate   issue 11 + 12: A1 = ddp,fsdp,pipeline-1f1b at 2 and 4 GPUs with --repeats 5; then on 2 GPUs
-#          B (ddp 5% slower: tests.regress_helpers:DDPSlowed) and A2 (= A1); compare A2|A1 and B|A1;
-#          G_GB=64 G_STRATS=ddp,fsdp G_WS=2: the GPU-bound variant (larger batch per GPU)
+#          then tools/baselines/order_effect.py over the run; once with --profile-steps 2 and once
+#          with 0 (AF_PROFILE)
+#   pass   harness --profile-at end, then inline (PA_AT), against the plain loop, 3 rounds each
+#          (IL_FAM default fsdp, IL_WS default 4)
+#   order  FSDP after DDP and FSDP first in the harness's processes, 4 GPUs (IL_WS), 3 rounds each
+#   tail   two agents on one host vs one agent (two_agents.sh: NCCL across agents, whole runs alternating)
+#   trun   DDP and FSDP (IL_WS GPUs, default 4) with the plain programs under torchrun
+#   gate   the regression gate: A1 = ddp,fsdp,pipeline-1f1b at 2 and 4 GPUs with --repeats 5; then on
+#          2 GPUs B (ddp 5% slower: tests.regress_helpers:DDPSlowed) and A2 (= A1); compare A2|A1 and
+#          B|A1; G_GB=64 G_STRATS=ddp,fsdp G_WS=2: the GPU-bound variant (larger batch per GPU)
 # Results go to $OUT (tarred run folders + logs); a short table is printed last.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -57,7 +62,7 @@ check)  # every strategy on NCCL at 2 and 4 GPUs (and the reference), a few fixe
      --backends nccl --world-sizes 2,4 --steps 4 --warmup 2 --warmup-max 0 --steps-max 0 --budget off \
      --profile-steps 1 --cell-timeout 60 > "$OUT/check.log" 2>&1
   show check ;;
-ab)  # best-practice defaults vs the old defaults, gpt-200m on 4 GPUs, 3 interleaved repeats each
+ab)  # the default options vs the simpler ones (variant old), gpt-200m on 4 GPUs, 3 interleaved repeats each
   for variant in new old; do
     opts=(); [ "$variant" = old ] && opts=(--option fsdp_mp=off --option fsdp_units=all --option pp_balance=params --option tp_plan=megatron)
     timeout 110 python3 -m bench run --no-progress --out "$R/ab-$variant" --workloads gpt-200m \
@@ -122,7 +127,7 @@ i2|i4|il)  # il: 2 and 4 GPUs in one call (one harness call per round covers bot
      --families ddp,fsdp,pipeline-gpipe,pipeline-1f1b,tensor,tensor-sp --repeats 3 --steps "${IL_STEPS:-10}" \
      --warmup "${IL_WARMUP:-3}" --deadline-s "${IL_DEADLINE:-460}" --out "$OUT/$phase" > "$OUT/$phase.log" 2>&1
   tail -n 16 "$OUT/$phase.log" ;;
-bisect)  # issue 10's open gap, one call (~8 min on 4x H100): host telemetry in the background;
+bisect)  # a harness-vs-plain gap taken apart, one call (~8 min on 4x H100): host telemetry in the background;
   # (a) does a profiler session slow later launch-bound steps of its process (the harness profiles
   # each cell's first repeat, the plain loops never do)? (b) FSDP and 1F1B at 4 GPUs, 3 ABBA rounds,
   # every rank of both sides on one OpenMP thread; (c) one harness call per family (no process reuse,
@@ -142,9 +147,8 @@ bisect)  # issue 10's open gap, one call (~8 min on 4x H100): host telemetry in 
   kill $smi $vms 2>/dev/null
   awk 'NR>2 {st+=$17; us+=$13; sy+=$14; n++; if ($17>mx) mx=$17} END {if (n) printf "vmstat: %d samples, mean us %.1f sy %.1f steal %.1f%% (max %d%%)\n", n, us/n, sy/n, st/n, mx}' "$OUT/vmstat.txt"
   (cd "$OUT" && tar czf bisect.tgz omp1 pairwise omp1.log pairwise.log smi.csv vmstat.txt && rm -rf omp1 pairwise smi.csv) ;;
-fix)  # issue 10 after TEARDOWN_CUPTI=1 became the ranks' default (~8 min on 4x H100): the probe without and
-  # with teardown; then every family at 4 GPUs, 3 ABBA rounds, the harness at its default profiling
-  # (2 GPU-profiled steps per cell, in the processes that measure the later cells)
+fix)  # TEARDOWN_CUPTI=1, the ranks' default (~8 min on 4x H100): the probe without and with teardown;
+  # then every family at 4 GPUs, 3 ABBA rounds, the harness with 2 GPU-profiled steps per cell
   for td in 0 1; do
     CUDA_VISIBLE_DEVICES=0 TEARDOWN_CUPTI=$td timeout 60 python3 -m tools.baselines.profiler_aftereffect \
       > "$OUT/aftereffect-td$td.log" 2>&1
@@ -155,17 +159,17 @@ fix)  # issue 10 after TEARDOWN_CUPTI=1 became the ranks' default (~8 min on 4x 
      --harness-profile-steps 2 --deadline-s "${IL_DEADLINE:-430}" --out "$OUT/fix" > "$OUT/fix.log" 2>&1
   tail -n 10 "$OUT/fix.log"
   (cd "$OUT" && tar czf fix.tgz fix fix.log aftereffect-td*.log && rm -rf fix) ;;
-gb)  # issue 10 with GPU-bound steps: gpt-200m at global batch 64 (the default 16 is CPU-launch-bound on the
-  # lent hosts, plain round medians moving by 40-60%); both sides get the batch, the table gives each family's
+gb)  # GPU-bound steps: gpt-200m at global batch 64 (the default 16 is CPU-launch-bound on the
+  # shared hosts, plain round medians moving by 40-60%); both sides get the batch, the table gives each family's
   # plain round-to-round spread and a noise verdict (pipelines: 8 micro-batches of 8)
   PYTHONPATH=. timeout "${IL_TIMEOUT:-440}" python3 tools/baselines/interleave.py --world-sizes "${IL_WS:-2}" \
      --families "${IL_FAM:-ddp,fsdp,pipeline-1f1b,tensor-sp}" --global-batch "${IL_GB:-64}" --repeats 3 --steps 8 \
      --warmup 3 --harness-profile-steps 2 --deadline-s "${IL_DEADLINE:-430}" --out "$OUT/gb" > "$OUT/gb.log" 2>&1
   tail -n 10 "$OUT/gb.log"
   (cd "$OUT" && tar czf gb.tgz gb gb.log && rm -rf gb) ;;
-pass)  # issue 10 after the tenth stop's fix: the harness with its profiled steps in a pass after every
-  # timed step (--profile-at end, the CUDA default) against the plain loop, then the old order (inline:
-  # profiled right after each cell's first repeat), 3 rounds each, ${IL_FAM:-fsdp} at ${IL_WS:-4} GPUs
+pass)  # the harness with its profiled steps in a pass after every timed step (--profile-at end, the
+  # CUDA default) against the plain loop, then inline (profiled right after each cell's first
+  # repeat), 3 rounds each, ${IL_FAM:-fsdp} at ${IL_WS:-4} GPUs
   # (~230 s each on 4 H100s for FSDP alone)
   dirs=()  # the orders run; their logs stay beside the archive too
   for at in ${PA_AT:-end inline}; do
@@ -177,9 +181,9 @@ pass)  # issue 10 after the tenth stop's fix: the harness with its profiled step
     echo "== harness --profile-at $at"; grep -E "^[a-z-]+ +[0-9]+ +[0-9]+ " "$OUT/pass-$at.log"
   done
   (cd "$OUT" && tar czf pass.tgz "${dirs[@]}" pass-*.log && rm -rf "${dirs[@]}") ;;
-order)  # issue 10: FSDP x4 ran 4.2% behind its plain loop as the cell after DDP (seventh stop), where a
-  # profiled DDP session had run in the same processes; the cell order follows --families, so the same
-  # comparison with FSDP first measures it before any profiling in its processes (~6 min on 4 H100s)
+order)  # FSDP x4 can run 4.2% behind its plain loop as the cell after DDP, whose profiled steps ran in
+  # the same processes; the cell order follows --families, so this measures FSDP after DDP and FSDP
+  # first, before any profiling in its processes (~6 min on 4 H100s)
   for fams in ddp,fsdp fsdp,ddp; do
     PYTHONPATH=. timeout 290 python3 tools/baselines/interleave.py --world-sizes "${IL_WS:-4}" --families "$fams" \
        --global-batch "${IL_GB:-64}" --repeats 3 --steps 12 --warmup 3 --harness-profile-steps 2 --deadline-s 275 \
@@ -187,18 +191,18 @@ order)  # issue 10: FSDP x4 ran 4.2% behind its plain loop as the cell after DDP
     echo "== harness order $fams"; grep -E "^(ddp|fsdp) " "$OUT/order-${fams/,/-}.log"
   done
   (cd "$OUT" && tar czf order.tgz order-* && rm -rf order-ddp-fsdp order-fsdp-ddp order-*.log) ;;
-tail)  # issue 14's two agents on one host (NCCL across agents) against one agent, whole runs alternating
-  # (gpt-200m: one round took about 310 s on 4 GPUs, so a 4-GPU call holds one round, REPEATS=1;
-  # REPEATS=2 was cut at 440 s in the eighth stop)
+tail)  # two agents on one host (NCCL across agents) against one agent, whole runs alternating
+  # (gpt-200m: one round takes about 310 s on 4 GPUs, so a 4-GPU call holds one round: REPEATS=1)
   PYTHON=python3 timeout "${TA_TIMEOUT:-570}" bash tools/device/two_agents.sh "$OUT/two-agents" \
      > "$OUT/two-agents.log" 2>&1
   echo "two agents: exit $?"; tail -n 12 "$OUT/two-agents.log"
   (cd "$OUT" && tar czf tail.tgz two-agents two-agents.log && rm -rf two-agents) ;;
-after)  # issue 10: 1F1B ran 192 ms as the first cell of its processes and 216-221 ms (steps 192-237) after
-  # DDP and FSDP cells in 2 of 3 rounds (sixth stop); the harness's own shuffled repeats are the experiment.
+after)  # 1F1B at 192 ms as the first cell of its processes can run 216-221 ms (steps 192-237) after
+  # DDP and FSDP cells; the harness's own Latin-square repeats are the experiment.
   # Twice: with the default GPU profiling of each cell's first repeat (2 steps) and with 0 (one CPU-only
-  # profiled step): a profiler session's residue (1.02-1.09x with TEARDOWN_CUPTI=1 in the fourth stop's
-  # probe) would show as steadier cells in the second run (AF_PROFILE: which runs, default "2 0")
+  # profiled step): a profiler session's residue (1.02-1.09x with TEARDOWN_CUPTI=1 in the
+  # profiler_aftereffect probe) would show as steadier cells in the second run (AF_PROFILE: which
+  # runs, default "2 0")
   for prof in ${AF_PROFILE:-2 0}; do
     timeout 280 python3 -m bench run --no-progress --out "$R/after-p$prof" --workloads gpt-200m --global-batch 64 \
        --strategies "${AF_STRATS:-ddp,fsdp,pipeline-1f1b}" --backends nccl --world-sizes "${AF_WS:-2}" --repeats 6 \
@@ -208,7 +212,7 @@ after)  # issue 10: 1F1B ran 192 ms as the first cell of its processes and 216-2
     python3 -m tools.baselines.order_effect "$(ls -d "$R/after-p$prof"/*/ | tail -n 1)" > "$OUT/order_effect-p$prof.txt" 2>&1
     echo "== profile steps $prof"; grep -v "^ " "$OUT/order_effect-p$prof.txt" | tail -n 4
   done ;;
-trun)  # issue 10: DDP and FSDP with the plain programs started by torchrun, as the harness's ranks are
+trun)  # DDP and FSDP with the plain programs started by torchrun, as the harness's ranks are
   # (3 ABBA rounds, ${IL_WS:-4} GPUs)
   PYTHONPATH=. timeout 300 python3 tools/baselines/interleave.py --world-sizes "${IL_WS:-4}" --families ddp,fsdp \
      --repeats 3 --steps 8 --warmup 3 --launcher torchrun --harness-profile-steps 2 --deadline-s 290 --out "$OUT/trun" \
@@ -216,8 +220,8 @@ trun)  # issue 10: DDP and FSDP with the plain programs started by torchrun, as 
   tail -n 5 "$OUT/trun.log"
   (cd "$OUT" && tar czf trun.tgz trun trun.log && rm -rf trun) ;;
 gate) (  # a subshell: the GPU mask and positional parameters stay inside
-  # G_GB (global batch), G_STRATS, G_WS: e.g. the GPU-bound variant of issue 12's A/B (the default
-  # cells are launch-bound on the lent host, noise floors 21-77%): G_GB=64 G_STRATS=ddp,fsdp G_WS=2
+  # G_GB (global batch), G_STRATS, G_WS: e.g. the GPU-bound variant of the A/B (the default cells
+  # are launch-bound on a shared host, noise floors 21-77%): G_GB=64 G_STRATS=ddp,fsdp G_WS=2
   strats=${G_STRATS:-ddp,fsdp,pipeline-1f1b}
   rm -rf "$R"/gate-a1 "$R"/gate-b "$R"/gate-a2  # the pairs below take the latest run folder of each
   g=(--workloads "${G_WL:-gpt-200m}" --backends "${G_BE:-nccl}" --device "${G_DEV:-cuda}" --repeats 5
@@ -240,7 +244,7 @@ gate) (  # a subshell: the GPU mask and positional parameters stay inside
   # the device tool returns at most 8 files: logs, texts and JSON go back as one archive
   (cd "$OUT" && tar czf gate-logs.tgz gate-*.log compare-*.txt compare-*.json && rm -f gate-*.log compare-*.txt compare-*.json)
   ) ;;
-budget)  # issue 11 item 3: the default matrix (no options: every strategy, backend and world size the
+budget)  # the default matrix (no options: every strategy, backend and world size the
   # GPUs allow) under its default 10-minute budget; the call's own 600 s limit is the budget's limit too
   start=$(date +%s)
   timeout 570 python3 -m bench run --no-progress --out "$R/budget" > "$OUT/budget.log" 2>&1

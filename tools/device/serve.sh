@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15 on a 2- or 4-GPU machine: the serving benchmark. Each PART fits one 10-minute device call.
+# The serving benchmark on a 2- or 4-GPU machine. Each PART fits one 10-minute device call.
 #   calib : closed loop (8 clients per GPU) on replicas/jsq, to find the capacity C the levels use
 #   levels: every placement x policy at 0.3C, 0.6C and 0.9C, world sizes 2 and 4 (4 only if present)
 #   sweep : MLPerf Server rate sweep (p99 target, >= 700 requests a point) for replicas jsq, shared, batch
@@ -52,7 +52,7 @@ case "$PART" in
   levels|all)
     C=$(capacity)  # per GPU; the total rate scales with the world size of each run below
     # LV_WS, LV_PLACEMENTS, LV_POLICIES, LV_TIMEOUT split the part over calls: with --task generate on 2 H100s the
-    # replicas' five policies and DataParallel alone took the whole 280 s (sixth stop)
+    # replicas' five policies and DataParallel alone take the whole 280 s
     lv_ws=${LV_WS:-$WS}
     lv_pl=${LV_PLACEMENTS:-replicas,dataparallel-infer,pinned-tenants,pipeline}
     lv_pol=()  # policies balance replicas only (serve refuses them for a list without replicas)
@@ -65,7 +65,7 @@ case "$PART" in
     ;;&
   sweep|all)
     C=$(capacity)
-    # SW_POLICIES: the shared queue joined the default after it led at 0.9 C on 4 H100s (seventh, ninth stops)
+    # SW_POLICIES: the shared queue is in the default because it leads at 0.9 C on 4 H100s (docs/SERVING.md)
     serve 560 "${COMMON[@]}" --placements replicas --policies "${SW_POLICIES:-jsq,shared,batch}" --world-sizes "$WMAX" \
       --rates "$(rates "$C" "$WMAX" "0.25")" --requests 700 --slo-ms "${SLO_MS:-100}" --duration 3
     ;;&
@@ -81,7 +81,6 @@ RUNS=$(ls -d "$OUT"/*/ 2>/dev/null | grep -v '/\.' )
 [ -n "$RUNS" ] && python3 -m bench.serve.tables $RUNS --curve "$OUT/rate_vs_p99.png" > "$OUT/serve_tables.md" 2>&1
 # the device tool brings back files at most two folders down, and a run folder's tables are folders of
 # parquet parts (run/cells.parquet/part-*.parquet): the run folders travel as one archive
-# (the eighth and ninth stops lost their serving parquet to that limit)
 if [ -n "$RUNS" ]; then (cd "$OUT" && tar czf "serve-runs-$PART.tgz" $(for r in $RUNS; do basename "$r"; done)); fi
 tail -n 60 "$OUT/device_serve_$PART.log"
 cat "$OUT/serve_tables.md" 2>/dev/null | head -120

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Two agents on one host against one agent (issue 14, item 5; docs/MULTINODE.md).
+# Two agents on one host against one agent (docs/MULTINODE.md).
 #
 #   tools/device/two_agents.sh [--cpu] [OUT]        (default OUT: /tmp/parbench-two-agents)
 #
@@ -19,13 +19,13 @@
 # folders merged into one OUT: one/rN, two-2/rN, two-4/rN).
 # --cpu: the same logic on gloo/CPU with gpt-tiny (world sizes 2 and 4: 1 and 2 ranks per agent).
 # Why GPU-bound: with gpt-small (launch-bound, 10-30 ms steps) the one-agent side's own round
-# medians moved 9.7-15.3 ms on 2 H100s, and two 2-GPU runs gave FSDP ratios of 1.315 and 0.935:
+# medians move 9.7-15.3 ms on 2 H100s, and two 2-GPU runs give FSDP ratios of 1.315 and 0.935:
 # nothing at 5% can be read from that (docs/MULTINODE.md). At global batch 64 the DDP x2 noise floor
-# was 1.6-1.8% (docs/REGRESSION.md).
-# Budget: each round is a one-agent run plus one two-agent run per world size. Measured with
-# gpt-small: 351 s for 3 rounds on 2 H100s, 209 s for one round at 2 and 4 GPUs on 4 H100s
-# (2026-11-26). At global batch 64 on 4 H100s one round took about 310 s and REPEATS=2 did not fit
-# a 440 s call (2026-11-27): on 4 GPUs a call holds one round. (CPU --cpu, 2 rounds: 337 s.)
+# is 1.6-1.8% (docs/REGRESSION.md).
+# Budget: each round is a one-agent run plus one two-agent run per world size. With gpt-small:
+# 351 s for 3 rounds on 2 H100s, 209 s for one round at 2 and 4 GPUs on 4 H100s. At global batch 64
+# on 4 H100s one round takes about 310 s, so a 10-minute call holds one round (REPEATS=1; continue
+# with FIRST_ROUND). (CPU --cpu, 2 rounds: 337 s.)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -49,7 +49,7 @@ else
   if [ "${SUMMARY_ONLY:-0}" != 1 ] && [ "$slots" -lt 2 ]; then echo "two agents need 2 or more GPUs; $slots visible" >&2; exit 2; fi
   common=(--device cuda --backends nccl --workloads "${TA_WL:-gpt-200m}" --global-batch "${TA_GB:-64}")
   # NCCL's log names the transport between the agents; both sides get it, so that the logging is not
-  # a difference between them (before 2026-11-26 only the two-agent runs had it)
+  # a difference between them
   export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,P2P,SHM
 fi
 common+=(--strategies ddp,fsdp --steps 20 --warmup 5 --repeats 1 --target-ci 0 --budget off --profile-steps 1 --sample-hz 10
