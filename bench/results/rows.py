@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from bench.measure.hardware import cpu_threads, peak_flops
 from bench.core.metrics import Metric
-from bench.stats import slow_rank, summarize
-from bench.measure.slowdown import POWER_CAP, THROTTLED
 from bench.core.spec import CellSpec, RankMeasurement
+from bench.measure.hardware import cpu_threads, peak_flops
+from bench.measure.slowdown import POWER_CAP, THROTTLED
+from bench.stats.steps import slow_rank, summarize
 
 #: NVML's energy counter advances in steps (about 12.6 J at a time was seen on H200s), so a short
 #: window reads 0 or one step: no energy figure below this many seconds.
@@ -129,7 +129,7 @@ def build_row(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]], *, w
 
     A failure on any rank of any repeat fails the cell with that rank's reason. Otherwise: the step
     time of a step is the maximum over ranks (the slowest rank sets the pace); the statistics and
-    noise flags come from :func:`bench.stats.summarize` over the repeats (median over repeats, an
+    noise flags come from :func:`bench.stats.steps.summarize` over the repeats (median over repeats, an
     interval from repeat medians when there are 3 or more); throughput = global batch / median; MFU
     only where the GPU's peak is known; energy only over windows of at least
     ``ENERGY_MIN_WINDOW_S``; the breakdown, the distribution evidence and the strategy's metrics come

@@ -32,10 +32,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from bench import SCHEMA_VERSION, __version__
-
 from bench.core.errors import UserError
 from bench.core.metrics import CORE, Metric, stored
-from bench.stats import EFFICIENCY_MAX
+from bench.stats.steps import EFFICIENCY_MAX
 
 STEP_COLUMNS: dict[str, str] = {
     "run_id": "string", "cell_id": "Int64", "repeat": "Int64", "rank": "Int64", "step": "Int64", "phase": "string",

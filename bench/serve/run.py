@@ -17,7 +17,7 @@ import torch
 
 from bench.core.metrics import registry
 from bench.results.store import RunWriter, cell_columns, new_run_id, write_meta
-from bench.serve import schema, stats, sweep
+from bench.serve import schema, steady, sweep
 from bench.serve.config import Load, ServeConfig
 from bench.serve.launcher import Pool, ServeError
 from bench.serve.loadgen import closed_sizes, schedule
@@ -205,11 +205,11 @@ class ServeRun:
         if row.get("energy_j") is not None and row.get("throughput_samples_s"):
             row["energy_per_sample_j"] = row["energy_j"] / sum(self.sm.samples(r["size"]) for r in reqs)
         if not load.clients:  # open loop: a closed loop's queue is bounded by its clients
-            flags = stats.steady_flags([r["arrival_s"] for r in reqs], [r["latency_s"] for r in reqs],
+            flags = steady.steady_flags([r["arrival_s"] for r in reqs], [r["latency_s"] for r in reqs],
                                        row.get("little_rel_err"))
             row["stable"], row["noise"] = not flags, "; ".join(flags) or None
         if self.cfg.slo_ms:
-            row["slo_met"] = stats.meets_target(row, [r["arrival_s"] for r in reqs], self.cfg.slo_ms / 1e3,
+            row["slo_met"] = steady.meets_target(row, [r["arrival_s"] for r in reqs], self.cfg.slo_ms / 1e3,
                                                 open_loop=not load.clients)
         self._telemetry(row, res, pool)
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from bench.core.metrics import Metric, R, S
-from bench.serve import stats
+from bench.stats import serving as stats
 
 _ms = dict(dtype="float64", unit="s", scale=1e3, fmt=".2f")
 
@@ -40,7 +40,7 @@ SERVE_METRICS: tuple[Metric, ...] = (
     Metric(name="latency_n", dtype="Int64", doc="latencies the percentiles are over"),
     Metric(name="latency_p50_s", **_ms, header="p50 ms", shown=S, higher_is_better=False, compared=True),
     Metric(name="latency_p90_s", **_ms, header="p90 ms", higher_is_better=False,
-           doc="refused (empty) under 64 requests: LoadGen's early-stopping rule, see bench/serve/stats.py"),
+           doc="refused (empty) under 64 requests: LoadGen's early-stopping rule, see bench/stats/serving.py"),
     Metric(name="latency_p95_s", **_ms, header="p95 ms", higher_is_better=False),
     Metric(name="latency_p99_s", **_ms, header="p99 ms", shown=S, higher_is_better=False, compared=True,
            doc="refused (empty) under 662 requests"),
