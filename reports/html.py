@@ -99,7 +99,7 @@ document.querySelectorAll("#cells th").forEach((th, i) => th.addEventListener("c
 
 def table_columns(columns) -> list:
     """The table's columns: keys and status, the registry's report metrics, then the reason."""
-    from bench.core.metrics import lookup, shown
+    from bench.results.columns import lookup, shown
 
     head = [lookup(c) for c in ("workload", "strategy", "backend", "world_size", "status")]
     body = [m for m in shown("report", columns) if m.name not in {h.name for h in head}]
