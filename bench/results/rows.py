@@ -24,7 +24,7 @@ from bench.measure.hardware import cpu_threads, peak_flops
 from bench.measure.slowdown import POWER_CAP, THROTTLED
 from bench.stats.steps import slow_rank, summarize
 
-#: NVML's energy counter advances in steps (about 12.6 J at a time was seen on H200s), so a short
+#: NVML's energy counter advances in steps (about 12.6 J at a time on H200s), so a short
 #: window reads 0 or one step: no energy figure below this many seconds.
 ENERGY_MIN_WINDOW_S = 1.0
 #: sampled GPU metric -> cell column (mean over the cell's GPUs and its timed window)

@@ -16,17 +16,17 @@ import numpy as np
 #: request at once and then queues its tokens between the stages.)
 GROWTH, GROWTH_SPAN = 2.0, 0.1
 #: Little's law is read as a flag only from this many requests: over a short cell's trimmed window
-#: its two sides differ by chance (a review's simulation, 50 ms service, 36-54 requests a cell:
+#: its two sides differ by chance (simulated, 50 ms service, 36-54 requests a cell:
 #: stable cells off by more than 5% in 23% of cells at 60% load, 40% at 90%; 0-1% with ~1000).
 LITTLE_MIN_N = 250
 #: A cell is not a steady state when its last request finished more than one typical latency (the
 #: median time in system of its first quarter of arrivals) plus this fraction of the arrival window
-#: after the last arrival: requests were still queued when arrivals stopped. Seen on 4 H100s: a
+#: after the last arrival: requests were still queued when arrivals stopped. On 4 H100s, a
 #: generating pipeline offered 38 req/s for 3 s served 8.6 req/s, its last request done 8.2 s after
 #: the last arrival (first quarter 5.1 s), while its backlog only grew 1.7x between quarters (the
 #: first quarter was already queued) and 96 requests are too few for Little's law. A steady cell
-#: drains within about one latency, however long (a review's simulation: without subtracting it, a
-#: no-queue cell of 1.4 s requests in a 5 s window was flagged every time).
+#: drains within about one latency, however long (simulated: without subtracting it, a
+#: no-queue cell of 1.4 s requests in a 5 s window is flagged every time).
 DRAIN = 0.25
 
 
