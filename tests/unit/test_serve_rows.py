@@ -79,3 +79,12 @@ def test_serving_cells_use_the_status_vocabulary_of_every_mode():
     assert (skipped["status"], skipped["reason"]) == ("skipped", "needs 4 devices")
     assert {r["status"] for r in appended} <= set(STATUSES) and {r["mode"] for r in appended} == {"serve"}
     assert [r["cell_id"] for r in appended] == [1, 2] and failed["strategy"] == "replicas"
+
+
+def test_a_serving_error_row_of_an_older_run_reads_as_failed(tmp_path):
+    row = {"cell_id": 1, "workload": "mlp", "strategy": "replicas", "backend": "mp-queue", "device": "cpu",
+           "world_size": 2, "status": "error", "reason": "boom", "role": "independent", "mode": "serve"}
+    w = RunWriter(tmp_path / "run", cell_schema=cell_columns(registry(schema.SERVE_METRICS)), tables=schema.TABLES)
+    w.append("cells", [row])
+    cells, _, _ = load_run(tmp_path / "run")
+    assert (cells.iloc[0]["status"], cells.iloc[0]["reason"]) == ("failed", "boom")
