@@ -1,11 +1,13 @@
 """The one place a cell row is built: from the cell's spec, every rank's measurements and the
 telemetry samples of its timed window.
 
-The launcher calls :func:`build_row` when a cell's measurements arrive and :func:`failure_row`
-when a cell could not produce them (skipped, crashed, timed out). Columns and how ranks combine
-come from the metric registry (:mod:`bench.core.metrics`) and the strategy's declared metrics.
-Parity and scaling efficiency need other cells and are computed when a run is read
-(:func:`bench.results.store.derive`).
+Every mode's row (train, serve, collective) starts from :func:`start_row`, which sets the identity,
+the outcome in the one status vocabulary (:func:`bench.core.spec.outcome`) and the wall time. For a
+training cell the launcher calls :func:`build_row` when the cell's measurements arrive and
+:func:`failure_row` when a cell could not produce them (skipped, crashed, timed out). Columns and
+how ranks combine come from the metric registry (:mod:`bench.core.metrics`) and the strategy's
+declared metrics. Parity and scaling efficiency need other cells and are computed when a run is
+read (:func:`bench.results.store.derive`).
 """
 
 from __future__ import annotations
