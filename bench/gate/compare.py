@@ -4,7 +4,8 @@ The verdict of a cell comes from a rank test on its recorded samples, not from t
 per-repeat median step times when both runs hold >= ``MIN_REPEATS`` repeats, else the per-step
 times (the step time of a step is its slowest rank). The change is the Hodges-Lehmann shift of
 log step time (a ratio, so cells of any speed share one scale) with its distribution-free
-confidence interval (the Mann-Whitney inversion). A cell is a
+confidence interval (the Mann-Whitney inversion; the tests themselves are in
+:mod:`bench.stats.ranktests`, the verdict rules here). A cell is a
 
 * ``regression`` when the slowdown is significant (p < alpha) and the threshold lies inside or
   below its interval, i.e. the data are consistent with a slowdown of at least the threshold;
