@@ -13,9 +13,16 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-BACKEND_COLORS = {"nccl": "tab:green", "gloo": "tab:blue", "mpi": "tab:orange", "ucc": "tab:purple"}
+from bench.core.backends import find as find_backend  # noqa: E402
+
 MAX_BARS = 40
 BAR_IN, BASE_IN, WIDTH_IN = 0.24, 1.3, 8.0
+
+
+def _color(backend: str) -> str:
+    """The backend's colour from the registry; grey for a row of no registered backend."""
+    b = find_backend(backend)
+    return b.color if b else "tab:gray"
 
 
 def _ax(ax, size):
@@ -34,7 +41,7 @@ def _ok(cells: pd.DataFrame, workload: str) -> pd.DataFrame:
 
 
 def _backend_legend(ax, backends) -> None:
-    handles = [Patch(color=BACKEND_COLORS.get(b, "tab:gray"), label=b) for b in sorted(set(backends))]
+    handles = [Patch(color=_color(b), label=b) for b in sorted(set(backends))]
     if handles:
         ax.legend(handles=handles, title="backend", fontsize=7, title_fontsize=7, loc="lower right")
 
@@ -51,7 +58,7 @@ def throughput_bars(cells: pd.DataFrame, workload: str, ax=None):
     hi = gb / d["step_time_ci_low_s"].to_numpy(float) - tput
     y = np.arange(len(d))
     ax.barh(y, tput, xerr=np.nan_to_num(np.vstack([np.clip(lo, 0, None), np.clip(hi, 0, None)])),
-            color=[BACKEND_COLORS.get(b, "tab:gray") for b in d["backend"]], capsize=2)
+            color=[_color(b) for b in d["backend"]], capsize=2)
     ax.set_yticks(y, [cell_label(r) for _, r in d.iterrows()], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("throughput (samples/s); error bars: 95% interval of the median step")
@@ -99,7 +106,7 @@ def pareto(cells: pd.DataFrame, workload: str, ax=None):
     if d.empty:
         return ax
     mem, tput = d["peak_mem_bytes"].to_numpy(float) / 2**30, d["throughput_samples_s"].to_numpy(float)
-    ax.scatter(mem, tput, c=[BACKEND_COLORS.get(b, "tab:gray") for b in d["backend"]], s=18)
+    ax.scatter(mem, tput, c=[_color(b) for b in d["backend"]], s=18)
     order = np.argsort(mem)
     front, best = [], -np.inf
     for i in order:
@@ -112,7 +119,7 @@ def pareto(cells: pd.DataFrame, workload: str, ax=None):
     ax.set_xlabel("peak memory per device (GiB)")
     ax.set_ylabel("throughput (samples/s)")
     ax.set_title(f"{workload}: throughput against memory", fontsize=9)
-    handles = [Patch(color=BACKEND_COLORS.get(b, "tab:gray"), label=b) for b in sorted(set(d["backend"]))]
+    handles = [Patch(color=_color(b), label=b) for b in sorted(set(d["backend"]))]
     handles.append(Line2D([], [], color="k", lw=0.8, label="Pareto front:"))
     handles += [Line2D([], [], ls="", marker=f"${k}$", color="k", label=cell_label(d.iloc[i]))
                 for k, i in enumerate(front, 1)]
@@ -176,7 +183,7 @@ def memory_bars(cells: pd.DataFrame, workload: str, ax=None):
     ax = _ax(ax, (WIDTH_IN, BASE_IN + BAR_IN * len(d)))
     y = np.arange(len(d))
     ax.barh(y, d["peak_mem_bytes"].to_numpy(float) / 2**30,
-            color=[BACKEND_COLORS.get(b, "tab:gray") for b in d["backend"]])
+            color=[_color(b) for b in d["backend"]])
     ax.set_yticks(y, [cell_label(r) for _, r in d.iterrows()], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("peak memory per device (GiB, max over ranks)")
@@ -194,7 +201,7 @@ def energy_bars(cells: pd.DataFrame, workload: str, ax=None):
     ax = _ax(ax, (WIDTH_IN, BASE_IN + BAR_IN * len(d)))
     y = np.arange(len(d))
     ax.barh(y, d["energy_per_sample_j"].to_numpy(float) if len(d) else [],
-            color=[BACKEND_COLORS.get(b, "tab:gray") for b in d["backend"]])
+            color=[_color(b) for b in d["backend"]])
     ax.set_yticks(y, [cell_label(r) for _, r in d.iterrows()], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("energy per sample (J), all GPUs of the cell")

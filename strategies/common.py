@@ -3,7 +3,6 @@ point-to-point transport, the 2D mesh option, region timing."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
@@ -12,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from bench.core.config import parse_mesh
 from bench.core.metrics import Metric
 from bench.core.spec import CellSpec
 from bench.workloads import Batch, Workload
@@ -158,20 +158,6 @@ def _time_blocks(wl: Workload, model: nn.Module, ctx: Context, batch: Batch) -> 
             h = block(inp)
     model.zero_grad(set_to_none=True)
     return out
-
-
-def parse_mesh(text: str | None, world: int) -> tuple[int, int]:
-    """'2x2' -> (2, 2): (data-parallel degree, model-parallel degree). None: dp=2, the rest model
-    parallel. The one mesh parser: config validation and the 2D strategies both call it."""
-    if text is None:
-        return (2, max(world // 2, 1))
-    m = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", str(text).lower())
-    if not m:
-        raise ValueError(f"mesh {text!r} must look like 2x2 (data parallel x model parallel)")
-    dp, mp = int(m[1]), int(m[2])
-    if dp < 1 or mp < 1:
-        raise ValueError(f"mesh {text!r}: both degrees must be >= 1, e.g. 2x2")
-    return dp, mp
 
 
 MESH_OPTION = Option(name="mesh", type=str, default=None,

@@ -21,7 +21,9 @@ from typing import Any
 import pandas as pd
 
 from bench.comm.worker import DTYPES, OPS, size_ladder
+from bench.core import backends as registry
 from bench.core.errors import UserError
+from bench.core.spec import outcome
 from bench.measure.hardware import cpu_threads, threads_per_rank
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 2**10, "m": 2**20, "mib": 2**20, "mb": 2**20,
@@ -79,9 +81,11 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> CommConfig:
     device = args.device or ("cuda" if gpus else "cpu")
     if device not in ("cpu", "cuda"):
         raise UserError(f"--device {device!r}: use cpu or cuda")
-    backends = _csv(args.backends or ("nccl" if device == "cuda" else "gloo"), ("nccl", "gloo"), "--backends")
-    if device == "cpu" and "nccl" in backends:
-        raise UserError("--backends nccl needs --device cuda; use --backends gloo on CPU")
+    backends = _csv(args.backends or registry.default_for(device).name, tuple(registry.names()), "--backends")
+    for b in backends:
+        if registry.get(b).unsupported(device):
+            raise UserError(f"--backends {b} needs --device {'/'.join(sorted(registry.get(b).devices))}; "
+                            f"use --backends {registry.default_for(device).name} on {device.upper()}")
     try:
         worlds = [int(x) for x in str(args.world_sizes or "2").split(",") if x.strip()]
     except ValueError:
@@ -200,7 +204,7 @@ def run_group(cfg: CommConfig, backend: str, world: int, work: Path) -> list[dic
     if rc != 0:
         tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-3:]
         rows.append({"kind": "sweep", "backend": backend, "device": cfg.device, "world_size": world,
-                     "status": "failed", "reason": f"group exited {rc}: {' | '.join(tail)[:300]}"})
+                     **outcome("failed", f"group exited {rc}: {' | '.join(tail)[:300]}")})
     return rows
 
 

@@ -32,12 +32,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from bench.core import backends
+from bench.core.spec import outcome
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "sendrecv")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 GB = 1e9  # nccl-tests reports GB/s with GB = 1e9 bytes
-#: ops Gloo cannot run on CUDA tensors, with the reason recorded in their rows
-UNSUPPORTED_GLOO_CUDA = {"sendrecv": "gloo send/recv takes CPU tensors only (CUDA: 'writev ... Bad address', "
-                                     "then the receiver hangs)"}
+#: the reason recorded in the rows of send/recv under a backend without point-to-point for the
+#: device's tensors (Gloo on CUDA: the sender fails with 'writev ... Bad address' and the receiver
+#: waits for ever, so it is not attempted)
+NO_P2P = "{backend} send/recv takes CPU tensors only (CUDA: 'writev ... Bad address', then the receiver hangs)"
 
 
 def busbw_factor(op: str, n: int) -> float:
@@ -227,7 +231,8 @@ def measure(name: str, dtype_name: str, nbytes: int, plan: dict[str, Any], timer
     for _ in range(int(plan["warmup"])):
         op.call()
     iters = _choose_iters(timer, op.call, plan)
-    graphed = (plan["backend"] == "nccl" and name != "sendrecv" and op.size_bytes <= plan.get("graph_max_bytes", 0))
+    graphed = (backends.get(plan["backend"]).stream_ordered and name != "sendrecv"
+               and op.size_bytes <= plan.get("graph_max_bytes", 0))
     if graphed:
         # one graph of `per` calls, replayed `reps` times: the replay launch is amortised
         per = min(iters, 100)
@@ -243,7 +248,7 @@ def measure(name: str, dtype_name: str, nbytes: int, plan: dict[str, Any], timer
     return {"kind": "sweep", "op": name, "dtype": dtype_name, "bytes": op.size_bytes, "count": op.count,
             "iters": iters, "warmup": int(plan["warmup"]), "graph": graphed, "time_s": mean, "time_max_s": mx,
             "algbw_gbs": algbw, "busbw_gbs": algbw * busbw_factor(name, n), "wrong": int(wrong.item()),
-            "status": "ok", "reason": None}
+            **outcome("ok")}
 
 
 def reference_loop(dtype_name: str, nbytes: int, plan: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -268,7 +273,7 @@ def reference_loop(dtype_name: str, nbytes: int, plan: dict[str, Any], device: t
     return {"kind": "reference", "op": "all_reduce", "dtype": dtype_name, "bytes": x.numel() * x.element_size(),
             "count": x.numel(), "iters": iters, "warmup": int(plan["warmup"]), "graph": False, "time_s": mean,
             "time_max_s": None, "algbw_gbs": algbw, "busbw_gbs": algbw * busbw_factor("all_reduce", n),
-            "wrong": None, "status": "ok", "reason": None}
+            "wrong": None, **outcome("ok")}
 
 
 def run_plan(plan: dict[str, Any]) -> list[dict[str, Any]]:
@@ -278,16 +283,17 @@ def run_plan(plan: dict[str, Any]) -> list[dict[str, Any]]:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     else:
         device = torch.device("cpu")
-    timer = Timer(device, use_events=plan["backend"] == "nccl")
+    backend = backends.get(plan["backend"])
+    timer = Timer(device, use_events=backend.stream_ordered)
     common = {"backend": plan["backend"], "device": plan["device"], "world_size": n}
     if device.type == "cuda":
         common["gpu_name"] = torch.cuda.get_device_name(device)
     rows: list[dict[str, Any]] = []
     out = Path(plan["out"])
     for name in plan["ops"]:
-        # Gloo's send/recv take CPU tensors only: with CUDA tensors the sender fails while the
-        # receiver waits for ever, so it is not attempted.
-        failed = (UNSUPPORTED_GLOO_CUDA.get(name) if plan["backend"] == "gloo" and device.type == "cuda" else None)
+        # send/recv without the backend's point-to-point for these tensors hangs the receiver: not attempted
+        failed = (NO_P2P.format(backend=backend.name) if name == "sendrecv" and backend.p2p_unsupported(device.type)
+                  else None)
         for dt in plan["dtypes"]:
             for nbytes in plan["sizes"]:
                 if failed is None:
@@ -299,7 +305,7 @@ def run_plan(plan: dict[str, Any]) -> list[dict[str, Any]]:
                         # so the ranks stay in step; its other sizes and dtypes are not tried again.
                         failed = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 rows.append({**common, "kind": "sweep", "op": name, "dtype": dt, "bytes": int(nbytes),
-                             "status": "unsupported", "reason": failed})
+                             **outcome("skipped", failed)})
             if rank == 0:
                 _write(out, rows)
     if plan.get("reference"):
@@ -326,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     if plan["device"] == "cuda":
         local = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local)
-        if plan["backend"] == "nccl":
+        if backends.get(plan["backend"]).bind_device:
             kwargs["device_id"] = torch.device("cuda", local)  # eager NCCL init, and barrier knows the GPU
     dist.init_process_group(plan["backend"], **kwargs)
     try:

@@ -227,8 +227,27 @@ def _as_float(name: str, v: Any, example: str) -> float:
 
 def validate(cfg: RunConfig) -> RunConfig:
     """Every setting checked by type and range, before anything launches."""
-    from strategies.common import parse_mesh
+    _check_choices(cfg)
+    counts = _counts(cfg)
+    _check_profiling(cfg, counts["profile_steps"])
+    _check_caps(cfg, counts)
+    if isinstance(cfg.budget, str) and not cfg.budget.strip():
+        raise UserError("--budget '' is empty: give a duration (e.g. --budget 10m) or --budget off")
+    budget = None if cfg.budget in (None, "off", "none") else parse_duration(cfg.budget)
+    global_batch = None if cfg.global_batch is None else _as_int("global_batch", cfg.global_batch,
+                                                                  "--global-batch 16")
+    if global_batch is not None and global_batch < 1:
+        raise UserError(f"global batch {cfg.global_batch} must be >= 1")
+    if not isinstance(cfg.options, dict):
+        raise UserError("options must be a TOML table, e.g. [options] bucket_mb = 25")
+    nnodes, node_rank, endpoint, rdzv_timeout_s = validate_nodes(cfg)
+    _check_mesh(cfg)
+    return replace(cfg, **counts, global_batch=global_batch, budget=None if budget is None else f"{budget:.15g}s",
+                   nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=endpoint, rdzv_timeout_s=rdzv_timeout_s)
 
+
+def _check_choices(cfg: RunConfig) -> None:
+    """The name lists (workloads, strategies, backends) and the settings chosen from a fixed set."""
     for key in ("workloads", "strategies", "backends"):
         vals = getattr(cfg, key)
         if not isinstance(vals, list) or not all(isinstance(v, str) for v in vals):
@@ -241,7 +260,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise UserError("no strategies given; e.g. --strategies all")
     bad = [b for b in cfg.backends if b not in BACKENDS]
     if bad or not cfg.backends:
-        raise UserError(f"backend {bad[0] if bad else '(none)'!r} unknown; use nccl and/or gloo")
+        raise UserError(f"backend {bad[0] if bad else '(none)'!r} unknown; use {' and/or '.join(BACKENDS)}")
     if cfg.device not in DEVICES:
         raise UserError(f"device {cfg.device!r} unknown; use cpu or cuda")
     if cfg.scaling not in ("strong", "weak"):
@@ -251,6 +270,17 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise UserError(f"precision {cfg.precision!r} unknown; use auto, fp32 or bf16")
     if cfg.precision == "bf16" and cfg.device == "cpu":
         raise UserError("precision 'bf16' is for CUDA here; use --precision fp32 on cpu")
+    if not isinstance(cfg.out, str) or not cfg.out.strip():
+        raise UserError(f"out {cfg.out!r} is empty: give the folder for the run's results, e.g. --out results")
+    if cfg.profile_at not in PROFILE_AT:
+        raise UserError(f"profile_at {cfg.profile_at!r} unknown; use {', '.join(PROFILE_AT)} (e.g. --profile-at auto)")
+    if not isinstance(cfg.trace, bool):
+        raise UserError(f"trace={cfg.trace!r} must be true or false")
+
+
+def _counts(cfg: RunConfig) -> dict[str, Any]:
+    """The numeric settings as numbers, each in its range; the caps' defaults (3 x steps, 4 x
+    warmup) filled in."""
     steps = _as_int("steps", cfg.steps, "--steps 20")
     warmup = _as_int("warmup", cfg.warmup, "--warmup 3")
     seed = _as_int("seed", cfg.seed, "--seed 0")
@@ -262,78 +292,88 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise UserError(f"steps={steps} must be >= 1; e.g. --steps 20")
     if warmup < 0:
         raise UserError(f"warmup={warmup} must be >= 0; e.g. --warmup 3")
-    if not isinstance(cfg.out, str) or not cfg.out.strip():
-        raise UserError(f"out {cfg.out!r} is empty: give the folder for the run's results, e.g. --out results")
     if cell_timeout_s <= 0:
         raise UserError(f"--cell-timeout {cfg.cell_timeout_s:g}: use seconds > 0, e.g. --cell-timeout 300")
     if not 0 <= sample_hz <= 1000:
         raise UserError(f"sample rate {cfg.sample_hz} Hz must be between 0 (off) and 1000")
     if profile_steps < 0:
         raise UserError(f"profile_steps={cfg.profile_steps} must be >= 0 (0: no breakdown)")
-    if cfg.profile_at not in PROFILE_AT:
-        raise UserError(f"profile_at {cfg.profile_at!r} unknown; use {', '.join(PROFILE_AT)} (e.g. --profile-at auto)")
-    if not isinstance(cfg.trace, bool):
-        raise UserError(f"trace={cfg.trace!r} must be true or false")
+    repeats = _as_int("repeats", cfg.repeats, "--repeats 3")
+    if repeats < 1:
+        raise UserError(f"repeats={repeats} must be >= 1; e.g. --repeats 3")
+    if not -(2**63) <= seed < 2**63:
+        raise UserError(f"seed={seed} does not fit 64 bits; e.g. --seed 0")
+    return dict(steps=steps, warmup=warmup, seed=seed, lr=lr, sample_hz=sample_hz, profile_steps=profile_steps,
+                cell_timeout_s=cell_timeout_s, repeats=repeats,
+                warmup_max=warmup * 4 if cfg.warmup_max is None else _as_int("warmup_max", cfg.warmup_max,
+                                                                             "--warmup-max 20"),
+                steps_max=steps * 3 if cfg.steps_max is None else _as_int("steps_max", cfg.steps_max,
+                                                                          "--steps-max 100"),
+                settle=_as_float("settle", cfg.settle, "settle = 0.01"),
+                target_ci=_as_float("target_ci", cfg.target_ci, "--target-ci 0.02"),
+                time_cap_s=_as_float("time_cap_s", cfg.time_cap_s, "--time-cap 20"))
+
+
+def _check_profiling(cfg: RunConfig, profile_steps: int) -> None:
+    """A trace or a profile placement needs profiled steps."""
     if cfg.trace and profile_steps == 0:
         raise UserError("--trace needs profiled steps; drop --profile-steps 0")
     if cfg.profile_at != "auto" and profile_steps == 0:
         raise UserError(f"--profile-at {cfg.profile_at} needs profiled steps; drop --profile-steps 0 or --profile-at")
-    repeats = _as_int("repeats", cfg.repeats, "--repeats 3")
-    if repeats < 1:
-        raise UserError(f"repeats={repeats} must be >= 1; e.g. --repeats 3")
-    warmup_max = warmup * 4 if cfg.warmup_max is None else _as_int("warmup_max", cfg.warmup_max, "--warmup-max 20")
-    steps_max = steps * 3 if cfg.steps_max is None else _as_int("steps_max", cfg.steps_max, "--steps-max 100")
-    settle = _as_float("settle", cfg.settle, "settle = 0.01")
-    target_ci = _as_float("target_ci", cfg.target_ci, "--target-ci 0.02")
-    time_cap_s = _as_float("time_cap_s", cfg.time_cap_s, "--time-cap 20")
+
+
+def _check_caps(cfg: RunConfig, c: dict[str, Any]) -> None:
+    """The adaptive loops' caps against the counts they cap, and every count below COUNT_MAX."""
+    steps, warmup, steps_max, warmup_max = c["steps"], c["warmup"], c["steps_max"], c["warmup_max"]
     for flag, val, count in (("--steps-max", steps_max, "--steps"), ("--warmup-max", warmup_max, "--warmup")):
         if val < 0:
             raise UserError(f"{flag} {val} must be >= 0 (0: exactly {count})")
-    # a cap below the count it caps was silently a fixed count (the loops only ever add steps)
+    # the loops only ever add steps, so a cap below the count it caps would be a fixed count in disguise
     if 0 < steps_max < steps:
         raise UserError(f"steps_max={steps_max} is below steps={steps}: the cap must be >= the timed steps; "
                         f"e.g. --steps-max {3 * steps}, or --steps-max 0 for exactly --steps {steps}")
     if 0 < warmup_max < warmup:
         raise UserError(f"warmup_max={warmup_max} is below warmup={warmup}: the cap must be >= the warm-up steps; "
                         f"e.g. --warmup-max {4 * warmup}, or --warmup-max 0 for exactly --warmup {warmup}")
-    # counts past any real measurement (a million steps of a 1 ms cell is 17 minutes) are typos; left
-    # alone, --steps 1e20 overflowed the tables' int64 columns after the cells had run
-    for key, val, example in (("steps", steps, "--steps 20"), ("warmup", warmup, "--warmup 3"),
-                              ("repeats", repeats, "--repeats 3"), ("warmup_max", warmup_max, "--warmup-max 20"),
-                              ("steps_max", steps_max, "--steps-max 100"),
-                              ("profile_steps", profile_steps, "--profile-steps 2")):
+    # counts past any real measurement (a million steps of a 1 ms cell is 17 minutes) are typos, and
+    # --steps 1e20 would overflow the tables' int64 columns after the cells ran
+    for key, example in (("steps", "--steps 20"), ("warmup", "--warmup 3"), ("repeats", "--repeats 3"),
+                         ("warmup_max", "--warmup-max 20"), ("steps_max", "--steps-max 100"),
+                         ("profile_steps", "--profile-steps 2")):
         given = getattr(cfg, key) is not None  # the caps' defaults (3 x steps, 4 x warmup) follow the counts
-        if given and val > COUNT_MAX:
-            raise UserError(f"{key}={val} is more than {COUNT_MAX:,} (a typo?); e.g. {example}")
-    if not -(2**63) <= seed < 2**63:
-        raise UserError(f"seed={seed} does not fit 64 bits; e.g. --seed 0")
-    if time_cap_s < 0:
-        raise UserError(f"--time-cap {time_cap_s:g} must be >= 0 seconds (0: no cap); e.g. --time-cap 20")
-    if not 0 <= settle < 1 or not 0 <= target_ci < 1:
-        raise UserError(f"settle={settle} and target_ci={target_ci} must be fractions in [0, 1) (0: off)")
-    if isinstance(cfg.budget, str) and not cfg.budget.strip():
-        raise UserError("--budget '' is empty: give a duration (e.g. --budget 10m) or --budget off")
-    budget = None if cfg.budget in (None, "off", "none") else parse_duration(cfg.budget)
-    global_batch = None if cfg.global_batch is None else _as_int("global_batch", cfg.global_batch,
-                                                                  "--global-batch 16")
-    if global_batch is not None and global_batch < 1:
-        raise UserError(f"global batch {cfg.global_batch} must be >= 1")
-    if not isinstance(cfg.options, dict):
-        raise UserError("options must be a TOML table, e.g. [options] bucket_mb = 25")
-    nnodes, node_rank, endpoint, rdzv_timeout_s = validate_nodes(cfg)
-    if "mesh" in cfg.options:
-        try:
-            dp, mp = parse_mesh(cfg.options["mesh"], 0)
-        except ValueError as e:
-            raise UserError(str(e)) from None
-        if dp * mp not in cfg.world_sizes:
-            raise UserError(f"mesh {cfg.options['mesh']} has {dp * mp} ranks but world sizes are "
-                            f"{cfg.world_sizes}; add {dp * mp} to --world-sizes or change the mesh")
-    return replace(cfg, steps=steps, warmup=warmup, seed=seed, lr=lr, sample_hz=sample_hz,
-                   profile_steps=profile_steps, cell_timeout_s=cell_timeout_s, global_batch=global_batch,
-                   repeats=repeats, warmup_max=warmup_max, steps_max=steps_max, settle=settle, target_ci=target_ci,
-                   time_cap_s=time_cap_s, budget=None if budget is None else f"{budget:.15g}s", nnodes=nnodes,
-                   node_rank=node_rank, rdzv_endpoint=endpoint, rdzv_timeout_s=rdzv_timeout_s)
+        if given and c[key] > COUNT_MAX:
+            raise UserError(f"{key}={c[key]} is more than {COUNT_MAX:,} (a typo?); e.g. {example}")
+    if c["time_cap_s"] < 0:
+        raise UserError(f"--time-cap {c['time_cap_s']:g} must be >= 0 seconds (0: no cap); e.g. --time-cap 20")
+    if not 0 <= c["settle"] < 1 or not 0 <= c["target_ci"] < 1:
+        raise UserError(f"settle={c['settle']} and target_ci={c['target_ci']} must be fractions in [0, 1) (0: off)")
+
+
+def parse_mesh(text: str | None, world: int) -> tuple[int, int]:
+    """'2x2' -> (2, 2): (data-parallel degree, model-parallel degree). None: dp=2, the rest model
+    parallel. The one mesh parser: config validation and the 2D strategies both call it."""
+    if text is None:
+        return (2, max(world // 2, 1))
+    m = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", str(text).lower())
+    if not m:
+        raise ValueError(f"mesh {text!r} must look like 2x2 (data parallel x model parallel)")
+    dp, mp = int(m[1]), int(m[2])
+    if dp < 1 or mp < 1:
+        raise ValueError(f"mesh {text!r}: both degrees must be >= 1, e.g. 2x2")
+    return dp, mp
+
+
+def _check_mesh(cfg: RunConfig) -> None:
+    """An explicit mesh's rank count is one of the world sizes."""
+    if "mesh" not in cfg.options:
+        return
+    try:
+        dp, mp = parse_mesh(cfg.options["mesh"], 0)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if dp * mp not in cfg.world_sizes:
+        raise UserError(f"mesh {cfg.options['mesh']} has {dp * mp} ranks but world sizes are "
+                        f"{cfg.world_sizes}; add {dp * mp} to --world-sizes or change the mesh")
 
 
 #: torchrun's default c10d port; the rendezvous endpoint when --nnodes > 1 comes without one

@@ -6,6 +6,8 @@
 * :class:`RankMeasurement`: what one rank measured in one cell.
 * Events (:class:`Start`, :class:`Error`, :class:`Measured`): the worker-to-launcher stream, one
   JSON line each.
+* :data:`Status` and :func:`outcome`: the one status vocabulary (ok, failed, timeout, skipped, with
+  a reason) of the rows of every :data:`Mode` (train, serve, collective).
 
 Everything crosses the process boundary as JSON written by :func:`dump` and read back by
 :func:`load`, which checks every field's presence and type: a plan or event that does not match
@@ -21,7 +23,21 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
+#: The status of a row of any mode (a training cell, a serving cell, a collective's sweep point),
+#: with a reason whenever it is not ``ok``.
 Status = Literal["ok", "failed", "timeout", "skipped"]
+STATUSES: tuple[str, ...] = typing.get_args(Status)
+#: What a cell measures: a training step, a served request stream, or a collective's sweep.
+Mode = Literal["train", "serve", "collective"]
+MODES: tuple[str, ...] = typing.get_args(Mode)
+
+
+def outcome(status: str, reason: str | None = None) -> dict[str, Any]:
+    """The ``status`` and ``reason`` columns of a row of any mode. A status outside :data:`STATUSES`
+    is a ContractError, so no mode writes a word the readers (summary, reports, compare) do not know."""
+    if status not in STATUSES:
+        raise ContractError(f"status {status!r} is not one of {', '.join(STATUSES)}")
+    return {"status": status, "reason": reason}
 
 
 #: The start of the skip reason of a multi-process strategy's one-rank cell under a second backend
@@ -86,7 +102,7 @@ class CellSpec:
     role: str  # reference | independent | ""
     measure: Measure
     scaling: Literal["strong", "weak"] = "strong"
-    mode: Literal["train"] = "train"
+    mode: Mode = "train"
     nnodes: int = 1  # nodes (torchrun agents) its processes are spread over, n_procs / nnodes on each
 
     @property

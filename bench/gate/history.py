@@ -9,17 +9,13 @@ A run is never rewritten or removed by this module; adding the same run twice is
 machine is a fingerprint of meta.json's host, GPUs, torch, NCCL and CPU (or a name given with
 ``--machine``, for CI runners whose host name changes every job).
 
-Change points over commits follow the idea of asv's step detection (a piecewise-constant fit
-under an L1 cost plus a penalty per step, the penalty scaled by the series' own noise); the
-fit here is an exact optimal partition by dynamic programming, which is cheap for the hundreds
-of commits a history holds.
+Change points over commits come from :func:`bench.stats.changepoints.detect_steps`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 from datetime import datetime, timezone
@@ -31,6 +27,7 @@ import pandas as pd
 
 from bench.core.errors import UserError
 from bench.gate.compare import DIMENSIONS, KEY, MIN_REPEATS, OPTIONAL_KEY, Samples, cell_samples
+from bench.stats.changepoints import detect_steps, quartiles
 
 DEFAULT_STORE = "results/history"
 MACHINE_FIELDS = ("host", "gpus", "torch", "nccl", "cpu")
@@ -138,16 +135,6 @@ def cell_label(row: pd.Series | dict) -> str:
     return cell_name(row)
 
 
-def _quartiles(x: np.ndarray) -> tuple[float, float, float]:
-    """25/50/75% quantiles, linear interpolation (np.quantile's default, without its overhead)."""
-    x = np.sort(x)
-    pos = np.array([0.25, 0.5, 0.75]) * (len(x) - 1)
-    lo = np.floor(pos).astype(int)
-    hi = np.minimum(lo + 1, len(x) - 1)
-    q = x[lo] + (x[hi] - x[lo]) * (pos - lo)
-    return float(q[0]), float(q[1]), float(q[2])
-
-
 def _run_values(samples: list, recs: list[dict]) -> list[float]:
     """One value per run: the median of its per-repeat medians when it had repeats, else of its
     steps. Repeats of one run share that run's drift, so they are not draws of the run-to-run
@@ -191,7 +178,7 @@ def series(rows: pd.DataFrame) -> dict[str, dict[str, Any]]:
                 pooled = pooled[np.isfinite(pooled)]
             if pooled.size == 0:
                 continue
-            q25, med, q75 = _quartiles(pooled)
+            q25, med, q75 = quartiles(pooled)
             last = recs[idx[-1]]
             per_commit.append(dict(commit=commit, order=first[commit], value=float(med), q25=float(q25),
                                    q75=float(q75), samples=pooled, unit=last["unit"], last=last,
@@ -202,39 +189,6 @@ def series(rows: pd.DataFrame) -> dict[str, dict[str, Any]]:
                 cols[k] = np.asarray(cols[k], float)
             out[label] = cols
     return out
-
-
-def detect_steps(y: np.ndarray, penalty: float | None = None) -> list[int]:
-    """Start indices of the segments of the best piecewise-constant L1 fit of ``y`` (first is 0).
-
-    Minimises sum over segments of (sum |y - median(segment)|) + penalty * (segments - 1), exactly,
-    by optimal partitioning. The default penalty is 3 * sigma * ln(n + 1), sigma the noise of the
-    series estimated from successive differences (robust to the steps themselves)."""
-    y = np.asarray(y, float)
-    n = len(y)
-    if n < 3:
-        return [0]
-    if penalty is None:
-        d = np.diff(y)
-        sigma = 1.4826 * np.median(np.abs(d - np.median(d))) / math.sqrt(2)
-        penalty = 3 * max(sigma, 1e-3 * float(np.median(np.abs(y))) + 1e-12) * math.log(n + 1)
-    cost = np.empty((n + 1, n + 1))  # cost[i, j]: L1 cost of y[i:j]
-    for i in range(n):
-        for j in range(i + 1, n + 1):
-            seg = y[i:j]
-            cost[i, j] = np.abs(seg - np.median(seg)).sum()
-    best = np.full(n + 1, np.inf)
-    best[0] = -penalty
-    prev = np.zeros(n + 1, int)
-    for j in range(1, n + 1):
-        cand = best[:j] + cost[:j, j] + penalty
-        prev[j] = int(np.argmin(cand))
-        best[j] = cand[prev[j]]
-    starts, j = [], n
-    while j > 0:
-        starts.append(prev[j])
-        j = prev[j]
-    return sorted(starts)
 
 
 def analyze(s: dict[str, Any], threshold: float = 0.05) -> dict[str, Any]:
@@ -257,7 +211,7 @@ def show(store: str | os.PathLike, machine: str | None = None, threshold: float 
     """One row per cell: commits seen, last and stable step time, change points; writes one
     trend PNG per cell under ``plots`` when given."""
     _, rows = load(store, machine)
-    if plots is not None:  # before any figure: an unwritable --plots was a traceback after the analysis
+    if plots is not None:  # before any figure, so an unwritable --plots fails before the analysis
         from bench.core.paths import folder_problem
 
         why = folder_problem(plots)

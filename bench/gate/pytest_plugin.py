@@ -23,23 +23,27 @@ from typing import Any
 
 import pytest
 
+from bench.core import backends
+
 
 def _context(device: Any, **kw: Any) -> Any:
     """A one-rank strategies.base.Context, filling only the fields this version of it has."""
     from strategies.base import Context
 
     names = {f.name for f in dataclasses.fields(Context)}
-    base = dict(rank=0, world_size=1, local_rank=0, device=device, devices=(device,), backend="gloo")
+    base = dict(rank=0, world_size=1, local_rank=0, device=device, devices=(device,),
+                backend=backends.default_for("cpu").name)
     return Context(**{k: v for k, v in {**base, **kw}.items() if k in names})
 
 
 def _one_rank_group() -> bool:
-    """Start a one-process Gloo group when none is up; True when this call started it."""
+    """Start a one-process group of the host's backend (Gloo) when none is up; True when this call
+    started it."""
     import torch.distributed as dist
 
     if dist.is_initialized():
         return False
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    dist.init_process_group(backends.default_for("cpu").name, store=dist.HashStore(), rank=0, world_size=1)
     return True
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import strategies
 from bench.core.metrics import CORE, Metric, registry
-from bench.serve.schema import SERVE_METRICS
+from bench.results.serve_columns import SERVE_METRICS
 
 
 def all_metrics() -> list[Metric]:

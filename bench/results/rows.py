@@ -1,11 +1,13 @@
 """The one place a cell row is built: from the cell's spec, every rank's measurements and the
 telemetry samples of its timed window.
 
-The launcher calls :func:`build_row` when a cell's measurements arrive and :func:`failure_row`
-when a cell could not produce them (skipped, crashed, timed out). Columns and how ranks combine
-come from the metric registry (:mod:`bench.core.metrics`) and the strategy's declared metrics.
-Parity and scaling efficiency need other cells and are computed when a run is read
-(:func:`bench.results.store.derive`).
+Every mode's row (train, serve, collective) starts from :func:`start_row`, which sets the identity,
+the outcome in the one status vocabulary (:func:`bench.core.spec.outcome`) and the wall time. For a
+training cell the launcher calls :func:`build_row` when the cell's measurements arrive and
+:func:`failure_row` when a cell could not produce them (skipped, crashed, timed out). Columns and
+how ranks combine come from the metric registry (:mod:`bench.core.metrics`) and the strategy's
+declared metrics. Parity and scaling efficiency need other cells and are computed when a run is
+read (:func:`bench.results.store.derive`).
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from bench.measure.hardware import cpu_threads, peak_flops
+from bench.core import backends
 from bench.core.metrics import Metric
-from bench.stats import slow_rank, summarize
+from bench.core.spec import CellSpec, Mode, RankMeasurement, outcome
+from bench.measure.hardware import cpu_threads, peak_flops
 from bench.measure.slowdown import POWER_CAP, THROTTLED
-from bench.core.spec import CellSpec, RankMeasurement
+from bench.stats.steps import slow_rank, summarize
 
-#: NVML's energy counter advances in steps (about 12.6 J at a time was seen on H200s), so a short
+#: NVML's energy counter advances in steps (about 12.6 J at a time on H200s), so a short
 #: window reads 0 or one step: no energy figure below this many seconds.
 ENERGY_MIN_WINDOW_S = 1.0
 #: sampled GPU metric -> cell column (mean over the cell's GPUs and its timed window)
@@ -36,24 +39,39 @@ HOST_CONTENTION = {"other_cpu_cores": "host_other_cpu_cores", "load1": "host_loa
 BREAKDOWN_KEYS = ("compute_time_s", "comm_time_s", "exposed_comm_s", "overlap_frac", "idle_frac", "profiled_step_s")
 
 
+def start_row(mode: Mode, *, cell_id: int, workload: str, strategy: str, backend: str, device: str,
+              world_size: int, status: str | None = "ok", reason: str | None = None, wall_s: float | None = None,
+              **columns: Any) -> dict[str, Any]:
+    """The row every mode's cell starts from: its identity (``strategy`` is a training strategy or
+    a serving placement, ``backend`` what carries its traffic), its outcome in the one status
+    vocabulary (:func:`bench.core.spec.outcome`; ``status=None`` leaves it to the caller), its wall
+    time once known, and then the mode's own planned columns."""
+    row = {"cell_id": cell_id, "mode": mode, "workload": workload, "strategy": strategy, "backend": backend,
+           "device": device, "world_size": world_size, **columns}
+    if status is not None:
+        row.update(outcome(status, reason))
+    if wall_s is not None:
+        row["cell_wall_s"] = wall_s
+    return row
+
+
 def base_row(spec: CellSpec) -> dict[str, Any]:
     """The planned facts every row of this cell carries, whatever happened to it."""
     m = spec.measure
-    return {"cell_id": spec.cell_id, "workload": spec.workload.name, "strategy": spec.strategy,
-            "backend": spec.backend, "device": spec.device, "world_size": spec.n_devices, "nproc": spec.n_procs,
-            "nnodes": spec.nnodes,
-            "role": spec.role, "mode": spec.mode, "steps": m.steps, "warmup": m.warmup, "precision": m.precision,
-            "time_cap_s": m.time_cap_s or None,
-            "global_batch": spec.workload.global_batch, "params": spec.workload.params, "scaling": spec.scaling,
-            "repeats": m.repeats, "profile_at": m.profile_at if m.profile_steps else None,
-            "flops_per_sample": spec.workload.flops_per_sample, **spec.labels,
-            **{f"option_{k}": v for k, v in spec.options.items()}}
+    return start_row(
+        spec.mode, cell_id=spec.cell_id, workload=spec.workload.name, strategy=spec.strategy, backend=spec.backend,
+        device=spec.device, world_size=spec.n_devices, status=None, nproc=spec.n_procs, nnodes=spec.nnodes,
+        role=spec.role, steps=m.steps, warmup=m.warmup, precision=m.precision, time_cap_s=m.time_cap_s or None,
+        global_batch=spec.workload.global_batch, params=spec.workload.params, scaling=spec.scaling,
+        repeats=m.repeats, profile_at=m.profile_at if m.profile_steps else None,
+        flops_per_sample=spec.workload.flops_per_sample, **spec.labels,
+        **{f"option_{k}": v for k, v in spec.options.items()})
 
 
 def failure_row(spec: CellSpec, *, status: str, reason: str, wall_s: float | None = None) -> dict[str, Any]:
     """A row for a cell that produced no measurements (skipped, failed, timed out)."""
     row = base_row(spec)
-    row.update(status=status, reason=reason, profile_at=None)  # nothing was profiled
+    row.update(outcome(status, reason), profile_at=None)  # nothing was profiled
     if wall_s is not None:
         row["cell_wall_s"] = wall_s
     return row
@@ -129,7 +147,7 @@ def build_row(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]], *, w
 
     A failure on any rank of any repeat fails the cell with that rank's reason. Otherwise: the step
     time of a step is the maximum over ranks (the slowest rank sets the pace); the statistics and
-    noise flags come from :func:`bench.stats.summarize` over the repeats (median over repeats, an
+    noise flags come from :func:`bench.stats.steps.summarize` over the repeats (median over repeats, an
     interval from repeat medians when there are 3 or more); throughput = global batch / median; MFU
     only where the GPU's peak is known; energy only over windows of at least
     ``ENERGY_MIN_WINDOW_S``; the breakdown, the distribution evidence and the strategy's metrics come
@@ -138,22 +156,50 @@ def build_row(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]], *, w
     multi-device cell without the evidence its strategy ``expects`` (:func:`distribution_check`),
     fails the cell with the reason; its measurements stay in the row.
     """
+    unusable = _unusable(repeats)
+    if unusable:
+        return failure_row(spec, status="failed", reason=unusable, wall_s=wall_s), [], []
+    ranks = repeats[0]
+    per_step = [np.array([r.times for r in rep], dtype=np.float64).max(axis=0) for rep in repeats]
+    row = base_row(spec)
+    row.update(_timing_columns(spec, repeats, per_step, wall_s))
+    row.update(_comm_columns(spec, ranks))
+    row.update(_health(spec, repeats, expects))
+    _window_columns(row, spec, repeats, per_step, telemetry)
+    _breakdown_columns(row, ranks)
+    row.update(placement_columns(ranks, backend=spec.backend))
+    parity = [r.self_parity for r in ranks if r.self_parity is not None]
+    if parity:
+        row["parity_rel_err"] = parity[0]
+    row.update(_strategy_columns(spec, ranks, strategy_metrics, row))
+    steps = [s for k, rep in enumerate(repeats) for s in step_rows(spec, rep, repeat=k)]
+    comm = [{"cell_id": spec.cell_id, "rank": r.rank, "backend": spec.backend, "world_size": spec.n_devices, **c}
+            for r in ranks for c in r.comm]
+    return row, steps, comm
+
+
+def _unusable(repeats: Sequence[Sequence[RankMeasurement]]) -> str:
+    """Why the repeats give no row of measurements ('' when they do): none measured, a rank failed,
+    or the ranks timed different numbers of steps."""
     if not repeats:
-        return failure_row(spec, status="failed", reason="no repeat was measured", wall_s=wall_s), [], []
+        return "no repeat was measured"
     for k, ranks in enumerate(repeats):
         failed = [r for r in ranks if r.status != "ok"]
         if failed:
             first = min(failed, key=lambda r: r.rank)
             where = f"repeat {k}, " if len(repeats) > 1 else ""
-            return failure_row(spec, status="failed", reason=f"{where}rank {first.rank}: {first.reason}",
-                               wall_s=wall_s), [], []
+            return f"{where}rank {first.rank}: {first.reason}"
         counts = sorted({len(r.times) for r in ranks})
         if len(counts) != 1 or counts[0] < 1:
-            return failure_row(spec, status="failed", reason=f"ranks timed {counts} steps in repeat {k}; they must "
-                               "agree", wall_s=wall_s), [], []
-    row = base_row(spec)
+            return f"ranks timed {counts} steps in repeat {k}; they must agree"
+    return ""
+
+
+def _timing_columns(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]], per_step: list[np.ndarray],
+                    wall_s: float) -> dict[str, Any]:
+    """The outcome (ok) and the step-time columns: statistics, throughput, MFU, memory, loss, the
+    cell's time outside its timed steps, the slow rank (which also makes the cell unstable)."""
     ranks = repeats[0]
-    per_step = [np.array([r.times for r in rep], dtype=np.float64).max(axis=0) for rep in repeats]
     stats = summarize(per_step)
     median = stats["step_time_median_s"]
     tput = spec.workload.global_batch / median if median > 0 else math.nan
@@ -167,65 +213,79 @@ def build_row(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]], *, w
     timed_total = float(sum(x.sum() for x in per_step))
     reached = [r.target_reached for rep in repeats for r in rep[:1]]
     slow = slow_rank(np.array([r.times for r in ranks]))
-    row.update(status="ok", reason="", **stats, throughput_samples_s=tput, mfu=mfu,
-               peak_mem_bytes=max(mems) if mems else None, loss_final=final, gpu_name=gpu_name,
-               cell_wall_s=wall_s, overhead_s=wall_s - timed_total - profile_s, profile_s=profile_s,
-               warmup_steps_done=ranks[0].warmup_steps, slow_rank=slow,
-               target_reached=None if any(x is None for x in reached) else all(reached))
+    cols = dict(**outcome("ok", ""), **stats, throughput_samples_s=tput, mfu=mfu,
+                peak_mem_bytes=max(mems) if mems else None, loss_final=final, gpu_name=gpu_name,
+                cell_wall_s=wall_s, overhead_s=wall_s - timed_total - profile_s, profile_s=profile_s,
+                warmup_steps_done=ranks[0].warmup_steps, slow_rank=slow,
+                target_reached=None if any(x is None for x in reached) else all(reached))
     if slow is not None:
-        row["noise"] = "; ".join(x for x in (row.get("noise"), f"rank {slow} slow") if x)
-        row["stable"] = False
+        cols["noise"] = "; ".join(x for x in (cols.get("noise"), f"rank {slow} slow") if x)
+        cols["stable"] = False
+    return cols
+
+
+def _comm_columns(spec: CellSpec, ranks: Sequence[RankMeasurement]) -> dict[str, Any]:
+    """Collective calls and bytes per step (mean over ranks) and the largest rank's parameter share."""
     calls = [r.comm_calls_per_step for r in ranks if r.comm_calls_per_step is not None]
     nbytes = [r.comm_bytes_per_step for r in ranks if r.comm_bytes_per_step is not None]
-    row.update(comm_calls_per_step=sum(calls) / len(calls) if calls else None,
-               comm_bytes_per_step=sum(nbytes) / len(nbytes) if nbytes else None)
+    cols: dict[str, Any] = dict(comm_calls_per_step=sum(calls) / len(calls) if calls else None,
+                                comm_bytes_per_step=sum(nbytes) / len(nbytes) if nbytes else None)
     numels = [r.param_numel for r in ranks if r.param_numel is not None]
     if numels and spec.workload.params:
-        row["param_share"] = max(numels) / spec.workload.params
+        cols["param_share"] = max(numels) / spec.workload.params
+    return cols
+
+
+def _health(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]], expects: Sequence[str]) -> dict[str, Any]:
+    """The failed outcome of a cell that measured but did not train as it should (a non-finite loss,
+    or no evidence of the distribution its strategy expects); empty when it did."""
     nonfinite = [(k, r.rank) for k, rep in enumerate(repeats) for r in rep
                  if r.loss_weight and any(not math.isfinite(x) for x in r.losses)]
-    not_distributed = distribution_check(spec, ranks, expects)
     if nonfinite:
         k, bad = nonfinite[0]
-        row.update(status="failed", reason=f"rank {bad}: loss is NaN or infinite "
-                                           f"(step {_first_bad(repeats[k], bad)}{f', repeat {k}' if k else ''})")
-    elif not_distributed:
-        row.update(status="failed", reason=not_distributed)
+        return outcome("failed", f"rank {bad}: loss is NaN or infinite "
+                                 f"(step {_first_bad(repeats[k], bad)}{f', repeat {k}' if k else ''})")
+    not_distributed = distribution_check(spec, repeats[0], expects)
+    return outcome("failed", not_distributed) if not_distributed else {}
+
+
+def _window_columns(row: dict[str, Any], spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]],
+                    per_step: list[np.ndarray], telemetry: Sequence[dict[str, float]]) -> None:
+    """Into ``row``: the timed window, energy over it (long enough windows on CUDA), the telemetry
+    means and the host's contention, which makes the cell unstable."""
     windows = [rep[0].window for rep in repeats if rep[0].window is not None]
-    if windows:
-        row.update(timed_start_unix=windows[0][0], timed_end_unix=windows[-1][1])
-        energies = [r.energy_j for rep in repeats for r in rep]
-        span = sum(t1 - t0 for t0, t1 in windows)
-        if spec.device == "cuda" and all(e is not None for e in energies) and span >= ENERGY_MIN_WINDOW_S:
-            energy = float(sum(energies))
-            samples_done = sum(x.size for x in per_step) * spec.workload.global_batch
-            row.update(energy_j=energy, energy_per_sample_j=energy / samples_done,
-                       samples_per_j=samples_done / energy if energy > 0 else None)
-        for key in {k for m in telemetry for k in m}:
-            vals = [m[key] for m in telemetry if key in m]
-            row[key] = max(vals) if key == "gpu_other_procs" else sum(vals) / len(vals)
-        row["contended"] = contention(row, cpu_threads())
-        if row["contended"]:
-            row["stable"] = False
-            row["noise"] = "; ".join(x for x in (row.get("noise"), f"contended: {row['contended']}") if x)
+    if not windows:
+        return
+    row.update(timed_start_unix=windows[0][0], timed_end_unix=windows[-1][1])
+    energies = [r.energy_j for rep in repeats for r in rep]
+    span = sum(t1 - t0 for t0, t1 in windows)
+    if spec.device == "cuda" and all(e is not None for e in energies) and span >= ENERGY_MIN_WINDOW_S:
+        energy = float(sum(energies))
+        samples_done = sum(x.size for x in per_step) * spec.workload.global_batch
+        row.update(energy_j=energy, energy_per_sample_j=energy / samples_done,
+                   samples_per_j=samples_done / energy if energy > 0 else None)
+    for key in {k for m in telemetry for k in m}:
+        vals = [m[key] for m in telemetry if key in m]
+        row[key] = max(vals) if key == "gpu_other_procs" else sum(vals) / len(vals)
+    row["contended"] = contention(row, cpu_threads())
+    if row["contended"]:
+        row["stable"] = False
+        row["noise"] = "; ".join(x for x in (row.get("noise"), f"contended: {row['contended']}") if x)
+
+
+def _breakdown_columns(row: dict[str, Any], ranks: Sequence[RankMeasurement]) -> None:
+    """Into ``row``: the profiled step's breakdown (mean over ranks) and how far the profiled step is
+    from the timed median."""
     bds = [r.breakdown for r in ranks if r.breakdown]
     for key in BREAKDOWN_KEYS:
         vals = [b[key] for b in bds if b.get(key) is not None and b[key] == b[key]]
         if vals:
             row[key] = sum(vals) / len(vals)
+    median = row["step_time_median_s"]
     if row.get("profiled_step_s") and median > 0:
         # compute + exposed comm + idle add up to the profiled step by construction; how far that is
         # from the timed median says how much the profiler itself moved the step.
         row["breakdown_gap"] = row["profiled_step_s"] / median - 1
-    row.update(placement_columns(ranks, backend=spec.backend))
-    parity = [r.self_parity for r in ranks if r.self_parity is not None]
-    if parity:
-        row["parity_rel_err"] = parity[0]
-    row.update(_strategy_columns(spec, ranks, strategy_metrics, row))
-    steps = [s for k, rep in enumerate(repeats) for s in step_rows(spec, rep, repeat=k)]
-    comm = [{"cell_id": spec.cell_id, "rank": r.rank, "backend": spec.backend, "world_size": spec.n_devices, **c}
-            for r in ranks for c in r.comm]
-    return row, steps, comm
 
 
 def placement_columns(ranks: Sequence[RankMeasurement], backend: str | None = None) -> dict[str, Any]:
@@ -235,6 +295,7 @@ def placement_columns(ranks: Sequence[RankMeasurement], backend: str | None = No
     ranks of one host by its host name and boot id, and moves their data over NVLink, PCIe P2P or
     shared memory whatever interface its sockets use; the link says so when every node is one host."""
     by_rank = sorted(ranks, key=lambda r: r.rank)
+    be = backends.find(backend) if backend else None
     placed = [{"rank": r.rank, "node": r.node_rank, "host": r.host, "addr": r.addr, "iface": r.iface,
                "local_rank": r.local_rank, "devices": list(r.device_ids), "threads": r.threads} for r in by_rank]
     nodes: dict[int, str] = {}
@@ -244,8 +305,8 @@ def placement_columns(ranks: Sequence[RankMeasurement], backend: str | None = No
     ifaces = sorted({r.iface or "?" for r in by_rank})
     return {"rank_placement": json.dumps(placed, separators=(",", ":")), "hosts": ",".join(nodes.values()),
             "cross_node": crossed, "link": (f"{len(nodes)} nodes over {'/'.join(ifaces)}" + (
-                "; one host: NCCL's data takes its intra-host transport" if backend == "nccl" and
-                len({r.host for r in by_rank}) == 1 else "")) if crossed else None}
+                f"; one host: {be.title}'s data takes its intra-host transport" if be and be.intra_host_transport
+                and len({r.host for r in by_rank}) == 1 else "")) if crossed else None}
 
 
 #: A sharded rank may hold up to this multiple of 1/n of the parameters (FSDP pads each tensor's

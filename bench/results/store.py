@@ -32,10 +32,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from bench import SCHEMA_VERSION, __version__
-
 from bench.core.errors import UserError
 from bench.core.metrics import CORE, Metric, stored
-from bench.stats import EFFICIENCY_MAX
+from bench.stats.steps import EFFICIENCY_MAX
 
 STEP_COLUMNS: dict[str, str] = {
     "run_id": "string", "cell_id": "Int64", "repeat": "Int64", "rank": "Int64", "step": "Int64", "phase": "string",
@@ -334,6 +333,9 @@ def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, di
     if len(missing):  # every row parbench writes has one: this table was edited or damaged
         raise UserError(f"{d / 'cells.parquet'}: cell(s) {', '.join(map(str, list(missing)[:5]))} have no status; "
                         "restore the run folder or move the damaged part aside")
+    # A serving cell of an older run folder says "error" where every mode now says "failed": read
+    # as failed, so the readers (summary, report, compare) see the one status vocabulary.
+    cells["status"] = cells["status"].replace({"error": "failed"})
     from bench.results.columns import all_metrics
 
     cells = frame(cells, {m.name: m.dtype for m in all_metrics() if m.name in cells or m.name == "role"})

@@ -118,7 +118,7 @@ class ServeConfig:
         if self.slo_ms:
             # a sweep point passes on its p99: a first point too short to report one ends the sweep
             # at once with no answer (n = 43 at 10 req/s for 5 s ran and exited 0)
-            from bench.serve.stats import min_samples
+            from bench.stats.serving import min_samples
 
             first, need = self.sweep_ladder()[0], min_samples(99.0)
             n = self.max_requests or int(first * self.duration_s)

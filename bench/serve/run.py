@@ -16,8 +16,10 @@ import numpy as np
 import torch
 
 from bench.core.metrics import registry
+from bench.core.spec import outcome
+from bench.results.rows import start_row
 from bench.results.store import RunWriter, cell_columns, new_run_id, write_meta
-from bench.serve import schema, stats, sweep
+from bench.serve import schema, steady, sweep
 from bench.serve.config import Load, ServeConfig
 from bench.serve.launcher import Pool, ServeError
 from bench.serve.loadgen import closed_sizes, schedule
@@ -147,16 +149,18 @@ class ServeRun:
         return [f"cuda:{i}" for i in range(world)] if self.cfg.device == "cuda" else [f"cpu:{i}" for i in range(world)]
 
     def base_row(self, placement: str, world: int, policy: str, load: Load) -> dict[str, Any]:
+        """The planned facts of a serving cell, through the row start every mode shares (status ok
+        until the cell says otherwise)."""
         gpu = torch.cuda.get_device_name(0) if self.cfg.device == "cuda" else None
-        return {"cell_id": self.cell_id, "workload": self.wl.name, "strategy": placement, "backend": "mp-queue",
-                "device": self.cfg.device, "world_size": world, "status": "ok", "role": "independent",
-                "precision": self.precision, "params": self.wl.params, "gpu_name": gpu, "mode": "serve",
-                "serve_policy": policy, "serve_load": load.label, "serve_scenario": load.scenario,
-                "serve_task": self.sm.task, "serve_offered_rps": load.rate or None,
-                "serve_batch_max": self.cfg.batch_max if policy == "batch" else 1,
-                "serve_batch_wait_s": self.cfg.batch_wait_ms / 1e3 if policy == "batch" else 0.0,
-                "global_batch": self.cfg.batch_max if policy == "batch" else 1,
-                "slo_s": self.cfg.slo_ms / 1e3 if self.cfg.slo_ms else None}
+        return start_row(
+            "serve", cell_id=self.cell_id, workload=self.wl.name, strategy=placement, backend="mp-queue",
+            device=self.cfg.device, world_size=world, role="independent", precision=self.precision,
+            params=self.wl.params, gpu_name=gpu, serve_policy=policy, serve_load=load.label,
+            serve_scenario=load.scenario, serve_task=self.sm.task, serve_offered_rps=load.rate or None,
+            serve_batch_max=self.cfg.batch_max if policy == "batch" else 1,
+            serve_batch_wait_s=self.cfg.batch_wait_ms / 1e3 if policy == "batch" else 0.0,
+            global_batch=self.cfg.batch_max if policy == "batch" else 1,
+            slo_s=self.cfg.slo_ms / 1e3 if self.cfg.slo_ms else None)
 
     def cell(self, pool: Pool | None, placement: str, world: int, policy: str, load: Load,
              parity: float | None, failure: str | None = None, skip: str | None = None) -> dict[str, Any]:
@@ -166,7 +170,7 @@ class ServeRun:
         row = self.base_row(placement, world, policy, load)
         row["parity_rel_err"] = parity
         if skip is not None:
-            row.update(status="skipped", reason=skip)
+            row.update(outcome("skipped", skip))
         elif failure is None and pool is not None:
             reqs = requests_for(self.cfg, load, self.sm, self.cfg.seed)
             row["serve_requests"] = len(reqs)
@@ -182,7 +186,7 @@ class ServeRun:
             else:
                 self._finish(row, res, pool, load)
         if failure is not None:
-            row.update(status="error", reason=failure.strip().splitlines()[-1][:300])
+            row.update(outcome("failed", failure.strip().splitlines()[-1][:300]))
         self.writer.append("cells", [row])
         self.rows.append(row)
         self.on_cell(row)
@@ -205,11 +209,11 @@ class ServeRun:
         if row.get("energy_j") is not None and row.get("throughput_samples_s"):
             row["energy_per_sample_j"] = row["energy_j"] / sum(self.sm.samples(r["size"]) for r in reqs)
         if not load.clients:  # open loop: a closed loop's queue is bounded by its clients
-            flags = stats.steady_flags([r["arrival_s"] for r in reqs], [r["latency_s"] for r in reqs],
+            flags = steady.steady_flags([r["arrival_s"] for r in reqs], [r["latency_s"] for r in reqs],
                                        row.get("little_rel_err"))
             row["stable"], row["noise"] = not flags, "; ".join(flags) or None
         if self.cfg.slo_ms:
-            row["slo_met"] = stats.meets_target(row, [r["arrival_s"] for r in reqs], self.cfg.slo_ms / 1e3,
+            row["slo_met"] = steady.meets_target(row, [r["arrival_s"] for r in reqs], self.cfg.slo_ms / 1e3,
                                                 open_loop=not load.clients)
         self._telemetry(row, res, pool)
 
@@ -309,7 +313,7 @@ def _placement(sr: ServeRun, placement: str, world: int, policies: list[str], su
         for policy in policies:
             for load in loads:
                 row = sr.cell(pool, placement, world, policy, load, parity, failure=why, skip=skip)
-                if row["status"] == "error" and pool is not None:
+                if row["status"] == "failed" and pool is not None:
                     # its processes may hold a half-served cell: later cells of this pool are not run
                     pool.close()
                     pool, why = None, f"not run: an earlier cell of this pool failed ({row['reason']})"

@@ -33,7 +33,7 @@ def load(runs: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def _steady(r: pd.Series) -> str:
-    """'yes', 'no: why' (bench.serve.stats.steady_flags) or '-' (closed loop, or a run from before
+    """'yes', 'no: why' (bench.serve.steady.steady_flags) or '-' (closed loop, or a run from before
     the flag existed)."""
     stable = r.get("stable")
     if stable is None or pd.isna(stable):

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from bench.core.metrics import Metric
-from bench.results.rows import build_row, failure_row
 from bench.core.spec import CellSpec, Measure, RankMeasurement, WorkloadFacts
+from bench.results.rows import build_row, failure_row
 from strategies.pipeline import PIPELINE_METRICS
 
 
@@ -177,8 +177,8 @@ def test_contention_is_named():
 
 
 def test_a_one_process_cell_uses_a_device_when_its_training_grew_it_at_all():
-    from bench.results.rows import distribution_check
     from bench.core.spec import devices_grown
+    from bench.results.rows import distribution_check
     # A layer split of the built-in convnet: the last GPU holds a 2048 x 10 classifier, its
     # gradients and its inputs (about 0.7 MB). It is used; a GPU the cell never touched is not.
     assert devices_grown([50_000_000, 700_000 + 4096], [0, 4096]) == 2
@@ -191,3 +191,14 @@ def test_a_one_process_cell_uses_a_device_when_its_training_grew_it_at_all():
     inert = rank(0, [0.1] * 4, devices_used=devices_grown([50_000_000, 4096], [0, 4096]))
     assert distribution_check(one, [used], ["devices"]) is None
     assert distribution_check(one, [inert], ["devices"]) == "did not distribute: 1 of 2 planned GPUs held memory"
+
+
+def test_every_mode_starts_its_row_in_one_place():
+    from bench.results.rows import base_row, start_row
+
+    row = start_row("serve", cell_id=3, workload="mlp", strategy="replicas", backend="mp-queue", device="cpu",
+                    world_size=2, status="failed", reason="boom", wall_s=1.5, serve_policy="rr")
+    assert row["mode"] == "serve" and (row["status"], row["reason"], row["cell_wall_s"]) == ("failed", "boom", 1.5)
+    assert row["serve_policy"] == "rr"
+    train = base_row(spec())
+    assert train["mode"] == "train" and "status" not in train and train["world_size"] == spec().n_devices

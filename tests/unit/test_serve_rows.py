@@ -57,3 +57,34 @@ def test_parity_err():
     assert parity_err(ref, {0: [t.clone() for t in ref]}) == 0.0
     assert parity_err(ref, {0: [torch.tensor([1.0, -2.02]), ref[1]]}) == pytest.approx(0.01)
     assert parity_err(ref, {0: ref, 1: [ref[0], torch.zeros(2, 1)]}) == float("inf")  # wrong shape
+
+
+def test_serving_cells_use_the_status_vocabulary_of_every_mode():
+    """A serving cell that fails is ``failed`` (as a training cell is), one not run ``skipped``,
+    and both start from the shared row start with mode serve."""
+    from types import SimpleNamespace as NS
+
+    from bench.core.spec import STATUSES
+    from bench.serve.run import ServeRun
+
+    appended = []
+    sr = object.__new__(ServeRun)
+    sr.cfg = NS(device="cpu", batch_max=4, batch_wait_ms=2.0, slo_ms=0)
+    sr.wl, sr.sm, sr.precision, sr.cell_id = NS(name="mlp", params=10), NS(task="classify"), "fp32", 0
+    sr.writer, sr.rows, sr.on_cell = NS(append=lambda table, rows: appended.extend(rows)), [], lambda row: None
+    load = NS(label="poisson@5/s", scenario="levels", rate=5.0)
+    failed = sr.cell(None, "replicas", 2, "rr", load, None, failure="Traceback ...\nRuntimeError: boom")
+    skipped = sr.cell(None, "replicas", 2, "rr", load, None, skip="needs 4 devices")
+    assert (failed["status"], failed["reason"]) == ("failed", "RuntimeError: boom")
+    assert (skipped["status"], skipped["reason"]) == ("skipped", "needs 4 devices")
+    assert {r["status"] for r in appended} <= set(STATUSES) and {r["mode"] for r in appended} == {"serve"}
+    assert [r["cell_id"] for r in appended] == [1, 2] and failed["strategy"] == "replicas"
+
+
+def test_a_serving_error_row_of_an_older_run_reads_as_failed(tmp_path):
+    row = {"cell_id": 1, "workload": "mlp", "strategy": "replicas", "backend": "mp-queue", "device": "cpu",
+           "world_size": 2, "status": "error", "reason": "boom", "role": "independent", "mode": "serve"}
+    w = RunWriter(tmp_path / "run", cell_schema=cell_columns(registry(schema.SERVE_METRICS)), tables=schema.TABLES)
+    w.append("cells", [row])
+    cells, _, _ = load_run(tmp_path / "run")
+    assert (cells.iloc[0]["status"], cells.iloc[0]["reason"]) == ("failed", "boom")

@@ -9,7 +9,7 @@ import pytest
 from scipy.stats import binom
 
 from bench.serve.policies import RoundRobin, simulate
-from bench.serve.stats import imbalance, littles_law, min_samples, percentiles, refused
+from bench.stats.serving import imbalance, littles_law, min_samples, percentiles, refused
 
 
 def test_min_samples_reproduces_loadgen():
@@ -69,7 +69,7 @@ def test_imbalance():
 
 
 def test_a_cell_whose_backlog_grows_is_not_a_steady_state():
-    from bench.serve.stats import steady_flags
+    from bench.serve.steady import steady_flags
 
     arrival = [i * 0.1 for i in range(40)]  # a 3.9 s cell
     steady = [0.010 + 0.005 * (i % 3) for i in range(40)]  # time in system stays small
@@ -93,7 +93,7 @@ def test_a_cell_still_draining_long_after_its_arrivals_is_not_a_steady_state():
     in system 5.1 s in the first quarter and 8.5 s in the last (under the 2x growth rule: the first
     quarter already queued), too few requests for Little's law; its last request ended 8.2 s after
     the last arrival."""
-    from bench.serve.stats import steady_flags
+    from bench.serve.steady import steady_flags
 
     arrival = [i * 3.0 / 95 for i in range(96)]
     latency = [5.1 + 3.4 * i / 95 for i in range(96)]
@@ -113,7 +113,7 @@ def test_a_no_queue_cell_whose_latency_exceeds_a_quarter_of_its_window_is_steady
     at 2 req/s); the first version of the drain rule called it not steady."""
     import numpy as np
 
-    from bench.serve.stats import steady_flags
+    from bench.serve.steady import steady_flags
 
     rng = np.random.default_rng(0)
     a = np.cumsum(rng.exponential(0.5, 40))
@@ -126,7 +126,7 @@ def test_kept_up_compares_with_the_rate_the_requests_arrived_at():
     """Tenth stop, 4 H100s: a seeded 700-arrival Poisson draw came in at 0.949 of the nominal rate at
     every rate; a steady batching cell at 3,856 req/s nominal (3,657.7 realised) answered 3,470.2
     req/s, 0.8999 of nominal, and failed the old rule; of the realised rate it is 0.949."""
-    from bench.serve.stats import kept_up
+    from bench.serve.steady import kept_up
 
     arrivals = [i / 3657.7 for i in range(700)]  # 699 gaps over the window: 3,657.7 req/s
     assert kept_up(3470.2, arrivals, 3856.0)
@@ -161,7 +161,7 @@ def test_the_sweep_climbs_the_ladder_then_bisects_to_the_last_passing_rate():
 
 
 def test_a_sweep_point_needs_its_p99_its_throughput_and_a_steady_backlog():
-    from bench.serve.stats import meets_target
+    from bench.serve.steady import meets_target
 
     arrivals = [i / 1000 for i in range(701)]  # 1,000 req/s realised
     ok = {"latency_p99_s": 0.012, "serve_achieved_rps": 990.0, "serve_offered_rps": 1050.0, "stable": True}

@@ -4,14 +4,8 @@ import numpy as np
 import torch
 
 from bench.measure.timing import StepTimer
-from bench.stats import (
-    bimodality_coefficient,
-    median_ci,
-    order_stat_halfwidth,
-    outliers,
-    slow_rank,
-    summarize,
-)
+from bench.stats.intervals import order_stat_halfwidth
+from bench.stats.steps import bimodality_coefficient, median_ci, outliers, slow_rank, summarize
 
 
 def test_median_interval_brackets_the_median_and_is_reproducible():
@@ -95,7 +89,7 @@ def test_ranks_tear_cupti_down_after_profiling_unless_the_user_says_otherwise(mo
 def test_the_binomial_quantile_matches_scipy():
     from scipy import stats
 
-    from bench.measure.timing import binom_half_ppf
+    from bench.stats.intervals import binom_half_ppf
 
     for n in [*range(0, 200), 499, 500, 1000, 2047]:
         # (at a q that a CDF value equals exactly, as 0.5 for odd n, scipy rounds in floating point)

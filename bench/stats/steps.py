@@ -1,4 +1,4 @@
-"""Statistics of step times that admit noise: repeats, intervals, and the flags that say when a
+"""Step-time statistics that admit noise: repeats, intervals, and the flags that say when a
 number should not be trusted.
 
 A cell's timed steps are correlated (a slow phase of the machine slows many steps in a row), so an
@@ -16,8 +16,6 @@ from collections.abc import Sequence
 
 import numpy as np
 from scipy import stats
-
-from bench.measure.timing import order_stat_halfwidth  # noqa: F401 - re-exported: the ranks import it from timing
 
 #: a cell is ``stable`` when all of these hold
 CV_MAX, SPREAD_MAX, OUTLIER_FRAC_MAX, BIMODAL_BC = 0.05, 0.05, 0.10, 0.555
