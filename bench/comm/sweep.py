@@ -66,9 +66,10 @@ def run_group(cfg: CommConfig, backend: str, world: int, work: Path) -> list[dic
     launch = Launch(prefix, world, module=WORKER, env=child_env(world))
     rc = follow(launch, cfg.group_timeout_s)
     rows = json.loads(out.read_text()) if out.is_file() else []
-    if rc != 0:
+    if rc != 0:  # a stopped launch's own exit says nothing: the timeout is the reason
+        why = f"still running after {cfg.group_timeout_s:g} s" if rc == "timeout" else launch.crash_reason(world)
         rows.append({"kind": "sweep", "backend": backend, "device": cfg.device, "world_size": world,
-                     "status": "failed", "reason": f"group exited {rc}: {launch.crash_reason(world)}"})
+                     "status": "failed", "reason": f"group exited {rc}: {why}"})
     return rows
 
 
