@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ import pandas as pd
 
 from bench.core.errors import UserError
 from bench.gate.compare import compare, parse_threshold, step_times
+from bench.runtime.process import child_env, run_tree
 
 #: wrapped strategy name -> the strategy it slows down (the cell it is compared with)
 SLOW = {"slow5": "single", "slow5-ddp": "ddp"}
@@ -144,9 +144,12 @@ def _run(out: Path, args: argparse.Namespace) -> Path:
            args.workload, "--strategies", strategies, "--world-sizes", str(args.world_size), "--steps",
            str(args.steps), "--warmup", str(args.warmup), "--profile-steps", "0", "--sample-hz", "0",
            "--no-progress", "--out", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = child_env(args.world_size, threads=False)
+    env["OMP_NUM_THREADS"] = "1"  # every rank one thread: the trials compare code, not core counts
     before = set(out.glob("*")) if out.exists() else set()
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    p = run_tree(cmd, env=env, timeout_s=None, stdout=subprocess.DEVNULL, stderr=None)
+    if p.returncode:
+        raise subprocess.CalledProcessError(p.returncode, cmd)
     (run_dir,) = set(out.glob("*")) - before
     return run_dir
 

@@ -1,6 +1,6 @@
-"""``parbench comm``: the collective sweep, one torchrun group per (world size, backend).
+"""``parbench comm``: the collective sweep's flags; :mod:`bench.comm.sweep` runs it.
 
-Writes ``<out>/<run-id>/collectives.parquet`` (one row per op, dtype, size, backend and world size,
+The sweep writes ``<out>/<run-id>/collectives.parquet`` (one row per op, dtype, size, backend and world size,
 plus ``kind == 'reference'`` rows: a plain torch all_reduce loop at the largest size), the fitted
 alpha-beta model ``comm_model.parquet`` and ``meta.json`` (with the NVML topology).
 """
@@ -8,23 +8,16 @@ alpha-beta model ``comm_model.parquet`` and ``meta.json`` (with the NVML topolog
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
-import socket
-import subprocess
-import sys
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from bench.comm.worker import DTYPES, OPS, size_ladder
+from bench.comm.sweep import CommConfig, run_sweep, summary_table
+from bench.comm.worker import DTYPES, OPS
 from bench.core import backends as registry
 from bench.core.errors import UserError
-from bench.core.spec import outcome
-from bench.measure.hardware import cpu_threads, threads_per_rank
+from bench.measure.hardware import cpu_threads
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 2**10, "m": 2**20, "mib": 2**20, "mb": 2**20,
           "g": 2**30, "gib": 2**30, "gb": 2**30}
@@ -46,34 +39,6 @@ def _csv(text: str, allowed: tuple[str, ...] | list[str], flag: str) -> list[str
         if x not in allowed:
             raise UserError(f"{flag} has {x!r}; use a comma list of {', '.join(allowed)}")
     return items
-
-
-@dataclass(kw_only=True)
-class CommConfig:
-    """Everything one sweep needs; ``to_dict`` goes into meta.json."""
-
-    backends: list[str] = field(default_factory=lambda: ["nccl"])
-    world_sizes: list[int] = field(default_factory=lambda: [2])
-    device: str = "cuda"
-    ops: list[str] = field(default_factory=lambda: list(OPS))
-    dtypes: list[str] = field(default_factory=lambda: ["fp32", "bf16"])
-    min_bytes: int = 2**10
-    max_bytes: int = 2**30
-    factor: int = 2
-    iters: int = 20
-    warmup: int = 5
-    budget_s: float = 0.2
-    max_iters: int = 1000
-    graph_max_bytes: int = 0
-    reference: bool = True
-    group_timeout_s: float = 600.0
-    out: str = "results"
-
-    def sizes(self) -> list[int]:
-        return size_ladder(self.min_bytes, self.max_bytes, self.factor)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def config_from_args(args: argparse.Namespace, gpus: int) -> CommConfig:
@@ -143,8 +108,8 @@ BUFFERS_PER_RANK = 3
 
 def check_memory(max_bytes: int, world: int, device: str, given: str | None) -> None:
     """Refuse a largest size whose buffers cannot fit: on CPU every rank of the largest world size
-    shares this host's available memory; on CUDA each rank has its own GPU's. (--max-bytes 100G on CPU
-    ran into the host's OOM killer.)"""
+    shares this host's available memory (past it the host's OOM killer ends the sweep); on CUDA each
+    rank has its own GPU's."""
     need = BUFFERS_PER_RANK * max_bytes
     if device == "cpu":
         import psutil
@@ -158,148 +123,6 @@ def check_memory(max_bytes: int, world: int, device: str, given: str | None) -> 
         flag = f"--max-bytes {given}" if given else f"the default --max-bytes ({max_bytes:,} B)"
         raise UserError(f"{flag} needs about {need / 2**30:.1f} GiB for {where} ({BUFFERS_PER_RANK} buffers of the "
                         f"size a rank); {have / 2**30:.1f} GiB there: lower --max-bytes, e.g. 16M on cpu, 1G on cuda")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def child_env(nproc: int) -> dict[str, str]:
-    """The workers' environment, as bench.train.launcher builds it (not imported: that module pulls in
-    every strategy, and the sweep needs none)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
-    env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(nproc)))
-    env.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink SHARP multicast is off on the lent machines
-    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    return env
-
-
-def run_group(cfg: CommConfig, backend: str, world: int, work: Path) -> list[dict[str, Any]]:
-    """One torchrun for (backend, world size); the rows rank 0 wrote, or one error row."""
-    tag = f"{backend}-x{world}"
-    plan = {"backend": backend, "device": cfg.device, "ops": cfg.ops, "dtypes": cfg.dtypes, "sizes": cfg.sizes(),
-            "iters": cfg.iters, "warmup": cfg.warmup, "budget_s": cfg.budget_s, "max_iters": cfg.max_iters,
-            "graph_max_bytes": cfg.graph_max_bytes, "reference": cfg.reference,
-            "pg_timeout_s": cfg.group_timeout_s, "out": str(work / f"{tag}.json")}
-    plan_path = work / f"{tag}-plan.json"
-    plan_path.write_text(json.dumps(plan, indent=1))
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", "--master-addr=127.0.0.1",
-           f"--master-port={free_port()}", "--max-restarts=0", "-m", "bench.comm.worker", str(plan_path)]
-    log = work / f"{tag}.log"
-    with open(log, "w") as f:
-        # its own session, so that a timeout or a stop signal takes torchrun and its ranks down together
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env(world), start_new_session=True)
-        try:
-            rc: int | str = proc.wait(timeout=cfg.group_timeout_s)
-        except subprocess.TimeoutExpired:
-            _stop_group(proc, str(plan_path))
-            rc = "timeout"
-        except BaseException:
-            _stop_group(proc, str(plan_path))
-            raise
-    rows = json.loads(Path(plan["out"]).read_text()) if Path(plan["out"]).is_file() else []
-    if rc != 0:
-        tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-3:]
-        rows.append({"kind": "sweep", "backend": backend, "device": cfg.device, "world_size": world,
-                     **outcome("failed", f"group exited {rc}: {' | '.join(tail)[:300]}")})
-    return rows
-
-
-def _stop_group(proc: subprocess.Popen, plan_path: str, grace_s: float = 3.0) -> None:
-    """SIGTERM, then SIGKILL after ``grace_s``, to torchrun's session, its descendants and every
-    process whose command line names this group's plan (ranks that left the session): the run
-    command's own :class:`bench.runtime.process.ProcessTree`."""
-    from bench.runtime.process import ProcessTree
-
-    ProcessTree(proc, plan_path).kill(grace_s)
-
-
-def write_atomic(df: pd.DataFrame, path: Path) -> None:
-    """Through a temporary file and a rename: a killed sweep leaves the last complete table."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
-
-
-def add_reference(df: pd.DataFrame) -> pd.DataFrame:
-    """``reference_busbw_gbs`` on every row: the plain loop's busbw of the same backend, device,
-    world size and dtype, and ``vs_reference`` = busbw / reference on the all_reduce rows."""
-    df = df.copy()
-    keys = ["backend", "device", "world_size", "dtype"]
-    for col in (*keys, "kind", "op", "busbw_gbs"):  # a group that failed before its first result has one row
-        if col not in df:                          # without them (a KeyError lost the whole table)
-            df[col] = float("nan") if col == "busbw_gbs" else None
-    ref = df[df["kind"] == "reference"].groupby(keys)["busbw_gbs"].max().rename("reference_busbw_gbs")
-    df = df.join(ref, on=keys) if len(ref) else df.assign(reference_busbw_gbs=float("nan"))
-    ar = (df["kind"] == "sweep") & (df["op"] == "all_reduce")
-    df["vs_reference"] = (df["busbw_gbs"] / df["reference_busbw_gbs"]).where(ar)
-    return df
-
-
-def run_sweep(cfg: CommConfig) -> Path:
-    """The whole sweep; returns the run folder (tables rewritten after every group)."""
-    from bench.comm.model import fit
-    from bench.measure.topology import topology
-    from bench.results.store import new_run_id, write_meta
-    from bench.results.folder import check_out
-
-    check_out(cfg.out)  # an unwritable --out was a traceback
-    run_dir = Path(cfg.out) / new_run_id()
-    work = run_dir / "work"
-    work.mkdir(parents=True)
-    topo = topology()
-    write_meta(run_dir, cfg.to_dict(), command="comm", topology=topo)
-    rows: list[dict[str, Any]] = []
-    try:
-        for backend in cfg.backends:
-            for world in cfg.world_sizes:
-                rows.extend({"run_id": run_dir.name, **r} for r in run_group(cfg, backend, world, work))
-                df = add_reference(pd.DataFrame(rows))
-                write_atomic(df, run_dir / "collectives.parquet")
-    except KeyboardInterrupt as e:  # a stop signal: the caller names the folder with the finished groups
-        e.run_dir = run_dir  # type: ignore[attr-defined]
-        raise
-    ok = df[(df["status"] == "ok") & (df["kind"] == "sweep")] if "status" in df else df.iloc[:0]
-    if len(ok):
-        write_atomic(fit(ok).fits, run_dir / "comm_model.parquet")
-    return run_dir
-
-
-def summary_table(df: pd.DataFrame, sizes: tuple[int, ...] = (2**10, 2**20, 2**24, 2**28, 2**30)) -> str:
-    """busbw (GB/s) by op at a few sizes, per backend/device/world/dtype; wrong counts; failures."""
-    ok = df[(df.get("status") == "ok") & (df.get("kind") == "sweep")]
-    lines = []
-    if len(ok):
-        pick = ok[ok["bytes"].isin(set(sizes) | {ok["bytes"].max()})]
-        t = pick.pivot_table(index=["backend", "device", "world_size", "dtype", "op"], columns="bytes",
-                             values="busbw_gbs", aggfunc="max")
-        t.columns = [_human(int(c)) for c in t.columns]
-        lines.append("busbw GB/s (nccl-tests definition):\n" + t.round(2).to_string())
-        lat = ok[ok["bytes"] == ok["bytes"].min()].groupby(["backend", "world_size", "op"])["time_s"].min() * 1e6
-        lines.append(f"latency at {_human(int(ok['bytes'].min()))} (us):\n" + lat.round(1).unstack("op").to_string())
-        lines.append(f"wrong elements: {int(ok['wrong'].fillna(0).sum())} over {len(ok)} points")
-    ref = df[df.get("kind") == "reference"]
-    for _, r in ref.iterrows():
-        top = ok[(ok["op"] == "all_reduce") & (ok["backend"] == r["backend"]) & (ok["world_size"] == r["world_size"])
-                 & (ok["dtype"] == r["dtype"]) & (ok["bytes"] == r["bytes"])]
-        mine = float(top["busbw_gbs"].max()) if len(top) else float("nan")
-        lines.append(f"plain loop all_reduce {r['backend']} x{r['world_size']} {r['dtype']} {_human(int(r['bytes']))}: "
-                     f"{r['busbw_gbs']:.1f} GB/s; sweep {mine:.1f} GB/s = {mine / r['busbw_gbs']:.3f} of it")
-    bad = df[df.get("status") != "ok"] if "status" in df else df.iloc[:0]
-    if len(bad):
-        lines.append("not measured:\n" + bad.drop_duplicates(["backend", "world_size", "op", "status"])[
-            ["backend", "world_size", "op", "status", "reason"]].to_string(index=False))
-    return "\n".join(lines)
-
-
-def _human(n: int) -> str:
-    for unit, k in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
-        if n >= k and n % k == 0:
-            return f"{n // k}{unit}"
-    return str(n)
 
 
 def cmd_comm(args: argparse.Namespace) -> int:

@@ -1,8 +1,10 @@
 """The collective sweep worker: one torchrun group times every (op, dtype, size) of a plan.
 
-Started as ``python -m torch.distributed.run ... -m bench.comm.worker PLAN.json``; each rank inits
-the process group once and runs the whole plan; rank 0 writes the rows to ``plan["out"]`` (JSON,
-rewritten after every op so a killed run keeps what it measured).
+Started by :mod:`bench.comm.sweep` through the runtime's torchrun launch (``-m bench.comm.worker
+PREFIX.json``); each rank inits the process group once and runs the whole plan; rank 0 writes the
+rows to ``plan["out"]`` (JSON, rewritten after every op so a killed run keeps what it measured). A
+rank that fails writes its error line to ``PREFIX-r<rank>.err``, where the launcher's crash reason
+(:mod:`bench.runtime.crash`) finds it.
 
 Definitions follow nccl-tests (doc/PERFORMANCE.md): ``size`` S is the total array in bytes (the
 output of all_gather, the input of reduce_scatter, the send buffer of all_to_all, one rank's send
@@ -324,10 +326,22 @@ def _write(path: Path, rows: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Worker entry point: ``python -m bench.comm.worker PLAN.json`` under torchrun."""
-    from datetime import timedelta
-
     argv = sys.argv[1:] if argv is None else argv
     plan = json.loads(Path(argv[0]).read_text())
+    try:
+        return _run(plan)
+    except BaseException as e:
+        # torchrun's own summary says only "To enable traceback see ..."; the traceback stays in its log
+        text = str(e).splitlines()[0][:200] if str(e) else ""
+        err = Path(str(Path(argv[0]).with_suffix("")) + f"-r{os.environ.get('RANK', 0)}.err")
+        err.write_text(f"{type(e).__name__}: {text}\n")
+        raise
+
+
+def _run(plan: dict[str, Any]) -> int:
+    """Init the process group, run the plan, destroy the group."""
+    from datetime import timedelta
+
     kwargs: dict[str, Any] = {"timeout": timedelta(seconds=float(plan.get("pg_timeout_s", 300)))}
     if plan["device"] == "cuda":
         local = int(os.environ.get("LOCAL_RANK", 0))

@@ -5,7 +5,9 @@ descendants (:func:`become_subreaper`: a rank whose agent dies is re-parented to
 each launch's ranks are captured while alive and found again by their plan file
 (:class:`ProcessTree`), so a timeout, a signal or an exception kills all of them, and a process
 still alive after its launch ended is killed and named. :class:`Launch` is one launch of a worker
-module for a plan file: started, followed, stopped, and its crash explained.
+module for a plan file: started, followed, stopped, and its crash explained; :func:`run_tree` runs
+any other command (a CLI, a torchrun of a module with its own flags) to its end or its timeout, and
+its whole tree with it; :func:`run_ranks` runs a module's ranks without torchrun.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,26 +41,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def child_env(nproc: int, node_rank: int = 0, share: int = 1) -> dict[str, str]:
+def child_env(nproc: int, node_rank: int = 0, share: int = 1, *, path: Sequence[str] = (),
+              threads: bool = True, defaults: dict[str, str] | None = None) -> dict[str, str]:
     """The ranks' environment; ``share``: nodes of the run on this machine (their ranks split its
-    cores)."""
+    cores). ``path``: import roots ahead of this process's own; ``threads``: False leaves
+    OMP_NUM_THREADS to the child (a launcher that sets its own ranks' share); ``defaults``: more
+    variables set unless the user's environment sets them."""
     env = dict(os.environ)
     env["PARBENCH_NODE_RANK"] = str(node_rank)  # the worker's leader is the first rank of node 0
     # Workers import exactly what this process imports (the checkout, a user's workload module).
-    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
-    env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(nproc * share)))
-    for k, v in RANK_ENV_DEFAULTS.items():
+    env["PYTHONPATH"] = os.pathsep.join([*path, *(p for p in sys.path if p), env.get("PYTHONPATH", "")])
+    if threads:
+        env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(nproc * share)))
+    for k, v in {**RANK_ENV_DEFAULTS, **(defaults or {})}.items():
         env.setdefault(k, v)
     env[LAUNCHER_ENV] = str(os.getpid())
     return env
 
 
-def torchrun_cmd(plan_path: str, nproc: int, *, module: str, nnodes: int = 1, endpoint: str | None = None,
+def torchrun_cmd(argv: str | Sequence[str], nproc: int, *, module: str, nnodes: int = 1, endpoint: str | None = None,
                  rdzv_id: str = "", rdzv_timeout_s: float = 300.0, local_addr: str | None = None) -> list[str]:
-    """The torchrun command of one launch of the worker ``module`` (``python -m MODULE PLAN``): on
-    one node a private loopback rendezvous; on several, torchrun's c10d rendezvous at ``endpoint``,
-    whose store node 0's launcher hosts (is_host=0: no agent hosts it, so the store outlives each
-    launch and agents of any node may start first)."""
+    """The torchrun command of one launch of the worker ``module`` (``python -m MODULE ARGV``;
+    ``argv`` a plan file's path or the module's flags): on one node a private loopback rendezvous;
+    on several, torchrun's c10d rendezvous at ``endpoint``, whose store node 0's launcher hosts
+    (is_host=0: no agent hosts it, so the store outlives each launch and agents of any node may
+    start first)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}"]
     if nnodes == 1:
         cmd += ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
@@ -66,7 +74,7 @@ def torchrun_cmd(plan_path: str, nproc: int, *, module: str, nnodes: int = 1, en
                 f"--rdzv-conf=is_host=0,join_timeout={max(int(rdzv_timeout_s), 1)}"]
         if local_addr:  # what the other nodes reach this one at (the host name may resolve to loopback)
             cmd.append(f"--local-addr={local_addr}")
-    return cmd + ["--max-restarts=0", "-m", module, plan_path]
+    return cmd + ["--max-restarts=0", "-m", module, *([argv] if isinstance(argv, str) else argv)]
 
 
 def become_subreaper() -> bool:
@@ -106,10 +114,11 @@ def _reap(p: psutil.Process) -> None:
 class ProcessTree:
     """Every process of one torchrun launch: the agent, and its ranks captured while they are
     alive (ranks run in sessions of their own, so the agent's process group does not reach them),
-    plus any process whose command line names this launch's plan file (an orphaned rank). A rank
-    running the worker ``module`` is named by it; any other process by its name."""
+    plus any process whose command line names this launch's plan file (an orphaned rank; without a
+    plan file, only the captured ones). A rank running the worker ``module`` is named by it; any
+    other process by its name. ``proc`` leads a session of its own (``start_new_session``)."""
 
-    def __init__(self, proc: subprocess.Popen, plan_path: str, module: str | None = None):
+    def __init__(self, proc: subprocess.Popen, plan_path: str | None = None, module: str | None = None):
         self.proc, self.plan_path, self.module = proc, plan_path, module
         self.known: dict[int, psutil.Process] = {}
         self.cmds: dict[int, str] = {}
@@ -134,7 +143,7 @@ class ProcessTree:
     def members(self) -> list[psutil.Process]:
         """The launch's processes other than the agent that are still running (zombies reaped)."""
         found = dict(self.known)
-        for p in psutil.process_iter(["cmdline"]):
+        for p in psutil.process_iter(["cmdline"]) if self.plan_path else ():
             cmd = p.info.get("cmdline") or []
             if p.pid != os.getpid() and any(self.plan_path in a for a in cmd):
                 found.setdefault(p.pid, p)
@@ -238,3 +247,71 @@ class Launch:
     def crash_reason(self, n_procs: int = 0) -> str:
         """Why the launch died (:func:`bench.runtime.crash.crash_reason`)."""
         return crash_reason(self.prefix, self.logpath, self.proc.returncode, n_procs)
+
+
+def run_tree(cmd: Sequence[str], *, env: dict[str, str], timeout_s: float | None, cwd: str | Path | None = None,
+             grace_s: float = 3.0, stdout: Any = subprocess.PIPE, stderr: Any = subprocess.PIPE,
+             ) -> subprocess.CompletedProcess:
+    """Run ``cmd`` to its end, its output captured as text (``stdout``, ``stderr``: where else it
+    goes), like :func:`subprocess.run`; it runs in a session of its own, and a timeout
+    (:class:`subprocess.TimeoutExpired`, raised as ``subprocess.run`` raises it), a signal or an
+    exception kills its whole tree (:class:`ProcessTree`), not only the process started here."""
+    proc = subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=True,
+                            start_new_session=True)
+    tree = ProcessTree(proc)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        tree.kill(grace_s)
+        proc.communicate()
+        raise
+    tree.survivors(grace_s=0.5)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run_ranks(module: str, argv: Sequence[str], nproc: int, *, env: dict[str, str], timeout_s: float,
+              cwd: str | Path | None = None) -> tuple[int, str, str]:
+    """Run ``nproc`` ranks of ``python -m MODULE ARGV`` on this machine without torchrun, each with
+    the variables torchrun would set (RANK, WORLD_SIZE, MASTER_ADDR/PORT, ...) on top of ``env``,
+    in a session of its own. Returns (return code, rank 0's stdout, every rank's stderr); the code
+    is 124 when they ran past ``timeout_s``. A rank that fails stops the others (they would wait for
+    it until their own timeout); a timeout, a signal or an exception kills every rank's tree."""
+    port = free_port()
+    procs: list[subprocess.Popen] = []
+    try:
+        for r in range(nproc):
+            renv = {**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(nproc),
+                    "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port)}
+            procs.append(subprocess.Popen([sys.executable, "-m", module, *argv], cwd=cwd, env=renv,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          start_new_session=True))
+        return _collect(procs, timeout_s)
+    finally:
+        _stop_all(procs)
+
+
+def _collect(procs: list[subprocess.Popen], timeout_s: float) -> tuple[int, str, str]:
+    """Wait for :func:`run_ranks`' ranks: (return code, rank 0's stdout, every rank's stderr)."""
+    deadline = time.monotonic() + timeout_s
+    outs: list[tuple[str, str]] = []
+    rc = 0
+    for pr in procs:
+        try:
+            o, e = pr.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _stop_all(procs)
+            o, e = pr.communicate()
+            rc = rc or 124
+        outs.append((o, e))
+        rc = rc or pr.returncode
+        if pr.returncode:
+            _stop_all(procs)
+    return rc, outs[0][0], "\n".join(e for _, e in outs)
+
+
+def _stop_all(procs: list[subprocess.Popen]) -> None:
+    """Kill those of ``procs`` still running, each with its whole tree (:class:`ProcessTree`)."""
+    for q in procs:
+        if q.poll() is None:
+            ProcessTree(q).kill(grace_s=1.0)

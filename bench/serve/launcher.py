@@ -5,17 +5,18 @@ share it (every policy and load level), so a cell costs its load, not a model bu
 the launcher sends ``begin`` to every process, dispatches requests at their arrival times (open
 loop: a late launcher still counts latency from the scheduled arrival, so it cannot hide queueing)
 or as clients get answers (closed loop), collects the answers on a receiver thread (which keeps the
-outstanding counts join-shortest-queue reads) and ends the cell with sentinels.
+outstanding counts join-shortest-queue reads) and ends the cell with sentinels. The processes are
+started, watched and stopped through :class:`bench.runtime.spawned.Spawned`.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.runtime.spawned import Spawned
 from bench.serve.loadgen import Request
 from bench.serve.policies import SHARED, Pinned, Router, make_router
 from bench.serve.worker import WorkerSpec, main
@@ -53,25 +54,21 @@ def specs(placement: str, world: int, devices: list[str], base: dict[str, Any]) 
 
 
 class Pool:
-    """The processes of one placement, started once (spawned: CUDA cannot fork)."""
+    """The processes of one placement, started once (:class:`Spawned`: CUDA cannot fork)."""
 
     def __init__(self, placement: str, world: int, devices: list[str], base: dict[str, Any], *,
                  start_timeout_s: float = 300.0):
         self.placement, self.world = placement, world
-        ctx = mp.get_context("spawn")
+        self.group = Spawned()
         self.specs = specs(placement, world, devices, base)
-        self.result_q = ctx.Queue()
-        self.own = [ctx.Queue() for _ in self.specs]
-        self.shared_q = ctx.Queue() if placement == "replicas" else None
-        self.procs = []
+        self.result_q = self.group.queue()
+        self.own = [self.group.queue() for _ in self.specs]
+        self.shared_q = self.group.queue() if placement == "replicas" else None
         for i, s in enumerate(self.specs):
             # a pipeline stage hands its output to the next stage's queue; the last stage's "next" is
             # stage 0's (generation goes round the stages once per token)
             nxt = self.own[(i + 1) % len(self.specs)] if placement == "pipeline" else None
-            p = ctx.Process(target=main, args=(s, self.own[i], self.shared_q, nxt, self.result_q), daemon=True,
-                            name=f"parbench-serve-{i}")
-            p.start()
-            self.procs.append(p)
+            self.group.start(main, (s, self.own[i], self.shared_q, nxt, self.result_q), f"parbench-serve-{i}")
         ready = 0
         try:
             while ready < len(self.specs):
@@ -93,7 +90,7 @@ class Pool:
             try:
                 msg = self.result_q.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
             except Exception:  # noqa: BLE001 - queue.Empty: check the processes are alive, then wait on
-                dead = [p.name for p in self.procs if not p.is_alive()]
+                dead = self.group.dead()
                 if dead:
                     raise ServeError(f"{', '.join(dead)} exited during {what}") from None
                 if time.monotonic() > deadline:
@@ -118,21 +115,13 @@ class Pool:
         return out
 
     def close(self) -> None:
+        """Ask every process to quit, then stop the group (:meth:`Spawned.stop`)."""
         for q in self.own:
             try:
                 q.put(("quit",))
             except (OSError, ValueError):
                 pass
-        for p in self.procs:
-            p.join(timeout=5)
-            if p.is_alive():  # our own child, by its handle: a stuck exit must not hold the run
-                p.terminate()
-                p.join(timeout=5)
-        # Requests still buffered for a process that is gone (a cell past its timeout leaves a
-        # backlog) would hold this process at exit: a queue's feeder thread is joined at exit and
-        # blocks on a pipe nobody reads (a review's run at 100,000 req/s never exited).
-        for q in [*self.own, *([self.shared_q] if self.shared_q is not None else []), self.result_q]:
-            q.cancel_join_thread()
+        self.group.stop(grace_s=5.0)
 
     # --- one cell --------------------------------------------------------------------------
     def run_cell(self, *, policy: str, requests: list[Request], clients: int = 0, batch_max: int = 1,
@@ -149,103 +138,129 @@ class Pool:
                "slow_s": slow_s or {}}
         for q in self.own:
             q.put(("begin", cfg))
-        lock = threading.Lock()
-        outstanding = [0] * n
-        rec: dict[int, dict[str, Any]] = {}
-        done = threading.Event()
-        failure: list[str] = []
-        pending = list(requests)
-        t0 = time.perf_counter() + 0.05
-        t0_unix = time.time() + 0.05
-        lag = [0.0]
-        sent = [0]
-        stopped = threading.Event()  # closed loop: no request will be sent any more
-
-        def send(r: Request, arrival: float) -> None:
-            with lock:
-                k = router.pick(r.tenant, outstanding)
-                now = time.perf_counter() - t0
-                lag[0] = max(lag[0], now - arrival)
-                rec[r.rid] = {"rid": r.rid, "tenant": r.tenant, "size": r.size, "arrival": arrival,
-                              "dispatch": now, "worker": k}
-                if k != SHARED:
-                    outstanding[k] += 1
-                sent[0] += 1
-            (self.shared_q if k == SHARED else self.own[k]).put(("req", r.rid, r.tenant, r.size))
-
-        closed = iter(pending) if clients > 0 else None
-
-        def next_closed() -> Request | None:
-            r = next(closed, None)  # type: ignore[arg-type]
-            if r is None or (closed_s > 0 and time.perf_counter() - t0 > closed_s):
-                stopped.set()
-                return None
-            return r
-
-        def more() -> bool:
-            if closed is None:
-                return got_n[0] < len(requests)
-            return not (stopped.is_set() and got_n[0] >= sent[0])
-
-        got_n = [0]
-
-        def receive() -> None:
-            try:
-                while more():
-                    msg = self._get(timeout_s, "a cell")
-                    if msg[0] != "done":
-                        continue
-                    nxt = []
-                    with lock:
-                        for rid, start, end, nb in msg[2]:
-                            r = rec[rid]
-                            if r["worker"] == SHARED:
-                                r["worker"] = msg[1]
-                            else:
-                                outstanding[r["worker"]] -= 1
-                            r.update(start=start - t0, end=end - t0, batch=nb)
-                            got_n[0] += 1
-                            if closed is not None:
-                                nxt.append(next_closed())
-                    for r in nxt:  # a closed-loop client sends its next request as soon as it has its answer
-                        if r is not None:
-                            send(r, time.perf_counter() - t0)
-            except Exception as e:  # noqa: BLE001 - reported by the launcher thread
-                failure.append(str(e))
-            finally:
-                done.set()
-
-        rx = threading.Thread(target=receive, name="parbench-serve-rx", daemon=True)
+        cell = _Cell(self, router, requests, clients=clients, closed_s=closed_s, timeout_s=timeout_s)
+        rx = threading.Thread(target=cell.receive, name="parbench-serve-rx", daemon=True)
         rx.start()
-        if closed is not None:
-            while time.perf_counter() < t0:
-                time.sleep(0.001)
-            for _ in range(clients):
-                r = next_closed()
-                if r is not None:
-                    send(r, time.perf_counter() - t0)
-        else:
-            for r in pending:
-                wait = t0 + r.arrival - time.perf_counter()
-                if wait > 0:
-                    time.sleep(wait)
-                send(r, r.arrival)
-                if done.is_set():
-                    break
-        done.wait(timeout_s)
-        if not done.is_set():
-            failure.append(f"the cell did not finish within {timeout_s:.0f} s")
-        wall = time.perf_counter() - t0
+        cell.dispatch()
+        cell.done.wait(timeout_s)
+        if not cell.done.is_set():
+            cell.failure.append(f"the cell did not finish within {timeout_s:.0f} s")
+        wall = time.perf_counter() - cell.t0
+        workers = {} if cell.failure else self._end_cell(source == "shared", timeout_s)
+        if cell.failure:
+            raise ServeError("; ".join(cell.failure))
+        return CellResult(records=sorted(cell.rec.values(), key=lambda r: r["rid"]), workers=workers, t0=cell.t0,
+                          t0_unix=cell.t0_unix, wall_s=wall, lag_max_s=cell.lag)
+
+    def _end_cell(self, shared: bool, timeout_s: float) -> dict[int, dict[str, Any]]:
+        """End the cell with one sentinel per entry process (a pipeline's stages pass theirs on);
+        every process's stats of the cell."""
+        for i in range(self.entries):
+            (self.shared_q if shared else self.own[i]).put(("end",))
         workers: dict[int, dict[str, Any]] = {}
-        if not failure:
-            ends = self.shared_q if source == "shared" else None
-            for i in range(n):  # one sentinel per entry process (a pipeline's stages pass theirs on)
-                (ends or self.own[i]).put(("end",))
-            while len(workers) < len(self.specs):
-                msg = self._get(timeout_s, "the end of a cell")
-                if msg[0] == "ended":
-                    workers[msg[1]] = msg[2]
-        if failure:
-            raise ServeError("; ".join(failure))
-        return CellResult(records=sorted(rec.values(), key=lambda r: r["rid"]), workers=workers, t0=t0,
-                          t0_unix=t0_unix, wall_s=wall, lag_max_s=lag[0])
+        while len(workers) < len(self.specs):
+            msg = self._get(timeout_s, "the end of a cell")
+            if msg[0] == "ended":
+                workers[msg[1]] = msg[2]
+        return workers
+
+
+class _Cell:
+    """One cell's dispatch: the requests sent and answered, the outstanding count per entry
+    process (what join-shortest-queue reads), and, in closed loop, the clients' next requests. The
+    launcher thread sends (:meth:`dispatch`); the receiver thread (:meth:`receive`) records the
+    answers and, in closed loop, sends each client's next request."""
+
+    def __init__(self, pool: Pool, router: Router, requests: list[Request], *, clients: int, closed_s: float,
+                 timeout_s: float):
+        self.pool, self.router, self.requests = pool, router, list(requests)
+        self.clients, self.closed_s, self.timeout_s = clients, closed_s, timeout_s
+        self.lock = threading.Lock()
+        self.outstanding = [0] * pool.entries
+        self.rec: dict[int, dict[str, Any]] = {}
+        self.done = threading.Event()
+        self.failure: list[str] = []
+        self.t0 = time.perf_counter() + 0.05
+        self.t0_unix = time.time() + 0.05
+        self.lag = 0.0  # how late the latest request went out
+        self.sent = self.got = 0
+        self.stopped = threading.Event()  # closed loop: no request will be sent any more
+        self.closed = iter(self.requests) if clients > 0 else None
+
+    def send(self, r: Request, arrival: float) -> None:
+        """Route ``r`` and put it on its process's queue (or the shared one)."""
+        with self.lock:
+            k = self.router.pick(r.tenant, self.outstanding)
+            now = time.perf_counter() - self.t0
+            self.lag = max(self.lag, now - arrival)
+            self.rec[r.rid] = {"rid": r.rid, "tenant": r.tenant, "size": r.size, "arrival": arrival,
+                               "dispatch": now, "worker": k}
+            if k != SHARED:
+                self.outstanding[k] += 1
+            self.sent += 1
+        (self.pool.shared_q if k == SHARED else self.pool.own[k]).put(("req", r.rid, r.tenant, r.size))
+
+    def next_closed(self) -> Request | None:
+        """A closed-loop client's next request; None once the requests or ``closed_s`` ran out."""
+        r = next(self.closed, None)  # type: ignore[arg-type]
+        if r is None or (self.closed_s > 0 and time.perf_counter() - self.t0 > self.closed_s):
+            self.stopped.set()
+            return None
+        return r
+
+    def more(self) -> bool:
+        """Whether answers are still due."""
+        if self.closed is None:
+            return self.got < len(self.requests)
+        return not (self.stopped.is_set() and self.got >= self.sent)
+
+    def receive(self) -> None:
+        """The receiver thread: record answers until none is due; a failure is kept for the
+        launcher thread, which raises it."""
+        try:
+            while self.more():
+                msg = self.pool._get(self.timeout_s, "a cell")
+                if msg[0] != "done":
+                    continue
+                for r in self._record(msg):  # a closed-loop client sends its next request as soon as it has its answer
+                    if r is not None:
+                        self.send(r, time.perf_counter() - self.t0)
+        except Exception as e:  # noqa: BLE001 - reported by the launcher thread
+            self.failure.append(str(e))
+        finally:
+            self.done.set()
+
+    def _record(self, msg: tuple) -> list[Request | None]:
+        """Record one "done" message's answers; the closed-loop clients' next requests."""
+        nxt = []
+        with self.lock:
+            for rid, start, end, nb in msg[2]:
+                r = self.rec[rid]
+                if r["worker"] == SHARED:
+                    r["worker"] = msg[1]
+                else:
+                    self.outstanding[r["worker"]] -= 1
+                r.update(start=start - self.t0, end=end - self.t0, batch=nb)
+                self.got += 1
+                if self.closed is not None:
+                    nxt.append(self.next_closed())
+        return nxt
+
+    def dispatch(self) -> None:
+        """The launcher thread's sends: each client's first request at time zero (closed loop), or
+        every request at its arrival time (open loop; it stops early if the receiver ended)."""
+        if self.closed is not None:
+            while time.perf_counter() < self.t0:
+                time.sleep(0.001)
+            for _ in range(self.clients):
+                r = self.next_closed()
+                if r is not None:
+                    self.send(r, time.perf_counter() - self.t0)
+            return
+        for r in self.requests:
+            wait = self.t0 + r.arrival - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            self.send(r, r.arrival)
+            if self.done.is_set():
+                break

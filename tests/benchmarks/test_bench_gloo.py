@@ -7,7 +7,6 @@ The collectives are the ones the strategies issue: all_reduce (DDP), all_gather 
 reduce_scatter (FSDP), broadcast (parameter sync), all_to_all (a sharded exchange), each on 1 MiB
 of fp32 per rank."""
 
-import socket
 from datetime import timedelta
 
 import pytest
@@ -15,16 +14,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from bench.runtime.process import free_port
+
 NUMEL = 1 << 18  # 1 MiB of fp32
 ROUNDS, WARMUP = 20, 2
 TIMEOUT = timedelta(seconds=60)  # a desynchronised pair fails in a minute, not gloo's default 30
 OPS = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _buffers() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -71,7 +66,7 @@ def _peer(port: int) -> None:
 def gloo_pair():
     if dist.is_initialized():
         pytest.skip("a process group is already up in this process")
-    port = _free_port()
+    port = free_port()
     ctx = mp.get_context("spawn")
     peer = ctx.Process(target=_peer, args=(port,), daemon=True)
     peer.start()

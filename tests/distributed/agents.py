@@ -4,7 +4,6 @@ network namespace), wait for them, and check that none of their processes is lef
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from bench.runtime.process import free_port
+
+__all__ = ["free_port", "kill_tree", "leftovers", "run_dir", "start", "wait_all"]
 
 ROOT = Path(__file__).parents[2]
 
@@ -22,12 +25,6 @@ class Node:
     out: str
     err: str
     proc: subprocess.Popen
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(args: list[str], *, node_rank: int, nnodes: int, endpoint: str, out: Path, prefix: list[str] | None = None,

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from bench.runtime.process import child_env, free_port, run_tree, torchrun_cmd
 from bench.workloads import resolve
 
 pytestmark = pytest.mark.distributed
@@ -49,14 +47,19 @@ def reference_loss(dims: str) -> float:
     return float(loss.detach())
 
 
+def _env(world: int) -> dict[str, str]:
+    """The runtime's rank environment, this checkout importable, one thread a rank (2 cores)."""
+    env = child_env(world, path=[str(ROOT)])
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
 def run_plain(world: int, module: str, flags: list[str], dims: str) -> dict:
     """torchrun the program on gloo/CPU and return its JSON line."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-           "-m", f"tools.baselines.{module}", "--device", "cpu", "--backend", "gloo", "--workload", "gpt-tiny",
-           "--steps", str(STEPS), "--warmup", str(WARMUP), *flags, *(["--dims", dims] if dims else [])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "OMP_NUM_THREADS": "1"}
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    cmd = torchrun_cmd(["--device", "cpu", "--backend", "gloo", "--workload", "gpt-tiny", "--steps", str(STEPS),
+                        "--warmup", str(WARMUP), *flags, *(["--dims", dims] if dims else [])],
+                       world, module=f"tools.baselines.{module}")
+    p = run_tree(cmd, cwd=ROOT, env=_env(world), timeout_s=120)
     assert p.returncode == 0, p.stderr[-3000:]
     lines = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1, p.stdout  # one line, from rank 0 only
@@ -88,19 +91,16 @@ def test_titan_split_counts_embedding_and_head_as_one_block_each():
 def test_plain_many_runs_programs_in_turn_each_with_its_own_group_and_line():
     """One launch of plain_many = the programs one after another, each its own process group and
     JSON line, the same losses as when launched alone; a failing program is reported, the next runs."""
-    from tools.baselines.interleave import by_program, free_port
+    from tools.baselines.interleave import by_program
 
     common = ["--device", "cpu", "--backend", "gloo", "--workload", "gpt-tiny", "--steps", str(STEPS),
               "--warmup", str(WARMUP)]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "tools.baselines.plain_many", "--ports", ",".join(str(free_port()) for _ in range(4)),
-           "--program", " ".join(["plain_ddp", *common]),
-           "--program", " ".join(["plain_pipeline", *common, "--schedule", "1f1b", "--micro-batches", "4"]),
-           "--program", " ".join(["plain_fsdp", *common, "--no-such-flag"]),
-           "--program", " ".join(["plain_fsdp", *common])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "OMP_NUM_THREADS": "1"}
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    programs = [["plain_ddp", *common], ["plain_pipeline", *common, "--schedule", "1f1b", "--micro-batches", "4"],
+                ["plain_fsdp", *common, "--no-such-flag"], ["plain_fsdp", *common]]
+    cmd = torchrun_cmd(["--ports", ",".join(str(free_port()) for _ in range(4)),
+                        *[a for prog in programs for a in ("--program", " ".join(prog))]],
+                       2, module="tools.baselines.plain_many")
+    p = run_tree(cmd, cwd=ROOT, env=_env(2), timeout_s=180)
 
     lines = by_program(p.stdout, 4)
     assert p.returncode != 0  # one program failed

@@ -10,9 +10,10 @@ import pandas as pd
 import pytest
 import torch
 
-from bench.core.errors import UserError
-from bench.cli.comm import CommConfig, config_from_args, parse_bytes, register, run_sweep
+from bench.cli.comm import config_from_args, parse_bytes, register
+from bench.comm.sweep import CommConfig, run_sweep
 from bench.comm.worker import OPS, Op, size_ladder
+from bench.core.errors import UserError
 
 # nccl-tests' busbw/algbw factors, written out for n = 2 and 4 (not computed by the code under test)
 FACTORS = {2: {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5, "broadcast": 1.0, "all_to_all": 0.5,

@@ -62,7 +62,7 @@ def test_a_group_failed_before_any_result_keeps_the_table():
     """Its only row has no dtype or op: add_reference raised KeyError and the sweep lost its table."""
     import pandas as pd
 
-    from bench.cli.comm import add_reference
+    from bench.comm.sweep import add_reference
 
     df = add_reference(pd.DataFrame([{"kind": "sweep", "backend": "gloo", "device": "cpu", "world_size": 2,
                                       "status": "failed", "reason": "group exited timeout"}]))

@@ -1,4 +1,4 @@
-"""Harness vs plain loop, interleaved on the same GPUs in one call: the issue-10 overhead table.
+"""Harness vs plain loop, interleaved on the same GPUs in one call: the harness's overhead table.
 
     PYTHONPATH=. python3 tools/baselines/interleave.py --quick               # smoke: 1 round, x2, 5 steps, ~3 min
     PYTHONPATH=. python3 tools/baselines/interleave.py --world-sizes 2 --families ddp,fsdp,pipeline-gpipe,pipeline-1f1b
@@ -66,7 +66,6 @@ import argparse
 import json
 import os
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
@@ -77,6 +76,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: make `bench` and `strategies` importable
     sys.path.insert(0, str(ROOT))
+
+from bench.cli.common import install_stop_handlers, report_interrupt, restore_stop_handlers  # noqa: E402
+from bench.runtime.process import child_env, free_port, run_ranks, run_tree, torchrun_cmd  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -204,10 +206,13 @@ def harness_groups(families: list[str], state: State) -> list[list[str]]:
     return groups
 
 
-def env_for(world: int, args: argparse.Namespace) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+def env_for(world: int, args: argparse.Namespace, *, ranks: bool = True) -> dict[str, str]:
+    """The environment of a launch on ``world`` GPUs: the runtime's rank environment
+    (:func:`bench.runtime.process.child_env`: the harness gives its own ranks the same, so the two
+    sides differ in nothing but the code under test), this checkout importable, the first ``world``
+    GPUs visible. ``ranks=False`` for a ``parbench`` command, which sets its ranks' threads itself."""
+    env = child_env(world, path=[str(ROOT)], threads=ranks, defaults=GPU_ENV if args.device == "cuda" else None)
     if args.device == "cuda":
-        env.update({k: os.environ.get(k, v) for k, v in GPU_ENV.items()})
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(world)))  # the first GPUs, both sides
     return env
 
@@ -228,8 +233,8 @@ def run_harness(fams: list[str], worlds: list[int], rnd: int, args: argparse.Nam
            "--out", str(out), *[a for o in opts for a in ("--option", o)], *pin_flags(args),
            *(["--global-batch", str(args.global_batch)] if args.global_batch else [])]
     t = time.monotonic()
-    p = subprocess.run(cmd, cwd=ROOT, env=env_for(max(worlds), args), capture_output=True, text=True,
-                       timeout=args.run_timeout_s * (2 + len(fams) * len(worlds)))
+    p = run_tree(cmd, cwd=ROOT, env=env_for(max(worlds), args, ranks=False),
+                 timeout_s=args.run_timeout_s * (2 + len(fams) * len(worlds)))
     wall = time.monotonic() - t
     cells = None
     found = sorted(out.glob("*/cells.parquet"))
@@ -259,8 +264,8 @@ def run_harness(fams: list[str], worlds: list[int], rnd: int, args: argparse.Nam
 def cli_help(args: argparse.Namespace) -> str:
     """``parbench run --help`` of this checkout (asked once): which flags its harness takes."""
     if not hasattr(args, "_cli_help"):
-        p = subprocess.run([sys.executable, "-m", "bench", "run", "--help"], cwd=ROOT, env=env_for(1, args),
-                           capture_output=True, text=True)
+        p = run_tree([sys.executable, "-m", "bench", "run", "--help"], cwd=ROOT, env=env_for(1, args, ranks=False),
+                     timeout_s=None)
         args._cli_help = p.stdout
     return args._cli_help
 
@@ -285,8 +290,8 @@ def pin_flags(args: argparse.Namespace) -> list[str]:
 def parse_dims(text: str) -> dict[str, int]:
     """``n_layer=4,d_model=128`` -> ``{"n_layer": 4, "d_model": 128}`` (integers, as both sides take),
     read by the harness's own parser of ``NAME[K=V,...]``."""
-    from bench.core.errors import UserError
     from bench.core.config import parse_workload
+    from bench.core.errors import UserError
 
     try:
         dims = parse_workload(f"w[{text}]")[1] if text.strip() else {}
@@ -335,61 +340,18 @@ def check_batch(args: argparse.Namespace, families: list[str], worlds: list[int]
                 raise SystemExit(f"--global-batch {gb}: {fam} cuts it into {m} micro-batches; {m} does not divide it")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def omp_threads(world: int) -> str:
-    """OMP_NUM_THREADS for a plain rank: what the harness gives its ranks (bench.train.launcher.child_env:
-    the CPUs divided among the ranks, unless the caller set it), so the two sides differ in
-    nothing but the code under test."""
-    if os.environ.get("OMP_NUM_THREADS"):
-        return os.environ["OMP_NUM_THREADS"]
-    from bench.measure.hardware import threads_per_rank
-
-    return str(threads_per_rank(world))
-
-
 def launch(module: str, flags: list[str], world: int, args: argparse.Namespace,
            timeout: float | None = None) -> tuple[int, str, str]:
-    """Start ``world`` ranks of ``module`` with the variables torchrun would set (direct launch: it
-    spares the launcher's own start-up), or through torchrun with ``--launcher torchrun``."""
+    """(return code, rank 0's stdout, the ranks' stderr) of ``world`` ranks of ``module``, started
+    directly with the variables torchrun would set (:func:`bench.runtime.process.run_ranks`: it
+    spares the launcher's own start-up), or through torchrun with ``--launcher torchrun``; either
+    way a timeout or a stop kills every rank's tree."""
     env = env_for(world, args)
     timeout = timeout or args.run_timeout_s
     if args.launcher == "torchrun":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-               "-m", module, *flags]
-        p = subprocess.run(cmd, cwd=ROOT, env={**env, "OMP_NUM_THREADS": omp_threads(world)},  # torchrun's own is 1
-                           capture_output=True, text=True, timeout=timeout)
+        p = run_tree(torchrun_cmd(flags, world, module=module), cwd=ROOT, env=env, timeout_s=timeout)
         return p.returncode, p.stdout, p.stderr
-    port = free_port()
-    procs = []
-    for r in range(world):
-        renv = {**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world),
-                "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port), "OMP_NUM_THREADS": omp_threads(world)}
-        procs.append(subprocess.Popen([sys.executable, "-m", module, *flags], cwd=ROOT, env=renv,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    deadline = time.monotonic() + timeout
-    outs: list[tuple[str, str]] = []
-    rc = 0
-    for pr in procs:
-        try:
-            o, e = pr.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:  # only the ranks this call started
-                q.kill()
-            o, e = pr.communicate()
-            rc = rc or 124
-        outs.append((o, e))
-        rc = rc or pr.returncode
-        if pr.returncode:  # one rank failed: the others would wait for it until their timeout
-            for q in procs:
-                if q.poll() is None:
-                    q.kill()
-    return rc, outs[0][0], "\n".join(e for _, e in outs)
+    return run_ranks(module, flags, world, cwd=ROOT, env=env, timeout_s=timeout)
 
 
 def by_program(out: str, n: int) -> list[dict | None]:
@@ -634,26 +596,34 @@ def main(argv: list[str] | None = None) -> int:
         return True
 
     stop = False
-    for rnd in range(args.repeats):
-        for grp in groups:
-            worlds_now = [[w] for w in worlds] if args.pairwise else [worlds]
-            for ws in worlds_now:
-                # A B in even rounds, B A in odd ones (ABBA): a drift of the machine over the call
-                # lands on both sides alike instead of always favouring the side that runs second.
-                sides = ("harness", "plain") if rnd % 2 == 0 or args.fixed_order else ("plain", "harness")
-                for side in sides:
-                    if side == "harness":
-                        stop = not timed("harness", lambda: run_harness(grp, ws, rnd, args, state))
-                    else:
-                        stop = not all(timed("plain", lambda w=w: run_plain(grp, w, rnd, args, state)) for w in ws)
+    install_stop_handlers()  # SIGTERM and SIGHUP stop the call as Ctrl-C does: the running launch's tree is killed
+    try:
+        for rnd in range(args.repeats):
+            for grp in groups:
+                worlds_now = [[w] for w in worlds] if args.pairwise else [worlds]
+                for ws in worlds_now:
+                    # A B in even rounds, B A in odd ones (ABBA): a drift of the machine over the call
+                    # lands on both sides alike instead of always favouring the side that runs second.
+                    sides = ("harness", "plain") if rnd % 2 == 0 or args.fixed_order else ("plain", "harness")
+                    for side in sides:
+                        if side == "harness":
+                            stop = not timed("harness", lambda: run_harness(grp, ws, rnd, args, state))
+                        else:
+                            stop = not all(timed("plain", lambda w=w: run_plain(grp, w, rnd, args, state)) for w in ws)
+                        if stop:
+                            break
                     if stop:
                         break
                 if stop:
                     break
             if stop:
                 break
-        if stop:
-            break
+    except KeyboardInterrupt as e:  # what finished is saved, and named
+        save(state, path)
+        e.run_dir = path  # type: ignore[attr-defined]
+        return report_interrupt(e, "the finished runs")
+    finally:
+        restore_stop_handlers()
     rows = table(state, families, worlds)
     save(state, path, rows)
     gpus = sorted({r["row"].get("gpu") for r in state.runs if r["side"] == "plain" and r["ok"]} - {None})

@@ -47,7 +47,7 @@ df.to_parquet(out / "collectives.parquet", index=False)
 nccl = [f for f in files if "/nccl/" in f]
 if nccl:
     shutil.copy(Path(nccl[0]).parent / "meta.json", out / "meta.json")
-from bench.cli.comm import summary_table
+from bench.comm.sweep import summary_table
 print(summary_table(df[~df["graph"].fillna(False).astype(bool)]))
 g = df[df["graph"].fillna(False).astype(bool)]
 if len(g):

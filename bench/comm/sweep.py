@@ -1,0 +1,184 @@
+"""The collective sweep: one launch of :mod:`bench.comm.worker` per (backend, world size), its rows
+collected into the run folder.
+
+Each group is a plan file under ``<run>/work/`` started through :class:`bench.runtime.process.Launch`
+(the runtime's command, environment and process tree: a timeout, a stop signal or an exception
+kills the group's ranks); rank 0 writes the rows to ``<tag>-rows.json``. The tables are rewritten
+after every group, so a stopped sweep keeps the groups that finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bench.comm.worker import OPS, size_ladder
+from bench.core.spec import outcome
+from bench.runtime import signals
+from bench.runtime.process import Launch, child_env
+
+WORKER = "bench.comm.worker"
+
+@dataclass(kw_only=True)
+class CommConfig:
+    """Everything one sweep needs; ``to_dict`` goes into meta.json."""
+
+    backends: list[str] = field(default_factory=lambda: ["nccl"])
+    world_sizes: list[int] = field(default_factory=lambda: [2])
+    device: str = "cuda"
+    ops: list[str] = field(default_factory=lambda: list(OPS))
+    dtypes: list[str] = field(default_factory=lambda: ["fp32", "bf16"])
+    min_bytes: int = 2**10
+    max_bytes: int = 2**30
+    factor: int = 2
+    iters: int = 20
+    warmup: int = 5
+    budget_s: float = 0.2
+    max_iters: int = 1000
+    graph_max_bytes: int = 0
+    reference: bool = True
+    group_timeout_s: float = 600.0
+    out: str = "results"
+
+    def sizes(self) -> list[int]:
+        return size_ladder(self.min_bytes, self.max_bytes, self.factor)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_group(cfg: CommConfig, backend: str, world: int, work: Path) -> list[dict[str, Any]]:
+    """One launch for (backend, world size); the rows rank 0 wrote, and one failure row when the
+    launch did not end cleanly."""
+    tag = f"{backend}-x{world}"
+    prefix = str(work / tag)
+    out = work / f"{tag}-rows.json"
+    plan = {"backend": backend, "device": cfg.device, "ops": cfg.ops, "dtypes": cfg.dtypes, "sizes": cfg.sizes(),
+            "iters": cfg.iters, "warmup": cfg.warmup, "budget_s": cfg.budget_s, "max_iters": cfg.max_iters,
+            "graph_max_bytes": cfg.graph_max_bytes, "reference": cfg.reference,
+            "pg_timeout_s": cfg.group_timeout_s, "out": str(out)}
+    Path(prefix + ".json").write_text(json.dumps(plan, indent=1))
+    launch = Launch(prefix, world, module=WORKER, env=child_env(world))
+    rc = follow(launch, cfg.group_timeout_s)
+    rows = json.loads(out.read_text()) if out.is_file() else []
+    if rc != 0:  # a stopped launch's own exit says nothing: the timeout is the reason
+        why = f"still running after {cfg.group_timeout_s:g} s" if rc == "timeout" else launch.crash_reason(world)
+        rows.append({"kind": "sweep", "backend": backend, "device": cfg.device, "world_size": world,
+                     **outcome("failed", f"group exited {rc}: {why}")})
+    return rows
+
+
+def follow(launch: Launch, timeout_s: float) -> int | str:
+    """Wait for the launch to end: its return code, or "timeout" when it ran past ``timeout_s`` and
+    was stopped. A stop signal is raised here between polls (the rows on disk are kept), and
+    anything raised stops the launch's whole tree first."""
+    deadline = time.monotonic() + timeout_s
+    signals.defer_stops(True)
+    try:
+        while not launch.exited():
+            signals.check_stop()
+            if time.monotonic() > deadline:
+                launch.kill()
+                return "timeout"
+            time.sleep(0.05)
+    except BaseException:
+        launch.kill()
+        raise
+    finally:
+        signals.defer_stops(False)
+    launch.survivors()
+    return launch.returncode
+
+
+def write_atomic(df: pd.DataFrame, path: Path) -> None:
+    """Through a temporary file and a rename: a killed sweep leaves the last complete table."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    df.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def add_reference(df: pd.DataFrame) -> pd.DataFrame:
+    """``reference_busbw_gbs`` on every row: the plain loop's busbw of the same backend, device,
+    world size and dtype, and ``vs_reference`` = busbw / reference on the all_reduce rows."""
+    df = df.copy()
+    keys = ["backend", "device", "world_size", "dtype"]
+    for col in (*keys, "kind", "op", "busbw_gbs"):  # a group that failed before its first result has
+        if col not in df:                          # one row without them
+            df[col] = float("nan") if col == "busbw_gbs" else None
+    ref = df[df["kind"] == "reference"].groupby(keys)["busbw_gbs"].max().rename("reference_busbw_gbs")
+    df = df.join(ref, on=keys) if len(ref) else df.assign(reference_busbw_gbs=float("nan"))
+    ar = (df["kind"] == "sweep") & (df["op"] == "all_reduce")
+    df["vs_reference"] = (df["busbw_gbs"] / df["reference_busbw_gbs"]).where(ar)
+    return df
+
+
+def run_sweep(cfg: CommConfig) -> Path:
+    """The whole sweep; returns the run folder (tables rewritten after every group)."""
+    from bench.comm.model import fit
+    from bench.measure.topology import topology
+    from bench.results.folder import check_out
+    from bench.results.store import new_run_id, write_meta
+
+    check_out(cfg.out)  # an unwritable --out is a one-line error, before any group starts
+    signals.clear_stop()  # a signal noted by an earlier run in this process is not this run's
+    run_dir = Path(cfg.out) / new_run_id()
+    work = run_dir / "work"
+    work.mkdir(parents=True)
+    topo = topology()
+    write_meta(run_dir, cfg.to_dict(), command="comm", topology=topo)
+    rows: list[dict[str, Any]] = []
+    try:
+        for backend in cfg.backends:
+            for world in cfg.world_sizes:
+                rows.extend({"run_id": run_dir.name, **r} for r in run_group(cfg, backend, world, work))
+                df = add_reference(pd.DataFrame(rows))
+                write_atomic(df, run_dir / "collectives.parquet")
+    except KeyboardInterrupt as e:  # a stop signal: the caller names the folder with the finished groups
+        e.run_dir = run_dir  # type: ignore[attr-defined]
+        raise
+    ok = df[(df["status"] == "ok") & (df["kind"] == "sweep")] if "status" in df else df.iloc[:0]
+    if len(ok):
+        write_atomic(fit(ok).fits, run_dir / "comm_model.parquet")
+    return run_dir
+
+
+def summary_table(df: pd.DataFrame, sizes: tuple[int, ...] = (2**10, 2**20, 2**24, 2**28, 2**30)) -> str:
+    """busbw (GB/s) by op at a few sizes, per backend/device/world/dtype; wrong counts; failures."""
+    ok = df[(df.get("status") == "ok") & (df.get("kind") == "sweep")]
+    lines = []
+    if len(ok):
+        pick = ok[ok["bytes"].isin(set(sizes) | {ok["bytes"].max()})]
+        t = pick.pivot_table(index=["backend", "device", "world_size", "dtype", "op"], columns="bytes",
+                             values="busbw_gbs", aggfunc="max")
+        t.columns = [_human(int(c)) for c in t.columns]
+        lines.append("busbw GB/s (nccl-tests definition):\n" + t.round(2).to_string())
+        lat = ok[ok["bytes"] == ok["bytes"].min()].groupby(["backend", "world_size", "op"])["time_s"].min() * 1e6
+        lines.append(f"latency at {_human(int(ok['bytes'].min()))} (us):\n" + lat.round(1).unstack("op").to_string())
+        lines.append(f"wrong elements: {int(ok['wrong'].fillna(0).sum())} over {len(ok)} points")
+    ref = df[df.get("kind") == "reference"]
+    for _, r in ref.iterrows():
+        top = ok[(ok["op"] == "all_reduce") & (ok["backend"] == r["backend"]) & (ok["world_size"] == r["world_size"])
+                 & (ok["dtype"] == r["dtype"]) & (ok["bytes"] == r["bytes"])]
+        mine = float(top["busbw_gbs"].max()) if len(top) else float("nan")
+        lines.append(f"plain loop all_reduce {r['backend']} x{r['world_size']} {r['dtype']} {_human(int(r['bytes']))}: "
+                     f"{r['busbw_gbs']:.1f} GB/s; sweep {mine:.1f} GB/s = {mine / r['busbw_gbs']:.3f} of it")
+    bad = df[df.get("status") != "ok"] if "status" in df else df.iloc[:0]
+    if len(bad):
+        lines.append("not measured:\n" + bad.drop_duplicates(["backend", "world_size", "op", "status"])[
+            ["backend", "world_size", "op", "status", "reason"]].to_string(index=False))
+    return "\n".join(lines)
+
+
+def _human(n: int) -> str:
+    for unit, k in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if n >= k and n % k == 0:
+            return f"{n // k}{unit}"
+    return str(n)
+
+
