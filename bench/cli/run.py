@@ -13,6 +13,7 @@ from bench.cli.common import (
     report_interrupt,
     restore_stop_handlers,
 )
+from bench.core import backends
 from bench.core.errors import UserError
 
 
@@ -32,8 +33,11 @@ def check_gpus(cfg, gpus: int) -> None:
         return
     if cfg.device == "cuda":
         raise UserError("--device cuda: no GPU visible; use --device cpu (with --backends gloo)")
-    if "nccl" in cfg.backends:
-        raise UserError("--backends nccl: no GPU visible (NCCL needs CUDA); use --backends gloo")
+    for name in cfg.backends:
+        b = backends.get(name)
+        if b.unsupported("cpu"):
+            raise UserError(f"--backends {name}: no GPU visible ({b.title} needs CUDA); "
+                            f"use --backends {backends.default_for('cpu').name}")
 
 
 def resumed_config(run_dir: str, gpus: int):

@@ -29,6 +29,14 @@ class Backend:
     # whatever network interface its sockets name.
     intra_host_transport: bool = False
     color: str = "tab:gray"  # its colour in report figures
+    socket_ifname_env: str = ""  # the variable it reads for the network interface between nodes
+    # What a budget plan assumes one CUDA cell under it costs beyond its timed steps
+    # (bench.plan.budget): seconds a cell, a share per extra rank, seconds per billion parameters,
+    # and for a backend whose steps are host all-reduces, per billion parameters at 2(n-1)/n = 1.
+    cuda_cell_s: float | None = None
+    cuda_per_rank_s: float = 0.0
+    cuda_per_bparam_s: float = 0.0
+    cuda_ring_per_bparam_s: float = 0.0
     # How its communication appears in a torch.profiler trace: GPU kernels whose name contains one of
     # ``kernel_markers`` (NCCL runs collectives as kernels), or host spans whose name starts with one
     # of ``span_prefixes`` (Gloo annotates the work on its own threads).
@@ -63,9 +71,12 @@ REGISTRY: dict[str, Backend] = {
         Backend(name="nccl", title="NCCL", devices=frozenset({"cuda"}), p2p_on_cuda=True,
                 native=frozenset({"cuda"}), off_device_hint="NCCL needs CUDA GPUs; use --backends gloo on CPU",
                 stream_ordered=True, intra_host_transport=True, kernel_markers=("nccl",), bind_device=True,
-                color="tab:green", note="GPU collectives as CUDA kernels"),
+                color="tab:green", socket_ifname_env="NCCL_SOCKET_IFNAME", cuda_cell_s=0.5, cuda_per_rank_s=0.1,
+                cuda_per_bparam_s=8.5, note="GPU collectives as CUDA kernels"),
         Backend(name="gloo", title="Gloo", devices=frozenset({"cpu", "cuda"}), p2p_on_cuda=False,
                 native=frozenset({"cpu"}), span_prefixes=("gloo:",), color="tab:blue",
+                socket_ifname_env="GLOO_SOCKET_IFNAME", cuda_cell_s=0.6, cuda_per_rank_s=0.15, cuda_per_bparam_s=6.0,
+                cuda_ring_per_bparam_s=21.0,
                 note="host collectives; CUDA tensors are staged through host memory"),
     )
 }

@@ -14,13 +14,13 @@ import os
 import socket
 from typing import Any
 
-#: the variable each backend reads for its socket interface
-IFNAME_ENV = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
+from bench.core import backends
 
 
 def configured_iface(backend: str) -> str | None:
     """The interface the backend was told to use, or None (unset, or an exclusion list '^eth1')."""
-    value = os.environ.get(IFNAME_ENV.get(backend, ""), "").strip()
+    var = backends.REGISTRY[backend].socket_ifname_env if backend in backends.REGISTRY else ""
+    value = os.environ.get(var, "").strip() if var else ""
     if not value or value.startswith("^"):
         return None
     return value.lstrip("=").split(",")[0].strip() or None

@@ -36,9 +36,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from bench.core import backends, spec
 from bench.core.errors import UserError
-
-from bench.core import spec
 from bench.multinode import NodeLost
 from bench.multinode.netinfo import route
 
@@ -209,7 +208,7 @@ def local_addr(cfg, endpoint_host: str, routed: str) -> str:
         return endpoint_host
     from bench.multinode.netinfo import configured_iface, iface_addr
 
-    for backend in ("gloo", "nccl"):
+    for backend in backends.names():
         name = configured_iface(backend)
         if name and iface_addr(name):
             return iface_addr(name)

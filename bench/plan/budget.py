@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from bench.core import backends
 from bench.core.config import RunConfig
 from bench.core.errors import UserError
 from bench.core.spec import CellSpec, deferred
@@ -16,7 +17,7 @@ from bench.plan.matrix import Group, Planned
 #: previous group's last cell to their first.
 GROUP_START_S = {"cpu": 4.0, "cuda": 23.0}
 #: What a cell costs beyond its timed steps (build, staging, 2 warm-up steps, one profiled step,
-#: teardown): a base, keyed by (device, backend) ("multi-gpu": one process on several GPUs, as
+#: teardown): a base by device and backend ("multi-gpu": one process on several GPUs, as
 #: DataParallel and layer splits are), plus seconds per billion parameters, since the steps and the
 #: build grow with the model, and a share per extra rank, since a cell's barriers, gathers and
 #: profiling wait for its slowest rank. Gloo's per-parameter term grows with its ring's traffic,
@@ -25,12 +26,12 @@ GROUP_START_S = {"cpu": 4.0, "cuda": 23.0}
 #: 0.57 / 0.60 / 0.93 s a cell for the small models at 1 / 2 / 4 ranks and 2.0 / 2.6 / 2.8 s for
 #: gpt-200m (236 M parameters); Gloo 0.74 / 1.05 s for the small models at 2 / 4 ranks, 7.2 s for
 #: gpt-200m at 2; one-process multi-GPU cells 0.7-0.9 s and 2.9-3.2 s. Without the rank term the
-#: model is 25-35% short at 2 and 4 ranks. The device's own entry covers any other backend.
-CELL_OVERHEAD_S = {"cpu": 1.0, "cuda": 0.6, ("cuda", "nccl"): 0.5, ("cuda", "gloo"): 0.6, ("cuda", "multi-gpu"): 0.7}
-CELL_OVERHEAD_PER_RANK_S = {("cuda", "nccl"): 0.1, ("cuda", "gloo"): 0.15}
-CELL_OVERHEAD_PER_BPARAM_S = {("cuda", "nccl"): 8.5, ("cuda", "gloo"): 6.0, ("cuda", "multi-gpu"): 10.0}
-#: Gloo's extra seconds per billion parameters at 2(n-1)/n = 1 (two ranks)
-GLOO_RING_PER_BPARAM_S = 21.0
+#: model is 25-35% short at 2 and 4 ranks.
+#: The device's own figure covers a backend without a cost of its own; the backends' figures are
+#: registry fields (bench.core.backends).
+CELL_OVERHEAD_S = {"cpu": 1.0, "cuda": 0.6}
+#: one-process multi-GPU cells (DataParallel, layer splits): seconds a cell, per billion parameters
+MULTI_GPU_CELL_S, MULTI_GPU_PER_BPARAM_S = 0.7, 10.0
 
 
 def cell_overhead(device: str, backend: str, one_process_gpus: int = 1, params: int | None = None,
@@ -38,12 +39,16 @@ def cell_overhead(device: str, backend: str, one_process_gpus: int = 1, params: 
     """What a budget plan assumes one cell costs beyond its timed steps (``one_process_gpus``: the
     GPUs a one-process cell drives, as DataParallel and layer splits do; ``params``: the workload's
     parameter count, None when unknown; ``ranks``: the cell's processes)."""
-    key = (device, "multi-gpu") if device == "cuda" and one_process_gpus > 1 else (device, backend)
-    base = CELL_OVERHEAD_S.get(key, CELL_OVERHEAD_S[device]) + CELL_OVERHEAD_PER_RANK_S.get(key, 0.0) * (ranks - 1)
-    per_b = CELL_OVERHEAD_PER_BPARAM_S.get(key, 0.0)
-    if key == ("cuda", "gloo") and ranks > 1:
-        per_b += GLOO_RING_PER_BPARAM_S * 2 * (ranks - 1) / ranks
-    return base + per_b * (params or 0) / 1e9
+    base, per_rank, per_b = CELL_OVERHEAD_S[device], 0.0, 0.0
+    if device == "cuda" and one_process_gpus > 1:
+        base, per_b = MULTI_GPU_CELL_S, MULTI_GPU_PER_BPARAM_S
+    elif device == "cuda" and backend in backends.REGISTRY:
+        b = backends.get(backend)
+        base = b.cuda_cell_s if b.cuda_cell_s is not None else base
+        per_rank, per_b = b.cuda_per_rank_s, b.cuda_per_bparam_s
+        if ranks > 1:
+            per_b += b.cuda_ring_per_bparam_s * 2 * (ranks - 1) / ranks
+    return base + per_rank * (ranks - 1) + per_b * (params or 0) / 1e9
 
 
 
