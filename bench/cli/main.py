@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from bench import __version__
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"parbench: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (parbench list | head): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
