@@ -197,8 +197,8 @@ def test_summary_and_compare_print_brackets_verbatim(tmp_path):
 
 
 def test_the_budget_line_times_this_invocation_and_never_fails_a_finished_run(tmp_path, capsys):
-    """A review's cases: a resumed run kept the first run's created_utc (hours before), and odd
-    meta.json contents crashed the line after a complete run."""
+    """The line times this invocation (a resumed run's, not the first run's created_utc, hours
+    before), and odd meta.json contents give at most a line, never an exception after a complete run."""
     import json
 
     from bench.cli.main import print_budget_use
