@@ -282,11 +282,13 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, name, prep, args, needle
 
 
 #: A few cases through the real command, in a process of its own: exit status, stderr, no traceback.
-SUBPROCESS = ("out-is-file", "toml-steps-float", "device-cuda-no-gpu", "workload-factory-raises",
-              "report-truncated-cells", "report-onto-file", "node-rank-too-big", "endpoint-no-port")
+#: Every case also runs in-process above; one per command family runs in the default suite (each
+#: process pays a Python and torch start), the rest with -m slow.
+SUBPROCESS = ("out-is-file", "workload-factory-raises", "report-truncated-cells", "endpoint-no-port")
+SUBPROCESS_SLOW = ("toml-steps-float", "device-cuda-no-gpu", "report-onto-file", "node-rank-too-big")
 
 
-@pytest.mark.parametrize("name", SUBPROCESS)
+@pytest.mark.parametrize("name", [*SUBPROCESS, *(pytest.param(n, marks=pytest.mark.slow) for n in SUBPROCESS_SLOW)])
 def test_bad_input_through_the_command(tmp_path, name):
     _, prep, args, needle = next(c for c in CASES if c[0] == name)
     if prep:
