@@ -55,8 +55,9 @@ def test_a_time_budget_is_planned_and_recorded(tmp_path):
                          steps=2, steps_max=4, budget="180s")
     # 3 cells (single and ddp at 1, ddp at 2) in 2 groups: 144 s usable less 2 x 4 s start-up and
     # 3 x 1 s per cell leaves 133 s, 14.8 s for each of the 9 repeats
-    assert meta["plan"].startswith("budget 180s: 3 cells x 3 repeat(s) in 2 process group(s); "
-                                   "each repeat times at least 2 steps and stops adding steps after 14.8s"), meta["plan"]
+    assert meta["plan"].startswith(
+        "budget 180s: 3 cells x 3 repeat(s) in 2 process group(s); "
+        "each repeat times at least 2 steps and stops adding steps after 14.8s"), meta["plan"]
     assert "kept as given: profile_steps, repeats, steps, steps_max" in meta["plan"], meta["plan"]
     assert (cells["status"] == "ok").all(), cells[["strategy", "status", "reason"]]
     # each process group ran under a cap drawn from the time left before it (bench.train.launcher.Pacer):
