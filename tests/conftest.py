@@ -39,12 +39,31 @@ def _running_descendants() -> dict[int, tuple[psutil.Process, str]]:
     return out
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed distributed test names the rank logs its runs wrote (each rank's stdout and stderr,
+    in the run folder's work/), instead of anyone pasting them into the terminal."""
+    outcome = yield
+    rep = outcome.get_result()
+    if not rep.failed or item.get_closest_marker("distributed") is None:
+        return
+    try:
+        base = item.config._tmp_path_factory.getbasetemp()
+    except Exception:  # noqa: BLE001 - no temporary folder, nothing to name
+        return
+    since = getattr(item.module, "_parbench_started", 0.0)
+    logs = sorted(str(p) for p in base.rglob("*.log") if "work" in p.parts and p.stat().st_mtime >= since)
+    if logs:
+        rep.sections.append(("rank logs", "\n".join(logs[-20:])))
+
+
 @pytest.fixture(scope="module", autouse=True)
 def no_process_left_behind(request):
     """Every process a test module starts has exited by the end of the module (its module-scoped
     fixtures included: an autouse fixture is set up first and torn down last). One still running
     LEFT_GRACE_S later is killed with its children and fails the module, named by its command line."""
     before = set(_running_descendants())
+    request.module._parbench_started = time.time()  # the rank logs a failure names are this module's
     yield
     deadline = time.monotonic() + LEFT_GRACE_S
     while True:

@@ -337,7 +337,7 @@ class LinkProbe(Strategy):
         return Step(run=run, loss_weight=0.0)
 
 
-# --- Serving with a broken user model (tests/unit/test_serve_cli.py): found by a bad-input sweep.
+# --- Serving with a broken user model (tests/unit/test_serve_cli.py): forward raises or never returns.
 
 class _ForwardRaises(torch.nn.Module):
     def __init__(self):

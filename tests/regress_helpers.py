@@ -3,7 +3,7 @@
 ``--strategies tests.regress_helpers:Slow5`` runs :class:`strategies.single.Single` with every step
 made 5% longer than it measured; ``Slow5DDP`` does the same to DDP. ``DDPSlowed`` is ``Slow5DDP``
 under DDP's own name (``ddp``), so ``parbench compare`` pairs it with the ``ddp`` cell of a baseline
-run, as a real regression in the strategy would be paired (the 2-GPU A/B of issue 12). The delay is calibrated per
+run, as a real regression in the strategy would be paired (an A/B of two runs). The delay is calibrated per
 step (5% of that step's own time), so it holds on any machine and workload, and it is spun rather
 than slept: a sleep wakes late by scheduler-sized amounts on a busy machine.
 """

@@ -5,8 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.gate.history import add, baseline, show
 from bench.gate.compare import compare
+from bench.gate.history import add, baseline, show
 from bench.results.store import CELL_COLUMNS, STEP_COLUMNS, frame
 
 CELLS, STEPS = 1000, 20

@@ -1,10 +1,14 @@
 """The plain reference programs (tools/baselines) run under torchrun on gloo/CPU and train the same
-model as one process: each family's final loss matches a single-process loop of the same steps."""
+model as one process: each family's final loss matches a single-process loop of the same steps.
+
+The programs of one world size run in one launch of ``plain_many`` (each its own process group and
+JSON line, as when launched alone); one program is also launched alone, as a user runs it."""
 
 from __future__ import annotations
 
 import functools
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,7 @@ import torch
 
 from bench.runtime.process import child_env, free_port, run_tree, torchrun_cmd
 from bench.workloads import resolve
+from tests.procs import saved
 
 pytestmark = pytest.mark.distributed
 
@@ -24,6 +29,7 @@ CASES = [
     ("ddp-options", 2, "plain_ddp", ["--bucket-mb", "1", "--grad-as-bucket-view", "--static-graph"], ""),
     ("fsdp", 2, "plain_fsdp", [], ""),
     ("gpipe", 2, "plain_pipeline", ["--schedule", "gpipe", "--micro-batches", "4"], ""),
+    ("1f1b", 2, "plain_pipeline", ["--schedule", "1f1b", "--micro-batches", "4"], ""),
     ("1f1b-x4", 4, "plain_pipeline", ["--schedule", "1f1b", "--micro-batches", "4"], "n_layer=4"),
     ("tp", 2, "plain_tp", [], ""),
     ("tp-sp", 2, "plain_tp", ["--sequence-parallel"], ""),
@@ -54,27 +60,87 @@ def _env(world: int) -> dict[str, str]:
     return env
 
 
-def run_plain(world: int, module: str, flags: list[str], dims: str) -> dict:
-    """torchrun the program on gloo/CPU and return its JSON line."""
-    cmd = torchrun_cmd(["--device", "cpu", "--backend", "gloo", "--workload", "gpt-tiny", "--steps", str(STEPS),
-                        "--warmup", str(WARMUP), *flags, *(["--dims", dims] if dims else [])],
-                       world, module=f"tools.baselines.{module}")
-    p = run_tree(cmd, cwd=ROOT, env=_env(world), timeout_s=120)
-    assert p.returncode == 0, p.stderr[-3000:]
-    lines = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-    assert len(lines) == 1, p.stdout  # one line, from rank 0 only
-    return lines[0]
+def _common(dims: str = "") -> list[str]:
+    return ["--device", "cpu", "--backend", "gloo", "--workload", "gpt-tiny", "--steps", str(STEPS), "--warmup",
+            str(WARMUP), *(["--dims", dims] if dims else [])]
+
+
+def torchrun(world: int, module: str, args: list[str], timeout: int) -> subprocess.CompletedProcess:
+    cmd = torchrun_cmd(args, world, module=f"tools.baselines.{module}")
+    return run_tree(cmd, cwd=ROOT, env=_env(world), timeout_s=timeout)
+
+
+#: A program that fails (an unknown flag) between two that work: reported, and the next one runs.
+FAILING = ("plain_fsdp", ["--no-such-flag"], "")
+
+
+@pytest.fixture(scope="module")
+def many() -> dict[int, tuple[list[dict | None], subprocess.CompletedProcess, list[tuple]]]:
+    """One launch of plain_many per world size: every case of that size in turn (at 2, with a
+    failing program in the middle), each its own process group and JSON line. World size ->
+    (each program's line, the launch, the programs in order)."""
+    out = {}
+    for world in sorted({c[1] for c in CASES}):
+        progs = [(m, f, d) for _, w, m, f, d in CASES if w == world]
+        if world == 2:
+            progs.insert(2, FAILING)
+        args = ["--ports", ",".join(str(free_port()) for _ in progs)]
+        for m, f, d in progs:
+            args += ["--program", " ".join([m, *_common(d), *f])]
+        p = torchrun(world, "plain_many", args, timeout=300)
+        out[world] = (by_program(p.stdout, len(progs)), p, progs)
+    return out
+
+
+def by_program(stdout: str, n: int) -> list[dict | None]:
+    from tools.baselines.interleave import by_program as parse
+
+    return parse(stdout, n)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_plain_program_matches_one_process(case):
-    _, world, module, flags, dims = case
-    row = run_plain(world, module, flags, dims)
+def test_plain_program_matches_one_process(many, case):
+    name, world, module, flags, dims = case
+    lines, p, progs = many[world]
+    row = lines[progs.index((module, flags, dims))]
+    assert row and "plain_many_error" not in row, saved(f"plain-{name}", p.stdout, p.stderr)
     assert row["world_size"] == world and row["backend"] == "gloo" and row["precision"] == "fp32"
     assert len(row["step_times_s"]) == STEPS and min(row["step_times_s"]) > 0
     assert row["step_time_median_s"] > 0 and row["gpu"] == "cpu"
     ref = reference_loss(dims)
     assert abs(row["loss_final"] - ref) <= 1e-4 * abs(ref), (row["loss_final"], ref)
+
+
+def test_plain_many_reports_a_failing_program_and_runs_the_next(many):
+    """The launch's exit code says a program failed; its line names the program; the programs
+    after it still ran and each printed one result line, on rank 0 only."""
+    lines, p, progs = many[2]
+    assert p.returncode != 0, saved("plain-many", p.stdout, p.stderr)
+    bad = progs.index(FAILING)
+    assert lines[bad] and "plain_many_error" in lines[bad] and lines[bad]["program"] == "plain_fsdp", lines[bad]
+    assert all(x and "plain_many_error" not in x for i, x in enumerate(lines) if i != bad), saved(
+        "plain-many", p.stdout, p.stderr)
+    # between two markers, one result line: rank 0 prints, the other ranks do not
+    per: list[int] = []
+    for text in p.stdout.splitlines():
+        if text.startswith("{"):
+            if "plain_many_index" in json.loads(text):
+                per.append(0)
+            else:
+                per[-1] += 1
+    assert per == [1] * len(progs), (per, saved("plain-many", p.stdout, p.stderr))
+
+
+def test_a_plain_program_launched_alone_prints_one_line_from_rank_0():
+    """The way a user runs one: its own torchrun, one JSON line on stdout (rank 0 only), the same
+    loss as one process."""
+    _, world, module, flags, dims = CASES[0]
+    p = torchrun(world, module, [*_common(dims), *flags], timeout=120)
+    assert p.returncode == 0, saved("plain-alone", p.stdout, p.stderr)
+    lines = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, saved("plain-alone", p.stdout, p.stderr)
+    ref = reference_loss(dims)
+    assert lines[0]["world_size"] == world and abs(lines[0]["loss_final"] - ref) <= 1e-4 * abs(ref)
 
 
 def test_titan_split_counts_embedding_and_head_as_one_block_each():
@@ -86,30 +152,6 @@ def test_titan_split_counts_embedding_and_head_as_one_block_each():
     assert split(6, 4, "titan") == [1, 2, 2, 1]
     with pytest.raises(SystemExit):
         split(6, 4, "equal")
-
-
-def test_plain_many_runs_programs_in_turn_each_with_its_own_group_and_line():
-    """One launch of plain_many = the programs one after another, each its own process group and
-    JSON line, the same losses as when launched alone; a failing program is reported, the next runs."""
-    from tools.baselines.interleave import by_program
-
-    common = ["--device", "cpu", "--backend", "gloo", "--workload", "gpt-tiny", "--steps", str(STEPS),
-              "--warmup", str(WARMUP)]
-    programs = [["plain_ddp", *common], ["plain_pipeline", *common, "--schedule", "1f1b", "--micro-batches", "4"],
-                ["plain_fsdp", *common, "--no-such-flag"], ["plain_fsdp", *common]]
-    cmd = torchrun_cmd(["--ports", ",".join(str(free_port()) for _ in range(4)),
-                        *[a for prog in programs for a in ("--program", " ".join(prog))]],
-                       2, module="tools.baselines.plain_many")
-    p = run_tree(cmd, cwd=ROOT, env=_env(2), timeout_s=180)
-
-    lines = by_program(p.stdout, 4)
-    assert p.returncode != 0  # one program failed
-    got = [x.get("baseline") or "error" for x in lines]
-    assert got == ["plain-ddp", "plain-pipeline-1f1b", "error", "plain-fsdp"], p.stdout + p.stderr[-2000:]
-    assert lines[2]["program"] == "plain_fsdp"
-    ref = reference_loss("")
-    for x in (lines[0], lines[1], lines[3]):
-        assert x["world_size"] == 2 and abs(x["loss_final"] - ref) <= 1e-4 * max(1.0, abs(ref)), x
 
 
 # ---- interleave.py: one real gloo run (its pure logic: tests/unit/test_interleave.py) ----------

@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 
 import strategies
-from bench.train import launcher as launch
 from bench.core.config import build_config
 from bench.results.store import PARITY_TOL, load_run
+from bench.train import launcher as launch
 
 # Every strategy on two foreign models at world sizes 2 and 4: about 6 minutes on 2 cores, so it is
 # behind the slow marker (run it with `pytest -m slow`).

@@ -27,6 +27,7 @@ import pytest
 
 from bench.results.store import load_run
 from tests.distributed.agents import ROOT, leftovers, run_dir, start, wait_all
+from tests.procs import saved
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -114,8 +115,8 @@ def run_pair(tmp: Path, link: Link, qdisc: list[str] | None, *, ifaces=VETH, add
     procs = [start(PROBE, node_rank=r, nnodes=2, endpoint=f"{addrs[0]}:{PORT}", out=out,
                    prefix=["ip", "netns", "exec", NETS[r]], env={"GLOO_SOCKET_IFNAME": ifaces[r]}) for r in (0, 1)]
     nodes = wait_all(procs, 300)
-    assert nodes[0].rc == 0, nodes[0].err[-3000:]
-    assert nodes[1].rc == 0, nodes[1].err[-3000:]
+    assert nodes[0].rc == 0, saved("netns-node0", nodes[0].err)
+    assert nodes[1].rc == 0, saved("netns-node1", nodes[1].err)
     assert not leftovers(str(tmp))
     d = run_dir(out)
     cells, _, _ = load_run(d)

@@ -10,11 +10,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.train import launcher as launch
 from bench.core.config import build_config
 from bench.results.store import load_run
+from bench.train import launcher as launch
 
 pytestmark = pytest.mark.distributed
+
+#: No sampler, no settling, no steps past ``steps``: the order of passes is under test, not timing.
+QUICK = {"sample_hz": 0, "settle": 0, "target_ci": 0}
 
 
 def run(tmp_path, **flags) -> tuple[pd.DataFrame, Path]:
@@ -53,9 +56,18 @@ def test_profile_pass_comes_after_every_timed_step_and_fills_the_breakdown(tmp_p
     assert set(comm["cell_id"]) >= set(end.loc[end["world_size"] == 2, "cell_id"])
 
 
-def test_a_failing_or_hanging_profile_pass_keeps_the_timing(tmp_path):
-    cells, _ = run(tmp_path, strategies="tests.helpers:RaisesWhenProfiled,tests.helpers:HangsWhenProfiled",
-                   world_sizes="2", steps=3, warmup=1, profile_at="end", cell_timeout_s=10)
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory) -> tuple[pd.DataFrame, Path]:
+    """Four cells in one group: A raises in its profile pass, B hangs in it, ddp is fine, C hangs in
+    its timed repeat. C's hang (before any pass) kills the launch: C is the timeout, and A, B and
+    ddp, timed already, are neither blamed nor dropped; the relaunches run only passes."""
+    return run(tmp_path_factory.mktemp("faulty"), strategies="tests.helpers:RaisesWhenProfiled,"
+               "tests.helpers:HangsWhenProfiled,ddp,tests.helpers:Hangs", world_sizes="2", steps=3, warmup=1,
+               profile_at="end", cell_timeout_s=10, **QUICK)
+
+
+def test_a_failing_or_hanging_profile_pass_keeps_the_timing(faulty):
+    cells, _ = faulty
     by = cells.set_index("strategy")
     raised, hung = by.loc["test-raises-when-profiled"], by.loc["test-hangs-when-profiled"]
     for row in (raised, hung):
@@ -67,18 +79,13 @@ def test_a_failing_or_hanging_profile_pass_keeps_the_timing(tmp_path):
     assert hung["profile_note"].startswith("profile pass did not finish")
 
 
-def test_a_hang_in_a_timed_repeat_or_in_a_pass_costs_only_that_cell(tmp_path):
-    """Three cells in one group: A hangs in its profile pass, ddp is fine, C hangs in its timed repeat.
-    C's hang (before any pass) kills the launch: C is the timeout, and A and ddp, timed already, are
-    neither blamed nor dropped; the relaunch runs only passes: A's hangs (A keeps its timing, with a
-    note), and ddp's, in one more relaunch, fills ddp's breakdown."""
-    cells, run_dir = run(tmp_path, strategies="tests.helpers:HangsWhenProfiled,ddp,tests.helpers:Hangs",
-                         world_sizes="2", steps=3, warmup=1, profile_at="end", cell_timeout_s=10)
+def test_a_hang_in_a_timed_repeat_or_in_a_pass_costs_only_that_cell(faulty):
+    """C's timed hang is C's timeout alone; ddp's pass, in a relaunch after B's hung pass, fills
+    ddp's breakdown; no timed repeat runs twice over the launches of the group."""
+    cells, run_dir = faulty
     by = cells.set_index("strategy")
     assert by.loc["test-hangs", "status"] == "timeout"
-    a, ddp = by.loc["test-hangs-when-profiled"], by.loc["ddp"]
-    assert a["status"] == "ok" and a["step_time_median_s"] > 0
-    assert a["profile_note"].startswith("profile pass did not finish") and pd.isna(a["compute_time_s"])
+    ddp = by.loc["ddp"]
     assert ddp["status"] == "ok" and ddp["compute_time_s"] > 0 and pd.isna(ddp["profile_note"])
     # the relaunches ran no timed repeat again: one Measured per cell over all launches of the group
     measured = [json.loads(x) for f in (run_dir / "work").glob("g1-a*-r0.jsonl")

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from bench.results.store import load_run, read_table
+from tests.procs import saved
 
 pytestmark = pytest.mark.distributed
 
@@ -23,7 +24,7 @@ def run(tmp_path_factory):
            "--rates", "40", "--duration", "4", "--size", "uniform", "--size-min", "8", "--size-max", "24",
            "--slow", "1=25", "--sample-hz", "0", "--out", str(out), "--cell-timeout", "120"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.returncode == 0, saved("serve", p.stdout, p.stderr)
     (run_dir,) = list(out.iterdir())
     cells, _, meta = load_run(run_dir)
     return cells.set_index(["strategy", "serve_policy"]), read_table(run_dir, "requests"), meta, p.stdout
@@ -101,7 +102,7 @@ def test_generation_through_the_pipeline_placement(tmp_path):
            "--rates", "20", "--duration", "3", "--size", "uniform", "--size-min", "8", "--size-max", "16",
            "--sample-hz", "0", "--out", str(tmp_path), "--cell-timeout", "120"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.returncode == 0, saved("serve", p.stdout, p.stderr)
     (run_dir,) = list(tmp_path.iterdir())
     cells, _, _ = load_run(run_dir)
     assert (cells["status"] == "ok").all(), cells[["strategy", "status", "reason"]].to_string()
@@ -125,7 +126,7 @@ def test_an_overloaded_generating_pipeline_bounds_its_work_in_flight(tmp_path):
            "--size", "uniform", "--size-min", "8", "--size-max", "16", "--sample-hz", "0", "--out", str(tmp_path),
            "--cell-timeout", "120"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.returncode == 0, saved("serve", p.stdout, p.stderr)
     (run_dir,) = list(tmp_path.iterdir())
     cells, _, _ = load_run(run_dir)
     r = cells.iloc[0]
@@ -138,8 +139,8 @@ def test_an_overloaded_generating_pipeline_bounds_its_work_in_flight(tmp_path):
 
 
 def test_a_generating_pipeline_answers_a_probe_with_no_requests():
-    """Nothing goes round the stages, so stage 0 answers itself (the last stage used to be the only
-    one that answers a probe, and the launcher waited for it until its timeout)."""
+    """Nothing goes round the stages, so stage 0 answers itself (waiting for the last stage to
+    answer would hold the launcher until its timeout)."""
     from bench.serve.launcher import Pool
 
     base = {"workload": "gpt-tiny", "dims": {}, "seed": 0, "task": "generate", "gen_tokens": 3, "precision": "fp32"}

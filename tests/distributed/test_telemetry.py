@@ -1,5 +1,5 @@
-"""Truth checks (issue 4) of the measurements: the breakdown against a strategy whose communication is known,
-comm records against the collective timed alone, and the sampler's rate."""
+"""Truth checks of the measurements: the breakdown against a strategy whose communication is known,
+comm records against the collective timed alone, and the sampler's samples."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import time
 import pandas as pd
 import pytest
 
-from bench.train import launcher as launch
 from bench.core.config import build_config
 from bench.measure.hardware import cpu_threads
-from bench.results.store import load_run
-from bench.measure.telemetry import Sampler
 from bench.measure.host import HostSource
+from bench.measure.telemetry import Sampler
+from bench.results.store import load_run
+from bench.train import launcher as launch
 
 
 @pytest.fixture(scope="module")
@@ -40,15 +40,14 @@ def test_comm_time_matches_the_collective_timed_alone(known):
     assert len(ar) == 2 * 15  # every call of every profiled step, on both ranks
     assert (ar["bytes"] == s["comm_bytes"]).all()
     # The same calls, timed by a stopwatch around the blocking call (ranks lined up by a barrier):
-    # the profiler's record must agree within 10% (5% failed once in CI on the shared 2-core
-    # machine: -6.0%, 47.8 vs 50.9 ms). Extras are maxed over ranks, so compare the slower rank's
+    # the profiler's record must agree within 10% (on a shared 2-core machine the two differ by up
+    # to about 6%). Extras are maxed over ranks, so compare the slower rank's
     # median with the slower rank's median.
     recorded = ar.groupby("rank")["duration_s"].median().max()
     assert recorded == pytest.approx(s["stopwatch_comm_s"], rel=0.10)
     # and against the collective timed on its own after the run: different calls, later, so only
-    # the scale is checked (the tight check is the one above, on the same calls). On the shared
-    # 2-core machine the two have differed by 42% once (39.4 ms recorded, 68.0 ms alone, while the
-    # same-calls check passed): that is the machine's drift, not the profiler.
+    # the scale is checked (the tight check is the one above, on the same calls): on a shared 2-core
+    # machine the two can differ by 40% from the machine's drift alone.
     assert 0.5 * s["alone_comm_s"] <= recorded <= 2.0 * s["alone_comm_s"]
     assert s["comm_time_s"] >= ar.groupby("rank")["duration_s"].sum().mean() / 15 * 0.99
 
@@ -83,12 +82,14 @@ def test_samples_are_written_with_the_run(tmp_path):
     assert "absent" in meta["telemetry"]["nvml_sampler"]
 
 
-def test_host_sampler_keeps_its_rate():
-    for hz in (20, 100):
-        s = Sampler([HostSource()], hz)
-        s.start()
-        time.sleep(2.0)
-        s.stop()
-        ts = sorted({r["t"] for r in s.drain()})
-        rate = (len(ts) - 1) / (ts[-1] - ts[0])
-        assert rate == pytest.approx(hz, rel=0.10)
+def test_host_sampler_samples_in_order_until_stopped():
+    """The sampler's thread takes host samples, stamped in increasing time, and stops when told
+    (its rate under load is a timing: tests/benchmarks/test_sampler_rate.py)."""
+    s = Sampler([HostSource()], 50)
+    s.start()
+    time.sleep(0.5)
+    s.stop()
+    rows = s.drain()
+    ts = sorted({r["t"] for r in rows})
+    assert len(ts) >= 2 and {"cpu_util_pct"} <= {r["metric"] for r in rows}
+    assert not s.drain()  # stopped: nothing more arrives

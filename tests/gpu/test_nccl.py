@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.train import launcher as launch
 from bench.core.config import build_config
 from bench.measure.hardware import gpu_count
 from bench.results.store import load_run
+from bench.train import launcher as launch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_count() < 1, reason="needs a CUDA GPU")]
 
@@ -20,7 +20,7 @@ def run(tmp_path, **flags):
 
 
 @pytest.mark.skipif(gpu_count() < 2, reason="needs 2 GPUs")
-def test_issue2_strategies_match_single_gpu_on_nccl_and_gloo(tmp_path):
+def test_strategies_match_single_gpu_on_nccl_and_gloo(tmp_path):
     cells = run(tmp_path, workloads="gpt-small", strategies="all", backends="nccl,gloo", world_sizes="2",
                 steps=5, warmup=2, precision="fp32")
     ok = cells[cells["status"] == "ok"]

@@ -161,7 +161,7 @@ CASES = [
     ("workload-batch-0", None, [RUN, "--workloads", "tests.helpers:global_batch_zero"],
      "its factory built global_batch=0; it must be an integer >= 1"),
     ("strategy-unknown", None, [RUN, "--strategies", "zero3"], "unknown strategy 'zero3'"),
-    # not finite: every cell failed inside its ranks and the run exited 0 (a bad-input sweep, seventh stop)
+    # not finite: refused up front (otherwise every cell fails inside its ranks and the run exits 0)
     ("time-cap-nan", None, [RUN, "--time-cap", "nan"], "--time-cap nan must be a finite number"),
     ("time-cap-inf", None, [RUN, "--time-cap", "inf"], "--time-cap inf must be a finite number"),
     ("cell-timeout-inf", None, [RUN, "--cell-timeout", "inf"], "--cell-timeout inf must be a finite number"),
@@ -184,7 +184,7 @@ CASES = [
     ("compare-no-status", "run:no-status", ["compare", "{tmp}/run", "{tmp}/run"], "cell(s) 7 have no status"),
     ("report-no-status", "run:no-status", ["report", "{tmp}/run"], "cell(s) 7 have no status"),
     ("compare-missing", None, ["compare", "/a", "/b"], "not a parbench run folder"),
-    # output files that cannot be written: a traceback after the work was done (a bad-input sweep, ninth stop)
+    # output files that cannot be written: refused before the work, not a traceback after it
     ("report-out-unwritable", "run", ["report", "{tmp}/run", "-o", "/proc/parbench-report"],
      "report output '/proc/parbench-report' cannot be written"),
     ("compare-markdown-no-folder", "run", ["compare", "{tmp}/run", "{tmp}/run", "--markdown", "{tmp}/no/s.md"],
@@ -202,14 +202,14 @@ CASES = [
      "--plots '/proc/parbench-plots' cannot be written"),
     ("comm-out-unwritable", None, ["comm", "--device", "cpu", "--out", "/proc/parbench-comm"],
      "--out '/proc/parbench-comm' is not writable"),
-    # counts past any measurement: --steps 1e20 overflowed the tables after the cells ran (same sweep)
+    # counts past any measurement: refused up front (--steps 1e20 would overflow the tables after the cells ran)
     ("steps-huge", None, [RUN, "--steps", "99999999999999999999"], "steps=99999999999999999999 is more than 1,000,000"),
     ("repeats-huge", None, [RUN, "--repeats", "5000000"], "repeats=5000000 is more than 1,000,000"),
     ("steps-max-huge", None, [RUN, "--steps-max", "2000000"], "steps_max=2000000 is more than 1,000,000"),
     ("seed-huge", None, [RUN, "--seed", "99999999999999999999"], "seed=99999999999999999999 does not fit 64 bits"),
     ("compare-threshold-word", None, ["compare", "/a", "/b", "--threshold", "x"], "threshold 'x'"),
-    # a cap below its count was silently a fixed count; an empty --out wrote into the current folder;
-    # a numeric endpoint that is no address waited out the store's 60 s connect timeout (tenth stop)
+    # a cap below its count would silently be a fixed count; an empty --out would write into the
+    # current folder; a numeric endpoint that is no address would wait out the store's 60 s connect timeout
     ("steps-max-below-steps", None, [RUN, "--steps", "5", "--steps-max", "2"], "steps_max=2 is below steps=5"),
     ("warmup-max-below-warmup", None, [RUN, "--warmup", "4", "--warmup-max", "2"], "warmup_max=2 is below warmup=4"),
     ("out-empty", None, [RUN, "--out", ""], "out '' is empty"),
@@ -222,7 +222,7 @@ CASES = [
     ("comm-budget-negative", None, ["comm", "--device", "cpu", "--budget", "-1"], "--budget -1: use seconds"),
     ("comm-max-bytes-huge", None, ["comm", "--device", "cpu", "--max-bytes", "100G"],
      "--max-bytes 100G needs about 600.0 GiB for 2 ranks on this host"),
-    # a second sweep over the tenth stop's surfaces (silent, hanging or misleading before)
+    # flag combinations that would otherwise be ignored silently, hang or mislead
     ("profile-at-without-steps", None, [RUN, "--profile-steps", "0", "--profile-at", "end"],
      "--profile-at end needs profiled steps; drop --profile-steps 0 or --profile-at"),
     ("steps-max-negative", None, [RUN, "--steps-max", "-3"], "--steps-max -3 must be >= 0 (0: exactly --steps)"),
@@ -282,11 +282,13 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, name, prep, args, needle
 
 
 #: A few cases through the real command, in a process of its own: exit status, stderr, no traceback.
-SUBPROCESS = ("out-is-file", "toml-steps-float", "device-cuda-no-gpu", "workload-factory-raises",
-              "report-truncated-cells", "report-onto-file", "node-rank-too-big", "endpoint-no-port")
+#: Every case also runs in-process above; one per command family runs in the default suite (each
+#: process pays a Python and torch start), the rest with -m slow.
+SUBPROCESS = ("out-is-file", "workload-factory-raises", "report-truncated-cells", "endpoint-no-port")
+SUBPROCESS_SLOW = ("toml-steps-float", "device-cuda-no-gpu", "report-onto-file", "node-rank-too-big")
 
 
-@pytest.mark.parametrize("name", SUBPROCESS)
+@pytest.mark.parametrize("name", [*SUBPROCESS, *(pytest.param(n, marks=pytest.mark.slow) for n in SUBPROCESS_SLOW)])
 def test_bad_input_through_the_command(tmp_path, name):
     _, prep, args, needle = next(c for c in CASES if c[0] == name)
     if prep:

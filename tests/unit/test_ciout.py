@@ -70,8 +70,8 @@ def parbench(argv):
     """The CLI as bench/cli.py will wire it: register(sub), then args.func; UserError -> 2."""
     import argparse
 
-    from bench.core.errors import UserError
     from bench.cli.gate import register
+    from bench.core.errors import UserError
 
     parser = argparse.ArgumentParser(prog="parbench")
     register(parser.add_subparsers(dest="cmd", required=True))

@@ -1,7 +1,7 @@
 import pytest
 
-from bench.core.errors import UserError
 from bench.core.config import build_config, parse_workload, split_list
+from bench.core.errors import UserError
 
 
 def test_default_matrix_adapts_to_the_machine():

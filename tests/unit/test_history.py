@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from bench.core.errors import UserError
-from bench.gate.history import add, baseline, detect_steps, fingerprint, read_index, show
 from bench.gate.compare import compare
+from bench.gate.history import add, baseline, detect_steps, fingerprint, read_index, show
 from bench.results.store import load_run
 from tests.regress_helpers import write_run
 

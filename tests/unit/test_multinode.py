@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-import time
 
 import pytest
 
@@ -22,6 +21,7 @@ from bench.runtime.crash import crash_reason, err_ranks
 from bench.runtime.events import EventReader
 from bench.runtime.process import child_env, torchrun_cmd
 from strategies.common import mesh_groups
+from tests.procs import saved
 
 
 def cfg_of(gpus: int = 0, **flags):
@@ -179,23 +179,22 @@ def test_store_protocol_refuses_another_plan_on_both_sides(tmp_path, monkeypatch
     assert isinstance(got["error"], UserError) and "different matrices" in str(got["error"])
 
 
+@pytest.mark.timeout(120)  # a follower that never gives up fails here, not at the suite's timeout
 def test_a_follower_without_node_0_gives_up_with_one_line(tmp_path):
     from bench.multinode.nodes import Follower
     from tests.distributed.agents import free_port
 
     cfg = cfg_of(nnodes=2, node_rank=1, rdzv_endpoint=f"127.0.0.1:{free_port()}", rdzv_timeout_s=1)
-    t0 = time.monotonic()
     with pytest.raises(UserError, match=r"node 0 at --rdzv-endpoint 127.0.0.1:\d+ did not answer within 1s"):
         Follower(cfg, "d", 1)
-    assert time.monotonic() - t0 < 10
 
 
+@pytest.mark.timeout(120)  # a handshake that never gives up fails here
 def test_a_listener_that_never_answers_is_given_up_after_the_rendezvous_timeout():
-    """A service on the endpoint that accepts and stays silent (a review ran node 1 against an HTTP
-    server) held torch's store handshake forever, past --rdzv-timeout and deaf to signals."""
+    """A service on the endpoint that accepts and stays silent (an HTTP server, say) is given up
+    after --rdzv-timeout with one line; torch's store handshake alone would wait forever, deaf to signals."""
     import socket
     import threading
-    import time
 
     from bench.core.errors import UserError
     from bench.multinode.nodes import _client
@@ -205,18 +204,16 @@ def test_a_listener_that_never_answers_is_given_up_after_the_rendezvous_timeout(
     srv.listen(4)
     held = []
     threading.Thread(target=lambda: held.append(srv.accept()), daemon=True).start()
-    t0 = time.monotonic()
     try:
         with pytest.raises(UserError, match="did not answer as node 0's store within 1 s"):
             _client("127.0.0.1", srv.getsockname()[1], 60.0, connect_s=1.0)
     finally:
         srv.close()
-    assert time.monotonic() - t0 < 20
 
 
 def test_a_listener_that_answers_garbage_gives_one_line_not_torchs_retry_stacks(tmp_path):
-    """Against a service that answers something else (an SSH banner here) torch's store client
-    printed a C++ stack per retry, about 200 lines before parbench's one-line error (bad-input sweep)."""
+    """Against a service that answers something else (an SSH banner here) the error is one line:
+    none of the C++ stacks torch's store client prints per retry reaches the terminal."""
     import socket
     import subprocess
     import sys
@@ -246,5 +243,5 @@ def test_a_listener_that_answers_garbage_gives_one_line_not_torchs_retry_stacks(
         stop.set()
         srv.close()
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+    assert r.returncode == 2 and len(lines) == 1, saved("garbage-endpoint", r.stderr)
     assert lines[0].startswith("parbench: error: 127.0.0.1:") and "--rdzv-endpoint" in lines[0]

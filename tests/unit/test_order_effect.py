@@ -63,7 +63,7 @@ def test_the_chance_counts_every_group_and_both_directions():
 
     # two groups of 3 and 5: the only separations are 3 on top or at the bottom: 2 / C(8, 3)
     assert order_effect.chance([3, 5]) == pytest.approx(2 / comb(8, 3), abs=0.005)
-    # three groups: more ways to separate than one group's 1 / C(N, k) (a review measured 13%)
+    # three groups: more ways to separate than one group's 1 / C(N, k) (about 13%)
     assert 0.12 < order_effect.chance([2, 3, 3]) < 0.15
     assert order_effect.chance([1, 4]) == pytest.approx(0.4, abs=0.01)
 

@@ -78,8 +78,8 @@ def test_tensor_parallel_needs_a_plan_from_the_workload():
 
 
 def test_the_default_budget_stands_aside_when_the_user_fixes_the_measurement():
-    """Seen on 4x H100: `--steps 10 --steps-max 10` under the GPU's default 10-minute budget was
-    rewritten to 2 steps and up to 500, so a cell meant to run exactly as a plain loop did not."""
+    """`--steps 10 --steps-max 10` under the GPU's default 10-minute budget keeps 10 steps: a cell
+    meant to run exactly as a plain loop is not rewritten to 2 steps and up to 500 by the plan."""
     from bench.plan.budget import budget_plan
 
     cfg = build_config(toml=None, flags={"workloads": "mlp", "strategies": "ddp", "world_sizes": "1,2",
@@ -110,7 +110,7 @@ def test_a_cells_earliest_rank_error_is_its_reason_whatever_order_they_are_read_
 
 
 def test_a_budget_plan_charges_gloo_and_one_process_multi_gpu_cells_more_on_gpus():
-    """Fitted on 4x H100 (eighth stop): a group 23 s; a cell 0.5 s (NCCL) / 0.6 s (Gloo) / 0.7 s (one
+    """The cost model fitted on 4x H100: a group 23 s; a cell 0.5 s (NCCL) / 0.6 s (Gloo) / 0.7 s (one
     process on several GPUs), plus 0.1 / 0.15 s per extra rank, plus 8.5 / 6 / 10 s per billion
     parameters, and for Gloo 21 s per billion at two ranks (its ring's 2(n-1)/n). A small GPU plan by hand: the
     reference (nccl), ddp x2 (nccl, gloo), dataparallel x2 (nccl, one process on 2 GPUs), in 3
@@ -139,7 +139,7 @@ def test_a_budget_plan_charges_gloo_and_one_process_multi_gpu_cells_more_on_gpus
     # Gloo at 4 ranks: 3 extra ranks, and its ring moves 2 * 3/4 of the gradients
     assert abs(cell_overhead("cuda", "gloo", params=236_144_640, ranks=4)
                - (0.6 + 3 * 0.15 + (6 + 21 * 1.5) * 0.23614464)) < 1e-9
-    # the default 4-GPU matrix (issue 11, item 3) plans without refusing, and says so up front
+    # the default 4-GPU matrix plans without refusing, and says so up front
     cfg4 = build_config(toml=None, flags={"device": "cuda"}, gpus=4)
     cells4, _, _ = plan(cfg4, 4)
     _, text4 = budget_plan(cfg4, cells4, 600.0)
@@ -147,8 +147,8 @@ def test_a_budget_plan_charges_gloo_and_one_process_multi_gpu_cells_more_on_gpus
 
 
 def test_the_pacer_shares_the_time_left_among_the_cells_left_at_the_pace_so_far():
-    """The default 4-GPU matrix ran 576 s against a 10-minute budget whose plan had assumed 400 s of
-    fixed costs (seventh stop): before each group the cap is drawn again from the time left."""
+    """Fixed costs above the plan's model (a 4-GPU matrix can take 576 s of a 10-minute budget planned
+    with 400 s) do not overrun the budget: before each group the cap is drawn again from the time left."""
     from bench.core.config import build_config
     from bench.plan.budget import Pacer, budget_plan
 
@@ -205,9 +205,9 @@ def test_an_adaptive_chunk_fits_the_time_left_of_its_allowance():
 
 
 def test_the_pacer_keeps_the_budget_when_the_capped_part_runs_over():
-    """A review's case: fixed costs exactly as modelled, but each capped slot takes 1.5 x its cap
-    (warm-up may spend half a cap beyond the timed cap). Charging the pace to the fixed costs alone
-    overran a 600 s budget by 22 s; the pace now divides the whole time left."""
+    """Fixed costs exactly as modelled, but each capped slot takes 1.5 x its cap (warm-up may spend
+    half a cap beyond the timed cap): the pace divides the whole time left, so a 600 s budget is kept
+    (charged to the fixed costs alone it would overrun by about 22 s)."""
     from bench.core.config import build_config
     from bench.plan.budget import Pacer, budget_plan
 

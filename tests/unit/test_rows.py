@@ -75,7 +75,7 @@ def test_telemetry_window_uses_the_planned_gpus_only():
 
 
 def test_power_cap_is_reported_but_only_thermal_or_hardware_slowdowns_mark_contention():
-    """A fully loaded GPU sits at its software power cap (0x4) and stays steady (seen on H100s); a
+    """A fully loaded GPU sits at its software power cap (0x4) and stays steady (as H100s do); a
     thermal or hardware slowdown (0x8, 0x20, 0x40, 0x80) means something outside the cell slows it."""
     from bench.results.rows import telemetry_means
 

@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from bench.core.errors import UserError
 from bench.cli.main import main as parbench
 from bench.cli.serve import config_from_args, register
+from bench.core.errors import UserError
 from bench.serve.config import ServeConfig
 from bench.serve.sweep import run_sweep
 
@@ -34,14 +34,14 @@ def test_defaults_and_parsing():
     ["--placements", "replicas,magic"], ["--policies", "fastest"], ["--rates", "ten"], ["--rates", "-5"],
     ["--world-sizes", "1.5"], ["--workload", "gpt-tiny[n_layer=x]"], ["--slow", "one=5"], ["--device", "cuda"],
     ["--noisy-rates", "5"], ["--task", "dance"], ["--arrival", "uniform"],
-    # a bad-input sweep (seventh stop): each of these passed validation, and then ran the launcher out
-    # of memory (1e9 requests drawn up front), printed a traceback, or failed every cell
+    # values that would otherwise run the launcher out of memory (1e9 requests drawn up front), end
+    # in a traceback, or fail every cell
     ["--rates", "1e9", "--duration", "1"], ["--rates", "inf"], ["--rates", "nan"], ["--cell-timeout", "0"],
     ["--cell-timeout", "-1"], ["--requests", "-3"],
-    # policies balance replicas only: with no replicas placement they were silently ignored (eighth stop)
+    # policies balance replicas only: with no replicas placement they would be silently ignored
     ["--placements", "pipeline", "--policies", "batch"], ["--policies", ""], ["--policies", " , "],
     ["--size-min", "9", "--size-max", "3"], ["--size-min", "0"], ["--arrival", "gamma", "--cv", "0"],
-    # each ran as if the flag were not given (ninth stop's sweep)
+    # empty or meaningless values, which would otherwise run as if the flag were not given
     ["--rates", ""], ["--rates", ","], ["--clients", ""], ["--slo-ms", "-5"], ["--slo-ms", "nan"],
     ["--sample-hz", "-1"],
 ])
@@ -99,8 +99,8 @@ def test_unknown_workload_or_task_exits_2_and_leaves_no_run_folder(tmp_path, cap
 
 
 def test_a_forward_that_raises_or_hangs_is_one_line_before_any_pool(tmp_path, capsys):
-    """The parity reference runs the model on one device before any pool: a broken user model was a
-    traceback there, and a hanging one ran until something killed it (a bad-input sweep, ninth stop)."""
+    """The parity reference runs the model on one device before any pool: a model that raises is
+    one line there, and one that hangs is stopped at --cell-timeout with one line."""
     base = ["--device", "cpu", "--world-sizes", "2", "--duration", "1", "--rates", "5", "--out", str(tmp_path)]
     assert parbench(["serve", "--workload", "tests.helpers:forward_raises", *base]) == 2
     err = capsys.readouterr().err.strip()
@@ -119,7 +119,7 @@ def test_an_unwritable_out_is_one_line(capsys):
 
 
 def test_nan_answers_are_not_parity():
-    """max(0.0, nan) is 0.0: a model answering NaN read as perfect parity (a bad-input sweep, ninth stop)."""
+    """max(0.0, nan) is 0.0: a model answering NaN must not read as perfect parity."""
     import torch
 
     from bench.serve.run import parity_err

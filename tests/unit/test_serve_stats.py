@@ -89,7 +89,7 @@ def test_a_cell_whose_backlog_grows_is_not_a_steady_state():
 
 
 def test_a_cell_still_draining_long_after_its_arrivals_is_not_a_steady_state():
-    """The generating pipeline on 4 H100s (seventh stop): offered 38 req/s for 3 s, 96 requests, time
+    """A generating pipeline as on 4 H100s: offered 38 req/s for 3 s, 96 requests, time
     in system 5.1 s in the first quarter and 8.5 s in the last (under the 2x growth rule: the first
     quarter already queued), too few requests for Little's law; its last request ended 8.2 s after
     the last arrival."""
@@ -109,8 +109,8 @@ def test_a_cell_still_draining_long_after_its_arrivals_is_not_a_steady_state():
 
 
 def test_a_no_queue_cell_whose_latency_exceeds_a_quarter_of_its_window_is_steady():
-    """A review's case: every request takes 1.4 s and none waits (a generating model with free slots
-    at 2 req/s); the first version of the drain rule called it not steady."""
+    """Every request takes 1.4 s and none waits (a generating model with free slots at 2 req/s): a
+    long service time alone is not a growing backlog, so the drain rule calls the cell steady."""
     import numpy as np
 
     from bench.serve.steady import steady_flags
@@ -123,9 +123,9 @@ def test_a_no_queue_cell_whose_latency_exceeds_a_quarter_of_its_window_is_steady
 
 
 def test_kept_up_compares_with_the_rate_the_requests_arrived_at():
-    """Tenth stop, 4 H100s: a seeded 700-arrival Poisson draw came in at 0.949 of the nominal rate at
-    every rate; a steady batching cell at 3,856 req/s nominal (3,657.7 realised) answered 3,470.2
-    req/s, 0.8999 of nominal, and failed the old rule; of the realised rate it is 0.949."""
+    """A seeded 700-arrival Poisson draw can come in at 0.949 of the nominal rate: a steady batching
+    cell at 3,856 req/s nominal (3,657.7 realised) answering 3,470.2 req/s is 0.8999 of nominal but
+    0.949 of the realised rate, and it kept up."""
     from bench.serve.steady import kept_up
 
     arrivals = [i / 3657.7 for i in range(700)]  # 699 gaps over the window: 3,657.7 req/s
