@@ -18,6 +18,7 @@ multi-rank cells are measured by ``parbench run`` and reach pytest-benchmark thr
 from __future__ import annotations
 
 import dataclasses
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -91,7 +92,12 @@ def run_cell(benchmark: Any, workload: Any, strategy: Any = "single", *, steps: 
         # One round per step, every step on its own batch, warm-up rounds untimed.
         benchmark.pedantic(target, setup=setup, rounds=steps, warmup_rounds=warmup, iterations=1)
     finally:
+        # The model goes before the group it started: a DDP reducer still alive at
+        # destroy_process_group can hold the group's last reference, and Gloo's teardown then joins
+        # its work threads while one of them waits for the GIL to free that reducer's last work.
+        step = feed = batches = None  # noqa: F841
         if started:
+            gc.collect()
             dist.destroy_process_group()
     info = dict(workload=wl.name, strategy=strat.name, device=dev.type, precision=precision,
                 global_batch=int(wl.global_batch), world_size=1)
