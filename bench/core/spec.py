@@ -55,7 +55,8 @@ class CellKey(Protocol):
     """A planned cell of any mode, as its row sees it: the mode and the identity columns every row
     of the cell starts with (:func:`bench.results.identity.start_row`)."""
 
-    mode: Mode
+    @property
+    def mode(self) -> Mode: ...
 
     def identity(self) -> dict[str, Any]: ...
 
@@ -161,7 +162,7 @@ class ServeCellSpec:
     precision: str  # fp32 | bf16
     params: int | None
     role: str = "independent"
-    mode: Mode = "serve"
+    mode: Literal["serve"] = "serve"
 
     def identity(self) -> dict[str, Any]:
         return cell_identity(self.cell_id, self.mode, self.workload, self.strategy, self.backend, self.device,
@@ -188,7 +189,7 @@ class CollectiveGroupSpec:
     reference: bool  # also time the plain all_reduce loop at the largest size
     pg_timeout_s: float
     out: str  # where rank 0 writes the group's rows (JSON)
-    mode: Mode = "collective"
+    mode: Literal["collective"] = "collective"
 
     def identity(self) -> dict[str, Any]:
         return {"backend": self.backend, "device": self.device, "world_size": self.world_size}
@@ -209,7 +210,7 @@ class CollectivePointSpec:
     op: str
     dtype: str
     bytes: int  # the size S of nccl-tests' definitions
-    mode: Mode = "collective"
+    mode: Literal["collective"] = "collective"
 
     def identity(self) -> dict[str, Any]:
         return {"backend": self.backend, "device": self.device, "world_size": self.world_size, "kind": self.kind,

@@ -86,3 +86,8 @@ def test_the_row_start_is_light_enough_for_the_collective_ranks():
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'scipy', 'pandas', 'torch'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_spec_keeps_its_own_mode():
+    with pytest.raises(ContractError, match="mode"):
+        contract.load(CollectiveGroupSpec, {**dataclasses.asdict(group()), "mode": "train"})
