@@ -19,7 +19,8 @@ from typing import Any
 import pandas as pd
 
 from bench.comm.worker import OPS, size_ladder
-from bench.core.spec import outcome
+from bench.core.spec import CollectiveGroupSpec, dump
+from bench.results.identity import start_row
 from bench.runtime import signals
 from bench.runtime.process import Launch, child_env
 
@@ -49,28 +50,32 @@ class CommConfig:
     def sizes(self) -> list[int]:
         return size_ladder(self.min_bytes, self.max_bytes, self.factor)
 
+    def groups(self, work: Path) -> list[CollectiveGroupSpec]:
+        """The sweep's groups, one per (backend, world size) in that order; rank 0 of each writes its
+        rows under ``work``."""
+        return [CollectiveGroupSpec(
+            backend=backend, device=self.device, world_size=world, ops=tuple(self.ops), dtypes=tuple(self.dtypes),
+            sizes=tuple(self.sizes()), iters=self.iters, warmup=self.warmup, budget_s=self.budget_s,
+            max_iters=self.max_iters, graph_max_bytes=self.graph_max_bytes, reference=self.reference,
+            pg_timeout_s=self.group_timeout_s, out=str(work / f"{backend}-x{world}-rows.json"))
+            for backend in self.backends for world in self.world_sizes]
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def run_group(cfg: CommConfig, backend: str, world: int, work: Path) -> list[dict[str, Any]]:
-    """One launch for (backend, world size); the rows rank 0 wrote, and one failure row when the
-    launch did not end cleanly."""
-    tag = f"{backend}-x{world}"
-    prefix = str(work / tag)
-    out = work / f"{tag}-rows.json"
-    plan = {"backend": backend, "device": cfg.device, "ops": cfg.ops, "dtypes": cfg.dtypes, "sizes": cfg.sizes(),
-            "iters": cfg.iters, "warmup": cfg.warmup, "budget_s": cfg.budget_s, "max_iters": cfg.max_iters,
-            "graph_max_bytes": cfg.graph_max_bytes, "reference": cfg.reference,
-            "pg_timeout_s": cfg.group_timeout_s, "out": str(out)}
-    Path(prefix + ".json").write_text(json.dumps(plan, indent=1))
-    launch = Launch(prefix, world, module=WORKER, env=child_env(world))
-    rc = follow(launch, cfg.group_timeout_s)
+def run_group(group: CollectiveGroupSpec, timeout_s: float) -> list[dict[str, Any]]:
+    """One launch of ``group``; the rows rank 0 wrote, and one failure row when the launch did not
+    end cleanly."""
+    out = Path(group.out)
+    prefix = str(out.parent / f"{group.backend}-x{group.world_size}")
+    Path(prefix + ".json").write_text(dump(group))
+    launch = Launch(prefix, group.world_size, module=WORKER, env=child_env(group.world_size))
+    rc = follow(launch, timeout_s)
     rows = json.loads(out.read_text()) if out.is_file() else []
     if rc != 0:  # a stopped launch's own exit says nothing: the timeout is the reason
-        why = f"still running after {cfg.group_timeout_s:g} s" if rc == "timeout" else launch.crash_reason(world)
-        rows.append({"kind": "sweep", "backend": backend, "device": cfg.device, "world_size": world,
-                     **outcome("failed", f"group exited {rc}: {why}")})
+        why = f"still running after {timeout_s:g} s" if rc == "timeout" else launch.crash_reason(group.world_size)
+        rows.append(start_row(group, status="failed", reason=f"group exited {rc}: {why}", kind="sweep"))
     return rows
 
 
@@ -134,11 +139,10 @@ def run_sweep(cfg: CommConfig) -> Path:
     write_meta(run_dir, cfg.to_dict(), command="comm", topology=topo)
     rows: list[dict[str, Any]] = []
     try:
-        for backend in cfg.backends:
-            for world in cfg.world_sizes:
-                rows.extend({"run_id": run_dir.name, **r} for r in run_group(cfg, backend, world, work))
-                df = add_reference(pd.DataFrame(rows))
-                write_atomic(df, run_dir / "collectives.parquet")
+        for group in cfg.groups(work):
+            rows.extend({"run_id": run_dir.name, **r} for r in run_group(group, cfg.group_timeout_s))
+            df = add_reference(pd.DataFrame(rows))
+            write_atomic(df, run_dir / "collectives.parquet")
     except KeyboardInterrupt as e:  # a stop signal: the caller names the folder with the finished groups
         e.run_dir = run_dir  # type: ignore[attr-defined]
         raise

@@ -1,8 +1,10 @@
 """The collective sweep worker: one torchrun group times every (op, dtype, size) of a plan.
 
 Started by :mod:`bench.comm.sweep` through the runtime's torchrun launch (``-m bench.comm.worker
-PREFIX.json``); each rank inits the process group once and runs the whole plan; rank 0 writes the
-rows to ``plan["out"]`` (JSON, rewritten after every op so a killed run keeps what it measured). A
+PREFIX.json``, the group's :class:`bench.core.spec.CollectiveGroupSpec`); each rank inits the process
+group once and runs the whole ladder; rank 0 writes the rows, each started from its point's spec
+(:func:`bench.results.identity.start_row`), to the group's ``out`` (JSON, rewritten after every op
+so a killed run keeps what it measured). A
 rank that fails writes its error line to ``PREFIX-r<rank>.err``, where the launcher's crash reason
 (:mod:`bench.runtime.crash`) finds it.
 
@@ -35,7 +37,8 @@ import torch
 import torch.distributed as dist
 
 from bench.core import backends
-from bench.core.spec import outcome
+from bench.core.spec import CollectiveGroupSpec, load
+from bench.results.identity import start_row
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "sendrecv")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -210,18 +213,20 @@ def graph_call(fn: Callable[[], None], iters: int) -> Callable[[], None]:
     return g.replay
 
 
-def _choose_iters(timer: Timer, fn: Callable[[], None], plan: dict[str, Any]) -> int:
+def _choose_iters(timer: Timer, fn: Callable[[], None], group: CollectiveGroupSpec) -> int:
     """``iters`` calls, or more (up to ``max_iters``) where a call is cheap enough that ``budget_s``
     allows it; every rank gets the same count (max of the per-rank single-call times)."""
-    iters, budget = int(plan["iters"]), float(plan.get("budget_s", 0))
+    iters, budget = group.iters, group.budget_s
     if budget <= 0:
         return iters
     _, one = timer.across_ranks(timer.time(fn, 1))
-    return int(min(max(iters, budget / max(one, 1e-7)), plan.get("max_iters", 1000)))
+    return int(min(max(iters, budget / max(one, 1e-7)), group.max_iters))
 
 
-def measure(name: str, dtype_name: str, nbytes: int, plan: dict[str, Any], timer: Timer) -> dict[str, Any]:
-    """One row: check once, warm up, time back to back."""
+def measure(group: CollectiveGroupSpec, name: str, dtype_name: str, nbytes: int, timer: Timer,
+            **facts: Any) -> dict[str, Any]:
+    """One point's row (``facts``: the group's columns after its identity): check once, warm up,
+    time back to back."""
     rank, n = dist.get_rank(), dist.get_world_size()
     op = Op(name, nbytes, DTYPES[dtype_name], timer.device, rank, n)
     op.fill()
@@ -230,11 +235,11 @@ def measure(name: str, dtype_name: str, nbytes: int, plan: dict[str, Any], timer
         torch.cuda.synchronize(timer.device)
     wrong = torch.tensor([op.wrong()], dtype=torch.int64, device=timer.device)
     dist.all_reduce(wrong)
-    for _ in range(int(plan["warmup"])):
+    for _ in range(group.warmup):
         op.call()
-    iters = _choose_iters(timer, op.call, plan)
-    graphed = (backends.get(plan["backend"]).stream_ordered and name != "sendrecv"
-               and op.size_bytes <= plan.get("graph_max_bytes", 0))
+    iters = _choose_iters(timer, op.call, group)
+    graphed = (backends.get(group.backend).stream_ordered and name != "sendrecv"
+               and op.size_bytes <= group.graph_max_bytes)
     if graphed:
         # one graph of `per` calls, replayed `reps` times: the replay launch is amortised
         per = min(iters, 100)
@@ -247,19 +252,19 @@ def measure(name: str, dtype_name: str, nbytes: int, plan: dict[str, Any], timer
         t = timer.time(op.call, iters)
     mean, mx = timer.across_ranks(t)
     algbw = op.size_bytes / mean / GB
-    return {"kind": "sweep", "op": name, "dtype": dtype_name, "bytes": op.size_bytes, "count": op.count,
-            "iters": iters, "warmup": int(plan["warmup"]), "graph": graphed, "time_s": mean, "time_max_s": mx,
-            "algbw_gbs": algbw, "busbw_gbs": algbw * busbw_factor(name, n), "wrong": int(wrong.item()),
-            **outcome("ok")}
+    return start_row(group.point("sweep", name, dtype_name, op.size_bytes), **facts, count=op.count, iters=iters,
+                     warmup=group.warmup, graph=graphed, time_s=mean, time_max_s=mx, algbw_gbs=algbw,
+                     busbw_gbs=algbw * busbw_factor(name, n), wrong=int(wrong.item()))
 
 
-def reference_loop(dtype_name: str, nbytes: int, plan: dict[str, Any], device: torch.device) -> dict[str, Any]:
+def reference_loop(group: CollectiveGroupSpec, dtype_name: str, nbytes: int, device: torch.device,
+                   **facts: Any) -> dict[str, Any]:
     """The plain torch loop the sweep must match: all_reduce back to back, one sync, perf_counter."""
     n = dist.get_world_size()
     x = torch.ones(nbytes // torch.tensor([], dtype=DTYPES[dtype_name]).element_size(),
                    dtype=DTYPES[dtype_name], device=device)
-    iters = int(plan["iters"])
-    for _ in range(int(plan["warmup"])):
+    iters = group.iters
+    for _ in range(group.warmup):
         dist.all_reduce(x)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     sync()
@@ -272,47 +277,44 @@ def reference_loop(dtype_name: str, nbytes: int, plan: dict[str, Any], device: t
     dist.all_reduce(t)
     mean = float(t[0]) / n / iters
     algbw = x.numel() * x.element_size() / mean / GB
-    return {"kind": "reference", "op": "all_reduce", "dtype": dtype_name, "bytes": x.numel() * x.element_size(),
-            "count": x.numel(), "iters": iters, "warmup": int(plan["warmup"]), "graph": False, "time_s": mean,
-            "time_max_s": None, "algbw_gbs": algbw, "busbw_gbs": algbw * busbw_factor("all_reduce", n),
-            "wrong": None, **outcome("ok")}
+    point = group.point("reference", "all_reduce", dtype_name, x.numel() * x.element_size())
+    return start_row(point, **facts, count=x.numel(), iters=iters, warmup=group.warmup, graph=False, time_s=mean,
+                     time_max_s=None, algbw_gbs=algbw, busbw_gbs=algbw * busbw_factor("all_reduce", n), wrong=None)
 
 
-def run_plan(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every op x dtype x size of the plan on this rank; the rows (complete on every rank)."""
-    rank, n = dist.get_rank(), dist.get_world_size()
-    if plan["device"] == "cuda":
+def run_plan(group: CollectiveGroupSpec) -> list[dict[str, Any]]:
+    """Every op x dtype x size of the group on this rank; the rows (complete on every rank)."""
+    rank = dist.get_rank()
+    if group.device == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     else:
         device = torch.device("cpu")
-    backend = backends.get(plan["backend"])
+    backend = backends.get(group.backend)
     timer = Timer(device, use_events=backend.stream_ordered)
-    common = {"backend": plan["backend"], "device": plan["device"], "world_size": n}
-    if device.type == "cuda":
-        common["gpu_name"] = torch.cuda.get_device_name(device)
+    facts = {"gpu_name": torch.cuda.get_device_name(device)} if device.type == "cuda" else {}
     rows: list[dict[str, Any]] = []
-    out = Path(plan["out"])
-    for name in plan["ops"]:
+    out = Path(group.out)
+    for name in group.ops:
         # send/recv without the backend's point-to-point for these tensors hangs the receiver: not attempted
         failed = (NO_P2P.format(backend=backend.name) if name == "sendrecv" and backend.p2p_unsupported(device.type)
                   else None)
-        for dt in plan["dtypes"]:
-            for nbytes in plan["sizes"]:
+        for dt in group.dtypes:
+            for nbytes in group.sizes:
                 if failed is None:
                     try:
-                        rows.append({**common, **measure(name, dt, int(nbytes), plan, timer)})
+                        rows.append(measure(group, name, dt, nbytes, timer, **facts))
                         continue
                     except (RuntimeError, NotImplementedError, ValueError) as e:
                         # An op the backend/device lacks fails on every rank before any communication,
                         # so the ranks stay in step; its other sizes and dtypes are not tried again.
                         failed = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                rows.append({**common, "kind": "sweep", "op": name, "dtype": dt, "bytes": int(nbytes),
-                             **outcome("skipped", failed)})
+                rows.append(start_row(group.point("sweep", name, dt, nbytes), status="skipped", reason=failed,
+                                      **facts))
             if rank == 0:
                 _write(out, rows)
-    if plan.get("reference"):
-        for dt in plan["dtypes"]:
-            rows.append({**common, **reference_loop(dt, int(max(plan["sizes"])), plan, timer.device)})
+    if group.reference:
+        for dt in group.dtypes:
+            rows.append(reference_loop(group, dt, max(group.sizes), timer.device, **facts))
     if rank == 0:
         _write(out, rows)
     return rows
@@ -327,9 +329,8 @@ def _write(path: Path, rows: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Worker entry point: ``python -m bench.comm.worker PLAN.json`` under torchrun."""
     argv = sys.argv[1:] if argv is None else argv
-    plan = json.loads(Path(argv[0]).read_text())
     try:
-        return _run(plan)
+        return _run(load(CollectiveGroupSpec, Path(argv[0]).read_text()))
     except BaseException as e:
         # torchrun's own summary says only "To enable traceback see ..."; the traceback stays in its log
         text = str(e).splitlines()[0][:200] if str(e) else ""
@@ -338,19 +339,19 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
-def _run(plan: dict[str, Any]) -> int:
-    """Init the process group, run the plan, destroy the group."""
+def _run(group: CollectiveGroupSpec) -> int:
+    """Init the process group, run the group's ladder, destroy the group."""
     from datetime import timedelta
 
-    kwargs: dict[str, Any] = {"timeout": timedelta(seconds=float(plan.get("pg_timeout_s", 300)))}
-    if plan["device"] == "cuda":
+    kwargs: dict[str, Any] = {"timeout": timedelta(seconds=group.pg_timeout_s)}
+    if group.device == "cuda":
         local = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local)
-        if backends.get(plan["backend"]).bind_device:
+        if backends.get(group.backend).bind_device:
             kwargs["device_id"] = torch.device("cuda", local)  # eager NCCL init, and barrier knows the GPU
-    dist.init_process_group(plan["backend"], **kwargs)
+    dist.init_process_group(group.backend, **kwargs)
     try:
-        run_plan(plan)
+        run_plan(group)
     finally:
         dist.destroy_process_group()
     return 0

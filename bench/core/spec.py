@@ -1,7 +1,12 @@
 """The typed contracts between planner, launcher and worker.
 
-* :class:`CellSpec`: one cell, planned once (workload facts resolved, options validated, devices
-  chosen); the launcher serialises it, the worker reads exactly this.
+* :class:`CellSpec`: one training cell, planned once (workload facts resolved, options validated,
+  devices chosen); the launcher serialises it, the worker reads exactly this.
+* :class:`ServeCellSpec`: one serving cell (placement, policy, load level); :class:`CollectiveGroupSpec`:
+  one collective sweep group (the torchrun of a backend and world size, its op/dtype/size ladder) and
+  :class:`CollectivePointSpec`: one point of its sweep.
+* :class:`CellKey`: what every mode's spec gives the one row start
+  (:func:`bench.results.identity.start_row`): its mode and its identity columns.
 * :class:`GroupPlan`: the cells one torchrun runs, with the group's backend and measurement settings.
 * :class:`RankMeasurement`: what one rank measured in one cell.
 * Events (:class:`Start`, :class:`Error`, :class:`Measured`): the worker-to-launcher stream, one
@@ -21,7 +26,7 @@ import json
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal, Protocol, Union
 
 #: The status of a row of any mode (a training cell, a serving cell, a collective's sweep point),
 #: with a reason whenever it is not ``ok``.
@@ -44,6 +49,16 @@ def outcome(status: str, reason: str | None = None) -> dict[str, Any]:
 #: (``bench.plan.matrix.plan`` runs it under one); ``bench.gate.compare`` reads a baseline's ok row of such a
 #: cell as a change of the matrix, not a breakage
 ONE_RANK_SKIP = "one rank has no one to talk to"
+
+
+class CellKey(Protocol):
+    """A planned cell of any mode, as its row sees it: the mode and the identity columns every row
+    of the cell starts with (:func:`bench.results.identity.start_row`)."""
+
+    @property
+    def mode(self) -> Mode: ...
+
+    def identity(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +127,94 @@ class CellSpec:
     @property
     def title(self) -> str:
         return f"{self.strategy} {self.workload.name} {self.backend} x{self.n_devices}"
+
+    def identity(self) -> dict[str, Any]:
+        return cell_identity(self.cell_id, self.mode, self.workload.name, self.strategy, self.backend,
+                             self.device, self.n_devices)
+
+
+def cell_identity(cell_id: int, mode: Mode, workload: str, strategy: str, backend: str, device: str,
+                  world_size: int) -> dict[str, Any]:
+    """The identity columns of a training or serving cell's row (``strategy`` is a training
+    strategy or a serving placement, ``backend`` what carries its traffic)."""
+    return {"cell_id": cell_id, "mode": mode, "workload": workload, "strategy": strategy, "backend": backend,
+            "device": device, "world_size": world_size}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeCellSpec:
+    """One serving cell: a (policy, load level) served by a pool of one placement and world size."""
+
+    cell_id: int
+    workload: str  # display name, dimensions included
+    strategy: str  # the placement: replicas | dataparallel-infer | pinned-tenants | pipeline
+    policy: str  # balancing policy (replicas), pinned (pinned-tenants) or '-'
+    load: str  # the load level's label: poisson@50/s, closed@4, ...
+    scenario: str  # levels | sweep | noisy-alone | noisy-flood
+    task: str  # score | generate | classify
+    offered_rps: float | None  # scheduled arrivals per second (None: a closed loop)
+    batch_max: int  # most requests in a batch (1 without dynamic batching)
+    batch_wait_s: float  # longest wait for a fuller batch
+    slo_s: float | None  # latency target of the rate sweep
+    backend: str = "mp-queue"  # what carries the requests to the processes
+    device: str  # cpu | cuda
+    world_size: int  # devices the pool serves on
+    precision: str  # fp32 | bf16
+    params: int | None
+    role: str = "independent"
+    mode: Literal["serve"] = "serve"
+
+    def identity(self) -> dict[str, Any]:
+        return cell_identity(self.cell_id, self.mode, self.workload, self.strategy, self.backend, self.device,
+                             self.world_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveGroupSpec:
+    """One group of the collective sweep: a torchrun of ``world_size`` ranks under ``backend`` that
+    times every (op, dtype, size) of its ladder; the sweep writes it as the group's plan file and its
+    ranks read exactly this."""
+
+    backend: str
+    device: str  # cpu | cuda
+    world_size: int
+    ops: tuple[str, ...]
+    dtypes: tuple[str, ...]  # fp32 | bf16 | ...
+    sizes: tuple[int, ...]  # bytes, ascending
+    iters: int
+    warmup: int
+    budget_s: float  # timed calls continue until this many seconds, up to max_iters
+    max_iters: int
+    graph_max_bytes: int  # sizes up to this are replayed from a CUDA graph (stream-ordered backends)
+    reference: bool  # also time the plain all_reduce loop at the largest size
+    pg_timeout_s: float
+    out: str  # where rank 0 writes the group's rows (JSON)
+    mode: Literal["collective"] = "collective"
+
+    def identity(self) -> dict[str, Any]:
+        return {"backend": self.backend, "device": self.device, "world_size": self.world_size}
+
+    def point(self, kind: Literal["sweep", "reference"], op: str, dtype: str, nbytes: int) -> CollectivePointSpec:
+        return CollectivePointSpec(backend=self.backend, device=self.device, world_size=self.world_size,
+                                   kind=kind, op=op, dtype=dtype, bytes=nbytes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectivePointSpec:
+    """One point of a collective sweep: an op at one dtype and size in one group."""
+
+    backend: str
+    device: str
+    world_size: int
+    kind: Literal["sweep", "reference"]  # the sweep's op, or the plain loop it must match
+    op: str
+    dtype: str
+    bytes: int  # the size S of nccl-tests' definitions
+    mode: Literal["collective"] = "collective"
+
+    def identity(self) -> dict[str, Any]:
+        return {"backend": self.backend, "device": self.device, "world_size": self.world_size, "kind": self.kind,
+                "op": self.op, "dtype": self.dtype, "bytes": self.bytes}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,8 +1,9 @@
 """The one place a cell row is built: from the cell's spec, every rank's measurements and the
 telemetry samples of its timed window.
 
-Every mode's row (train, serve, collective) starts from :func:`start_row`, which sets the identity,
-the outcome in the one status vocabulary (:func:`bench.core.spec.outcome`) and the wall time. For a
+Every mode's row (train, serve, collective) starts from its spec through :func:`start_row`
+(:mod:`bench.results.identity`, re-exported here), which sets the identity, the outcome in the one
+status vocabulary (:func:`bench.core.spec.outcome`) and the wall time. For a
 training cell the launcher calls :func:`build_row` when the cell's measurements arrive and
 :func:`failure_row` when a cell could not produce them (skipped, crashed, timed out). Columns and
 how ranks combine come from the metric registry (:mod:`bench.core.metrics`) and the strategy's
@@ -21,9 +22,10 @@ import numpy as np
 
 from bench.core import backends
 from bench.core.metrics import Metric
-from bench.core.spec import CellSpec, Mode, RankMeasurement, outcome
+from bench.core.spec import CellSpec, RankMeasurement, outcome
 from bench.measure.hardware import cpu_threads, peak_flops
 from bench.measure.slowdown import POWER_CAP, THROTTLED
+from bench.results.identity import start_row
 from bench.stats.steps import slow_rank, summarize
 
 #: NVML's energy counter advances in steps (about 12.6 J at a time on H200s), so a short
@@ -39,28 +41,11 @@ HOST_CONTENTION = {"other_cpu_cores": "host_other_cpu_cores", "load1": "host_loa
 BREAKDOWN_KEYS = ("compute_time_s", "comm_time_s", "exposed_comm_s", "overlap_frac", "idle_frac", "profiled_step_s")
 
 
-def start_row(mode: Mode, *, cell_id: int, workload: str, strategy: str, backend: str, device: str,
-              world_size: int, status: str | None = "ok", reason: str | None = None, wall_s: float | None = None,
-              **columns: Any) -> dict[str, Any]:
-    """The row every mode's cell starts from: its identity (``strategy`` is a training strategy or
-    a serving placement, ``backend`` what carries its traffic), its outcome in the one status
-    vocabulary (:func:`bench.core.spec.outcome`; ``status=None`` leaves it to the caller), its wall
-    time once known, and then the mode's own planned columns."""
-    row = {"cell_id": cell_id, "mode": mode, "workload": workload, "strategy": strategy, "backend": backend,
-           "device": device, "world_size": world_size, **columns}
-    if status is not None:
-        row.update(outcome(status, reason))
-    if wall_s is not None:
-        row["cell_wall_s"] = wall_s
-    return row
-
-
 def base_row(spec: CellSpec) -> dict[str, Any]:
     """The planned facts every row of this cell carries, whatever happened to it."""
     m = spec.measure
     return start_row(
-        spec.mode, cell_id=spec.cell_id, workload=spec.workload.name, strategy=spec.strategy, backend=spec.backend,
-        device=spec.device, world_size=spec.n_devices, status=None, nproc=spec.n_procs, nnodes=spec.nnodes,
+        spec, status=None, nproc=spec.n_procs, nnodes=spec.nnodes,
         role=spec.role, steps=m.steps, warmup=m.warmup, precision=m.precision, time_cap_s=m.time_cap_s or None,
         global_batch=spec.workload.global_batch, params=spec.workload.params, scaling=spec.scaling,
         repeats=m.repeats, profile_at=m.profile_at if m.profile_steps else None,

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from bench.core.metrics import registry
-from bench.core.spec import outcome
-from bench.results.rows import start_row
+from bench.core.spec import ServeCellSpec, outcome
+from bench.results.identity import start_row
 from bench.results.store import RunWriter, cell_columns, new_run_id, write_meta
 from bench.serve import schema, steady, sweep
 from bench.serve.config import Load, ServeConfig
@@ -148,30 +148,35 @@ class ServeRun:
     def devices(self, world: int) -> list[str]:
         return [f"cuda:{i}" for i in range(world)] if self.cfg.device == "cuda" else [f"cpu:{i}" for i in range(world)]
 
-    def base_row(self, placement: str, world: int, policy: str, load: Load) -> dict[str, Any]:
+    def plan(self, placement: str, world: int, policy: str, load: Load) -> ServeCellSpec:
+        """The spec of the next serving cell (``self.cell_id``)."""
+        batch = policy == "batch"
+        return ServeCellSpec(
+            cell_id=self.cell_id, workload=self.wl.name, strategy=placement, policy=policy, load=load.label,
+            scenario=load.scenario, task=self.sm.task, offered_rps=load.rate or None,
+            batch_max=self.cfg.batch_max if batch else 1, batch_wait_s=self.cfg.batch_wait_ms / 1e3 if batch else 0.0,
+            slo_s=self.cfg.slo_ms / 1e3 if self.cfg.slo_ms else None, device=self.cfg.device, world_size=world,
+            precision=self.precision, params=self.wl.params)
+
+    def base_row(self, spec: ServeCellSpec, status: str = "ok", reason: str | None = None) -> dict[str, Any]:
         """The planned facts of a serving cell, through the row start every mode shares (status ok
         until the cell says otherwise)."""
-        gpu = torch.cuda.get_device_name(0) if self.cfg.device == "cuda" else None
+        gpu = torch.cuda.get_device_name(0) if spec.device == "cuda" else None
         return start_row(
-            "serve", cell_id=self.cell_id, workload=self.wl.name, strategy=placement, backend="mp-queue",
-            device=self.cfg.device, world_size=world, role="independent", precision=self.precision,
-            params=self.wl.params, gpu_name=gpu, serve_policy=policy, serve_load=load.label,
-            serve_scenario=load.scenario, serve_task=self.sm.task, serve_offered_rps=load.rate or None,
-            serve_batch_max=self.cfg.batch_max if policy == "batch" else 1,
-            serve_batch_wait_s=self.cfg.batch_wait_ms / 1e3 if policy == "batch" else 0.0,
-            global_batch=self.cfg.batch_max if policy == "batch" else 1,
-            slo_s=self.cfg.slo_ms / 1e3 if self.cfg.slo_ms else None)
+            spec, status=status, reason=reason, role=spec.role, precision=spec.precision, params=spec.params,
+            gpu_name=gpu, serve_policy=spec.policy, serve_load=spec.load, serve_scenario=spec.scenario,
+            serve_task=spec.task, serve_offered_rps=spec.offered_rps, serve_batch_max=spec.batch_max,
+            serve_batch_wait_s=spec.batch_wait_s, global_batch=spec.batch_max, slo_s=spec.slo_s)
 
     def cell(self, pool: Pool | None, placement: str, world: int, policy: str, load: Load,
              parity: float | None, failure: str | None = None, skip: str | None = None) -> dict[str, Any]:
         """Run one cell through ``pool`` (or record why it is ``skip``-ped or its ``failure``) and
         append its rows."""
         self.cell_id += 1
-        row = self.base_row(placement, world, policy, load)
+        spec = self.plan(placement, world, policy, load)
+        row = self.base_row(spec, "skipped", skip) if skip is not None else self.base_row(spec)
         row["parity_rel_err"] = parity
-        if skip is not None:
-            row.update(outcome("skipped", skip))
-        elif failure is None and pool is not None:
+        if skip is None and failure is None and pool is not None:
             reqs = requests_for(self.cfg, load, self.sm, self.cfg.seed)
             row["serve_requests"] = len(reqs)
             row["nproc"] = len(pool.specs)

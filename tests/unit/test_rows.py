@@ -194,10 +194,13 @@ def test_a_one_process_cell_uses_a_device_when_its_training_grew_it_at_all():
 
 
 def test_every_mode_starts_its_row_in_one_place():
+    from bench.core.spec import ServeCellSpec
     from bench.results.rows import base_row, start_row
 
-    row = start_row("serve", cell_id=3, workload="mlp", strategy="replicas", backend="mp-queue", device="cpu",
-                    world_size=2, status="failed", reason="boom", wall_s=1.5, serve_policy="rr")
+    serve = ServeCellSpec(cell_id=3, workload="mlp", strategy="replicas", policy="rr", load="poisson@5/s",
+                          scenario="levels", task="classify", offered_rps=5.0, batch_max=1, batch_wait_s=0.0,
+                          slo_s=None, device="cpu", world_size=2, precision="fp32", params=None)
+    row = start_row(serve, status="failed", reason="boom", wall_s=1.5, serve_policy="rr")
     assert row["mode"] == "serve" and (row["status"], row["reason"], row["cell_wall_s"]) == ("failed", "boom", 1.5)
     assert row["serve_policy"] == "rr"
     train = base_row(spec())
