@@ -63,7 +63,7 @@ class Ensemble(Strategy):
         seen: list = []
         # No training step uses this index. Every member predicts on the same rows: the first rank's
         # share of that batch, not all of it (a gpt-200m global batch of 64 is 4.3 GB of fp32 logits
-        # a member; on Gloo x2 gathering it five times took most of the cell's 21 s, eighth stop).
+        # a member; on Gloo x2 gathering it five times would take most of a 21 s cell).
         held_out = local_share(wl.batch(10**6), ctx, rank=0)
         result: dict[str, float] = {}
 

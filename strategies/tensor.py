@@ -29,8 +29,8 @@ def tp_check(wl: WorkloadFacts, tp: int) -> str | None:
 
 
 # Default: the plan that was faster where it was measured. On 4x H100 (gpt-200m, bf16, eager, 3
-# interleaved repeats; docs/runs/ab-h100-x4) Megatron ran 190 ms/step [166, 196] and torchtitan's
-# sequence-parallel plan 264 ms [256, 292], with 42% less memory (6.0 vs 10.3 GiB): sequence
+# interleaved repeats; docs/evidence/defaults-new-vs-old-h100-x4.parquet) Megatron ran 190 ms/step
+# [166, 196] and torchtitan's sequence-parallel plan 264 ms [256, 292], with 42% less memory (6.0 vs 10.3 GiB): sequence
 # parallelism pays for its extra collectives with torch.compile and async TP, which this suite
 # does not apply. Both stay one option away.
 TP_PLAN = Option(name="tp_plan", type=str, default="megatron", choices=("megatron", "sp"),

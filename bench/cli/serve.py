@@ -1,4 +1,4 @@
-"""``parbench serve``: the serving benchmark (issue 15; docs/SERVING.md).
+"""``parbench serve``: the serving benchmark (docs/SERVING.md).
 
 The subparser sets ``func=cmd_serve``.
 Also runnable alone (the device script uses this): ``python -m bench serve --device cuda ...``.
@@ -108,7 +108,7 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> Any:
     cfg.check()
     from bench.results.folder import check_out
 
-    check_out(cfg.out)  # before the model is built: an unwritable --out was a traceback after it
+    check_out(cfg.out)  # before the model is built: an unwritable --out fails in one line, at once
     return cfg
 
 

@@ -186,7 +186,7 @@ def annotate_summary(comm_df: pd.DataFrame, sweep: pd.DataFrame, device: str | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m bench.comm.projection --sweep collectives.parquet --run docs/runs/four-gpus-h100 --out DIR``:
+    """``python -m bench.comm.projection --sweep collectives.parquet --run RUN --out DIR``:
     fit the model, check the projection against the run's measured cells, project further,
     annotate the run's recorded calls; writes CSVs and projection.png into DIR, prints tables."""
     import argparse

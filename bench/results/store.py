@@ -148,8 +148,8 @@ def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
             eff[i] = e
             notes = []
             # FSDP's MixedPrecisionPolicy computes in bf16 parameters, the reference in fp32 parameters
-            # under autocast (seen on 2 H100s, gpt-200m at global batch 64: FSDP x2 efficiency 1.09;
-            # not separated from noise by an fsdp_mp=off cell).
+            # under autocast (on 2 H100s, gpt-200m at global batch 64, FSDP x2 reaches an efficiency of
+            # 1.09; an fsdp_mp=off cell does not separate that from noise).
             if e > EFFICIENCY_MAX:
                 own_dtype = getattr(r, "fsdp_param_dtype", None)
                 cast = str(r.precision) == "bf16" and isinstance(own_dtype, str) and own_dtype == "bf16"

@@ -26,8 +26,8 @@ class Load:
     rate: float = 0.0
 
 
-#: Requests one open-loop cell may hold: all of them are drawn before it starts (a review's --rates
-#: 1e9 for 1 s grew the launcher to 24 GB until the kernel killed it).
+#: Requests one open-loop cell may hold: all of them are drawn before it starts (without a cap,
+#: --rates 1e9 for 1 s would draw a billion requests and exhaust the launcher's memory).
 MAX_CELL_REQUESTS = 1_000_000
 
 

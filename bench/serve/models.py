@@ -225,7 +225,7 @@ class _Finish(nn.Module):
 #: A padded scoring batch is as long as its longest prompt rounded up to this many tokens (at most the
 #: model's context), so the shapes a dynamic batcher makes are few enough to warm up before a cell:
 #: on 4 H100s a batch policy whose padded batches of 2-7 prompts were each a new (rows, length)
-#: shape ran p50 75 ms at 0.3 C and 8.8 ms at 0.9 C, where more batches were full (eighth stop).
+#: shape ran p50 75 ms at 0.3 C and 8.8 ms at 0.9 C, where more batches were full.
 PAD_MULTIPLE = 16
 
 
