@@ -126,7 +126,7 @@ def recommend(cells: pd.DataFrame, gpu_mem: float | None = None) -> list[Pick]:
             overlap = _overlap(win, second)
             margin = float(second["step_time_median_s"] / win["step_time_median_s"] - 1)
             # Only intervals built from repeats can call a margin beyond the noise: the steps of one
-            # run are correlated and their interval is too narrow (bench/noise.py).
+            # run are correlated and their interval is too narrow (bench/stats/steps.py).
             judged = all(str(x.get("ci_basis", "")).startswith("repeats") for x in (win, second))
             runner = str(second["strategy"])
             sig = None if (overlap is None or not judged) else not overlap

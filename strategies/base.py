@@ -144,7 +144,7 @@ class Strategy:
     options: ClassVar[tuple[Option, ...]] = ()
     labels: ClassVar[tuple[Metric, ...]] = ()  # row columns set at plan time from the options
     metrics: ClassVar[tuple[Metric, ...]] = ()  # row columns the strategy measures itself
-    # What a cell on more than one device must show to count as distributed (bench.results.rows.EVIDENCE):
+    # What a cell on more than one device must show to count as distributed (bench.results.rows.distribution_check):
     # "comm" (communication bytes every step), "sharded" (each rank holds about 1/n of the
     # parameters), "split" (no rank holds the whole model), "devices" (every planned GPU holds
     # memory: one-process multi-GPU). A cell that does not show it fails with the reason.

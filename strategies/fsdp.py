@@ -9,17 +9,16 @@ the FSDP2 tutorial, except where noted:
   root's ``reshard_after_forward`` is treated as False), as ``tools/baselines/plain_fsdp.py``
   does. torchtitan's current ``apply_fsdp`` differs: the embedding is a unit of its own (resharded
   after forward) and the final norm with the output head another (not resharded by default).
-  Option ``fsdp_units=all`` makes every piece its own unit (the harness's structure before
-  2026-11-26, the embedding resharded as torchtitan does; measured on CPU, gpt-tiny, 2 ranks, 4
-  interleaved rounds: 1.21x the plain loop's step with the harness's then per-step barrier, 1.14x
-  without; with ``inner``, 0.91-0.96x). The rule is positional: for a workload whose first or last
+  Option ``fsdp_units=all`` makes every piece its own unit (the embedding resharded as torchtitan
+  does; measured on CPU, gpt-tiny, 2 ranks, 4 interleaved rounds: 1.14x the plain loop's step,
+  against 0.91-0.96x with ``inner``). The rule is positional: for a workload whose first or last
   piece is a real compute layer (the mlp's first hidden layer, the convnet's stem) that layer is
   gathered once with the root; with fewer than three pieces every piece is a unit. The cell records
   the units it built (``fsdp_units_built``);
 * with bf16 precision, ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: the
   all-gathers move bf16 and the blocks compute in bf16 without autocast, gradients are reduced in
   fp32 into the fp32 sharded parameters (option ``fsdp_mp=off`` keeps fp32 parameters under
-  autocast, the old default, so a user can see what the policy is worth);
+  autocast, so a user can see what the policy is worth);
 * ``reshard_after_forward`` on every block but the last: the last block's backward starts right
   after its forward, so freeing and re-gathering its parameters would only add an all-gather
   (option ``fsdp_reshard_last=true`` reshards it too). ``fsdp-noreshard`` keeps every block gathered

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bench.core.config import parse_mesh
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies.base import MESH, Context, Step, Strategy, common_check
@@ -13,7 +14,6 @@ from strategies.common import (
     local_share,
     make_optimizer,
     mesh_check,
-    parse_mesh,
     placement_check,
     placement_label,
     train_step,

@@ -2,8 +2,8 @@
 
 The model is cut into contiguous stages, one per rank (two per rank for the interleaved schedule),
 balancing the forward+backward time of each block measured once on the device (option
-``pp_balance=time``, the default; ``params`` balances parameter counts, the old default, which gave
-the embedding as much weight as a transformer block). The embedding lands on the first stage and
+``pp_balance=time``, the default; ``params`` balances parameter counts, which gives the embedding
+as much weight as a transformer block). The embedding lands on the first stage and
 the head on the last, as in torchtitan's pipeline split. ``micro_batches`` (option, default
 max(4, 2 x stages)) splits each batch.
 
@@ -23,6 +23,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from bench.core import backends
+from bench.core.config import parse_mesh
 from bench.core.metrics import Metric
 from bench.core.spec import CellSpec, WorkloadFacts
 from bench.workloads import Workload
@@ -37,7 +38,6 @@ from strategies.common import (
     local_share,
     make_optimizer,
     mesh_check,
-    parse_mesh,
     placement_check,
     placement_label,
     stage_modules,
@@ -51,8 +51,7 @@ SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": S
 BALANCE = Option(name="pp_balance", type=str, default="time", choices=("time", "blocks", "params"),
                  help="pipeline stage cut: time = equal measured forward+backward time per stage (each block "
                       "timed once on the device); blocks = equal numbers of blocks, the first (embedding) and last "
-                      "(head) riding along with the first and last stage; params = equal parameter counts (the old "
-                      "default)")
+                      "(head) riding along with the first and last stage; params = equal parameter counts")
 MICRO_BATCHES = Option(name="micro_batches", type=int, default=None, minimum=1,
                        help="micro-batches per step for the pipelines (default max(4, 2 x stages))")
 

@@ -86,7 +86,7 @@ class Hangs(Strategy):
 
 class _SecondBuild(Strategy):
     """Data parallel that misbehaves when built for its profile pass (``--profile-at end``:
-    ``bench.train.worker.profile_cell``); built for its timed repeats it trains normally."""
+    ``bench.train.profile.profile_cell``); built for its timed repeats it trains normally."""
 
     summary = needs = "test only"
 

@@ -9,7 +9,7 @@ import sys
 from typing import NoReturn
 
 from bench.core.errors import UserError
-from bench.runtime.signals import Interrupted, request_stop
+from bench.runtime.signals import STOP_SIGNALS, install_stop_handlers, restore_stop_handlers  # noqa: F401 - the commands' import point
 
 
 def add_run_args(p) -> None:
@@ -84,28 +84,6 @@ def parse_options(items: list[str]) -> dict[str, object]:
             except ValueError:
                 out[key.strip()] = val
     return out
-
-
-#: Signals that stop a run like Ctrl-C: a CI cancel or `timeout` sends SIGTERM, a closed terminal SIGHUP.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def install_stop_handlers() -> None:
-    """SIGTERM and SIGHUP stop the run as SIGINT does (the launcher kills its process trees, keeps
-    the finished cells and writes meta.json); a second signal during that cleanup is ignored."""
-    def handler(signum, _frame):
-        for s in STOP_SIGNALS:
-            signal.signal(s, signal.SIG_IGN)
-        if not request_stop(signum):  # inside a group the launcher raises it at a safe point
-            raise Interrupted(signum)
-
-    for s in STOP_SIGNALS:
-        signal.signal(s, handler)
-
-
-def restore_stop_handlers() -> None:
-    for s in STOP_SIGNALS:
-        signal.signal(s, signal.SIG_DFL if s != signal.SIGINT else signal.default_int_handler)
 
 
 def report_interrupt(e: KeyboardInterrupt, kept: str, then: str = "") -> int:

@@ -45,18 +45,3 @@ def print_summary(run_dir: Path, console: Console | None = None) -> None:
         for reason, g in skipped.groupby("reason"):
             which = ", ".join(f"{r.workload} {r.strategy} {r.backend} x{r.world_size}" for r in g.itertuples())
             console.print(Text(f"  {reason}: {which}"), soft_wrap=True)
-
-
-def print_compare(table: pd.DataFrame, threshold: float, console: Console | None = None) -> None:
-    console = console or Console(width=None if Console().is_terminal else 150)
-    t = Table(title=f"parbench compare (threshold {threshold:.1%})")
-    for col in ("workload", "strategy", "backend", "ws", "base samples/s", "current samples/s", "change",
-                "CIs overlap", "verdict"):
-        t.add_column(col)
-    for _, r in table.iterrows():
-        # Text, never markup: a workload or strategy name may hold brackets (rich fails on "[/x]").
-        t.add_row(*(Text(str(v)) for v in (r["workload"], r["strategy"], r["backend"], r["world_size"],
-                                           _fmt(r["base_tput"], ".1f"), _fmt(r["cur_tput"], ".1f"),
-                                           _fmt(r["change"], "+.1%"), "yes" if r["ci_overlap"] is True else "no",
-                                           r["verdict"])))
-    console.print(t)

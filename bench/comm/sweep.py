@@ -22,7 +22,7 @@ from bench.comm.worker import OPS, size_ladder
 from bench.core.spec import CollectiveGroupSpec, dump
 from bench.results.identity import start_row
 from bench.runtime import signals
-from bench.runtime.process import Launch, child_env
+from bench.runtime.process import Launch, become_subreaper, child_env
 
 WORKER = "bench.comm.worker"
 
@@ -132,6 +132,7 @@ def run_sweep(cfg: CommConfig) -> Path:
 
     check_out(cfg.out)  # an unwritable --out is a one-line error, before any group starts
     signals.clear_stop()  # a signal noted by an earlier run in this process is not this run's
+    become_subreaper()  # a rank whose torchrun agent dies is re-parented here, where its tree is killed
     run_dir = Path(cfg.out) / new_run_id()
     work = run_dir / "work"
     work.mkdir(parents=True)

@@ -52,8 +52,8 @@ class RunConfig:
     profile_at: str = "auto"
     trace: bool = False
     options: dict[str, Any] = field(default_factory=dict)
-    # Noise (bench/noise.py): each cell measured ``repeats`` times in rounds (their orders a balanced
-    # Latin square, bench.train.worker.rounds); warm-up
+    # Noise (bench/stats/steps.py): each cell measured ``repeats`` times in rounds (their orders a balanced
+    # Latin square, bench.train.rounds.rounds); warm-up
     # continues past ``warmup`` until the step time settles (up to ``warmup_max``, default 4 x
     # warmup); timed steps continue past ``steps`` until the median's 95% interval is within
     # ``target_ci`` (relative half-width), ``steps_max`` (default 3 x steps) or ``time_cap_s``.

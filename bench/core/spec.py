@@ -95,7 +95,7 @@ class Measure:
     time_cap_s: float = 0.0  # no more timed steps are added past this many seconds (0: no cap)
     # When the profiled steps run: "inline" after the cell's first timed repeat (in the processes that
     # go on to time the group's later cells), or "end": after every timed step of the group, in a
-    # profile pass that builds the cell again (bench.train.worker.profile_cell), so no timed step ever
+    # profile pass that builds the cell again (bench.train.profile.profile_cell), so no timed step ever
     # follows a GPU profiler session in its process. The first repeat then profiles one step on the
     # CPU side only, for the distribution check's communication evidence.
     profile_at: str = "inline"

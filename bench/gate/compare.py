@@ -187,7 +187,8 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
     time of the samples, else of the cell), ``shift`` / ``shift_low`` / ``shift_high``
     (step time, positive is slower, with its 1-alpha interval), ``p_value``, ``noise_floor``,
     ``n_base``, ``n_cur``, ``unit`` (what a sample is), ``needed`` (samples a side that would
-    resolve a noisy cell), ``verdict``, ``note``, ``ci_overlap`` (for older printers only).
+    resolve a noisy cell), ``verdict``, ``note``,
+    ``ci_overlap`` (whether the two medians' intervals overlap; shown, never the verdict).
 
     ``require_repeats``: a cell tested on one run's steps a side is at most ``noisy``, since that
     test cannot see run-to-run drift. ``fail_from_runs``: against a history whose stable segment
@@ -225,7 +226,7 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
         row["change"] = row["cur_tput"] / row["base_tput"] - 1 if row["base_tput"] else np.nan
         lo_b, hi_b, lo_c, hi_c = (pd.to_numeric(r[f"step_time_ci_{x}_s_{y}"], errors="coerce")
                                   for y in ("b", "c") for x in ("low", "high"))
-        row["ci_overlap"] = bool(lo_c <= hi_b and lo_b <= hi_c)  # kept for older printers; not the verdict
+        row["ci_overlap"] = bool(lo_c <= hi_b and lo_b <= hi_c)  # shown beside the verdict, never deciding it
         row["base_time_s"] = pd.to_numeric(r["step_time_median_s_b"], errors="coerce")
         row["cur_time_s"] = pd.to_numeric(r["step_time_median_s_c"], errors="coerce")
         row["verdict"], row["note"] = _verdict(r, row, bs, cs, run_diff, ctx_b, ctx_c, threshold, alpha, test)

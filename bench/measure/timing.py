@@ -18,8 +18,6 @@ from collections.abc import Callable
 
 import torch
 
-from bench.stats.intervals import order_stat_halfwidth  # noqa: F401 - the ranks import it from here
-
 
 class StepTimer:
     """Times ``n`` calls of ``fn``; ``times()`` returns seconds per call after they all finished."""

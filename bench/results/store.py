@@ -333,8 +333,8 @@ def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, di
     if len(missing):  # every row parbench writes has one: this table was edited or damaged
         raise UserError(f"{d / 'cells.parquet'}: cell(s) {', '.join(map(str, list(missing)[:5]))} have no status; "
                         "restore the run folder or move the damaged part aside")
-    # A serving cell of an older run folder says "error" where every mode now says "failed": read
-    # as failed, so the readers (summary, report, compare) see the one status vocabulary.
+    # A serving cell of a run folder from an older parbench says "error" for "failed": read as
+    # failed, so the readers (summary, report, compare) see the one status vocabulary.
     cells["status"] = cells["status"].replace({"error": "failed"})
     from bench.results.columns import all_metrics
 

@@ -46,3 +46,26 @@ def check_stop() -> None:
 def clear_stop() -> None:
     """Forget stop signals noted earlier in this process (a new run starts)."""
     _STOP.clear()
+
+
+#: Signals that stop a run like Ctrl-C: a CI cancel or `timeout` sends SIGTERM, a closed terminal SIGHUP.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def install_stop_handlers() -> None:
+    """SIGTERM and SIGHUP stop the command as SIGINT does (its loop kills the process trees, keeps
+    what finished and says where); a second signal during that cleanup is ignored."""
+
+    def handler(signum, _frame):
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        if not request_stop(signum):  # inside a group the launcher raises it at a safe point
+            raise Interrupted(signum)
+
+    for s in STOP_SIGNALS:
+        signal.signal(s, handler)
+
+
+def restore_stop_handlers() -> None:
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_DFL if s != signal.SIGINT else signal.default_int_handler)

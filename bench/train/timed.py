@@ -17,7 +17,8 @@ import torch.distributed as dist
 from bench.core import backends, spec
 from bench.core.spec import CellSpec, Measure, RankMeasurement
 from bench.measure.nvml import EnergyMeter
-from bench.measure.timing import StepTimer, order_stat_halfwidth
+from bench.measure.timing import StepTimer
+from bench.stats.intervals import order_stat_halfwidth
 
 CHUNK = 5  # steps between decisions of the adaptive warm-up and timed loops
 

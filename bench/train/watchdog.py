@@ -9,9 +9,9 @@ from pathlib import Path
 
 import psutil
 
+from bench.runtime.process import LAUNCHER_ENV
 from bench.train.events import write_error
 
-LAUNCHER_ENV = "PARBENCH_LAUNCHER_PID"  # bench.runtime.process.LAUNCHER_ENV (not imported: keeps ranks light)
 WATCHDOG_EXIT = 70  # a rank that left because its launcher or torchrun agent is gone
 WATCHDOG_POLL_S = 0.5
 

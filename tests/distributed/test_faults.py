@@ -145,7 +145,7 @@ def _wait_for_start(tmp_path: Path, strategy_cell: str, timeout: float = 150) ->
     raise AssertionError(f"cell {strategy_cell} never started")
 
 
-# SIGHUP takes the same handler as SIGTERM (bench.cli.common.STOP_SIGNALS): the fast suite sends SIGTERM
+# SIGHUP takes the same handler as SIGTERM (bench.runtime.signals.STOP_SIGNALS): the fast suite sends SIGTERM
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), pytest.param(signal.SIGHUP, 129, marks=pytest.mark.slow)])
 def test_parent_stop_signal_is_a_clean_interrupt(tmp_path, sig, code):
     proc = _start(tmp_path, "tests.helpers:Hangs", "--cell-timeout", "300")

@@ -37,10 +37,10 @@ def test_repeats_run_in_balanced_rounds_and_every_repeat_is_kept(tmp_path):
     orders = [tuple(g.sort_values("t_unix")["cell_id"]) for _, g in first.groupby("repeat")]
     # 3 cells of one group, 3 rounds: each cell ran first, second and last once (a Latin square's rows)
     assert all(sorted(col) == sorted(orders[0]) for col in zip(*orders)), orders
-    # and the orders are the ones the group's plan gives (bench.train.worker.rounds, seeded): a
+    # and the orders are the ones the group's plan gives (bench.train.rounds.rounds, seeded): a
     # second run of the same plan runs them again
     from bench.core import spec
-    from bench.train.worker import rounds
+    from bench.train.rounds import rounds
 
     plan = spec.load(spec.GroupPlan, (tmp_path / meta["run_id"] / "work" / "g0-a1.json").read_text())
     assert orders == [tuple(c.cell_id for c, _ in r) for r in rounds(plan)]
@@ -60,7 +60,7 @@ def test_a_time_budget_is_planned_and_recorded(tmp_path):
         "each repeat times at least 2 steps and stops adding steps after 14.8s"), meta["plan"]
     assert "kept as given: profile_steps, repeats, steps, steps_max" in meta["plan"], meta["plan"]
     assert (cells["status"] == "ok").all(), cells[["strategy", "status", "reason"]]
-    # each process group ran under a cap drawn from the time left before it (bench.train.launcher.Pacer):
+    # each process group ran under a cap drawn from the time left before it (bench.plan.budget.Pacer):
     # at least 0.1 s and at most twice the plan's
     ran = cells[cells["status"] == "ok"]
     assert ran["time_cap_s"].notna().all() and ran["time_cap_s"].between(0.1, 2 * 133 / 9).all(), ran["time_cap_s"]

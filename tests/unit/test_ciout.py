@@ -67,7 +67,7 @@ def test_pytest_benchmark_export_reads_back(tmp_path):
 
 
 def parbench(argv):
-    """The CLI as bench/cli.py will wire it: register(sub), then args.func; UserError -> 2."""
+    """The CLI as bench/cli/main.py wires it: register(sub), then args.func; UserError -> 2."""
     import argparse
 
     from bench.cli.gate import register

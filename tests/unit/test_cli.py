@@ -181,7 +181,8 @@ def test_summary_and_compare_print_brackets_verbatim(tmp_path):
     import pandas as pd
     from rich.console import Console
 
-    from bench.cli.summary import print_compare, print_summary
+    from bench.cli.gate import print_compare
+    from bench.cli.summary import print_summary
     from bench.results.store import RunWriter
 
     d = tmp_path / "run"
@@ -191,10 +192,11 @@ def test_summary_and_compare_print_brackets_verbatim(tmp_path):
     print_summary(d, Console(file=buf, width=300))
     assert "w[/x]" in buf.getvalue() and "failed: RuntimeError: [/x] err == 0." in buf.getvalue()
     table = pd.DataFrame([{"workload": "w[/x]", "strategy": "[bold]s", "backend": "gloo", "world_size": 2,
-                           "base_tput": 1.0, "cur_tput": 2.0, "change": 1.0, "ci_overlap": False, "verdict": "[red]x"}])
+                           "base_time_s": 0.002, "cur_time_s": 0.001, "noise_floor": 0.01, "verdict": "[red]x",
+                           "note": "[bold]n"}])
     buf = io.StringIO()
     print_compare(table, 0.05, Console(file=buf, width=300))
-    assert "[bold]s" in buf.getvalue() and "[red]x" in buf.getvalue()
+    assert "[bold]s" in buf.getvalue() and "[red]x" in buf.getvalue() and "[bold]n" in buf.getvalue()
 
 
 def test_the_budget_line_times_this_invocation_and_never_fails_a_finished_run(tmp_path, capsys):

@@ -7,8 +7,9 @@ import pytest
 
 from bench.core.errors import UserError
 from bench.gate.compare import compare
-from bench.gate.history import add, baseline, detect_steps, fingerprint, read_index, show
+from bench.gate.history import add, baseline, fingerprint, read_index, show
 from bench.results.store import load_run
+from bench.stats.changepoints import detect_steps
 from tests.regress_helpers import write_run
 
 

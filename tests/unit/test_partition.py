@@ -1,6 +1,7 @@
 import pytest
 
-from strategies.common import parse_mesh, partition
+from bench.core.config import parse_mesh
+from strategies.common import partition
 
 
 def test_partition_is_contiguous_covering_and_balanced():

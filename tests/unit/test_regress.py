@@ -7,17 +7,8 @@ import pandas as pd
 import pytest
 
 from bench.core.errors import UserError
-from bench.gate.compare import (
-    ALPHA,
-    Samples,
-    compare,
-    decide,
-    failed,
-    min_samples,
-    parse_threshold,
-    shift_test,
-    step_times,
-)
+from bench.gate.compare import Samples, compare, decide, failed, parse_threshold, step_times
+from bench.stats.ranktests import ALPHA, min_samples, shift_test
 from tests.regress_helpers import make_run
 
 

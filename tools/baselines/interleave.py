@@ -77,8 +77,10 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: make `bench` and `strategies` importable
     sys.path.insert(0, str(ROOT))
 
-from bench.cli.common import install_stop_handlers, report_interrupt, restore_stop_handlers  # noqa: E402
+from bench.cli.common import report_interrupt  # noqa: E402
+from bench.core import backends  # noqa: E402
 from bench.runtime.process import child_env, free_port, run_ranks, run_tree, torchrun_cmd  # noqa: E402
+from bench.runtime.signals import install_stop_handlers, restore_stop_handlers  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,8 @@ class Pair:
 
 
 # ---- the pairs: edit here ------------------------------------------------------------------------
-# Harness options as declared by the strategies (issue 10 best practice); the plain flags state the
+# Harness options as declared by the strategies (each configured as its documentation does); the plain
+# flags state the
 # same configuration. Pipelines: 8 micro-batches and equal transformer blocks per stage on both sides
 # (harness pp_balance=blocks; its default, time, may cut differently: what that is worth is the
 # device_run.sh ab phase's question, not this one's).
@@ -548,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-timeout-s", type=int, default=240)
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for interleave.json (default $OUT)")
     args = ap.parse_args(argv)
-    args.backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
+    args.backend = args.backend or backends.default_for(args.device).name
     families = [f for f in args.families.split(",") if f]
     unknown = [f for f in families if f not in PAIRS]
     if unknown:
