@@ -17,7 +17,10 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
+from bench.core.errors import UserError
+from bench.core.paths import folder_problem
 from bench.results.store import load_run
+from bench.serve import tables
 from reports import figures
 from reports.recommend import candidates, is_false, recommend
 
@@ -157,7 +160,6 @@ def _serving(run_dir: Path, serving: pd.DataFrame, out: Path) -> dict | None:
     """The serving section: the placements x policies x loads table and the rate-vs-p99 curve."""
     if serving.empty:
         return None
-    from bench.serve import tables
 
     cells = serving.assign(run=run_dir.name, gpu=serving["gpu_name"].fillna(serving["device"]))
     text = tables.levels_table(cells) if "serve_scenario" in cells else ""
@@ -218,14 +220,12 @@ def build_report(run_dir: Path, out: Path | None = None, *, baseline: Path | Non
     """Write ``index.html`` (self-contained) and its PNG figures into ``out`` (default
     RUN_DIR/report); returns the HTML path. ``baseline`` (a run) or ``history`` (a store) adds the
     comparison, regressions first."""
-    from bench.core.errors import UserError
 
     run_dir = Path(run_dir)
     cells, steps, meta = load_run(run_dir)
     serving = cells[cells["mode"] == "serve"] if "mode" in cells else cells.iloc[:0]
     cells = cells.drop(serving.index)  # training cells: figures and the recommendation are about steps
     out = Path(out) if out else run_dir / "report"
-    from bench.core.paths import folder_problem
 
     why = folder_problem(out)
     if why == "it is a file":

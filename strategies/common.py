@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from bench.core.config import parse_mesh
 from bench.core.metrics import Metric
 from bench.core.spec import CellSpec
-from bench.workloads import Batch, Workload
+from bench.workloads import Batch, Workload, shard
 from strategies.base import Context, Option
 
 
@@ -34,7 +34,6 @@ def make_optimizer(params, ctx: Context) -> torch.optim.Optimizer:
 
 def local_share(batch: Batch, ctx: Context, *, rank: int | None = None, world: int | None = None) -> Batch:
     """This rank's contiguous share of the global batch, moved to its device."""
-    from bench.workloads import shard
 
     return ctx.to_device(shard(batch, ctx.rank if rank is None else rank,
                                ctx.world_size if world is None else world))

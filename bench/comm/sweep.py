@@ -20,7 +20,10 @@ import pandas as pd
 
 from bench.comm.worker import OPS, size_ladder
 from bench.core.spec import CollectiveGroupSpec, dump
+from bench.measure.topology import topology
+from bench.results.folder import check_out
 from bench.results.identity import start_row
+from bench.results.store import new_run_id, write_meta
 from bench.runtime import signals
 from bench.runtime.process import Launch, become_subreaper, child_env
 
@@ -126,9 +129,6 @@ def add_reference(df: pd.DataFrame) -> pd.DataFrame:
 def run_sweep(cfg: CommConfig) -> Path:
     """The whole sweep; returns the run folder (tables rewritten after every group)."""
     from bench.comm.model import fit
-    from bench.measure.topology import topology
-    from bench.results.folder import check_out
-    from bench.results.store import new_run_id, write_meta
 
     check_out(cfg.out)  # an unwritable --out is a one-line error, before any group starts
     signals.clear_stop()  # a signal noted by an earlier run in this process is not this run's

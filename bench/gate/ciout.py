@@ -15,6 +15,7 @@ import pandas as pd
 
 from bench.core.errors import UserError
 from bench.gate.compare import FAILING, KEY, OPTIONAL_KEY
+from bench.results.store import load_run
 
 #: markdown order: what needs a look first
 ORDER = ["regression", "broken", "noisy", "incomparable", "missing", "new", "fixed", "improvement", "not run", "same"]
@@ -176,7 +177,6 @@ def pytest_benchmark_json(run_dir: str | os.PathLike) -> dict[str, Any]:
                         "pip install pytest-benchmark") from None
 
     from bench.gate.compare import step_times
-    from bench.results.store import load_run
 
     cells, steps, meta = load_run(run_dir)
     st = step_times(steps)

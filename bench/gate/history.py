@@ -27,6 +27,7 @@ import pandas as pd
 
 from bench.core.errors import UserError
 from bench.gate.compare import DIMENSIONS, KEY, MIN_REPEATS, OPTIONAL_KEY, Samples, cell_samples
+from bench.results.store import load_run
 from bench.stats.changepoints import detect_steps, quartiles
 
 DEFAULT_STORE = "results/history"
@@ -70,7 +71,6 @@ def read_index(store: str | os.PathLike) -> pd.DataFrame:
 def add(run_dir: str | os.PathLike, store: str | os.PathLike = DEFAULT_STORE, *, commit: str | None = None,
         machine: str | None = None) -> dict[str, Any]:
     """Append one run to the store; returns its index entry."""
-    from bench.results.store import load_run
 
     cells, steps, meta = load_run(run_dir)
     commit = commit or meta.get("git_commit")

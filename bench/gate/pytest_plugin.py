@@ -25,6 +25,8 @@ from typing import Any
 import pytest
 
 from bench.core import backends
+from bench.core.errors import UserError
+from bench.workloads import resolve
 
 
 def _context(device: Any, **kw: Any) -> Any:
@@ -60,8 +62,6 @@ def run_cell(benchmark: Any, workload: Any, strategy: Any = "single", *, steps: 
     import torch.distributed as dist
 
     import strategies
-    from bench.core.errors import UserError
-    from bench.workloads import resolve
 
     wl = resolve(workload, seed=seed, global_batch=global_batch) if isinstance(workload, str) else workload
     strat = strategies.get(strategy) if isinstance(strategy, str) else strategy

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.rankenv import RANK_ENV_DEFAULTS
+from bench.measure.hardware import cpu_threads
 
 #: variables recorded: these prefixes, or these exact names
 ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "NVIDIA_", "OMP_", "MKL_", "GLOO_", "PYTORCH_", "KMP_")
@@ -97,7 +98,6 @@ def gpu_state(nvml: Any = None) -> list[dict[str, Any]]:
 
 def fingerprint() -> dict[str, Any]:
     """The static fingerprint for meta.json."""
-    from bench.measure.hardware import cpu_threads
 
     # What the ranks run with: the launcher's environment plus the fixed defaults it gives every
     # rank (OMP_NUM_THREADS is set per launch, from the cores and that launch's ranks, and is

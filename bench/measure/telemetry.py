@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Any, Protocol
 
+from bench.measure.host import HostSource
+
 
 class Source(Protocol):
     name: str
@@ -78,7 +80,6 @@ class Sampler(threading.Thread):
 def start_samplers(hz: float, *, gpu: bool) -> tuple[Sampler | None, dict[str, str]]:
     """The host sampler always; the NVML sampler when ``gpu`` and NVML answers. Returns the
     running sampler (None when hz is 0) and notes for meta.json (why a sampler is absent)."""
-    from bench.measure.host import HostSource
 
     notes: dict[str, str] = {}
     if hz <= 0:

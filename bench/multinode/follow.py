@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from bench.core import spec
+from bench.measure.telemetry import start_samplers
 from bench.multinode import NodeLost
 from bench.multinode.nodes import PUSH_S, Follower
 from bench.runtime.process import Launch, become_subreaper, child_env
@@ -32,7 +33,6 @@ def follow(cfg, digest: str, n_cells: int, *, on_progress=None, module: str) -> 
     NodeLost when it stops answering."""
     from torch.distributed import DistError
 
-    from bench.measure.telemetry import start_samplers
 
     node = Follower(cfg, digest, n_cells)
     work = Path(cfg.out) / node.run_id / "work" / f"node{cfg.node_rank}"

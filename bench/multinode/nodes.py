@@ -36,10 +36,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from bench import __version__
 from bench.core import backends, spec
+from bench.core.config import parse_endpoint
 from bench.core.errors import UserError
 from bench.multinode import NodeLost
-from bench.multinode.netinfo import route
+from bench.multinode.netinfo import configured_iface, iface_addr, route
 
 log = logging.getLogger("parbench")
 HEARTBEAT_S = 1.0
@@ -190,7 +192,6 @@ class _Watch:
 
 
 def _hello(cfg, digest: str, n_cells: int) -> dict[str, Any]:
-    from bench import __version__
 
     host, port = _host_port(cfg.rdzv_endpoint)
     addr, iface = route(host, port)
@@ -206,7 +207,6 @@ def local_addr(cfg, endpoint_host: str, routed: str) -> str:
     else the one its route to node 0 leaves from."""
     if cfg.node_rank == 0:
         return endpoint_host
-    from bench.multinode.netinfo import configured_iface, iface_addr
 
     for backend in backends.names():
         name = configured_iface(backend)
@@ -216,7 +216,6 @@ def local_addr(cfg, endpoint_host: str, routed: str) -> str:
 
 
 def _host_port(endpoint: str) -> tuple[str, int]:
-    from bench.core.config import parse_endpoint
 
     return parse_endpoint(endpoint)
 

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 
 from bench.core.errors import UserError
+from bench.core.paths import folder_problem
+from bench.results.store import read_table
 
 
 def check_out(out: str) -> None:
@@ -18,7 +20,6 @@ def check_out(out: str) -> None:
         if len(os.fsencode(part)) > 255:
             raise UserError(f"--out {out[:40]!r}...: the name {part[:20]!r}... is {len(os.fsencode(part))} bytes, over "
                             "the file system's 255; pass a shorter folder name")
-    from bench.core.paths import folder_problem
 
     why = folder_problem(p)
     if why == "it is a file":
@@ -29,7 +30,6 @@ def check_out(out: str) -> None:
 
 def finished_cells(run_dir: Path) -> set[int]:
     """cell_ids that already have a row in a run folder (any status: a row is final)."""
-    from bench.results.store import read_table
 
     cells = read_table(run_dir, "cells")
     if cells.empty or "cell_id" not in cells:

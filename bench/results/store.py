@@ -34,6 +34,8 @@ import pyarrow.parquet as pq
 from bench import SCHEMA_VERSION, __version__
 from bench.core.errors import UserError
 from bench.core.metrics import CORE, Metric, stored
+from bench.measure.fingerprint import fingerprint
+from bench.measure.hardware import gpu_count, gpu_names
 from bench.stats.steps import EFFICIENCY_MAX
 
 STEP_COLUMNS: dict[str, str] = {
@@ -384,7 +386,6 @@ def machine_meta() -> dict[str, Any]:
     """Versions and hardware, for meta.json (cheap: no process group, no NCCL init)."""
     import torch
 
-    from bench.measure.hardware import gpu_count, gpu_names
 
     meta: dict[str, Any] = {
         "host": socket.gethostname(), "platform": platform.platform(), "python": sys.version.split()[0],
@@ -404,7 +405,6 @@ def machine_meta() -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - no NVML is normal on CPU machines
         meta["driver"] = None
         meta["nvml_unavailable"] = f"{type(e).__name__}: {e}"
-    from bench.measure.fingerprint import fingerprint
 
     meta["fingerprint"] = fingerprint()
     return meta

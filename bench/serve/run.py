@@ -15,8 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench.core.errors import UserError
 from bench.core.metrics import registry
 from bench.core.spec import ServeCellSpec, outcome
+from bench.measure.telemetry import start_samplers
 from bench.results.identity import start_row
 from bench.results.store import RunWriter, cell_columns, new_run_id, write_meta
 from bench.serve import schema, steady, sweep
@@ -60,7 +62,6 @@ def _guarded_reference(cfg: ServeConfig, sm: ServeModel, items: list[tuple[int, 
     import signal
     import threading
 
-    from bench.core.errors import UserError
 
     timed = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
     if timed:
@@ -238,7 +239,6 @@ class ServeRun:
 
 def run(cfg: ServeConfig, on_cell: Callable[[dict[str, Any]], None] | None = None) -> Path:
     """Run every cell of ``cfg``; returns the run folder."""
-    from bench.measure.telemetry import start_samplers
 
     sr = ServeRun(cfg, on_cell)
     sr.sampler, notes = start_samplers(cfg.sample_hz, gpu=cfg.device == "cuda")

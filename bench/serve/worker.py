@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from bench.serve.wire import pack, unpack
+from bench.workloads import resolve
 
 #: Generating micro-batches a pipeline's stage 0 lets into the stages at once. Past it, new requests
 #: wait at stage 0 (as queue time) while the ones in flight finish: each in flight holds a KV cache
@@ -73,7 +74,6 @@ def main(spec: WorkerSpec, own_q: Any, shared_q: Any, next_q: Any, result_q: Any
 class _Worker:
     def __init__(self, spec: WorkerSpec, own_q: Any, shared_q: Any, next_q: Any, result_q: Any):
         from bench.serve.models import ServeModel, resolve_precision
-        from bench.workloads import resolve
 
         self.spec, self.own_q, self.shared_q, self.next_q, self.result_q = spec, own_q, shared_q, next_q, result_q
         self.device = torch.device(spec.devices[0])

@@ -29,6 +29,10 @@ from typing import Any
 
 from bench.core.config import RunConfig, parse_duration
 from bench.core.errors import UserError
+from bench.measure.telemetry import start_samplers
+from bench.multinode import plan_digest
+from bench.multinode.follow import follow
+from bench.multinode.nodes import Coordinator
 from bench.plan.budget import Pacer, budget_plan, start_cost
 from bench.plan.matrix import Planned, group, plan, runnable
 from bench.results.folder import check_out
@@ -79,7 +83,6 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
     described = {n: w.description for n, w in wls.items()}
     extra = _meta_extra(run_dir, resume, done, invoked, coord)
     write_meta(run_dir, cfg.to_dict(), workloads=described, plan=plan_text, status="running", **extra)
-    from bench.measure.telemetry import start_samplers
 
     sampler, notes = start_samplers(cfg.sample_hz, gpu=cfg.device == "cuda")
     telemetry = Telemetry(sampler, writer, remote=coord.samples if coord is not None else None)
@@ -115,8 +118,6 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
 
 def _follow_node0(cfg: RunConfig, cells: list[Planned], on_progress: ProgressFn | None) -> Path:
     """A node other than node 0 follows node 0's launches; its work folder."""
-    from bench.multinode import plan_digest
-    from bench.multinode.follow import follow
 
     check_out(cfg.out)
     return follow(cfg, plan_digest(cells), len(cells), on_progress=on_progress, module=WORKER)
@@ -124,8 +125,6 @@ def _follow_node0(cfg: RunConfig, cells: list[Planned], on_progress: ProgressFn 
 
 def _coordinate(cfg: RunConfig, cells: list[Planned]):
     """Node 0: host the rendezvous and wait until every node joined with the same plan."""
-    from bench.multinode import plan_digest
-    from bench.multinode.nodes import Coordinator
 
     check_out(cfg.out)
     coord = Coordinator(cfg, plan_digest(cells), len(cells))
