@@ -169,6 +169,7 @@ def test_parent_sigkill_leaves_no_process(tmp_path):
     assert not no_leftovers(str(run_dir), within_s=5)
 
 
+@pytest.mark.slow  # the fast suite kills a rank and the parent; the agent's death takes the same crash path
 def test_torchrun_agent_sigkill_is_a_row_and_the_matrix_goes_on(tmp_path):
     proc = _start(tmp_path, "tests.helpers:Hangs,ddp", "--cell-timeout", "300")
     run_dir = _wait_for_start(tmp_path, "test-hangs")

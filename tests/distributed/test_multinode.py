@@ -37,6 +37,7 @@ def two_nodes(tmp_path, args: list[str], *, timeout_s: float = 240.0, args1: lis
     return wait_all(procs, timeout_s), out
 
 
+@pytest.mark.slow  # two local agents; the fast suite has the plan handshake between two nodes
 def test_ddp_and_pipeline_across_two_local_agents(tmp_path):
     (n0, n1), out = two_nodes(tmp_path, [*SMALL, "--strategies", "ddp,pipeline-gpipe", "--world-sizes", "2"])
     assert n0.rc == 0, saved("node0", n0.out, n0.err)

@@ -87,6 +87,7 @@ def test_a_time_budget_is_planned_and_recorded(tmp_path):
         in line and "2 process group start-ups took" in line, line
 
 
+@pytest.mark.slow  # runs with an injected slow rank or load; the flags' logic has unit tests
 def test_a_slow_rank_is_named(tmp_path):
     cells, _, _ = run(tmp_path, workloads="mlp", strategies="tests.helpers:SlowRank", world_sizes="2", steps=8,
                       warmup=1, target_ci=0, sample_hz=0)
@@ -94,6 +95,7 @@ def test_a_slow_rank_is_named(tmp_path):
     assert row["slow_rank"] == 1 and not row["stable"] and "rank 1 slow" in row["noise"]
 
 
+@pytest.mark.slow  # runs with an injected slow rank or load; the flags' logic has unit tests
 def test_a_contended_host_is_flagged(tmp_path):
     """Two busy loops outside the benchmark's process tree (as another job on the host is: the run
     is a `parbench run` process of its own, not this test's) are seen as contention."""

@@ -66,6 +66,7 @@ def faulty(tmp_path_factory) -> tuple[pd.DataFrame, Path]:
                profile_at="end", cell_timeout_s=10, **QUICK)
 
 
+@pytest.mark.slow  # a four-cell run with failing and hanging passes (the fast suite: order, breakdown)
 def test_a_failing_or_hanging_profile_pass_keeps_the_timing(faulty):
     cells, _ = faulty
     by = cells.set_index("strategy")
@@ -79,6 +80,7 @@ def test_a_failing_or_hanging_profile_pass_keeps_the_timing(faulty):
     assert hung["profile_note"].startswith("profile pass did not finish")
 
 
+@pytest.mark.slow  # a four-cell run with failing and hanging passes (the fast suite: order, breakdown)
 def test_a_hang_in_a_timed_repeat_or_in_a_pass_costs_only_that_cell(faulty):
     """C's timed hang is C's timeout alone; ddp's pass, in a relaunch after B's hung pass, fills
     ddp's breakdown; no timed repeat runs twice over the launches of the group."""

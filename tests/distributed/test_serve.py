@@ -93,6 +93,7 @@ def test_every_pool_is_warmed_up_on_the_cells_request_sizes(run):
     assert all(w["batch"] == 8 for w in warm.values())  # alone and as a batch of --batch-max (8)
 
 
+@pytest.mark.slow  # generation runs; the fast suite serves through replicas and probes a generating pipeline
 def test_generation_through_the_pipeline_placement(tmp_path):
     """--task generate on a 2-stage pipeline: each token goes round the stages (the last stage hands
     it back to stage 0, every stage keeps its share of the KV cache), and the tokens equal one
@@ -115,6 +116,7 @@ def test_generation_through_the_pipeline_placement(tmp_path):
     assert pipe["serve_tokens_s"] > 0
 
 
+@pytest.mark.slow  # generation runs; the fast suite serves through replicas and probes a generating pipeline
 def test_an_overloaded_generating_pipeline_bounds_its_work_in_flight(tmp_path):
     """Far above its capacity, stage 0 lets at most MAX_INFLIGHT micro-batches (each with a KV cache
     on every stage) into the stages; the rest wait at stage 0 and every request is still answered,

@@ -30,6 +30,7 @@ def known(tmp_path_factory):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # a run with known collectives; the fast suite checks samples and trace analysis on synthetic traces
 def test_comm_time_matches_the_collective_timed_alone(known):
     cells, comm, _ = known
     s = cells.loc["test-comm-serial"]
@@ -53,6 +54,7 @@ def test_comm_time_matches_the_collective_timed_alone(known):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # a run with known collectives; the fast suite checks samples and trace analysis on synthetic traces
 def test_exposed_comm_serialized_vs_overlapped(known):
     cells, _, _ = known
     ser, ovl = cells.loc["test-comm-serial"], cells.loc["test-comm-overlap"]

@@ -18,7 +18,8 @@ from bench.runtime.process import child_env, free_port, run_tree, torchrun_cmd
 from bench.workloads import resolve
 from tests.procs import saved
 
-pytestmark = pytest.mark.distributed
+# The plain reference loops are developer tools: their runs are in the slow set.
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, WARMUP = 3, 1

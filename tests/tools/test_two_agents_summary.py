@@ -30,6 +30,7 @@ def test_summary_only_without_rounds_is_a_one_line_error(tmp_path):
     assert not (tmp_path / "nothing").exists()  # nothing created, nothing removed
 
 
+@pytest.mark.slow  # replays two calls' rounds
 def test_summary_only_replays_rounds_of_two_calls(tmp_path):
     merged = tmp_path / "two-agents"
     for call in ("call-r2", "call-r3"):

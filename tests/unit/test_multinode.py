@@ -211,6 +211,7 @@ def test_a_listener_that_never_answers_is_given_up_after_the_rendezvous_timeout(
         srv.close()
 
 
+@pytest.mark.slow  # waits out torch's store retries
 def test_a_listener_that_answers_garbage_gives_one_line_not_torchs_retry_stacks(tmp_path):
     """Against a service that answers something else (an SSH banner here) the error is one line:
     none of the C++ stacks torch's store client prints per retry reaches the terminal."""
