@@ -185,6 +185,7 @@ def test_torchrun_agent_sigkill_is_a_row_and_the_matrix_goes_on(tmp_path):
     assert not no_leftovers(str(run_dir), within_s=5)
 
 
+@pytest.mark.slow  # a run killed mid-cell, then resumed: two runs
 def test_resume_runs_only_the_unfinished_cell_and_sets_aside_its_partial_rows(tmp_path):
     """A run killed after a cell's steps were written but before its row: --resume runs that cell
     alone, appends to the same folder, and its steps appear once. (A complete run is compacted to
@@ -230,8 +231,8 @@ def _descendants(pid: int) -> list[psutil.Process]:
 @pytest.mark.parametrize("cmd, sig, kept", [
     (["serve", "--device", "cpu", "--workload", "gpt-tiny", "--world-sizes", "2", "--rates", "5", "--duration",
       "60", "--no-parity", "--sample-hz", "0"], signal.SIGTERM, "the cells that finished are in"),
-    (["comm", "--device", "cpu", "--world-sizes", "2", "--max-bytes", "64M", "--iters", "200", "--budget", "5"],
-     signal.SIGINT, "the groups that finished are in"),
+    pytest.param(["comm", "--device", "cpu", "--world-sizes", "2", "--max-bytes", "64M", "--iters", "200", "--budget",
+                  "5"], signal.SIGINT, "the groups that finished are in", marks=pytest.mark.slow),
 ])
 def test_serve_and_comm_stop_cleanly_on_a_signal(tmp_path, cmd, sig, kept):
     proc = subprocess.Popen([sys.executable, "-m", "bench", *cmd, "--out", str(tmp_path)],

@@ -46,6 +46,7 @@ def test_repeats_run_in_balanced_rounds_and_every_repeat_is_kept(tmp_path):
     assert orders == [tuple(c.cell_id for c, _ in r) for r in rounds(plan)]
 
 
+@pytest.mark.slow  # a budgeted run; the budget plan's arithmetic has unit tests (tests/unit/test_plan.py)
 def test_a_time_budget_is_planned_and_recorded(tmp_path):
     """What the plan decided, and what meta.json records of it; how long the run took is not
     checked (the machine's load decides that; tests/unit/test_plan.py covers the pacer's arithmetic)."""

@@ -284,8 +284,9 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, name, prep, args, needle
 #: A few cases through the real command, in a process of its own: exit status, stderr, no traceback.
 #: Every case also runs in-process above; one per command family runs in the default suite (each
 #: process pays a Python and torch start), the rest with -m slow.
-SUBPROCESS = ("out-is-file", "workload-factory-raises", "report-truncated-cells", "endpoint-no-port")
-SUBPROCESS_SLOW = ("toml-steps-float", "device-cuda-no-gpu", "report-onto-file", "node-rank-too-big")
+SUBPROCESS = ("out-is-file",)
+SUBPROCESS_SLOW = ("workload-factory-raises", "report-truncated-cells", "endpoint-no-port", "toml-steps-float",
+                   "device-cuda-no-gpu", "report-onto-file", "node-rank-too-big")
 
 
 @pytest.mark.parametrize("name", [*SUBPROCESS, *(pytest.param(n, marks=pytest.mark.slow) for n in SUBPROCESS_SLOW)])
