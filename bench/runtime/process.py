@@ -191,13 +191,18 @@ class ProcessTree:
             return []
         _, left = psutil.wait_procs(left, timeout=grace_s)
         names = [_describe(p, self.cmds) for p in left]
-        for p in left:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(left, timeout=2.0)
+        kill_all(left)
         return names
+
+
+def kill_all(procs: list[psutil.Process]) -> None:
+    """SIGKILL the processes still running, and wait for them briefly."""
+    for c in procs:
+        try:
+            c.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=2.0)
 
 
 class Launch:

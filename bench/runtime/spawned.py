@@ -16,6 +16,8 @@ from typing import Any
 
 import psutil
 
+from bench.runtime.process import kill_all
+
 
 class Spawned:
     """Processes started with the ``spawn`` context, and the queues they share with this one."""
@@ -57,7 +59,7 @@ class Spawned:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=1.0)
-        _kill_all(children)
+        kill_all(children)
         # Requests still buffered for a process that is gone (a cell past its timeout leaves a
         # backlog) would hold this process at exit: a queue's feeder thread is joined at exit and
         # blocks on a pipe nobody reads.
@@ -77,11 +79,3 @@ def _descendants(procs: list[Any]) -> list[psutil.Process]:
     return out
 
 
-def _kill_all(procs: list[psutil.Process]) -> None:
-    """SIGKILL the processes still running, and wait for them briefly."""
-    for c in procs:
-        try:
-            c.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(procs, timeout=2.0)
