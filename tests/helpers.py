@@ -387,3 +387,28 @@ def global_batch_zero(*, seed: int = 0) -> Workload:
     from bench.workloads import resolve
 
     return dataclasses.replace(resolve("mlp", seed=seed), name="batch-zero", global_batch=0)
+
+
+# --- Serving with a user model that never loads or kills its process (tests/faults/test_serve.py).
+
+def factory_hangs(*, seed: int = 0, global_batch: int = 8) -> Workload:
+    """A user workload factory that never returns."""
+    time.sleep(3600)
+    raise AssertionError("unreachable")
+
+
+class _ForwardCrashes(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSEGV)  # the process dies as a native crash would, saying nothing
+
+
+def forward_crashes(*, seed: int = 0, global_batch: int = 8) -> Workload:
+    """A servable user workload whose forward kills its process (SIGSEGV)."""
+    return _classifier("forward-crashes", _ForwardCrashes)

@@ -1,5 +1,10 @@
 """``parbench comm``: the collective sweep's flags; :mod:`bench.comm.sweep` runs it.
 
+Exit codes: 0 every point measured and correct; 1 a group failed (a rank died, raised or hung past
+--timeout: the points it measured before are kept, its failure row says why, one line on stderr
+names it) or a point was wrong; 2 bad input; 128 + the signal when stopped (130 Ctrl-C, 143
+SIGTERM: the groups that finished are kept, one line names the run folder).
+
 The sweep writes ``<out>/<run-id>/collectives.parquet`` (one row per op, dtype, size, backend and world size,
 plus ``kind == 'reference'`` rows: a plain torch all_reduce loop at the largest size), the fitted
 alpha-beta model ``comm_model.parquet`` and ``meta.json`` (with the NVML topology).
@@ -9,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from typing import Any
 
 import pandas as pd
@@ -46,13 +52,15 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> CommConfig:
     device = args.device or ("cuda" if gpus else "cpu")
     if device not in ("cpu", "cuda"):
         raise UserError(f"--device {device!r}: use cpu or cuda")
-    backends = _csv(args.backends or registry.default_for(device).name, tuple(registry.names()), "--backends")
+    # a flag given empty is refused, not read as left out (a shell variable that expanded to nothing)
+    backends = _csv(registry.default_for(device).name if args.backends is None else args.backends,
+                    tuple(registry.names()), "--backends")
     for b in backends:
         if registry.get(b).unsupported(device):
             raise UserError(f"--backends {b} needs --device {'/'.join(sorted(registry.get(b).devices))}; "
                             f"use --backends {registry.default_for(device).name} on {device.upper()}")
     try:
-        worlds = [int(x) for x in str(args.world_sizes or "2").split(",") if x.strip()]
+        worlds = [int(x) for x in str("2" if args.world_sizes is None else args.world_sizes).split(",") if x.strip()]
     except ValueError:
         raise UserError(f"--world-sizes {args.world_sizes!r}: use a comma list of integers >= 2, e.g. 2,4") from None
     if not worlds or min(worlds) < 2:
@@ -63,7 +71,6 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> CommConfig:
     if device == "cuda" and max(worlds) > gpus:
         raise UserError(f"--world-sizes {max(worlds)} needs {max(worlds)} GPUs, {gpus} visible; "
                         "lower it or use --device cpu")
-    # a flag given empty is refused, not read as left out (a shell variable that expanded to nothing)
     lo = parse_bytes("1K" if args.min_bytes is None else args.min_bytes, "--min-bytes")
     hi = parse_bytes(("1G" if device == "cuda" else "16M") if args.max_bytes is None else args.max_bytes,
                      "--max-bytes")
@@ -73,22 +80,25 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> CommConfig:
     if args.factor not in (2, 4):
         raise UserError(f"--factor {args.factor}: use 2 or 4")
     for flag, v in (("--iters", args.iters), ("--warmup", args.warmup)):
-        if v is not None and v < (1 if flag == "--iters" else 0):
-            raise UserError(f"{flag} {v}: use a positive number (default 20 iters, 5 warm-up)")
+        if v is not None and not (1 if flag == "--iters" else 0) <= v <= CALLS_MAX:
+            raise UserError(f"{flag} {v}: use a number of calls from {1 if flag == '--iters' else 0} to {CALLS_MAX:,} "
+                            "per point (default 20 iters, 5 warm-up)")
     cfg = CommConfig(backends=backends, world_sizes=sorted(set(worlds)), device=device,
                      ops=_csv(",".join(OPS) if args.ops is None else args.ops, OPS, "--ops"),
                      dtypes=_csv("fp32,bf16" if args.dtypes is None else args.dtypes, tuple(DTYPES), "--dtypes"),
-                     min_bytes=lo, max_bytes=hi, factor=args.factor, out=args.out or "results",
+                     min_bytes=lo, max_bytes=hi, factor=args.factor, out=_out(args.out),
                      graph_max_bytes=parse_bytes("0" if args.graph_max_bytes is None else args.graph_max_bytes,
                                                  "--graph-max-bytes"),
                      reference=not args.no_reference)
     if args.iters is not None:
         cfg.iters = args.iters
+        cfg.max_iters = max(cfg.max_iters, args.iters)  # --iters is the least a point gets, never cut
     if args.warmup is not None:
         cfg.warmup = args.warmup
     if args.timeout is not None:
-        if args.timeout <= 0:
-            raise UserError(f"--timeout {args.timeout}: use a positive number of seconds, e.g. 300")
+        if not 0 < args.timeout <= TIMEOUT_MAX_S:
+            raise UserError(f"--timeout {args.timeout:g}: use a positive number of seconds up to {TIMEOUT_MAX_S:g}, "
+                            "e.g. 300")
         cfg.group_timeout_s = args.timeout
     if args.budget is not None:
         if not (0 <= args.budget <= BUDGET_MAX_S):
@@ -97,6 +107,18 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> CommConfig:
         cfg.budget_s = args.budget
     return cfg
 
+
+def _out(out: str | None) -> str:
+    if out is not None and not out.strip():
+        raise UserError(f"--out {out!r} is empty; pass a folder, e.g. --out results")
+    return "results" if out is None else out
+
+
+#: The most timed or warm-up calls per point (--iters, --warmup): more runs a small size for hours.
+CALLS_MAX = 100_000
+#: The longest --timeout: a day (the ranks' process-group timeout is set from it, and a longer
+#: deadline overflows the platform's timers).
+TIMEOUT_MAX_S = 86400.0
 
 #: The most seconds per point --budget takes: a point stops at max_iters calls whatever is left
 BUDGET_MAX_S = 60.0
@@ -131,17 +153,47 @@ def cmd_comm(args: argparse.Namespace) -> int:
     from bench.measure.hardware import gpu_count
 
     cfg = config_from_args(args, gpu_count())
+    run_dir = None
     install_stop_handlers()  # Ctrl-C, SIGTERM, SIGHUP: the group's processes are stopped, finished groups kept
     try:
-        run_dir = run_sweep(cfg)
-    except KeyboardInterrupt as e:
+        run_dir = run_sweep(cfg, on_group=_progress)
+        return _report(run_dir)
+    except KeyboardInterrupt as e:  # also while the report prints: the run folder is complete then
+        if getattr(e, "run_dir", None) is None:
+            e.run_dir = run_dir  # type: ignore[attr-defined]
         return report_interrupt(e, "the groups that finished")
     finally:
         restore_stop_handlers()
-    print(summary_table(pd.read_parquet(run_dir / "collectives.parquet")))
-    print(f"run folder: {run_dir}")
+
+
+def _progress(group: Any, rows: list[dict[str, Any]] | None) -> None:
+    """One line on stdout as a group starts and one as its rows are written."""
+    tag = f"{group.backend} x{group.world_size}"
+    if rows is None:
+        points = len(group.ops) * len(group.dtypes) * len(group.sizes)
+        print(f"{tag}: measuring {points} points", flush=True)
+        return
+    failed = [r for r in rows if r.get("status") == "failed"]
+    done = sum(r.get("status") == "ok" and r.get("kind") == "sweep" for r in rows)
+    print(f"{tag}: {done} points measured" + (f"; failed: {failed[0].get('reason')}" if failed else ""), flush=True)
+
+
+def _report(run_dir: Any) -> int:
+    """The summary and the run folder on stdout; exit 1 with one line on stderr when a group failed
+    or a point was wrong, else 0."""
     df = pd.read_parquet(run_dir / "collectives.parquet")
-    return 1 if df["wrong"].fillna(0).gt(0).any() else 0
+    print(summary_table(df))
+    print(f"run folder: {run_dir}")
+    failed = df[df["status"] == "failed"] if "status" in df else df.iloc[:0]
+    wrong = int(df["wrong"].fillna(0).sum()) if "wrong" in df else 0
+    if len(failed):
+        r = failed.iloc[0]
+        print(f"parbench: comm: {r['backend']} x{r['world_size']} failed: {r['reason']}; the points measured "
+              f"before are in {run_dir / 'collectives.parquet'}", file=sys.stderr)
+    elif wrong:
+        print(f"parbench: comm: {wrong} wrong elements in the correctness checks; see the wrong column of "
+              f"{run_dir / 'collectives.parquet'}", file=sys.stderr)
+    return 1 if len(failed) or wrong else 0
 
 
 def register(sub: Any) -> argparse.ArgumentParser:

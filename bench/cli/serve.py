@@ -2,7 +2,9 @@
 
 The subparser sets ``func=cmd_serve``.
 Also runnable alone (the device script uses this): ``python -m bench serve --device cuda ...``.
-Exit codes: 0 every cell ok and parity held, 1 a cell failed or parity broke, 2 bad input.
+Exit codes: 0 every cell ok and parity held, 1 a cell failed or parity broke (one line on stderr
+names the first), 2 bad input, 128 + the signal when stopped (130 Ctrl-C, 143 SIGTERM: the cells
+that finished keep their rows, and one line names the run folder).
 """
 
 from __future__ import annotations
@@ -83,8 +85,8 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> Any:
         if not default.size_min <= default.size_max:
             raise UserError(f"--size-min {args.size_min} and --size-max {args.size_max}: need 1 <= --size-min "
                             f"<= --size-max, e.g. --size-min 16 --size-max 96")
-        if default.arrival == "gamma" and not default.cv > 0:
-            raise UserError(f"--cv {args.cv} must be > 0 for gamma arrivals (1 is Poisson), e.g. --cv 3")
+        if not 0 < default.cv < math.inf:
+            raise UserError(f"--cv {args.cv} must be a finite number > 0 (gamma arrivals; 1 is Poisson), e.g. --cv 3")
     rates = _floats(args.rates, "--rates")
     clients = _ints(args.clients, "--clients")
     cfg = ServeConfig(
@@ -99,7 +101,10 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> Any:
         slow=_slow(args.slow), parity=not args.no_parity, sample_hz=args.sample_hz,
         cell_timeout_s=args.cell_timeout, out=args.out)
     if len(cfg.noisy_rates) != 2:
-        raise UserError("--noisy-rates must be VICTIM,FLOOD requests per second, e.g. 5,50")
+        raise UserError(f"--noisy-rates {args.noisy_rates!r} must be VICTIM,FLOOD requests per second, e.g. 5,50")
+    if args.noisy_rates is not None and not args.noisy:
+        raise UserError(f"--noisy-rates {args.noisy_rates} sets the noisy-neighbour cells, which run with --noisy "
+                        "only: add --noisy or drop --noisy-rates")
     if args.policies is not None and not _csv(args.policies):
         raise UserError(f"--policies {args.policies!r} is empty: give a comma list, e.g. --policies round-robin,jsq")
     if args.policies is not None and "replicas" not in cfg.placements:
@@ -108,12 +113,15 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> Any:
     cfg.check()
     from bench.results.folder import check_out
 
+    if not cfg.out.strip():
+        raise UserError(f"--out {cfg.out!r} is empty; pass a folder, e.g. --out results")
     check_out(cfg.out)  # before the model is built: an unwritable --out fails in one line, at once
     return cfg
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Handler of ``parbench serve``."""
+    from bench.cli.common import install_stop_handlers, report_interrupt, restore_stop_handlers
     from bench.measure.hardware import gpu_count
     from bench.serve import run as serve_run
 
@@ -124,25 +132,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
         rows.append(row)
         print(serve_run.summary_lines([row])[0], flush=True)
 
-    from bench.cli.common import install_stop_handlers, report_interrupt, restore_stop_handlers
+    def on_pool(placement: str, world: int) -> None:
+        print(f"{placement} ws{world}: starting {world} device{'s' if world > 1 else ''}", flush=True)
 
+    run_dir = None
     install_stop_handlers()  # Ctrl-C, SIGTERM, SIGHUP: the pools are stopped and what finished is kept
     try:
-        run_dir = serve_run.run(cfg, on_cell=on_cell)
-    except KeyboardInterrupt as e:
+        run_dir = serve_run.run(cfg, on_cell=on_cell, on_pool=on_pool)
+        return _report(run_dir, rows)
+    except KeyboardInterrupt as e:  # also while the report prints: the run folder is complete then
+        if getattr(e, "run_dir", None) is None:
+            e.run_dir = run_dir  # type: ignore[attr-defined]
         return report_interrupt(e, "the cells that finished")
     finally:
         restore_stop_handlers()
-    print(f"run folder: {run_dir}")
+
+
+def _report(run_dir: Any, rows: list[dict[str, Any]]) -> int:
+    """The run folder and the sweep's findings on stdout; one line on stderr when a cell failed or
+    parity broke (exit 1), else exit 0."""
     from bench.results.store import PARITY_TOL, load_meta
 
+    print(f"run folder: {run_dir}")
     sweep = load_meta(run_dir).get("serve_sweep") or {}
     for key, found in sweep.items():
         print(f"sweep {key}: highest rate meeting p99 <= {found['slo_p99_s'] * 1e3:g} ms: {found['max_rate_rps']}")
     bad = [r for r in rows if r["status"] not in ("ok", "skipped")]
     tol = PARITY_TOL.get(rows[0]["precision"], 1e-5) if rows else 1e-5
     broken = [r for r in rows if r.get("parity_rel_err") is not None and not r["parity_rel_err"] <= tol]
-    for r in broken[:1]:
+    if bad:
+        r = bad[0]
+        print(f"parbench: serve: {len(bad)} of {len(rows)} cells failed, the first {r['strategy']} ws{r['world_size']} "
+              f"{r['serve_policy']} {r['serve_load']}: {r['reason']}; rows in {run_dir}", file=sys.stderr)
+    elif broken:
+        r = broken[0]
         print(f"parity: {r['strategy']} differs from one device by {r['parity_rel_err']:.2e} (> {tol:g})",
               file=sys.stderr)
     return 1 if bad or broken else 0

@@ -10,8 +10,11 @@ after every group, so a stopped sweep keeps the groups that finished.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from bench.comm.worker import OPS, size_ladder
+from bench.core.errors import UserError
 from bench.core.spec import CollectiveGroupSpec, dump
 from bench.measure.topology import topology
 from bench.results.folder import check_out
@@ -28,6 +32,8 @@ from bench.runtime import signals
 from bench.runtime.process import Launch, become_subreaper, child_env
 
 WORKER = "bench.comm.worker"
+log = logging.getLogger(__name__)
+
 
 @dataclass(kw_only=True)
 class CommConfig:
@@ -84,10 +90,9 @@ def run_group(group: CollectiveGroupSpec, timeout_s: float) -> list[dict[str, An
 
 def follow(launch: Launch, timeout_s: float) -> int | str:
     """Wait for the launch to end: its return code, or "timeout" when it ran past ``timeout_s`` and
-    was stopped. A stop signal is raised here between polls (the rows on disk are kept), and
-    anything raised stops the launch's whole tree first."""
+    was stopped. A stop signal (deferred by :func:`run_sweep`) is raised here between polls (the
+    rows on disk are kept), and anything raised stops the launch's whole tree first."""
     deadline = time.monotonic() + timeout_s
-    signals.defer_stops(True)
     try:
         while not launch.exited():
             signals.check_stop()
@@ -98,17 +103,22 @@ def follow(launch: Launch, timeout_s: float) -> int | str:
     except BaseException:
         launch.kill()
         raise
-    finally:
-        signals.defer_stops(False)
     launch.survivors()
     return launch.returncode
 
 
 def write_atomic(df: pd.DataFrame, path: Path) -> None:
-    """Through a temporary file and a rename: a killed sweep leaves the last complete table."""
+    """Through a temporary file and a rename: a killed sweep leaves the last complete table, and a
+    full disk or a folder gone read-only is one line that says the earlier table is whole."""
     tmp = path.with_name(f".{path.name}.tmp")
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    try:
+        df.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        kept = "the groups written before are kept in it" if path.exists() else "no group was written yet"
+        raise UserError(f"cannot write {path} ({e.strerror or e}); {kept}: free space or pass a writable "
+                        "--out") from None
 
 
 def add_reference(df: pd.DataFrame) -> pd.DataFrame:
@@ -126,8 +136,12 @@ def add_reference(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def run_sweep(cfg: CommConfig) -> Path:
-    """The whole sweep; returns the run folder (tables rewritten after every group)."""
+def run_sweep(cfg: CommConfig, on_group: Callable[[CollectiveGroupSpec, list[dict[str, Any]] | None], None]
+              | None = None) -> Path:
+    """The whole sweep; returns the run folder (tables rewritten after every group). ``on_group(group,
+    None)`` is called as a group starts and ``on_group(group, rows)`` once its rows are written. A
+    stop signal is raised only while a group runs or between groups; meta.json says how the sweep
+    ended."""
     from bench.comm.model import fit
 
     check_out(cfg.out)  # an unwritable --out is a one-line error, before any group starts
@@ -137,20 +151,50 @@ def run_sweep(cfg: CommConfig) -> Path:
     work = run_dir / "work"
     work.mkdir(parents=True)
     topo = topology()
-    write_meta(run_dir, cfg.to_dict(), command="comm", topology=topo)
+    write_meta(run_dir, cfg.to_dict(), command="comm", topology=topo, status="running")
+    note = on_group or (lambda _g, _rows: None)
     rows: list[dict[str, Any]] = []
+    status = "failed"  # what meta.json says if something unforeseen stops the sweep
+    # a stop signal is only noted, and raised where nothing is half written: before a group starts
+    # and while one runs (follow), never between a group's end and its rows in the table
+    signals.defer_stops(True)
     try:
         for group in cfg.groups(work):
-            rows.extend({"run_id": run_dir.name, **r} for r in run_group(group, cfg.group_timeout_s))
+            signals.check_stop()
+            note(group, None)
+            got = [{"run_id": run_dir.name, **r} for r in run_group(group, cfg.group_timeout_s)]
+            rows.extend(got)
             df = add_reference(pd.DataFrame(rows))
             write_atomic(df, run_dir / "collectives.parquet")
+            note(group, got)
+        ok = df[(df["status"] == "ok") & (df["kind"] == "sweep")] if "status" in df else df.iloc[:0]
+        if len(ok):
+            write_atomic(fit(ok).fits, run_dir / "comm_model.parquet")
+        signals.check_stop()  # a stop noted while the last group was written
+        status = "complete"
     except KeyboardInterrupt as e:  # a stop signal: the caller names the folder with the finished groups
+        status = f"interrupted by {signal.Signals(getattr(e, 'signum', signal.SIGINT)).name}"
         e.run_dir = run_dir  # type: ignore[attr-defined]
         raise
-    ok = df[(df["status"] == "ok") & (df["kind"] == "sweep")] if "status" in df else df.iloc[:0]
-    if len(ok):
-        write_atomic(fit(ok).fits, run_dir / "comm_model.parquet")
+    except UserError as e:
+        status = f"stopped: {e}"
+        raise
+    finally:
+        signals.defer_stops(False)
+        _finish_meta(run_dir, cfg, topo, status)
     return run_dir
+
+
+def _finish_meta(run_dir: Path, cfg: CommConfig, topo: Any, status: str) -> None:
+    """meta.json with how the sweep ended; when it did not complete, a failure here (a full disk)
+    must not hide what stopped it."""
+    try:
+        write_meta(run_dir, cfg.to_dict(), command="comm", topology=topo, status=status,
+                   interrupted=status.startswith("interrupted"))
+    except (OSError, UserError) as e:
+        if status == "complete":
+            raise
+        log.info("meta.json not updated: %s", e)
 
 
 def summary_table(df: pd.DataFrame, sizes: tuple[int, ...] = (2**10, 2**20, 2**24, 2**28, 2**30)) -> str:

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from bench.core import backends
 from bench.core.spec import CollectiveGroupSpec, load
 from bench.results.identity import start_row
+from bench.train.watchdog import start_watchdog
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "sendrecv")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -304,6 +305,10 @@ def run_plan(group: CollectiveGroupSpec) -> list[dict[str, Any]]:
                     try:
                         rows.append(measure(group, name, dt, nbytes, timer, **facts))
                         continue
+                    except dist.DistError:
+                        # a peer died or the group broke: no later point can be measured, and the
+                        # launcher's failure row says why; the rows written so far are kept
+                        raise
                     except (RuntimeError, NotImplementedError, ValueError) as e:
                         # An op the backend/device lacks fails on every rank before any communication,
                         # so the ranks stay in step; its other sizes and dtypes are not tried again.
@@ -329,12 +334,13 @@ def _write(path: Path, rows: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Worker entry point: ``python -m bench.comm.worker PLAN.json`` under torchrun."""
     argv = sys.argv[1:] if argv is None else argv
+    err = Path(str(Path(argv[0]).with_suffix("")) + f"-r{os.environ.get('RANK', 0)}.err")
+    start_watchdog(err)  # the sweep killed (even by SIGKILL): this rank exits instead of running on
     try:
         return _run(load(CollectiveGroupSpec, Path(argv[0]).read_text()))
     except BaseException as e:
         # torchrun's own summary says only "To enable traceback see ..."; the traceback stays in its log
         text = str(e).splitlines()[0][:200] if str(e) else ""
-        err = Path(str(Path(argv[0]).with_suffix("")) + f"-r{os.environ.get('RANK', 0)}.err")
         err.write_text(f"{type(e).__name__}: {text}\n")
         raise
 

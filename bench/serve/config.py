@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from bench.core.errors import UserError
+from bench.measure.hardware import cpu_threads
 from bench.serve.launcher import PLACEMENTS
 from bench.serve.loadgen import Tenant, parse_tenants
 from bench.serve.policies import POLICIES
@@ -24,6 +25,16 @@ class Load:
     tenants: list[Tenant]
     clients: int = 0
     rate: float = 0.0
+
+
+#: The longest --cell-timeout: a week (past it a wait's deadline overflows the platform's timers).
+CELL_TIMEOUT_MAX_S = 7 * 86400.0
+
+
+def cpu_processes_max() -> int:
+    """Most serving processes on CPU (processes as devices): 4 per CPU thread, as for comm's ranks;
+    past it they crawl, and each holds a model and a Python interpreter in memory."""
+    return 4 * cpu_threads()
 
 
 #: Requests one open-loop cell may hold: all of them are drawn before it starts (without a cap,
@@ -60,14 +71,24 @@ class ServeConfig:
     cell_timeout_s: float = 600.0
     out: str = "results"
 
-
     def sweep_ladder(self) -> list[float]:
         """The rates the sweep tries: given, or doubling from the lowest load level's rate."""
         if self.sweep_rates:
             return sorted(self.sweep_rates)
         start = min(self.rates) if self.rates else 10.0
         return [start * 2**k for k in range(SWEEP_LADDER)]
+
     def check(self) -> None:
+        """Every setting against what a run can do; a one-line UserError naming the value otherwise."""
+        self._check_names()
+        self._check_numbers()
+        self._check_load()
+        for t in self.tenants:
+            t.check()
+        if self.slo_ms:
+            self._check_sweep()
+
+    def _check_names(self) -> None:
         for p in self.placements:
             if p not in PLACEMENTS:
                 raise UserError(f"--placements has {p!r}; use a comma list of {', '.join(PLACEMENTS)}")
@@ -78,55 +99,82 @@ class ServeConfig:
             raise UserError(f"--device {self.device!r} must be cpu or cuda")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise UserError(f"--precision {self.precision!r} must be auto, fp32 or bf16")
-        if any(w < 1 for w in self.world_sizes):
-            raise UserError("--world-sizes must be positive integers, e.g. 2,4")
-        for flag, rates in (("--rates", self.rates), ("--sweep-rates", self.sweep_rates)):
-            bad = [r for r in rates if not r > 0]
-            if bad:
-                raise UserError(f"{flag} {bad[0]:g}: rates must be positive requests per second, e.g. 10,40,80")
-        if self.sweep_rates and not self.slo_ms:
-            raise UserError("--sweep-rates needs a latency target to sweep against; add --slo-ms, e.g. --slo-ms 100")
-        # every arrival of an open-loop cell is drawn before it starts: bound what one cell holds
-        most = max(self.rates + self.sweep_rates + list(self.noisy_rates if self.noisy else []), default=0.0)
-        if not self.max_requests and most * self.duration_s > MAX_CELL_REQUESTS:
-            raise UserError(f"--rates {most:g} for --duration {self.duration_s:g} s is {most * self.duration_s:.3g} "
-                            f"requests in one cell, more than {MAX_CELL_REQUESTS:,}; lower the rate or the duration")
+        if self.task not in ("auto", "score", "generate", "classify"):
+            raise UserError(f"--task {self.task!r} must be auto, score, generate or classify")
+
+    def _check_numbers(self) -> None:
+        bad = [w for w in self.world_sizes if w < 1]
+        if bad:
+            raise UserError(f"--world-sizes {bad[0]} must be a positive number of devices, e.g. 2,4")
+        if self.device == "cpu" and self.world_sizes and max(self.world_sizes) > cpu_processes_max():
+            raise UserError(f"--world-sizes {max(self.world_sizes)}: more serving processes than 4 x "
+                            f"{cpu_threads()} CPU threads on this host (each holds a model); use at most "
+                            f"{cpu_processes_max()} here, e.g. --world-sizes 2")
+        if not 0 <= self.seed < 2**63:
+            raise UserError(f"--seed {self.seed} must be between 0 and 2**63 - 1, e.g. --seed 0")
+        if not (0 < self.cell_timeout_s <= CELL_TIMEOUT_MAX_S):
+            raise UserError(f"--cell-timeout {self.cell_timeout_s:g} must be a positive number of seconds up to "
+                            f"{CELL_TIMEOUT_MAX_S:g}, e.g. 600")
+        if not (0 < self.duration_s < math.inf):
+            raise UserError(f"--duration {self.duration_s:g} must be a positive, finite number of seconds, e.g. 5")
         if self.max_requests < 0 or self.max_requests > MAX_CELL_REQUESTS:
             raise UserError(f"--requests {self.max_requests} must be between 1 and {MAX_CELL_REQUESTS:,} "
                             "(0 or left out: as many as --duration holds)")
-        if not (0 < self.cell_timeout_s < float("inf")):
-            raise UserError(f"--cell-timeout {self.cell_timeout_s:g} must be a positive number of seconds, e.g. 600")
-        if any(c < 1 for c in self.clients):
-            raise UserError("--clients must be positive integers, e.g. 1,4")
+        if self.batch_max < 1:
+            raise UserError(f"--batch-max {self.batch_max} must be >= 1 request, e.g. --batch-max 8")
+        if not 0 <= self.batch_wait_ms < self.cell_timeout_s * 1e3:
+            raise UserError(f"--batch-wait-ms {self.batch_wait_ms:g} must be >= 0 and shorter than --cell-timeout, "
+                            "e.g. --batch-wait-ms 5")
+        if self.gen_tokens < 1:
+            raise UserError(f"--gen-tokens {self.gen_tokens} must be >= 1")
         if not (self.slo_ms >= 0 and math.isfinite(self.slo_ms)):
             raise UserError(f"--slo-ms {self.slo_ms:g} must be a positive p99 target in ms (0 or left out: no sweep), "
                             "e.g. --slo-ms 100")
         if not 0 <= self.sample_hz <= 1000:
             raise UserError(f"--sample-hz {self.sample_hz:g} must be between 0 (off) and 1000, e.g. --sample-hz 10")
-        if not self.duration_s > 0:
-            raise UserError(f"--duration {self.duration_s} must be > 0 seconds")
-        if self.batch_max < 1 or self.batch_wait_ms < 0:
-            raise UserError("--batch-max must be >= 1 and --batch-wait-ms >= 0")
-        if self.gen_tokens < 1:
-            raise UserError(f"--gen-tokens {self.gen_tokens} must be >= 1")
-        if self.task not in ("auto", "score", "generate", "classify"):
-            raise UserError(f"--task {self.task!r} must be auto, score, generate or classify")
-        for t in self.tenants:
-            t.check()
+        for proc, s in self.slow.items():
+            if not (0 <= proc < max(self.world_sizes, default=1) and 0 <= s < math.inf):
+                raise UserError(f"--slow {proc}={s * 1e3:g}: PROCESS must be 0..{max(self.world_sizes, default=1) - 1} "
+                                "(a process of the largest --world-sizes) and MS >= 0, e.g. --slow 1=20")
+
+    def _check_load(self) -> None:
+        for flag, rates in (("--rates", self.rates), ("--sweep-rates", self.sweep_rates),
+                            ("--noisy-rates", list(self.noisy_rates))):
+            bad = [r for r in rates if not 0 < r < math.inf]
+            if bad:
+                raise UserError(f"{flag} {bad[0]:g}: rates must be positive requests per second, e.g. 10,40,80")
+        if self.sweep_rates and not self.slo_ms:
+            raise UserError("--sweep-rates needs a latency target to sweep against; add --slo-ms, e.g. --slo-ms 100")
+        if any(c < 1 for c in self.clients):
+            raise UserError(f"--clients {min(self.clients)} must be a positive number of clients, e.g. 1,4")
         if not (self.rates or self.clients):
             raise UserError("give --rates or --clients: at least one load level")
-        if self.slo_ms:
-            # a sweep point passes on its p99: a first point too short to report one ends the sweep
-            # at once with no answer (n = 43 at 10 req/s for 5 s ran and exited 0)
-            from bench.stats.serving import min_samples
+        # every arrival of an open-loop cell is drawn before it starts: bound what one cell holds
+        rates = self.rates + self.sweep_rates + list(self.noisy_rates if self.noisy else [])
+        most, least = max(rates, default=0.0), min(rates, default=0.0)
+        if not self.max_requests and most * self.duration_s > MAX_CELL_REQUESTS:
+            raise UserError(f"--rates {most:g} for --duration {self.duration_s:g} s is {most * self.duration_s:.3g} "
+                            f"requests in one cell, more than {MAX_CELL_REQUESTS:,}; lower the rate or the duration")
+        if rates and not self.max_requests and least * self.duration_s < 1:
+            raise UserError(f"--rates {least:g} for --duration {self.duration_s:g} s is less than one request in a "
+                            "cell; raise the rate or the duration")
+        if rates and self.max_requests and self.max_requests / least > self.cell_timeout_s:
+            raise UserError(f"--requests {self.max_requests} at --rates {least:g} arrive over about "
+                            f"{self.max_requests / least:.3g} s, longer than --cell-timeout {self.cell_timeout_s:g} s; "
+                            "raise the rate or lower --requests")
 
-            first, need = self.sweep_ladder()[0], min_samples(99.0)
-            n = self.max_requests or int(first * self.duration_s)
-            if n < need:
-                raise UserError(f"--slo-ms {self.slo_ms:g}: the sweep's first point ({first:g} req/s"
-                                + (f" for --duration {self.duration_s:g} s" if not self.max_requests else "")
-                                + f") holds {n} requests and a p99 needs {need}; pass --requests 700"
-                                + ("" if self.max_requests else " or a longer --duration"))
+    def _check_sweep(self) -> None:
+        # a sweep point passes on its p99: a first point too short to report one ends the sweep
+        # at once with no answer (n = 43 at 10 req/s for 5 s ran and exited 0)
+        from bench.stats.serving import min_samples
+
+        first, need = self.sweep_ladder()[0], min_samples(99.0)
+        n = self.max_requests or int(first * self.duration_s)
+        if n < need:
+            raise UserError(f"--slo-ms {self.slo_ms:g}: the sweep's first point ({first:g} req/s"
+                            + (f" for --duration {self.duration_s:g} s" if not self.max_requests else "")
+                            + f") holds {n} requests and a p99 needs {need}; pass --requests 700"
+                            + ("" if self.max_requests else " or a longer --duration"))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -11,11 +11,14 @@ started, watched and stopped through :class:`bench.runtime.spawned.Spawned`.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.runtime.crash import exit_text
 from bench.runtime.spawned import Spawned
 from bench.serve.loadgen import Request
 from bench.serve.policies import SHARED, Pinned, Router, make_router
@@ -25,7 +28,16 @@ PLACEMENTS = ("replicas", "dataparallel-infer", "pinned-tenants", "pipeline")
 
 
 class ServeError(RuntimeError):
-    """A process failed or a cell did not finish in time; the message says which."""
+    """A process failed or a cell did not finish in time; the message says which in one line,
+    ``detail`` holds the process's traceback when it sent one."""
+
+    def __init__(self, message: str, detail: str = ""):
+        super().__init__(message)
+        self.detail = detail
+
+
+#: How often a wait on the processes looks at them (and at a stop signal) while nothing arrives.
+POLL_S = 0.2
 
 
 @dataclass
@@ -57,47 +69,64 @@ class Pool:
     """The processes of one placement, started once (:class:`Spawned`: CUDA cannot fork)."""
 
     def __init__(self, placement: str, world: int, devices: list[str], base: dict[str, Any], *,
-                 start_timeout_s: float = 300.0):
+                 start_timeout_s: float = 300.0, stop: Callable[[], None] | None = None):
+        """``stop`` is called from this thread whenever it waits on the processes: it raises to stop
+        the pool (:func:`bench.runtime.signals.check_stop`)."""
         self.placement, self.world = placement, world
+        self.stop = stop or (lambda: None)
         self.group = Spawned()
         self.specs = specs(placement, world, devices, base)
         self.result_q = self.group.queue()
         self.own = [self.group.queue() for _ in self.specs]
         self.shared_q = self.group.queue() if placement == "replicas" else None
-        for i, s in enumerate(self.specs):
-            # a pipeline stage hands its output to the next stage's queue; the last stage's "next" is
-            # stage 0's (generation goes round the stages once per token)
-            nxt = self.own[(i + 1) % len(self.specs)] if placement == "pipeline" else None
-            self.group.start(main, (s, self.own[i], self.shared_q, nxt, self.result_q), f"parbench-serve-{i}")
         ready = 0
         try:
+            self._spawn()
             while ready < len(self.specs):
                 msg = self._get(start_timeout_s, "start")
                 if msg[0] == "ready":
                     ready += 1
-        except BaseException:  # a process that failed to build: stop the others we started
-            self.close()
+        except BaseException:  # a process that failed to build, or a stop: end the others we started
+            self.close(grace_s=1.0)
             raise
+
+    def _spawn(self) -> None:
+        """Start the processes with SIGINT ignored (inherited, and kept by Python at start-up): a
+        terminal's Ctrl-C reaches the whole process group, and this process, not each serving
+        process, stops the pool and keeps what finished."""
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            for i, s in enumerate(self.specs):
+                # a pipeline stage hands its output to the next stage's queue; the last stage's "next" is
+                # stage 0's (generation goes round the stages once per token)
+                nxt = self.own[(i + 1) % len(self.specs)] if self.placement == "pipeline" else None
+                self.group.start(main, (s, self.own[i], self.shared_q, nxt, self.result_q), f"parbench-serve-{i}")
+        finally:
+            signal.signal(signal.SIGINT, old)
 
     @property
     def entries(self) -> int:
         """Processes requests are routed to (replicas: all; one front otherwise)."""
         return len(self.specs) if self.placement in ("replicas", "pinned-tenants") else 1
 
-    def _get(self, timeout: float, what: str) -> tuple:
+    def _get(self, timeout: float, what: str, *, stoppable: bool = True) -> tuple:
+        """The next message from the processes; ServeError when one failed or exited, or nothing came
+        within ``timeout``. ``stoppable``: the caller's thread may be stopped (:attr:`stop`) while waiting."""
         deadline = time.monotonic() + timeout
         while True:
+            if stoppable:
+                self.stop()
             try:
-                msg = self.result_q.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+                msg = self.result_q.get(timeout=min(POLL_S, max(0.01, deadline - time.monotonic())))
             except Exception:  # noqa: BLE001 - queue.Empty: check the processes are alive, then wait on
-                dead = self.group.dead()
+                dead = [f"{p.name} ({exit_text(p.exitcode)})" for p in self.group.procs if not p.is_alive()]
                 if dead:
                     raise ServeError(f"{', '.join(dead)} exited during {what}") from None
                 if time.monotonic() > deadline:
                     raise ServeError(f"no answer within {timeout:.0f} s during {what}") from None
                 continue
             if msg[0] == "error":
-                raise ServeError(f"serving process {msg[1]} failed during {what}:\n{msg[2]}")
+                raise ServeError(f"serving process {msg[1]} failed during {what}: {msg[3]}", detail=msg[2])
             return msg
 
     def probe(self, items: list[tuple[int, int]], timeout: float = 300.0, warm: bool = False,
@@ -109,19 +138,20 @@ class Pool:
             self.own[i].put(("probe", items, "warm", batch) if warm else ("probe", items))
         out: dict[int, list] = {}
         while len(out) < len(targets):
-            msg = self._get(timeout, "the parity probe")
+            msg = self._get(timeout, "the warm-up" if warm else "the parity probe")
             if msg[0] == "probe":
                 out[msg[1]] = msg[2]
         return out
 
-    def close(self) -> None:
-        """Ask every process to quit, then stop the group (:meth:`Spawned.stop`)."""
+    def close(self, grace_s: float = 5.0) -> None:
+        """Ask every process to quit, then stop the group (:meth:`Spawned.stop`: a process still
+        running after ``grace_s`` is terminated)."""
         for q in self.own:
             try:
                 q.put(("quit",))
             except (OSError, ValueError):
                 pass
-        self.group.stop(grace_s=5.0)
+        self.group.stop(grace_s=grace_s)
 
     # --- one cell --------------------------------------------------------------------------
     def run_cell(self, *, policy: str, requests: list[Request], clients: int = 0, batch_max: int = 1,
@@ -142,9 +172,12 @@ class Pool:
         rx = threading.Thread(target=cell.receive, name="parbench-serve-rx", daemon=True)
         rx.start()
         cell.dispatch()
-        cell.done.wait(timeout_s)
-        if not cell.done.is_set():
-            cell.failure.append(f"the cell did not finish within {timeout_s:.0f} s")
+        deadline = time.monotonic() + timeout_s
+        while not cell.done.wait(min(POLL_S, max(0.0, deadline - time.monotonic()))):
+            self.stop()
+            if time.monotonic() >= deadline:
+                cell.failure.append(f"the cell did not finish within {timeout_s:g} s")
+                break
         wall = time.perf_counter() - cell.t0
         workers = {} if cell.failure else self._end_cell(source == "shared", timeout_s)
         if cell.failure:
@@ -219,7 +252,7 @@ class _Cell:
         launcher thread, which raises it."""
         try:
             while self.more():
-                msg = self.pool._get(self.timeout_s, "a cell")
+                msg = self.pool._get(self.timeout_s, "a cell", stoppable=False)
                 if msg[0] != "done":
                     continue
                 for r in self._record(msg):  # a closed-loop client sends its next request as soon as it has its answer
@@ -258,9 +291,9 @@ class _Cell:
                     self.send(r, time.perf_counter() - self.t0)
             return
         for r in self.requests:
-            wait = self.t0 + r.arrival - time.perf_counter()
-            if wait > 0:
-                time.sleep(wait)
+            while (wait := self.t0 + r.arrival - time.perf_counter()) > 0:
+                self.pool.stop()
+                time.sleep(min(wait, POLL_S))
             self.send(r, r.arrival)
             if self.done.is_set():
                 break

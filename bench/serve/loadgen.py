@@ -12,6 +12,7 @@ one returns; the launcher drives it (:mod:`bench.serve.launcher`), drawing sizes
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 
@@ -52,12 +53,13 @@ class Tenant:
             raise UserError(f"tenant {self.name}: arrival {self.arrival!r} unknown; use one of {', '.join(ARRIVALS)}")
         if self.size not in SIZES:
             raise UserError(f"tenant {self.name}: size {self.size!r} unknown; use one of {', '.join(SIZES)}")
-        if not self.rate > 0:
+        if not 0 < self.rate < math.inf:
             raise UserError(f"tenant {self.name}: rate {self.rate} must be > 0 requests/s")
         if not 1 <= self.size_min <= self.size_max:
             raise UserError(f"tenant {self.name}: need 1 <= size_min ({self.size_min}) <= size_max ({self.size_max})")
-        if self.arrival == "gamma" and not self.cv > 0:
-            raise UserError(f"tenant {self.name}: cv {self.cv} must be > 0")
+        for key in ("cv", "alpha", "sigma"):  # numpy refuses a shape <= 0; inf or nan draws no finite gap
+            if not 0 < getattr(self, key) < math.inf:
+                raise UserError(f"tenant {self.name}: {key} {getattr(self, key)} must be a finite number > 0")
 
 
 def gaps(rng: np.random.Generator, t: Tenant, n: int) -> np.ndarray:

@@ -4,11 +4,15 @@ run folder as they finish (cells with mode=serve, requests, serve_tenants, sampl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import signal
+import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +25,22 @@ from bench.core.spec import ServeCellSpec, outcome
 from bench.measure.telemetry import start_samplers
 from bench.results.identity import start_row
 from bench.results.store import RunWriter, cell_columns, new_run_id, write_meta
+from bench.runtime import signals
 from bench.serve import schema, steady, sweep
 from bench.serve.config import Load, ServeConfig
 from bench.serve.launcher import Pool, ServeError
 from bench.serve.loadgen import closed_sizes, schedule
 from bench.serve.models import ServeModel, resolve_precision, run_grouped
-from bench.workloads import resolve
+from bench.workloads import Workload, resolve
 
 log = logging.getLogger(__name__)
 #: most requests a closed-loop cell may send within its duration
 CLOSED_MAX = 20_000
+#: Seconds a workload may take to load, and a pool's processes to start (import torch, build the
+#: model), on top of --cell-timeout.
+STARTUP_S = 120.0
+
+
 def _probe_items(sm: ServeModel) -> list[tuple[int, int]]:
     """Fixed probe requests: a full-size one, four of one shape (so a dynamic batch and
     nn.DataParallel's scatter have rows to split), and the smallest."""
@@ -51,28 +61,66 @@ def reference(cfg: ServeConfig, sm: ServeModel, items: list[tuple[int, int]]) ->
     return out
 
 
-class _ReferenceTimeout(Exception):
-    pass
+class _Overdue(BaseException):
+    """User code in this process ran past its time (raised by SIGALRM; a BaseException, so a
+    user's own ``except Exception`` does not swallow it)."""
+
+
+@contextlib.contextmanager
+def _bounded(seconds: float) -> Iterator[None]:
+    """Raise :class:`_Overdue` in this thread after ``seconds``: a user's factory, build or forward
+    that never returns must not hold the command. Timed by SIGALRM where this is the main thread
+    (elsewhere unbounded)."""
+    timed = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+    if timed:
+        def alarm(_signum, _frame):
+            raise _Overdue()
+
+        old = signal.signal(signal.SIGALRM, alarm)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+
+
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def load(cfg: ServeConfig) -> tuple[Workload, ServeModel]:
+    """The workload and its serving model, in this process: a factory or build that raises or does
+    not return within --cell-timeout is bad input (one line, exit 2), before any pool or run folder."""
+    bound = STARTUP_S + cfg.cell_timeout_s  # its import counts: as long as a pool's processes get to start
+    try:
+        with _bounded(bound):
+            wl = resolve(cfg.workload, seed=cfg.seed, **cfg.dims)
+            try:
+                sm = ServeModel.create(wl, task=cfg.task, gen_tokens=cfg.gen_tokens, seed=cfg.seed)
+            except ValueError as e:
+                raise UserError(f"--task/--workload: {e}") from None
+    except _Overdue:
+        raise UserError(f"workload {cfg.workload}: its import, factory or model build did not return within "
+                        f"{bound:g} s ({STARTUP_S:g} s to start + --cell-timeout {cfg.cell_timeout_s:g}); fix the "
+                        "workload or raise --cell-timeout") from None
+    except (UserError, KeyboardInterrupt):
+        raise
+    except Exception as e:  # noqa: BLE001 - a user's build failing is bad input, said in one line
+        raise UserError(f"workload {cfg.workload}: building its model failed ({_first_line(e)}); "
+                        "fix the workload") from None
+    return wl, sm
 
 
 def _guarded_reference(cfg: ServeConfig, sm: ServeModel, items: list[tuple[int, int]], name: str) -> list:
     """:func:`reference` in this process, before any pool starts: a workload whose forward raises or
     hangs is bad input (one line, exit 2; the hang bounded by --cell-timeout), not a traceback or a
-    run stuck until something kills it. Timed by SIGALRM where this is the main thread."""
-    import signal
-    import threading
-
-
-    timed = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
-    if timed:
-        def alarm(_signum, _frame):
-            raise _ReferenceTimeout()
-
-        old = signal.signal(signal.SIGALRM, alarm)
-        signal.setitimer(signal.ITIMER_REAL, cfg.cell_timeout_s)
+    run stuck until something kills it."""
     try:
-        return reference(cfg, sm, items)
-    except _ReferenceTimeout:
+        with _bounded(cfg.cell_timeout_s):
+            return reference(cfg, sm, items)
+    except _Overdue:
         raise UserError(f"workload {name}: one device did not answer the {len(items)} parity probes within "
                         f"--cell-timeout {cfg.cell_timeout_s:g} s; fix the workload's forward, raise "
                         "--cell-timeout or pass --no-parity") from None
@@ -81,11 +129,7 @@ def _guarded_reference(cfg: ServeConfig, sm: ServeModel, items: list[tuple[int, 
                         "serve it across devices (e.g. --placements pipeline) without that check") from None
     except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError, AssertionError) as e:
         raise UserError(f"workload {name}: its forward failed on one device before serving "
-                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); fix the workload") from None
-    finally:
-        if timed:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
+                        f"({_first_line(e)}); fix the workload") from None
 
 
 def parity_err(ref: list[torch.Tensor], answers: dict[int, list]) -> float:
@@ -125,13 +169,7 @@ class ServeRun:
     def __init__(self, cfg: ServeConfig, on_cell: Callable[[dict[str, Any]], None] | None = None):
         cfg.check()
         self.cfg = cfg
-        self.wl = resolve(cfg.workload, seed=cfg.seed, **cfg.dims)
-        try:
-            self.sm = ServeModel.create(self.wl, task=cfg.task, gen_tokens=cfg.gen_tokens, seed=cfg.seed)
-        except ValueError as e:
-            from bench.core.errors import UserError
-
-            raise UserError(f"--task/--workload: {e}") from None
+        self.wl, self.sm = load(cfg)
         self.precision = "bf16" if resolve_precision(cfg.precision, torch.device(cfg.device)) == torch.bfloat16 \
             else "fp32"
         self.cell_id = 0
@@ -145,6 +183,40 @@ class ServeRun:
         self.dir = Path(cfg.out) / new_run_id()
         self.writer = RunWriter(self.dir, cell_schema=cell_columns(registry(schema.SERVE_METRICS)),
                                 tables=schema.TABLES)
+
+    def append(self, table: str, rows: list[dict[str, Any]]) -> None:
+        """Rows to one of the run's tables; a full disk or a folder gone read-only stops the run with
+        one line (the parts already written stay whole)."""
+        try:
+            self.writer.append(table, rows)
+        except UserError as e:
+            why = getattr(e.__context__, "strerror", None) or str(e)
+            raise UserError(f"cannot write the {table} table in {self.dir} ({why}); the cells that finished are "
+                            "kept there: free space and run parbench serve again") from None
+
+    def note_error(self, e: ServeError, where: str) -> None:
+        """A serving process's traceback, kept in the run folder's errors.log (the row says one line)."""
+        if not e.detail:
+            return
+        try:
+            with open(self.dir / "errors.log", "a") as f:
+                f.write(f"--- {where}: {e}\n{e.detail}\n")
+        except OSError as err:
+            log.info("errors.log not written: %s", err)
+
+    def finish(self, notes: dict[str, Any], summary: dict[str, Any], status: str) -> None:
+        """Stop the sampler and write the final meta.json. When the run did not complete, a failure
+        here (a full disk) must not hide what stopped it: it is logged instead."""
+        try:
+            if self.sampler is not None:
+                self.append("samples", self.sampler.drain())
+                self.sampler.stop()
+            write_meta(self.dir, self.cfg.to_dict(), mode="serve", sampler_notes=notes, serve_sweep=summary,
+                       serve_warmup=self.warmups, status=status, interrupted=status.startswith("interrupted"))
+        except (OSError, UserError) as e:
+            if status == "complete":
+                raise
+            log.info("meta.json not updated: %s", e)
 
     def devices(self, world: int) -> list[str]:
         return [f"cuda:{i}" for i in range(world)] if self.cfg.device == "cuda" else [f"cpu:{i}" for i in range(world)]
@@ -172,7 +244,8 @@ class ServeRun:
     def cell(self, pool: Pool | None, placement: str, world: int, policy: str, load: Load,
              parity: float | None, failure: str | None = None, skip: str | None = None) -> dict[str, Any]:
         """Run one cell through ``pool`` (or record why it is ``skip``-ped or its ``failure``) and
-        append its rows."""
+        append its rows. A stop signal noted earlier is raised here, before the cell starts."""
+        signals.check_stop()
         self.cell_id += 1
         spec = self.plan(placement, world, policy, load)
         row = self.base_row(spec, "skipped", skip) if skip is not None else self.base_row(spec)
@@ -188,12 +261,14 @@ class ServeRun:
                                     timeout_s=self.cfg.cell_timeout_s,
                                     closed_s=0.0 if self.cfg.max_requests else self.cfg.duration_s)
             except ServeError as e:
+                signals.check_stop()  # processes that a stop signal ended: the stop is the news, not a failed cell
                 failure = str(e)
+                self.note_error(e, f"cell {self.cell_id}")
             else:
                 self._finish(row, res, pool, load)
         if failure is not None:
             row.update(outcome("failed", failure.strip().splitlines()[-1][:300]))
-        self.writer.append("cells", [row])
+        self.append("cells", [row])
         self.rows.append(row)
         self.on_cell(row)
         return row
@@ -204,8 +279,8 @@ class ServeRun:
             devs = {i: "pipeline:" + ",".join(d for s in pool.specs for d in s.devices) for i in devs}
         reqs = schema.request_rows(self.cell_id, res.records, devs, self.sm.tokens)
         row["serve_requests"] = len(res.records)  # sent (a closed loop sends what its duration holds)
-        self.writer.append("requests", reqs)
-        self.writer.append("serve_tenants", schema.tenant_rows(self.cell_id, reqs))
+        self.append("requests", reqs)
+        self.append("serve_tenants", schema.tenant_rows(self.cell_id, reqs))
         row.update(schema.cell_metrics(reqs, res.workers, res.wall_s, self.sm.samples))
         row.update(cell_wall_s=res.wall_s, timed_start_unix=res.t0_unix, timed_end_unix=res.t0_unix + res.wall_s,
                    dispatch_lag_max_s=res.lag_max_s)
@@ -228,7 +303,7 @@ class ServeRun:
         if self.sampler is None:
             return
         rows = self.sampler.drain()
-        self.writer.append("samples", rows)
+        self.append("samples", rows)
         gpus = {f"gpu{torch.device(d).index}" for s in pool.specs for d in s.devices if d.startswith("cuda")}
         lo, hi = res.t0_unix, res.t0_unix + res.wall_s
         for metric, col in (("gpu_util_pct", "gpu_util_mean"), ("power_w", "power_mean_w")):
@@ -237,28 +312,38 @@ class ServeRun:
                 row[col] = float(np.mean(v))
 
 
-def run(cfg: ServeConfig, on_cell: Callable[[dict[str, Any]], None] | None = None) -> Path:
-    """Run every cell of ``cfg``; returns the run folder."""
-
+def run(cfg: ServeConfig, on_cell: Callable[[dict[str, Any]], None] | None = None,
+        on_pool: Callable[[str, int], None] | None = None) -> Path:
+    """Run every cell of ``cfg``; returns the run folder. ``on_pool(placement, world)`` is called
+    as each pool starts. A stop signal (see :mod:`bench.runtime.signals`) is raised only between
+    cells or while one is served, never between a finished cell's rows; the cells that finished keep
+    their rows, and meta.json says the run was interrupted."""
+    signals.clear_stop()  # a signal noted by an earlier run in this process is not this run's
     sr = ServeRun(cfg, on_cell)
     sr.sampler, notes = start_samplers(cfg.sample_hz, gpu=cfg.device == "cuda")
-    write_meta(sr.dir, cfg.to_dict(), mode="serve", sampler_notes=notes)
     summary: dict[str, Any] = {}
+    status = "failed"  # what meta.json says if something unforeseen stops the run
+    signals.defer_stops(True)
     try:
+        write_meta(sr.dir, cfg.to_dict(), mode="serve", sampler_notes=notes, status="running")
         for world in cfg.world_sizes:
             for placement in cfg.placements:
                 policies = cfg.policies if placement == "replicas" else \
                     ["pinned" if placement == "pinned-tenants" else "-"]
+                (on_pool or (lambda _p, _w: None))(placement, world)
                 _placement(sr, placement, world, policies, summary)
+        signals.check_stop()  # a stop noted while the last cell was written
+        status = "complete"
     except KeyboardInterrupt as e:  # a stop signal: the caller names the folder with the finished cells
+        status = f"interrupted by {signal.Signals(getattr(e, 'signum', signal.SIGINT)).name}"
         e.run_dir = sr.dir  # type: ignore[attr-defined]
         raise
+    except UserError as e:
+        status = f"stopped: {e}"
+        raise
     finally:
-        if sr.sampler is not None:
-            sr.writer.append("samples", sr.sampler.drain())
-            sr.sampler.stop()
-        write_meta(sr.dir, cfg.to_dict(), mode="serve", sampler_notes=notes, serve_sweep=summary,
-                   serve_warmup=sr.warmups)
+        signals.defer_stops(False)
+        sr.finish(notes, summary, status)
     return sr.dir
 
 
@@ -301,20 +386,9 @@ def _placement(sr: ServeRun, placement: str, world: int, policies: list[str], su
     if cfg.device == "cuda" and world > torch.cuda.device_count():
         skip = f"needs {world} GPUs, {torch.cuda.device_count()} visible"
     pool, parity = None, None
-    if skip is None:
-        t = time.perf_counter()
-        try:
-            pool = Pool(placement, world, sr.devices(world), base, start_timeout_s=cfg.cell_timeout_s)
-            log.info("%s x%d started in %.1f s", placement, world, time.perf_counter() - t)
-            if sr.ref is not None:
-                parity = parity_err(sr.ref, pool.probe(sr.items))
-            warm_up(pool, sr, loads)
-        except ServeError as e:
-            why = str(e)
-            if pool is not None:
-                pool.close()
-                pool = None
     try:
+        if skip is None:
+            pool, parity, why = _start(sr, placement, world, base, loads)
         for policy in policies:
             for load in loads:
                 row = sr.cell(pool, placement, world, policy, load, parity, failure=why, skip=skip)
@@ -327,8 +401,38 @@ def _placement(sr: ServeRun, placement: str, world: int, policies: list[str], su
                 summary[key] = sweep.run_sweep(lambda load: sr.cell(pool, placement, world, policy, load, parity),
                                                cfg, sr.sm)
     finally:
+        if pool is not None:  # stopped by a signal or an error: its processes may be mid-cell, no wait for them
+            pool.close(grace_s=5.0 if sys.exc_info()[0] is None else STOP_GRACE_S)
+
+
+#: Seconds a serving process of a stopped run gets to exit before it is killed (it may be mid-cell).
+STOP_GRACE_S = 0.5
+
+
+def _start(sr: ServeRun, placement: str, world: int, base: dict[str, Any], loads: list) -> \
+        tuple[Pool | None, float | None, str | None]:
+    """Start a placement's pool, probe its parity and warm it up: (pool, parity, None), or (None,
+    None, why) when that failed (the failure is kept in errors.log)."""
+    t = time.perf_counter()
+    pool = parity = None
+    try:
+        pool = Pool(placement, world, sr.devices(world), base, start_timeout_s=STARTUP_S + sr.cfg.cell_timeout_s,
+                    stop=signals.check_stop)
+        log.info("%s x%d started in %.1f s", placement, world, time.perf_counter() - t)
+        if sr.ref is not None:
+            parity = parity_err(sr.ref, pool.probe(sr.items, timeout=sr.cfg.cell_timeout_s))
+        warm_up(pool, sr, loads)
+    except ServeError as e:
+        signals.check_stop()  # processes that a stop signal ended: the stop is the news
+        sr.note_error(e, f"{placement} ws{world}, before its first cell")
         if pool is not None:
             pool.close()
+        return None, None, str(e)
+    except BaseException:
+        if pool is not None:
+            pool.close(grace_s=STOP_GRACE_S)
+        raise
+    return pool, parity, None
 
 
 def summary_lines(rows: list[dict[str, Any]]) -> list[str]:

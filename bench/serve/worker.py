@@ -21,8 +21,10 @@ on the host, so the launcher's arrival stamps and the workers' start/end stamps 
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import queue
+import threading
 import time
 import traceback
 from collections import deque
@@ -57,18 +59,42 @@ class WorkerSpec:
     n_stages: int = 1
 
 
+#: Exit status of a serving process whose launcher is gone.
+ORPHANED_EXIT = 70
+
+
 def main(spec: WorkerSpec, own_q: Any, shared_q: Any, next_q: Any, result_q: Any) -> None:
     """Process entry point: build, report ready, then serve until told to quit."""
+    _exit_with_launcher()
     try:
         w = _Worker(spec, own_q, shared_q, next_q, result_q)
-    except BaseException:  # noqa: BLE001 - the launcher prints it and marks the cells failed
-        result_q.put(("error", spec.wid, traceback.format_exc()))
+    except BaseException as e:  # noqa: BLE001 - the launcher marks the cells failed with its one line
+        result_q.put(("error", spec.wid, traceback.format_exc(), _one_line(e)))
         return
     result_q.put(("ready", spec.wid, {"pid": os.getpid()}))
     try:
         w.loop()
-    except BaseException:  # noqa: BLE001
-        result_q.put(("error", spec.wid, traceback.format_exc()))
+    except BaseException as e:  # noqa: BLE001
+        result_q.put(("error", spec.wid, traceback.format_exc(), _one_line(e)))
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
+
+
+def _exit_with_launcher() -> None:
+    """Exit this process when the launcher is gone (killed, even by SIGKILL, which it cannot pass
+    on): a serving process blocks on its queue and would otherwise wait for ever, holding its device."""
+    parent = mp.parent_process()
+    if parent is None:  # not started by multiprocessing (a test calling main directly)
+        return
+
+    def watch() -> None:
+        parent.join()  # returns when the launcher's end of the sentinel pipe closes
+        os._exit(ORPHANED_EXIT)
+
+    threading.Thread(target=watch, name="parbench-serve-watch", daemon=True).start()
 
 
 class _Worker:

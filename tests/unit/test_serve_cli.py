@@ -53,7 +53,7 @@ def test_bad_input_is_a_user_error(argv):
 def test_errors_of_the_one_tenant_the_flags_make_name_the_flags():
     for argv, flag in ((["--size-min", "9", "--size-max", "3"], "--size-min 9 and --size-max 3"),
                        (["--size-min", "0"], "--size-min 0 must be >= 1"),
-                       (["--arrival", "gamma", "--cv", "-1"], "--cv -1.0 must be > 0")):
+                       (["--arrival", "gamma", "--cv", "-1"], "--cv -1.0 must be a finite number > 0")):
         with pytest.raises(UserError, match="^" + flag) as e:
             config_from_args(_args(*argv), gpus=0)
         assert "tenant t0" not in str(e.value)
