@@ -166,16 +166,21 @@ def cmd_comm(args: argparse.Namespace) -> int:
         restore_stop_handlers()
 
 
-def _progress(group: Any, rows: list[dict[str, Any]] | None) -> None:
-    """One line on stdout as a group starts and one as its rows are written."""
+def _progress(group: Any, rows: list[dict[str, Any]] | None, done: bool) -> None:
+    """One line on stdout as a group starts, as each of its ops is measured, and as it ends."""
     tag = f"{group.backend} x{group.world_size}"
     if rows is None:
         points = len(group.ops) * len(group.dtypes) * len(group.sizes)
         print(f"{tag}: measuring {points} points", flush=True)
         return
+    measured = sum(r.get("status") == "ok" and r.get("kind") == "sweep" for r in rows)
+    if not done:
+        last = rows[-1].get("op") if rows else "?"
+        print(f"{tag}: {last} done, {measured} points so far", flush=True)
+        return
     failed = [r for r in rows if r.get("status") == "failed"]
-    done = sum(r.get("status") == "ok" and r.get("kind") == "sweep" for r in rows)
-    print(f"{tag}: {done} points measured" + (f"; failed: {failed[0].get('reason')}" if failed else ""), flush=True)
+    print(f"{tag}: {measured} points measured" + (f"; failed: {failed[0].get('reason')}" if failed else ""),
+          flush=True)
 
 
 def _report(run_dir: Any) -> int:

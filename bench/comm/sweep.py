@@ -73,14 +73,17 @@ class CommConfig:
         return asdict(self)
 
 
-def run_group(group: CollectiveGroupSpec, timeout_s: float) -> list[dict[str, Any]]:
+RowsFn = Callable[[list[dict[str, Any]]], None]
+
+
+def run_group(group: CollectiveGroupSpec, timeout_s: float, on_rows: RowsFn | None = None) -> list[dict[str, Any]]:
     """One launch of ``group``; the rows rank 0 wrote, and one failure row when the launch did not
-    end cleanly."""
+    end cleanly. ``on_rows(rows)`` is called each time rank 0 has rewritten its rows (after every op)."""
     out = Path(group.out)
     prefix = str(out.parent / f"{group.backend}-x{group.world_size}")
     Path(prefix + ".json").write_text(dump(group))
     launch = Launch(prefix, group.world_size, module=WORKER, env=child_env(group.world_size))
-    rc = follow(launch, timeout_s)
+    rc = follow(launch, timeout_s, _RowsWatch(out, on_rows) if on_rows else None)
     rows = json.loads(out.read_text()) if out.is_file() else []
     if rc != 0:  # a stopped launch's own exit says nothing: the timeout is the reason
         why = f"still running after {timeout_s:g} s" if rc == "timeout" else launch.crash_reason(group.world_size)
@@ -88,7 +91,23 @@ def run_group(group: CollectiveGroupSpec, timeout_s: float) -> list[dict[str, An
     return rows
 
 
-def follow(launch: Launch, timeout_s: float) -> int | str:
+class _RowsWatch:
+    """Calls ``on_rows`` with the group's rows each time rank 0 has replaced its rows file."""
+
+    def __init__(self, path: Path, on_rows: RowsFn):
+        self.path, self.on_rows, self.seen = path, on_rows, 0.0
+
+    def poll(self) -> None:
+        try:
+            mtime = self.path.stat().st_mtime
+            if mtime != self.seen:
+                self.seen = mtime
+                self.on_rows(json.loads(self.path.read_text()))
+        except (OSError, ValueError):  # not written yet; a whole file comes at the next poll
+            return
+
+
+def follow(launch: Launch, timeout_s: float, watch: _RowsWatch | None = None) -> int | str:
     """Wait for the launch to end: its return code, or "timeout" when it ran past ``timeout_s`` and
     was stopped. A stop signal (deferred by :func:`run_sweep`) is raised here between polls (the
     rows on disk are kept), and anything raised stops the launch's whole tree first."""
@@ -96,6 +115,8 @@ def follow(launch: Launch, timeout_s: float) -> int | str:
     try:
         while not launch.exited():
             signals.check_stop()
+            if watch is not None:
+                watch.poll()
             if time.monotonic() > deadline:
                 launch.kill()
                 return "timeout"
@@ -136,12 +157,14 @@ def add_reference(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def run_sweep(cfg: CommConfig, on_group: Callable[[CollectiveGroupSpec, list[dict[str, Any]] | None], None]
-              | None = None) -> Path:
+GroupFn = Callable[[CollectiveGroupSpec, list[dict[str, Any]] | None, bool], None]
+
+
+def run_sweep(cfg: CommConfig, on_group: GroupFn | None = None) -> Path:
     """The whole sweep; returns the run folder (tables rewritten after every group). ``on_group(group,
-    None)`` is called as a group starts and ``on_group(group, rows)`` once its rows are written. A
-    stop signal is raised only while a group runs or between groups; meta.json says how the sweep
-    ended."""
+    rows, done)`` reports progress: rows None as a group starts, its rows so far after each op, and
+    done once its rows are in the table. A stop signal is raised only while a group runs or between
+    groups; meta.json says how the sweep ended."""
     from bench.comm.model import fit
 
     check_out(cfg.out)  # an unwritable --out is a one-line error, before any group starts
@@ -152,7 +175,7 @@ def run_sweep(cfg: CommConfig, on_group: Callable[[CollectiveGroupSpec, list[dic
     work.mkdir(parents=True)
     topo = topology()
     write_meta(run_dir, cfg.to_dict(), command="comm", topology=topo, status="running")
-    note = on_group or (lambda _g, _rows: None)
+    note = on_group or (lambda _g, _rows, _done: None)
     rows: list[dict[str, Any]] = []
     status = "failed"  # what meta.json says if something unforeseen stops the sweep
     # a stop signal is only noted, and raised where nothing is half written: before a group starts
@@ -161,12 +184,12 @@ def run_sweep(cfg: CommConfig, on_group: Callable[[CollectiveGroupSpec, list[dic
     try:
         for group in cfg.groups(work):
             signals.check_stop()
-            note(group, None)
-            got = [{"run_id": run_dir.name, **r} for r in run_group(group, cfg.group_timeout_s)]
-            rows.extend(got)
+            note(group, None, False)
+            got = run_group(group, cfg.group_timeout_s, lambda r, g=group: note(g, r, False))
+            rows.extend({"run_id": run_dir.name, **r} for r in got)
             df = add_reference(pd.DataFrame(rows))
             write_atomic(df, run_dir / "collectives.parquet")
-            note(group, got)
+            note(group, got, True)
         ok = df[(df["status"] == "ok") & (df["kind"] == "sweep")] if "status" in df else df.iloc[:0]
         if len(ok):
             write_atomic(fit(ok).fits, run_dir / "comm_model.parquet")

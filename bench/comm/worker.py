@@ -305,11 +305,11 @@ def run_plan(group: CollectiveGroupSpec) -> list[dict[str, Any]]:
                     try:
                         rows.append(measure(group, name, dt, nbytes, timer, **facts))
                         continue
-                    except dist.DistError:
-                        # a peer died or the group broke: no later point can be measured, and the
-                        # launcher's failure row says why; the rows written so far are kept
-                        raise
                     except (RuntimeError, NotImplementedError, ValueError) as e:
+                        if not _group_alive(timer):
+                            # a peer died or raised: no later point can be measured; the rows written
+                            # so far are kept and the launcher's failure row says why
+                            raise
                         # An op the backend/device lacks fails on every rank before any communication,
                         # so the ranks stay in step; its other sizes and dtypes are not tried again.
                         failed = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
@@ -323,6 +323,17 @@ def run_plan(group: CollectiveGroupSpec) -> list[dict[str, Any]]:
     if rank == 0:
         _write(out, rows)
     return rows
+
+
+def _group_alive(timer: Timer) -> bool:
+    """Whether every rank still answers a tiny collective: after an op failed on every rank alike
+    (one the backend lacks) they do; after a peer died or raised, the collective fails at once
+    (Gloo: "Connection closed by peer")."""
+    try:
+        timer.sync()
+    except RuntimeError:  # torch.distributed.DistError is one
+        return False
+    return True
 
 
 def _write(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -340,8 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run(load(CollectiveGroupSpec, Path(argv[0]).read_text()))
     except BaseException as e:
         # torchrun's own summary says only "To enable traceback see ..."; the traceback stays in its log
-        text = str(e).splitlines()[0][:200] if str(e) else ""
-        err.write_text(f"{type(e).__name__}: {text}\n")
+        text = str(e).splitlines()[0][:200] if str(e).strip() else ""
+        err.write_text(f"{type(e).__name__}: {text}\n" if text else f"{type(e).__name__}\n")
         raise
 
 

@@ -394,7 +394,7 @@ def _placement(sr: ServeRun, placement: str, world: int, policies: list[str], su
                 row = sr.cell(pool, placement, world, policy, load, parity, failure=why, skip=skip)
                 if row["status"] == "failed" and pool is not None:
                     # its processes may hold a half-served cell: later cells of this pool are not run
-                    pool.close()
+                    pool.close(grace_s=STOP_GRACE_S)
                     pool, why = None, f"not run: an earlier cell of this pool failed ({row['reason']})"
             if cfg.slo_ms and why is None and skip is None:
                 key = f"{placement}/{policy}/ws{world}"
@@ -405,7 +405,8 @@ def _placement(sr: ServeRun, placement: str, world: int, policies: list[str], su
             pool.close(grace_s=5.0 if sys.exc_info()[0] is None else STOP_GRACE_S)
 
 
-#: Seconds a serving process of a stopped run gets to exit before it is killed (it may be mid-cell).
+#: Seconds a serving process of a stopped run or a failed pool gets to exit before it is killed (it
+#: may be mid-cell, or stuck in the forward that failed).
 STOP_GRACE_S = 0.5
 
 
@@ -426,7 +427,7 @@ def _start(sr: ServeRun, placement: str, world: int, base: dict[str, Any], loads
         signals.check_stop()  # processes that a stop signal ended: the stop is the news
         sr.note_error(e, f"{placement} ws{world}, before its first cell")
         if pool is not None:
-            pool.close()
+            pool.close(grace_s=STOP_GRACE_S)
         return None, None, str(e)
     except BaseException:
         if pool is not None:
