@@ -91,10 +91,11 @@ class Pool:
             raise
 
     def _spawn(self) -> None:
-        """Start the processes with SIGINT ignored (inherited, and kept by Python at start-up): a
+        """Start the processes with SIGINT blocked (a blocked signal stays blocked across exec): a
         terminal's Ctrl-C reaches the whole process group, and this process, not each serving
-        process, stops the pool and keeps what finished."""
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        process, stops the pool and keeps what finished. Blocked here only while they start, so a
+        Ctrl-C meanwhile waits and is then this process's, not lost."""
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             for i, s in enumerate(self.specs):
                 # a pipeline stage hands its output to the next stage's queue; the last stage's "next" is
@@ -102,7 +103,7 @@ class Pool:
                 nxt = self.own[(i + 1) % len(self.specs)] if self.placement == "pipeline" else None
                 self.group.start(main, (s, self.own[i], self.shared_q, nxt, self.result_q), f"parbench-serve-{i}")
         finally:
-            signal.signal(signal.SIGINT, old)
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
     @property
     def entries(self) -> int:
@@ -119,9 +120,9 @@ class Pool:
             try:
                 msg = self.result_q.get(timeout=min(POLL_S, max(0.01, deadline - time.monotonic())))
             except Exception:  # noqa: BLE001 - queue.Empty: check the processes are alive, then wait on
-                dead = [f"{p.name} ({exit_text(p.exitcode)})" for p in self.group.procs if not p.is_alive()]
+                dead = [f"{p.name} exited with {exit_text(p.exitcode)}" for p in self.group.procs if not p.is_alive()]
                 if dead:
-                    raise ServeError(f"{', '.join(dead)} exited during {what}") from None
+                    raise ServeError(f"{', '.join(dead)} during {what}") from None
                 if time.monotonic() > deadline:
                     raise ServeError(f"no answer within {timeout:.0f} s during {what}") from None
                 continue

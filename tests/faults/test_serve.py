@@ -196,7 +196,7 @@ REAL = [
          subprocess=True, expect="failed during the warm-up: RuntimeError: forward exploded on purpose; rows in",
          timeout_s=90),
     Case("forward-crashes", "serve", serve("--workload", "tests.helpers:forward_crashes"), code=1, env=ENV,
-         subprocess=True, expect="parbench-serve-0 (signal 11 (SIGSEGV)) exited during the warm-up", timeout_s=90),
+         subprocess=True, expect="parbench-serve-0 exited with signal 11 (SIGSEGV) during the warm-up", timeout_s=90),
     Case("forward-hangs", "serve", serve("--workload", "tests.helpers:forward_hangs", "--cell-timeout", "3"), code=1,
          env=ENV, subprocess=True, expect="no answer within 3 s during the warm-up", timeout_s=90),
 ]
