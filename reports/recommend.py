@@ -213,12 +213,13 @@ class Group:
         block = blockers(rows, {k: self.speedup(r) for k, r in rows if r is not self.ref}, self.ws)
         if block:
             return dict(use=None, decision="undecided", resolved=False, because="; ".join(block))
-        s = self.speedup(self.best)
-        if self.ref is not None and s is not None:
-            ahead = faster_beyond_noise(self.best, self.ref)
-            if s < 1 or ahead is False:
-                return self._one_device(s, ahead)
+        s = self.speedup(self.best)  # None without a reference
+        ahead = faster_beyond_noise(self.best, self.ref) if self.ref is not None else None
+        if s is not None and (s < 1 or ahead is False):
+            return self._one_device(s, ahead)
         out = self._strategy(rival)
+        if self.ref is not None and ahead is None:  # using it at all rests on beating one device
+            out["resolved"] = False
         if self.oom is not None:
             free, words = headroom(self.g.loc[self.g["strategy"] == out["use"]].iloc[0], self.gpu_mem)
             out.update(fits_one_device=False, headroom=free,

@@ -180,6 +180,9 @@ def test_one_run_per_cell_is_leading_not_decided():
     assert line.startswith("gpt, nccl x2: not decided (needs --repeats 3): ddp, the library default; "
                            "allreduce-bucketed leads it by +25% in one run (less exposed communication")
     assert ": use " not in line
+    # candidates from repeats, a reference from one run: beating one device is not judged
+    unref = pick([cell("single", 1, 0.150, repeats=False), cell("ddp", 2, 0.100), cell("fsdp", 2, 0.130)])
+    assert unref.use == "ddp" and not unref.resolved
     slower = pick([cell("single", 1, 0.1, repeats=False), cell("ddp", 2, 0.3, repeats=False)])
     assert slower.use == "single" and not slower.resolved
     assert slower.line().startswith("gpt, nccl x2: not decided (needs --repeats 3): one device leads; ")
