@@ -11,7 +11,6 @@ cell. No script or style is fetched from anywhere: the page opens offline.
 from __future__ import annotations
 
 import base64
-import hashlib
 import logging
 import os
 import re
@@ -24,6 +23,7 @@ import pandas as pd
 
 from bench.core.errors import UserError
 from bench.core.paths import folder_problem
+from bench.results.bounds import safe_name
 from bench.results.store import SAMPLE_COLUMNS, load_run, read_table
 from bench.runtime.signals import defer_stops
 from bench.serve import tables
@@ -123,12 +123,6 @@ def _gpus(gpus) -> str:
     return ", ".join(f"{list(map(str, gpus)).count(n)} x {n}" for n in names)
 
 
-def _slug(text: str) -> str:
-    """A file name for ``text``: its safe characters, with a short hash when others were dropped."""
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
-    return slug if slug == text else f"{slug}-{hashlib.sha1(text.encode()).hexdigest()[:6]}"
-
-
 def _figure(fn, out: Path, name: str) -> list[dict]:
     """Draw, write NAME.png beside the page, return it for embedding (a one-item list). A figure the
     run's values cannot be drawn from is left out with a warning: the page stands without it."""
@@ -170,7 +164,7 @@ def _workload_figures(cells: pd.DataFrame, wl: str, out: Path, annotated: pd.Dat
         mine = annotated[annotated["cell_id"].isin(ids)]
         if len(mine):
             kinds.append(("collectives", lambda: figures.collective_bandwidth(mine)))
-    return [img for kind, fn in kinds for img in _figure(fn, out, f"{_slug(wl)}-{kind}")]
+    return [img for kind, fn in kinds for img in _figure(fn, out, f"{safe_name(wl)}-{kind}")]
 
 
 def _serving(run_dir: Path, serving: pd.DataFrame, out: Path) -> dict | None:

@@ -30,7 +30,7 @@ import pandas as pd
 
 from bench.core.errors import UserError
 from bench.gate.compare import DIMENSIONS, KEY, MIN_REPEATS, OPTIONAL_KEY, Samples, cell_samples
-from bench.results.bounds import depth
+from bench.results.bounds import depth, safe_name
 from bench.results.store import frame, load_run, read_table, require_columns
 from bench.runtime.signals import defer_stops
 from bench.stats.changepoints import detect_steps, quartiles
@@ -147,7 +147,7 @@ def add(run_dir: str | os.PathLike, store: str | os.PathLike = DEFAULT_STORE, *,
     rec["unit"] = [s.unit if s else "" for s in got]
     seq = int(index["seq"].max()) + 1 if len(index) else 0
     # run_id comes from meta.json: only its safe characters name the file
-    rel = Path(mach) / f"{seq:06d}-{re.sub(r'[^A-Za-z0-9._-]+', '_', run_id)[:100]}.parquet"
+    rel = Path(mach) / f"{seq:06d}-{safe_name(run_id)}.parquet"
     tmp = store / rel.with_name(f".{rel.name}.tmp")
     entry = dict(seq=seq, commit=str(commit), machine=mach, run_id=run_id, created_utc=meta.get("created_utc"),
                  added_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"), file=str(rel),
@@ -330,7 +330,11 @@ def show(store: str | os.PathLike, machine: str | None = None, threshold: float 
                         changes="; ".join(f"{c['commit'][:10]} {c['change']:+.1%} ({c['kind']})" for c in a["changes"]),
                         regressions=sum(c["kind"] == "regression" for c in a["changes"])))
         if plots is not None:
-            trend_png(label, s, a, Path(plots))
+            try:
+                trend_png(label, s, a, Path(plots))
+            except OSError as e:
+                raise UserError(f"--plots {str(plots)!r} cannot be written ({e.strerror or e}); free space or pass "
+                                "another folder") from None
     return pd.DataFrame(out)
 
 
@@ -359,7 +363,7 @@ def trend_png(label: str, s: dict[str, Any], a: dict[str, Any], out_dir: Path) -
     ax.set_title(label, fontsize=9, parse_math=False)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    path = out_dir / (re.sub(r"[^A-Za-z0-9._=-]+", "_", label) + ".png")
+    path = out_dir / (safe_name(label, 120) + ".png")
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

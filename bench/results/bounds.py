@@ -6,8 +6,10 @@ docs/TRUST.md says the same for users.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import re
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -100,6 +102,14 @@ def check_table(path: Path, files: list[Path], footers: Callable[[], list[tuple[
     if size > MAX_DECODED_BYTES:
         raise UserError(f"{path} declares {size / 2**30:.0f} GiB of decoded data, over the "
                         f"{MAX_DECODED_BYTES // 2**30} GiB a parbench reader accepts; is it a run folder?")
+
+
+def safe_name(text: str, limit: int = 80) -> str:
+    """A file name made from a string of a run (a workload, a cell, a run id): its letters, digits
+    and ``._=-`` (others become ``_``), no leading dot, and when longer than ``limit`` its first
+    ``limit`` characters and a short hash of ``text``, so two long names stay two files."""
+    name = re.sub(r"[^A-Za-z0-9._=-]+", "_", text).lstrip(".") or "_"
+    return name if len(name) <= limit else f"{name[:limit]}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
 
 
 def typed(s: pd.Series, dtype: str, column: str, source: str | None) -> pd.Series:

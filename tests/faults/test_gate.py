@@ -22,11 +22,11 @@ CELLS = (("single", 1, 0.10), ("ddp", 2, 0.06))
 
 
 def cell(cid: int, strategy: str, ws, t: float, workload: str = "mlp", **more) -> dict:
-    """One cell row as parbench writes it."""
-    return dict(cell_id=cid, workload=workload, strategy=strategy, backend="gloo", device="cpu", world_size=ws,
-                status="ok", precision="fp32", global_batch=8, role="reference" if ws == 1 else "data-parallel",
-                step_time_median_s=t, step_time_ci_low_s=t * 0.99, step_time_ci_high_s=t * 1.01,
-                throughput_samples_s=8 / t, **more)
+    """One cell row as parbench writes it; ``more`` adds or replaces fields."""
+    return {**dict(cell_id=cid, workload=workload, strategy=strategy, backend="gloo", device="cpu", world_size=ws,
+                   status="ok", precision="fp32", global_batch=8, role="reference" if ws == 1 else "data-parallel",
+                   step_time_median_s=t, step_time_ci_low_s=t * 0.99, step_time_ci_high_s=t * 1.01,
+                   throughput_samples_s=8 / t), **more}
 
 
 def steps(cid: int, t: float, n: int = 12) -> list[dict]:
@@ -303,7 +303,6 @@ PATCHED = {
     "report-permission-denied": ("reports.html._publish", errno.EACCES),
     "history-add-disk-full-cells": ("pandas.DataFrame.to_parquet", errno.ENOSPC),
     "history-add-disk-full-index": ("bench.gate.history._append_line", errno.ENOSPC),
-    "compare-junit-disk-full": ("bench.gate.ciout.write_whole", errno.ENOSPC),
 }
 PATCHED_CASES = [
     Case("report-disk-full", "report", ["report", R], "cannot be written (No space left on device)",
@@ -319,8 +318,6 @@ PATCHED_CASES = [
     Case("history-add-disk-full-index", "history", ["history", "add", R, "--store", "{tmp}/hist"],
          "--store '{tmp}/hist' cannot be written (No space left on device)", setup=damaged_history("none", 1),
          kept=history_kept(1, added=1)),
-    Case("compare-junit-disk-full", "compare", ["compare", R, R, "--junit", "{tmp}/j.xml"],
-         "--junit '{tmp}/j.xml' cannot be written (No space left on device)", setup=write_run),
 ]
 
 
