@@ -24,7 +24,7 @@ import pandas as pd
 from bench.core.errors import UserError
 from bench.core.paths import folder_problem
 from bench.results.bounds import safe_name
-from bench.results.store import SAMPLE_COLUMNS, load_run, read_table
+from bench.results.store import CELL_COLUMNS, SAMPLE_COLUMNS, frame, load_run, read_table
 from bench.runtime.signals import defer_stops
 from bench.serve import tables
 from reports import figures
@@ -274,6 +274,7 @@ def _publish(stage: Path, out: Path) -> None:
 def _render(run_dir: Path, cells: pd.DataFrame, steps: pd.DataFrame, meta: dict, out: Path,
             baseline: Path | None, history: Path | None) -> str:
     """The page, its figures written into ``out`` as it goes."""
+    cells = frame(cells, CELL_COLUMNS)  # every core column, empty where a run from another tool lacks it
     serving = cells[cells["mode"] == "serve"] if "mode" in cells else cells.iloc[:0]
     cells = cells.drop(serving.index)  # training cells: figures and the recommendation are about steps
     described = meta.get("workloads") or {}

@@ -118,8 +118,8 @@ def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
                        ("parity_tol", "float64"), ("parity_ok", "boolean")):
         if col not in cells:
             cells[col] = pd.Series([None] * len(cells), index=cells.index, dtype="object").astype(dtype)
-    if cells.empty:
-        return cells
+    if cells.empty or not {"device", "precision", "throughput_samples_s"} <= set(cells.columns):
+        return cells  # a run from another tool without them: nothing to derive
     losses = global_losses(steps) if not steps.empty else pd.Series(dtype=float)
     by_cell = {cid: g.droplevel(0) for cid, g in losses.groupby(level=0)} if len(losses) else {}
     ok = cells["status"] == "ok"
@@ -355,7 +355,8 @@ def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, di
     if not (d / "cells.parquet").exists():
         raise UserError(f"{d} is not a parbench run folder (no cells.parquet); pass results/<run-id>")
     cells = read_table(d, "cells")
-    require_columns(cells, ["workload", "strategy", "backend", "world_size", "status"], str(d / "cells.parquet"))
+    require_columns(cells, ["cell_id", "workload", "strategy", "backend", "world_size", "status"],
+                    str(d / "cells.parquet"))
     missing = cells["cell_id"][cells["status"].isna()] if "cell_id" in cells else cells.index[cells["status"].isna()]
     if len(missing):  # every row parbench writes has one: this table was edited or damaged
         raise UserError(f"{d / 'cells.parquet'}: cell(s) {', '.join(map(str, list(missing)[:5]))} have no status; "

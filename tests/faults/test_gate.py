@@ -64,7 +64,8 @@ def foreign_cells(tmp: Path, name: str, rows: list[dict], more_parts: list[list[
     (d / "cells.parquet").mkdir(parents=True)
     for i, part in enumerate([rows, *more_parts], 1):
         pq.write_table(pa.Table.from_pylist(part), d / "cells.parquet" / f"part-{i:06d}.parquet")
-    RunWriter(d, resume=True).append("steps", [s for r in rows for s in steps(r["cell_id"], r["step_time_median_s"])])
+    RunWriter(d, resume=True).append("steps", [s for r in rows if "cell_id" in r
+                                               for s in steps(r["cell_id"], r["step_time_median_s"])])
     write_meta(d)
     return d
 
@@ -75,6 +76,18 @@ def text_ws(value: str):
         write_run(tmp, "base")
         foreign_cells(tmp, "cur", [cell(i, s, value.format(ws=ws), t) for i, (s, ws, t) in enumerate(CELLS)])
     return setup
+
+
+def future_run(tmp: Path, name: str = "run", status: str = "ok") -> Path:
+    """A run of a newer schema: a higher schema_version, a column and a status this parbench does not know."""
+    d = foreign_cells(tmp, name, [cell(0, "single", 1, 0.1, energy_per_token_j=0.5),
+                                  cell(1, "ddp", 2, 0.06, energy_per_token_j=0.4, status=status)])
+    write_meta(d, schema_version=99, new_field={"nested": [1, 2]})
+    return d
+
+
+def no_meta(tmp: Path) -> None:
+    (write_run(tmp) / "meta.json").unlink()
 
 
 def file_at(name: str, text: str = "x"):
@@ -179,6 +192,9 @@ def json_file(path: str):
 
 
 R = "{tmp}/run"
+#: the fewest columns a cells table may have (another tool's)
+MINIMAL = dict(cell_id=0, workload="mlp", strategy="ddp", backend="gloo", world_size=2, status="ok",
+               step_time_median_s=0.1)
 CASES = [
     # report
     Case("report-out-under-file", "report", ["report", R, "-o", "{tmp}/run/meta.json/out"],
@@ -197,7 +213,19 @@ CASES = [
          setup=lambda tmp: write_run(tmp, telemetry="on")),
     Case("report-only-failed-cells", "report", ["report", R], "{tmp}/run/report/index.html", code=0,
          setup=lambda tmp: write_run(tmp, status="failed")),
+    Case("report-future-schema", "report", ["report", R], "{tmp}/run/report/index.html", code=0,
+         setup=lambda tmp: future_run(tmp, status="preempted")),
+    Case("report-minimal-foreign", "report", ["report", R], "{tmp}/run/report/index.html", code=0,
+         setup=lambda tmp: foreign_cells(tmp, "run", [MINIMAL])),
+    Case("report-without-cell-id", "report", ["report", R], "lacks column(s) cell_id",
+         setup=lambda tmp: foreign_cells(tmp, "run", [{k: v for k, v in MINIMAL.items() if k != "cell_id"}])),
+    Case("report-no-meta", "report", ["report", R], "{tmp}/run/report/index.html", code=0, setup=no_meta),
     # compare
+    Case("compare-future-schema", "compare", ["compare", "{tmp}/base", R], "same: 2", code=0,
+         setup=lambda tmp: (write_run(tmp, "base"), future_run(tmp))),
+    Case("compare-minimal-foreign", "compare", ["compare", R, R], "BASE run has no throughput_samples_s column",
+         setup=lambda tmp: foreign_cells(tmp, "run", [MINIMAL])),
+    Case("compare-no-meta", "compare", ["compare", R, R], "same: 2", code=0, setup=no_meta),
     Case("compare-world-size-text", "compare", ["compare", "{tmp}/base", "{tmp}/cur"], "same: 2", code=0,
          setup=text_ws("{ws}.0")),
     Case("compare-world-size-fraction", "compare", ["compare", "{tmp}/base", "{tmp}/cur"],
@@ -260,7 +288,11 @@ CASES = [
     Case("history-add-run-id-with-slashes", "history", ["history", "add", R, "--store", "{tmp}/hist"],
          "added run ../x/evil", code=0, setup=lambda tmp: write_run(tmp, run_id="../x/evil"),
          kept=history_kept(0, added=1)),
+    Case("history-add-no-meta", "history", ["history", "add", R, "--store", "{tmp}/hist"],
+         "{tmp}/run has no git_commit in meta.json; run from a git checkout or pass --commit SHA", setup=no_meta),
     # export
+    Case("export-future-schema", "export", ["export", R, "--format", "pytest-benchmark", "-o", "{tmp}/o.json"],
+         "2 benchmark(s)", code=0, setup=future_run, kept=json_file("o.json")),
     Case("export-only-failed", "export", ["export", R, "--format", "pytest-benchmark", "-o", "{tmp}/o.json"],
          "has no ok cell with step times", setup=lambda tmp: write_run(tmp, status="failed")),
     Case("export-no-steps", "export", ["export", R, "--format", "pytest-benchmark", "-o", "{tmp}/o.json"],
