@@ -114,8 +114,10 @@ def _entry_problem(line: str) -> str | None:
             return f"{k!r} missing or not {types[0].__name__}"
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", e["machine"]):
         return f"machine {e['machine'][:60]!r} is not a machine name"
+    if e["seq"] < 0:
+        return f"seq {e['seq']} is negative"
     f = Path(e["file"])
-    if f.is_absolute() or ".." in f.parts or f.suffix != ".parquet" or e["seq"] < 0:
+    if f.is_absolute() or ".." in f.parts or f.suffix != ".parquet":
         return f"file {e['file'][:60]!r} is not a parquet file inside the store"
     if depth(e["machine_info"]) > 4:
         return "machine_info nested too deep"
@@ -127,7 +129,7 @@ def add(run_dir: str | os.PathLike, store: str | os.PathLike = DEFAULT_STORE, *,
     """Append one run to the store; returns its index entry. The run's cells are written first and
     the index line last, in one write: a stopped add leaves the store as it was (at most an unlisted
     file)."""
-
+    log.info("reading run %s", run_dir)
     cells, steps, meta = load_run(run_dir)
     commit = commit or meta.get("git_commit")
     if not commit:
@@ -166,9 +168,10 @@ def add(run_dir: str | os.PathLike, store: str | os.PathLike = DEFAULT_STORE, *,
                         "folder") from None
     finally:
         defer_stops(False)
-        for f in () if listed else (tmp, store / rel):
-            with contextlib.suppress(OSError):
-                f.unlink(missing_ok=True)
+        if not listed:  # nothing of a failed add stays behind
+            for f in (tmp, store / rel):
+                with contextlib.suppress(OSError):
+                    f.unlink(missing_ok=True)
     return entry
 
 

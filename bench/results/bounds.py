@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any

@@ -357,7 +357,7 @@ def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, di
     cells = read_table(d, "cells")
     require_columns(cells, ["cell_id", "workload", "strategy", "backend", "world_size", "status"],
                     str(d / "cells.parquet"))
-    missing = cells["cell_id"][cells["status"].isna()] if "cell_id" in cells else cells.index[cells["status"].isna()]
+    missing = cells["cell_id"][cells["status"].isna()]
     if len(missing):  # every row parbench writes has one: this table was edited or damaged
         raise UserError(f"{d / 'cells.parquet'}: cell(s) {', '.join(map(str, list(missing)[:5]))} have no status; "
                         "restore the run folder or move the damaged part aside")

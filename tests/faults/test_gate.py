@@ -374,6 +374,21 @@ def _report_kept(tmp: Path) -> list[str]:
     return lost + [f"left behind: {p.name}" for p in (tmp / "run" / "report").glob(".parbench*")]
 
 
+def large_run(tmp: Path, cells: int = 200) -> None:
+    """A history of two runs and a run of ``cells`` cells to add (about a second to read), written
+    whole, one part a table."""
+    from bench.results.store import CELL_COLUMNS, STEP_COLUMNS, arrow_schema
+
+    history(tmp, 2)
+    d = tmp / "run"
+    for name, rows, cols in (("cells", [cell(i, f"s{i}", 2, 0.1) for i in range(cells)], CELL_COLUMNS),
+                             ("steps", [s for i in range(cells) for s in steps(i, 0.1)], STEP_COLUMNS)):
+        (d / f"{name}.parquet").mkdir(parents=True)
+        schema = pa.schema([f for f in arrow_schema(cols) if f.name in rows[0]])
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), d / f"{name}.parquet" / "part-000001.parquet")
+    write_meta(d)
+
+
 SIGNALLED = [
     Case("report-sigint", "report", ["-v", "report", R], "interrupted by SIGINT: no report was written",
          code=130, setup=_previous_report, kept=_report_kept, signal=(signal.SIGINT, "drawing the report"),
@@ -384,8 +399,8 @@ SIGNALLED = [
     Case("history-add-sigkill", "history", ["-v", "history", "add", R, "--store", "{tmp}/hist"],
          setup=damaged_history("none", 2), kept=history_kept(2, litter=True), signal=(signal.SIGKILL, "adding run")),
     Case("history-add-sigterm", "history", ["-v", "history", "add", R, "--store", "{tmp}/hist"],
-         "interrupted by SIGTERM", code=143, setup=damaged_history("none", 2), kept=history_kept(2),
-         signal=(signal.SIGTERM, "adding run"), one_line=False),
+         "interrupted by SIGTERM: the run was not added", code=143, setup=large_run, kept=history_kept(2, added=2),
+         signal=(signal.SIGTERM, "reading run"), one_line=False),
 ]
 
 

@@ -6,7 +6,6 @@ one line names what was refused."""
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import re
 from pathlib import Path
@@ -45,8 +44,8 @@ def hostile_run(tmp: Path, name: str = "run") -> Path:
         row["role"] = "reference" if ws == 1 else EVIL
         w.add(row, steps(cid, t))
     w.add({**cell(9, "fsdp", 2, 0.1, workload=f"mlp{EVIL}"), "status": EVIL, "reason": EVIL})
-    write_meta(d, run_id=f"{EVIL}{name}", host=EVIL, torch=EVIL, nccl=EVIL, git_commit=EVIL, created_utc=EVIL, plan=EVIL,
-               gpus=[EVIL, EVIL], workloads={f"mlp{EVIL}": EVIL}, telemetry={EVIL: EVIL})
+    write_meta(d, run_id=f"{EVIL}{name}", host=EVIL, torch=EVIL, nccl=EVIL, git_commit=EVIL, created_utc=EVIL,
+               plan=EVIL, gpus=[EVIL, EVIL], workloads={f"mlp{EVIL}": EVIL}, telemetry={EVIL: EVIL})
     return d
 
 
