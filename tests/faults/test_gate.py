@@ -131,6 +131,10 @@ def damaged_history(how: str, runs: int = 2):
             index.mkdir()
         elif how == "index-garbage":
             index.write_text("not json\n[1]\n")
+        elif how == "machine-info-odd":
+            lines = [json.loads(line) for line in index.read_text().splitlines()]
+            index.write_text("".join(json.dumps({**e, "machine_info": {"gpus": 8, "torch": ["x"]}}) + "\n"
+                                     for e in lines))
         elif how == "index-escapes":
             e = json.loads(index.read_text().splitlines()[0])
             index.write_text(index.read_text() + json.dumps({**e, "seq": 7, "run_id": "x",
@@ -280,6 +284,8 @@ CASES = [
          "mlp/single/gloo/cpu/ws1", code=0, setup=damaged_history("folder-for-file")),
     Case("history-show-skips-escape", "history", ["history", "show", "--store", "{tmp}/hist"],
          "mlp/single/gloo/cpu/ws1", code=0, setup=damaged_history("index-escapes")),
+    Case("compare-history-odd-machine-info", "compare", ["compare", "--history", "{tmp}/hist", R],
+         "no cell is comparable: torch ['x'] vs 2.13", setup=damaged_history("machine-info-odd")),
     Case("history-add-after-torn-line", "history", ["history", "add", R, "--store", "{tmp}/hist"],
          "added run run", code=0, setup=damaged_history("torn-index"),
          kept=history_kept(1, added=2, litter=True)),
