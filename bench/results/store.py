@@ -36,6 +36,7 @@ from bench.core.errors import UserError
 from bench.core.metrics import CORE, Metric, stored
 from bench.measure.fingerprint import fingerprint
 from bench.measure.hardware import gpu_count, gpu_names
+from bench.results.bounds import check_meta_fields, check_table, read_json, typed
 from bench.stats.steps import EFFICIENCY_MAX
 
 STEP_COLUMNS: dict[str, str] = {
@@ -74,16 +75,17 @@ def cell_columns(metrics: Iterable[Metric]) -> dict[str, str]:
     return {m.name: m.dtype for m in stored(metrics)}
 
 
-def frame(rows: list[dict[str, Any]] | pd.DataFrame, schema: dict[str, str]) -> pd.DataFrame:
-    """Rows (or a frame) with the schema's columns first, typed; other columns after."""
+def frame(rows: list[dict[str, Any]] | pd.DataFrame, schema: dict[str, str], *,
+          source: str | None = None) -> pd.DataFrame:
+    """Rows (or a frame) with the schema's columns first, typed; other columns after. A value is
+    converted where that is unambiguous ("1.0" in an integer column is 1); one that is not raises a
+    UserError naming the column, the value and ``source`` (the file it came from)."""
     df = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
     for col, dtype in schema.items():
         if col not in df:
             df[col] = pd.Series([None] * len(df), index=df.index, dtype="object")
-        if dtype == "float64":
-            df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
-        elif str(df[col].dtype) != dtype:
-            df[col] = df[col].astype(dtype)
+        if str(df[col].dtype) != dtype:
+            df[col] = typed(df[col], dtype, col, source)
     extra = [c for c in df.columns if c not in schema]
     return df[list(schema) + extra]
 
@@ -116,8 +118,8 @@ def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
                        ("parity_tol", "float64"), ("parity_ok", "boolean")):
         if col not in cells:
             cells[col] = pd.Series([None] * len(cells), index=cells.index, dtype="object").astype(dtype)
-    if cells.empty:
-        return cells
+    if cells.empty or not {"device", "precision", "throughput_samples_s"} <= set(cells.columns):
+        return cells  # a run from another tool without them: nothing to derive
     losses = global_losses(steps) if not steps.empty else pd.Series(dtype=float)
     by_cell = {cid: g.droplevel(0) for cid, g in losses.groupby(level=0)} if len(losses) else {}
     ok = cells["status"] == "ok"
@@ -298,29 +300,52 @@ def read_table(run_dir: str | os.PathLike, name: str, schema: dict[str, str] | N
     files = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
     if not files:
         return frame([], schema or {})
+    check_table(path, files, lambda: [_footer(f) for f in files])
     try:
         # One dataset over every part (read in parallel). Every part of one writer has one schema
         # (the registry's); a resumed run appends parts whose schema may add columns, so the first
         # and the last part's schemas are unified (reading all of them costs a second per 1,000).
         ends = [files[0]] if len(files) == 1 else [files[0], files[-1]]
         unified = pa.unify_schemas([pq.read_schema(f) for f in ends], promote_options="permissive")
-        table = ds.dataset([str(f) for f in files], schema=unified, format="parquet").to_table()
+        df = _pandas(ds.dataset([str(f) for f in files], schema=unified, format="parquet").to_table())
     except (OSError, pa.ArrowException):
-        table = _read_parts_one_by_one(files)
-    df = table.to_pandas()
-    return frame(df, schema) if schema else df
+        df = _read_parts_one_by_one(files)
+    return frame(df, schema, source=str(path)) if schema else df
 
 
-def _read_parts_one_by_one(files: list[Path]) -> pa.Table:
-    """Slow path that names the part which cannot be read."""
+def _pandas(table: pa.Table) -> pd.DataFrame:
+    """A table as a frame, its pandas metadata ignored: column types come from parbench's schema
+    (:func:`frame`), never from the file (docs/TRUST.md)."""
+    return table.to_pandas(ignore_metadata=True)
+
+
+def _unreadable(f: Path, e: BaseException) -> UserError:
+    return UserError(f"{f} cannot be read ({type(e).__name__}: {' '.join(str(e).split())[:120]}); "
+                     "move it aside to load the rest of the run")
+
+
+def _footer(f: Path) -> tuple[int, int]:
+    """(rows, decoded bytes) a part declares in its footer, read before any of its data."""
+    try:
+        md = pq.read_metadata(f)
+        return md.num_rows, sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+    except (OSError, pa.ArrowException) as e:
+        raise _unreadable(f, e) from None
+
+
+def _read_parts_one_by_one(files: list[Path]) -> pd.DataFrame:
+    """Slow path that names the part which cannot be read; parts whose column types disagree (one
+    written by another tool) are joined as frames, and :func:`frame` types each column."""
     tables = []
     for f in files:
         try:
             tables.append(pq.read_table(f))
         except (OSError, pa.ArrowException) as e:
-            raise UserError(f"{f} cannot be read ({type(e).__name__}: {' '.join(str(e).split())[:120]}); "
-                            "move it aside to load the rest of the run") from None
-    return pa.concat_tables(tables, promote_options="permissive")
+            raise _unreadable(f, e) from None
+    try:
+        return _pandas(pa.concat_tables(tables, promote_options="permissive"))
+    except pa.ArrowException:
+        return pd.concat([_pandas(t) for t in tables], ignore_index=True)
 
 
 def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
@@ -330,8 +355,9 @@ def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, di
     if not (d / "cells.parquet").exists():
         raise UserError(f"{d} is not a parbench run folder (no cells.parquet); pass results/<run-id>")
     cells = read_table(d, "cells")
-    require_columns(cells, ["workload", "strategy", "backend", "world_size", "status"], str(d / "cells.parquet"))
-    missing = cells["cell_id"][cells["status"].isna()] if "cell_id" in cells else cells.index[cells["status"].isna()]
+    require_columns(cells, ["cell_id", "workload", "strategy", "backend", "world_size", "status"],
+                    str(d / "cells.parquet"))
+    missing = cells["cell_id"][cells["status"].isna()]
     if len(missing):  # every row parbench writes has one: this table was edited or damaged
         raise UserError(f"{d / 'cells.parquet'}: cell(s) {', '.join(map(str, list(missing)[:5]))} have no status; "
                         "restore the run folder or move the damaged part aside")
@@ -340,7 +366,8 @@ def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, di
     cells["status"] = cells["status"].replace({"error": "failed"})
     from bench.results.columns import all_metrics
 
-    cells = frame(cells, {m.name: m.dtype for m in all_metrics() if m.name in cells or m.name == "role"})
+    cells = frame(cells, {m.name: m.dtype for m in all_metrics() if m.name in cells or m.name == "role"},
+                  source=str(d / "cells.parquet"))
     steps = read_table(d, "steps", STEP_COLUMNS)
     meta = load_meta(d)
     newer = meta.get("schema_version")
@@ -356,17 +383,25 @@ def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, di
     return cells[order].sort_values("cell_id", kind="stable").reset_index(drop=True), steps, meta
 
 
+#: meta.json fields parbench reads, and the JSON types each may have (null is always allowed)
+META_FIELDS: dict[str, tuple[type, ...]] = {
+    **dict.fromkeys(("run_id", "created_utc", "git_commit", "host", "platform", "python", "plan"), (str,)),
+    **dict.fromkeys(("torch", "nccl", "cuda"), (str, int, float)),
+    **dict.fromkeys(("config", "workloads", "telemetry", "fingerprint", "serve_sweep"), (dict,)),
+    "gpus": (list,), "schema_version": (int,),
+}
+
+
 def load_meta(d: Path) -> dict[str, Any]:
+    """meta.json of a run folder ({} without one), within the size and nesting bounds of
+    :mod:`bench.results.bounds` and with the fields of META_FIELDS of their types."""
     p = Path(d) / "meta.json"
     if not p.is_file():
         return {}
-    try:
-        meta = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"{p} is not valid JSON ({e}); restore it or delete it to load the run without metadata") \
-            from None
+    meta = read_json(p, "restore it or delete it to load the run without metadata")
     if not isinstance(meta, dict):
         raise UserError(f"{p} holds a JSON {type(meta).__name__}, not an object; delete it to load the run")
+    check_meta_fields(meta, p, META_FIELDS)
     return meta
 
 
