@@ -11,6 +11,7 @@ Files written by older versions (one ``cells.parquet`` file) still load.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -221,17 +222,21 @@ class RunWriter:
         folder = self.dir / f"{table}.parquet"
         name = f"part-{next(self._seq):06d}.parquet"
         tmp = folder / f".{name}.tmp"
+        created = not folder.exists()
         try:
             folder.mkdir(exist_ok=True)
             pq.write_table(data, tmp)
             os.replace(tmp, folder / name)
-        except OSError as e:
+        except BaseException as e:
             # A full disk (ENOSPC), a quota or a folder gone read-only: the parts already written
-            # stay whole; the run stops with one line and can be resumed once there is room.
+            # stay whole, and a table folder made for this part goes again (an empty one would read
+            # as a table without columns); the run stops with one line and resumes once there is room.
             _unlink_quietly(tmp)
-            raise write_error(folder / name, e, self.dir) from None
-        except BaseException:
-            _unlink_quietly(tmp)
+            if created:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            if isinstance(e, OSError):
+                raise write_error(folder / name, e, self.dir) from None
             raise
 
     def compact(self) -> None:

@@ -168,11 +168,13 @@ class ProcessTree:
         ``grace_s``; returns the processes that had to be SIGKILLed."""
         self.refresh(0)
         for sig in (signal.SIGTERM, signal.SIGKILL):
+            # found first: the agent's death takes its ranks with it (bench.runtime.lifeline), and a
+            # rank that outlived SIGTERM is named even when that, not this SIGKILL, ends it
+            members = self.members()
             try:
                 os.killpg(self.proc.pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-            members = self.members()
             for p in members:
                 try:
                     p.send_signal(sig)

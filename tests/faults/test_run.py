@@ -233,7 +233,7 @@ def _every_cell_contended_none_timed_out(tmp: Path) -> list[str]:
 
 LOADED = Case("loaded-machine", "run", ["run", "--out", "{tmp}/out", *TINY[:-3], "--no-progress", "--steps", "3",
                                         "--sample-hz", "5", "--strategies", "single,ddp", "--world-sizes", "2",
-                                        "--cell-timeout", "20"],
+                                        "--cell-timeout", "8"],
               code=0, kept=_every_cell_contended_none_timed_out, subprocess=True, env=PATH_ENV, timeout_s=400)
 
 

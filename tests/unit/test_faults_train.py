@@ -77,6 +77,23 @@ def test_compaction_checks_the_free_space_before_it_writes(tmp_path, monkeypatch
     assert _scratch(run) == [] and len(read_table(run, "samples")) == 200
 
 
+def test_a_first_part_that_does_not_fit_leaves_no_empty_table(tmp_path, monkeypatch):
+    """An empty cells.parquet folder would read as a table without columns: the run folder unreadable."""
+    run = tmp_path / "run"
+    w = RunWriter(run)
+    w.append("steps", [{"cell_id": 0, "step": 0}])
+
+    def full(_table, where, *a, **kw):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(where))
+
+    monkeypatch.setattr("bench.results.store.pq.write_table", full)
+    with pytest.raises(UserError, match=r"cells.parquet/part-000002.parquet \(No space left on device\)"):
+        w.append("cells", [{"cell_id": 0, "status": "ok"}])
+    with pytest.raises(UserError, match=r"steps.parquet/part-000003.parquet \(No space left on device\)"):
+        w.append("steps", [{"cell_id": 0, "step": 1}])
+    assert not (run / "cells.parquet").exists() and len(read_table(run, "steps")) == 1 and _scratch(run) == []
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 1 MiB tmpfs (skipped where mounting is not allowed), unmounted afterwards."""
