@@ -281,9 +281,9 @@ class RunWriter:
         shutil.rmtree(old, ignore_errors=True)
 
     def _no_room(self, folder: Path, need: int, free: int, why: str) -> UserError:
-        return UserError(f"cannot merge the parts of {folder} ({why}): it needs about {_size(need)} free, "
-                         f"{_size(free)} is; the run's rows are kept as parts and read the same: free space and "
-                         f"run parbench run --resume {self.dir} to merge them")
+        return UserError(f"cannot merge the parts of {folder} ({why}): it needs about {need / 2**20:.1f} MiB "
+                         f"free, {free / 2**20:.1f} MiB is; the run's rows are kept as parts and read the same: free "
+                         f"space and run parbench run --resume {self.dir} to merge them")
 
     def add(self, row: dict[str, Any], steps: Sequence[dict[str, Any]] = (),
             comm: Sequence[dict[str, Any]] = ()) -> None:
@@ -310,17 +310,6 @@ def os_reason(e: OSError) -> str:
         m = re.search(r"\[errno (\d+)\]", str(e), re.IGNORECASE)
         code = int(m[1]) if m else None
     return os.strerror(code) if code else (e.strerror or " ".join(str(e).split()))
-
-
-def _size(n: float) -> str:
-    if n < 1024:
-        return f"{n:.0f} bytes"
-    n /= 1024
-    for unit in ("KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def _unlink_quietly(p: Path) -> None:

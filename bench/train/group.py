@@ -148,6 +148,7 @@ class GroupRun:
             row, steps, comm = failure_row(c, status=status, reason=reason), [], []
         self.writer.add(row, steps, comm)
         del self.pending[c.cell_id]
+        log.info("%s: cell %d (%s %s) %s", self.g.label, c.cell_id, c.strategy, c.workload.name, row["status"])
         self.on_progress(Progress(kind="done", group=self.g.label, cell=c, status=row["status"]))
 
     def note(self, text: str) -> None:

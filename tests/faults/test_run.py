@@ -91,6 +91,7 @@ CASES = [
     _sigkill("sigkill-mid-cell", "(test-hangs mlp) started", "tests.helpers:Hangs"),
     _sigkill("sigkill-in-the-profile-pass", "profile pass of cell 1", "tests.helpers:HangsWhenProfiled",
              "--profile-steps", "1", "--profile-at", "end"),
+    _sigkill("sigkill-in-teardown", "(single mlp) ok", "single"),  # the group's last row: torchrun is ending
     # a stop signal after the cells, while the report is written: the rows are whole, one line
     _during_report(signal.SIGTERM, 143),
     _during_report(signal.SIGINT, 130),
