@@ -94,27 +94,23 @@ def cmd_run(args) -> int:
     try:
         with MatrixProgress(enabled=not args.no_progress and cfg.node_rank == 0) as bar:
             run_dir = launch.run(cfg, gpus, on_progress=bar, resume=Path(args.resume) if args.resume else None)
+        if cfg.node_rank > 0:
+            print(f"node {cfg.node_rank}: done; node 0 wrote the tables (this node's logs: {run_dir})")
+            return 0
+        return after_run(run_dir, report=args.report)
     except NodeLost as e:
-        restore_stop_handlers()
         print(f"parbench: node {cfg.node_rank}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
-        restore_stop_handlers()
         return report_interrupt(e, "the cells that finished", "; finish it with parbench run --resume {where}")
-    except BaseException:
+    finally:
         restore_stop_handlers()
-        raise
-    if cfg.node_rank > 0:
-        restore_stop_handlers()
-        print(f"node {cfg.node_rank}: done; node 0 wrote the tables (this node's logs: {run_dir})")
-        return 0
-    return after_run(run_dir, report=args.report)
 
 
 def after_run(run_dir: Path, *, report: bool) -> int:
     """The summary, the recommendation, the budget use and (``report``) the HTML report of the
-    complete run ``run_dir``. A stop signal here (the run's stop handlers are still installed) or a
-    report that cannot be written ends the command with one line; the run's rows are whole."""
+    complete run ``run_dir``. A stop signal here (the caller's stop handlers are still installed)
+    or a report that cannot be written ends the command with one line; the run's rows are whole."""
     from bench.cli.summary import print_summary
 
     try:
@@ -127,8 +123,6 @@ def after_run(run_dir: Path, *, report: bool) -> int:
         e.run_dir = run_dir  # type: ignore[attr-defined]
         return report_interrupt(e, "the run's cells (all of them finished)",
                                 "; write its report with parbench report {where}" if report else "")
-    finally:
-        restore_stop_handlers()
     return 0
 
 
