@@ -1,8 +1,8 @@
 """Children that die with their parent, whenever it dies and however (SIGKILL included).
 
 A run's processes form a chain: the launcher, a torchrun agent per launch, the agent's ranks. Linux
-sends a child a chosen signal when the thread that started it exits (``PR_SET_PDEATHSIG``), which
-nothing in the parent has to survive to do. :func:`parent_death` arms it in a child the launcher
+sends a child a chosen signal when the thread that started it exits (``PR_SET_PDEATHSIG``): the
+kernel does it, so it holds however the parent ended. :func:`parent_death` arms it in a child the launcher
 starts (the torchrun agent: ``preexec_fn``); :func:`main` arms it in a rank before the rank imports
 anything heavy (torch takes seconds to import on a loaded machine, time in which an orphaned rank
 would otherwise run on), and exits at once when the launcher is already gone::
