@@ -11,10 +11,12 @@ Files written by older versions (one ``cells.parquet`` file) still load.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -193,7 +195,13 @@ class RunWriter:
     def __init__(self, run_dir: Path, *, cell_schema: dict[str, str] | None = None, resume: bool = False,
                  tables: dict[str, dict[str, str]] | None = None):
         self.dir = Path(run_dir)
-        self.dir.mkdir(parents=True, exist_ok=resume)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=resume)
+        except OSError as e:
+            if isinstance(e, FileExistsError):
+                raise
+            raise UserError(f"cannot create the run folder {self.dir} ({os_reason(e)}); free space or pass "
+                            "a writable --out") from None
         self.run_id = self.dir.name
         # ``tables``: further tables of this run (e.g. serving's requests), name -> column dtypes
         self.schemas = {"cells": cell_schema or CELL_COLUMNS, "steps": STEP_COLUMNS, "comm": COMM_COLUMNS,
@@ -214,42 +222,70 @@ class RunWriter:
             raise ValueError(f"table {table}: columns {sorted(unknown)} are not in its schema (metric registry)")
         data = pa.Table.from_pylist([_clean(r) for r in stamped], schema=schema)
         folder = self.dir / f"{table}.parquet"
-        folder.mkdir(exist_ok=True)
         name = f"part-{next(self._seq):06d}.parquet"
         tmp = folder / f".{name}.tmp"
+        created = not folder.exists()
         try:
+            folder.mkdir(exist_ok=True)
             pq.write_table(data, tmp)
             os.replace(tmp, folder / name)
-        except OSError as e:
+        except BaseException as e:
             # A full disk (ENOSPC), a quota or a folder gone read-only: the parts already written
-            # stay whole; the run stops with one line and can be resumed once there is room.
+            # stay whole, and a table folder made for this part goes again (an empty one would read
+            # as a table without columns); the run stops with one line and resumes once there is room.
             _unlink_quietly(tmp)
-            raise UserError(f"cannot write {folder / name} ({e.strerror or e}); the finished cells are kept: free "
-                            f"space and run parbench run --resume {self.dir}") from None
-        except BaseException:
-            _unlink_quietly(tmp)
+            if created:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            if isinstance(e, OSError):
+                raise write_error(folder / name, e, self.dir) from None
             raise
 
     def compact(self) -> None:
         """Merge each table's parts into one (at the end of a run: reading 1,000 parts costs
         seconds, one part milliseconds). The merged table is written beside the parts and swapped
-        in with renames, so a killed compaction leaves either the parts or the merged table."""
+        in with renames, so a killed compaction leaves either the parts or the merged table. A
+        table whose merged copy does not fit on the disk keeps its parts (they read the same) and
+        the compaction stops with a UserError that says how much space it needs; no scratch copy
+        is left behind."""
         for name in self.schemas:
             folder = self.dir / f"{name}.parquet"
             parts = sorted(folder.glob("part-*.parquet")) if folder.is_dir() else []
             if len(parts) < 2:
                 continue
+            need = sum(p.stat().st_size for p in parts)
+            free = shutil.disk_usage(self.dir).free
+            if free < need:
+                raise self._no_room(folder, need, free, "No space left on device")
             table = read_table(self.dir, name)
-            tmp = self.dir / f".{name}.parquet.compact"
-            old = self.dir / f".{name}.parquet.old"
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.rmtree(old, ignore_errors=True)
+            try:
+                self._swap_in(folder, pa.Table.from_pandas(table, preserve_index=False))
+            except OSError as e:
+                raise self._no_room(folder, need, shutil.disk_usage(self.dir).free, os_reason(e)) from None
+
+    def _swap_in(self, folder: Path, data: pa.Table) -> None:
+        """Write ``data`` as the one part of ``folder``'s table: beside it first, then two renames.
+        Whatever stops it (a full disk, a signal) leaves the parts in place and no scratch copy."""
+        tmp = self.dir / f".{folder.name}.compact"
+        old = self.dir / f".{folder.name}.old"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+        try:
             tmp.mkdir()
-            data = pa.Table.from_pandas(table, preserve_index=False)
             pq.write_table(data, tmp / f"part-{next(self._seq):06d}.parquet")
             os.replace(folder, old)
             os.replace(tmp, folder)
-            shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            if old.is_dir() and not folder.exists():
+                os.replace(old, folder)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+
+    def _no_room(self, folder: Path, need: int, free: int, why: str) -> UserError:
+        return UserError(f"cannot merge the parts of {folder} ({why}): it needs about {need / 2**20:.1f} MiB "
+                         f"free, {free / 2**20:.1f} MiB is; the run's rows are kept as parts and read the same: free "
+                         f"space and run parbench run --resume {self.dir} to merge them")
 
     def add(self, row: dict[str, Any], steps: Sequence[dict[str, Any]] = (),
             comm: Sequence[dict[str, Any]] = ()) -> None:
@@ -258,6 +294,24 @@ class RunWriter:
         self.append("steps", steps)
         self.append("comm", comm)
         self.append("cells", [row])
+
+
+def write_error(path: Path, e: OSError, run_dir: Path) -> UserError:
+    """The one line for a write into the run folder that failed (a full disk, a quota, a folder gone
+    read-only): what could not be written and why; the finished cells are kept and the run resumes
+    from them."""
+    return UserError(f"cannot write {path} ({os_reason(e)}); the finished cells are kept: free space and run "
+                     f"parbench run --resume {run_dir}")
+
+
+def os_reason(e: OSError) -> str:
+    """The system's words for ``e`` ("No space left on device"), also where pyarrow wraps them in
+    its own message ("Error writing bytes to file. Detail: [errno 28] ...")."""
+    code = e.errno
+    if code is None:
+        m = re.search(r"\[errno (\d+)\]", str(e), re.IGNORECASE)
+        code = int(m[1]) if m else None
+    return os.strerror(code) if code else (e.strerror or " ".join(str(e).split()))
 
 
 def _unlink_quietly(p: Path) -> None:
@@ -465,6 +519,6 @@ def write_meta(run_dir: Path, config: dict[str, Any], **more: Any) -> dict[str, 
         os.replace(tmp, run_dir / "meta.json")
     except OSError as e:
         _unlink_quietly(tmp)
-        raise UserError(f"cannot write {run_dir / 'meta.json'} ({e.strerror or e}); free space or pass a writable "
+        raise UserError(f"cannot write {run_dir / 'meta.json'} ({os_reason(e)}); free space or pass a writable "
                         "--out") from None
     return meta
