@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from bench.results.store import derive
+from bench.results.derived import derive
 from reports.recommend_rules import (
     BUBBLE_BOUND,
     COMM_BOUND,

@@ -134,7 +134,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         restore_stop_handlers()
     print(f"run folder: {run_dir}")
-    from bench.results.store import PARITY_TOL, load_meta
+    from bench.results.derived import PARITY_TOL
+    from bench.results.store import load_meta
 
     sweep = load_meta(run_dir).get("serve_sweep") or {}
     for key, found in sweep.items():

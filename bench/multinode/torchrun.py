@@ -13,13 +13,17 @@ def bind_torchrun_stores() -> None:
     """Make the stores torchrun's rendezvous handlers start :func:`bound_store` ones."""
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous, static_tcp_rendezvous
 
-    static_tcp_rendezvous.TCPStore = bound_store
-    c10d_rendezvous_backend.TCPStore = bound_store
+    # Each hook is replaced only where this torch has it: a torch that moved one keeps its own
+    # (listening on every interface) rather than failing every launch.
+    for module in (static_tcp_rendezvous, c10d_rendezvous_backend):
+        if hasattr(module, "TCPStore"):
+            module.TCPStore = bound_store
 
     def shared_server(self, master_addr: str, master_port: int):
         return bound_store(master_addr, master_port, is_master=True, multi_tenant=True)
 
-    dynamic_rendezvous.DynamicRendezvousHandler._create_tcp_store_server = shared_server
+    if hasattr(dynamic_rendezvous.DynamicRendezvousHandler, "_create_tcp_store_server"):
+        dynamic_rendezvous.DynamicRendezvousHandler._create_tcp_store_server = shared_server
 
 
 def main(argv: list[str] | None = None) -> None:

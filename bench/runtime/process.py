@@ -69,7 +69,7 @@ def torchrun_cmd(argv: str | Sequence[str], nproc: int, *, module: str, nnodes: 
     on several, torchrun's c10d rendezvous at ``endpoint``, whose store node 0's launcher hosts
     (is_host=0: no agent hosts it, so the store outlives each launch and agents of any node may
     start first)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}"]
+    cmd = [sys.executable, "-m", "bench.multinode.torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}"]
     if nnodes == 1:
         cmd += ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
     else:

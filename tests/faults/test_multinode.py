@@ -145,7 +145,5 @@ def test_rendezvous(case: Case, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("case", params([TORCHRUN]))
-@pytest.mark.xfail(strict=True, reason="torchrun's stores listen on '::' until bench/runtime/process.torchrun_cmd "
-                                       "starts bench.multinode.torchrun instead of torch.distributed.run")
 def test_torchrun_stores(case: Case, tmp_path: Path) -> None:
     check(case, tmp_path)
