@@ -121,9 +121,15 @@ def pareto(cells: pd.DataFrame, workload: str, ax=None):
     ax.set_title(f"{workload}: throughput against memory", fontsize=9)
     handles = [Patch(color=_color(b), label=b) for b in sorted(set(d["backend"]))]
     handles.append(Line2D([], [], color="k", lw=0.8, label="Pareto front:"))
-    handles += [Line2D([], [], ls="", marker=f"${k}$", color="k", label=cell_label(d.iloc[i]))
-                for k, i in enumerate(front, 1)]
-    ax.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    # The numbered markers are mathtext ("$1$"), whatever the caller's text.parse_math; the labels,
+    # names from the run, are drawn as plain text.
+    with plt.rc_context({"text.parse_math": True}):
+        handles += [Line2D([], [], ls="", marker=f"${k}$", color="k", label=cell_label(d.iloc[i]))
+                    for k, i in enumerate(front, 1)]
+        legend = ax.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                           borderaxespad=0)
+    for text in legend.get_texts():
+        text.set_parse_math(False)
     return ax
 
 

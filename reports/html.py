@@ -11,18 +11,23 @@ cell. No script or style is fetched from anywhere: the page opens offline.
 from __future__ import annotations
 
 import base64
-import re
+import logging
+import os
+import shutil
 from pathlib import Path
 
 import jinja2
+import matplotlib
 import pandas as pd
 
 from bench.core.errors import UserError
 from bench.core.paths import folder_problem
-from bench.results.store import load_run
+from bench.results.bounds import safe_name
+from bench.results.store import CELL_COLUMNS, SAMPLE_COLUMNS, frame, load_run, read_table
+from bench.runtime.signals import defer_stops
 from bench.serve import tables
 from reports import figures
-from reports.recommend import candidates, is_false, recommend
+from reports.recommend import is_false, recommend
 
 TEMPLATE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>parbench {{ meta.run_id }}</title>
@@ -117,16 +122,21 @@ def _gpus(gpus) -> str:
     return ", ".join(f"{list(map(str, gpus)).count(n)} x {n}" for n in names)
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
-
-
-def _figure(fn, out: Path, name: str) -> dict:
-    """Draw, write NAME.png beside the page, return it for embedding."""
-    ax = fn()
-    path = out / f"{name}.png"
-    figures.save(ax, path)
-    return _embedded(path)
+def _figure(fn, out: Path, name: str) -> list[dict]:
+    """Draw, write NAME.png beside the page, return it for embedding (a one-item list). A figure the
+    run's values cannot be drawn from is left out with a warning: the page stands without it."""
+    try:
+        ax = fn()
+        path = out / f"{name}.png"
+        figures.save(ax, path)
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001 - values of a run from another tool; the table still has them
+        logging.getLogger("parbench").warning("figure %s left out: %s: %s", name, type(e).__name__,
+                                              " ".join(str(e).split())[:120])
+        figures.plt.close("all")
+        return []
+    return [_embedded(path)]
 
 
 def _embedded(path: Path) -> dict:
@@ -153,7 +163,7 @@ def _workload_figures(cells: pd.DataFrame, wl: str, out: Path, annotated: pd.Dat
         mine = annotated[annotated["cell_id"].isin(ids)]
         if len(mine):
             kinds.append(("collectives", lambda: figures.collective_bandwidth(mine)))
-    return [_figure(fn, out, f"{_slug(wl)}-{kind}") for kind, fn in kinds]
+    return [img for kind, fn in kinds for img in _figure(fn, out, f"{safe_name(wl)}-{kind}")]
 
 
 def _serving(run_dir: Path, serving: pd.DataFrame, out: Path) -> dict | None:
@@ -202,58 +212,85 @@ def _annotated_comm(run_dir: Path, meta: dict) -> pd.DataFrame | None:
     try:
         from bench.comm.model import annotate_comm, find_sweep
 
-        sweep = None
-        if (run_dir / "collectives.parquet").exists():
-            sweep = pd.read_parquet(run_dir / "collectives.parquet")
-        else:
-            found = find_sweep(run_dir.parent, meta)
-            sweep = pd.read_parquet(found) if found is not None else None
-        if sweep is None:
+        # through read_table: the bounds and types of bench.results.bounds hold here too
+        found = run_dir / "collectives.parquet" if (run_dir / "collectives.parquet").exists() else \
+            find_sweep(run_dir.parent, meta)
+        if found is None:
             return None
-        return annotate_comm(pd.read_parquet(comm_path), sweep)
+        return annotate_comm(read_table(run_dir, "comm"), read_table(found.parent, "collectives"))
     except Exception:  # noqa: BLE001 - the annotation is extra; the report stands without it
         return None
+
+
+#: the hidden folder a report is drawn into before its files replace the previous report's
+STAGE = ".parbench-report.partial"
 
 
 def build_report(run_dir: Path, out: Path | None = None, *, baseline: Path | None = None,
                  history: Path | None = None) -> Path:
     """Write ``index.html`` (self-contained) and its PNG figures into ``out`` (default
     RUN_DIR/report); returns the HTML path. ``baseline`` (a run) or ``history`` (a store) adds the
-    comparison, regressions first."""
-
+    comparison, regressions first. The report is drawn into a hidden folder inside ``out`` and moved
+    into place when whole, ``index.html`` last: a report stopped at any moment leaves the previous
+    ``index.html`` as it was."""
     run_dir = Path(run_dir)
     cells, steps, meta = load_run(run_dir)
-    serving = cells[cells["mode"] == "serve"] if "mode" in cells else cells.iloc[:0]
-    cells = cells.drop(serving.index)  # training cells: figures and the recommendation are about steps
     out = Path(out) if out else run_dir / "report"
-
     why = folder_problem(out)
     if why == "it is a file":
         raise UserError(f"report output {out} is a file; pass a folder with -o")
     if why:
         raise UserError(f"report output {str(out)!r} cannot be written ({why}); pass a writable folder with -o")
-    described = meta.get("workloads", {})
+    stage = out / STAGE
+    try:
+        shutil.rmtree(stage, ignore_errors=True)  # left by a report that was killed
+        stage.mkdir()
+        logging.getLogger("parbench").info("drawing the report of %s in %s", run_dir, stage)
+        # Every string on a figure comes from the run: plain text, never mathtext ("$" in a name).
+        with matplotlib.rc_context({"text.parse_math": False}):
+            html = _render(run_dir, cells, steps, meta, stage, baseline, history)
+        (stage / "index.html").write_text(html)
+        defer_stops(True)  # a stop while the files move is raised once they are all in place
+        _publish(stage, out)
+    except OSError as e:
+        raise UserError(f"report output {str(out)!r} cannot be written ({e.strerror or e}); free space or pass "
+                        "another folder with -o") from None
+    finally:
+        defer_stops(False)
+        shutil.rmtree(stage, ignore_errors=True)
+    return out / "index.html"
+
+
+def _publish(stage: Path, out: Path) -> None:
+    """Move every file of ``stage`` to the same place under ``out``, ``index.html`` last."""
+    files = sorted((p for p in stage.rglob("*") if p.is_file()), key=lambda p: p.name == "index.html")
+    for f in files:
+        dest = out / f.relative_to(stage)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(f, dest)
+
+
+def _render(run_dir: Path, cells: pd.DataFrame, steps: pd.DataFrame, meta: dict, out: Path,
+            baseline: Path | None, history: Path | None) -> str:
+    """The page, its figures written into ``out`` as it goes."""
+    cells = frame(cells, CELL_COLUMNS)  # every core column, empty where a run from another tool lacks it
+    serving = cells[cells["mode"] == "serve"] if "mode" in cells else cells.iloc[:0]
+    cells = cells.drop(serving.index)  # training cells: figures and the recommendation are about steps
+    described = meta.get("workloads") or {}
     annotated = _annotated_comm(run_dir, meta)
     wls = [{"name": wl, "description": described.get(wl, ""), "flags": _comm_flags(cells, wl, annotated),
             "images": _workload_figures(cells, wl, out, annotated)} for wl in cells["workload"].dropna().unique()]
     telemetry = []
-    samples_path = run_dir / "samples.parquet"
-    if samples_path.exists():
-        from bench.results.store import read_table
-
-        samples = read_table(run_dir, "samples")
+    if (run_dir / "samples.parquet").exists():
+        samples = read_table(run_dir, "samples", SAMPLE_COLUMNS)
         ok = cells[cells["status"] == "ok"]
         for metric in ("gpu_util_pct", "power_w", "cpu_util_pct"):
             if (samples["metric"] == metric).any() and len(ok):
-                telemetry.append(_figure(lambda: figures.telemetry_small_multiples(samples, ok, metric), out,  # noqa: B023
-                                         f"telemetry-{metric}"))
-                if metric.startswith("gpu"):
-                    continue
-    gpu_mem = None
-    picks = recommend(cells, gpu_mem)
+                telemetry += _figure(lambda: figures.telemetry_small_multiples(samples, ok, metric), out,  # noqa: B023
+                                     f"telemetry-{metric}")
+    picks = recommend(cells, None)
     comparison = _comparison(run_dir, cells, steps, meta, baseline, history, out)
     cols = table_columns(cells.columns)
-    _, excluded = candidates(cells)
     rows = []
     for _, r in cells.iterrows():
         bad = r["status"] in ("failed", "timeout") or r.get("parity_ok") is False
@@ -265,16 +302,12 @@ def build_report(run_dir: Path, out: Path | None = None, *, baseline: Path | Non
             vals[-1] = f"no breakdown: {note}"  # the reason column, empty for an ok cell
         rows.append({"cls": "bad" if bad else ("warn" if warn else ""), "vals": vals})
     not_run = cells[cells["status"] != "ok"].sort_values(["status", "workload", "strategy"])
-    serve = _serving(run_dir, serving, out)
-    html = jinja2.Environment(autoescape=True).from_string(TEMPLATE).render(
-        meta={"run_id": run_dir.name, **meta}, gpus=_gpus(meta.get("gpus")), picks=picks, workloads=wls, telemetry=telemetry,
-        columns=[m.title for m in cols], rows=rows, not_run=[r for _, r in not_run.iterrows()],
-        comparison=comparison, serve=serve, n_ok=int((cells["status"] == "ok").sum()),
+    return jinja2.Environment(autoescape=True).from_string(TEMPLATE).render(
+        meta={"run_id": run_dir.name, **meta}, gpus=_gpus(meta.get("gpus")), picks=picks, workloads=wls,
+        telemetry=telemetry, columns=[m.title for m in cols], rows=rows, not_run=[r for _, r in not_run.iterrows()],
+        comparison=comparison, serve=_serving(run_dir, serving, out), n_ok=int((cells["status"] == "ok").sum()),
         n_skipped=int((cells["status"] == "skipped").sum()),
         n_bad=int(cells["status"].isin(["failed", "timeout"]).sum()))
-    path = out / "index.html"
-    path.write_text(html)
-    return path
 
 
 def _comparison(run_dir: Path, cells, steps, meta, baseline: Path | None, history: Path | None,

@@ -2,9 +2,20 @@
 
 A candidate is a cell that ran (status ok: it also passed the distribution check), matched the
 single-device run (parity ok) and trains the same model (not an ensemble of independent models).
-The fastest candidate wins; the margin over the runner-up is called significant only when their
-intervals of the median step do not overlap (otherwise it is within the measured noise). One line
-of why comes from the winner's own measurements.
+The fastest candidate is the ``winner`` (a measured fact); what to ``use`` follows the rules of
+:mod:`reports.recommend_rules`, in this order:
+
+1. no decision, with the reason, when the single-device reference or a leading candidate is
+   unstable or contended, or an efficiency is not physical;
+2. one device when every candidate is slower than it;
+3. the library default (DDP; FSDP when the model does not fit one device or DDP ran out of memory)
+   unless another candidate is faster beyond the noise, and then that one, with what in its
+   breakdown makes it faster; a model that does not fit one device says so, with the memory
+   headroom of what to use.
+
+A decision is ``resolved`` only when the intervals it rests on come from repeats; otherwise it is
+"leading, not decided". When nothing scales, ``next_step`` says what to try. ``launch_bound``
+marks picks of a workload whose step measures launches more than the strategy.
 """
 
 from __future__ import annotations
@@ -13,8 +24,31 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-#: thresholds of the "why" line, as fractions of the step
-COMM_BOUND, BUBBLE_BOUND, IDLE_BOUND, MEMORY_BOUND = 0.30, 0.20, 0.30, 0.90
+from bench.results.derived import derive
+from reports.recommend_rules import (
+    BUBBLE_BOUND,
+    COMM_BOUND,
+    IDLE_BOUND,
+    MEMORY_BOUND,
+    blockers,
+    capacity_from,
+    faster_because,
+    faster_beyond_noise,
+    from_repeats,
+    headroom,
+    is_false,
+    launch_bound,
+    library_default,
+    next_step,
+    num,
+    overlap,
+    ran_out,
+    text,
+)
+
+__all__ = ["Pick", "candidates", "first_screen", "is_false", "reason", "recommend"]
+
+REPEATS_HINT = "needs --repeats 3"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,32 +56,46 @@ class Pick:
     workload: str
     backend: str
     world_size: int
-    winner: str
-    step_ms: float
+    winner: str  # the fastest candidate
+    step_ms: float  # the winner's median step
     runner_up: str | None
     margin: float | None  # runner-up step / winner step - 1
-    significant: bool | None
-    why: str
+    significant: bool | None  # winner vs runner-up beyond the noise (None: not judged)
+    why: str  # what bounds the winner's step
     candidates: int
     excluded: str  # what was left out and why
-    speedup: float | None = None  # throughput against the single-device cell of the same workload
+    speedup: float | None = None  # winner's throughput against the single-device cell of the same workload
+    use: str | None = None  # what the rules point to ("single": one device); None: no decision
+    decision: str = ""  # undecided | one-device | library | faster | fastest
+    resolved: bool = False  # the decision rests on intervals from repeats and nothing blocks it
+    because: str = ""  # why ``use`` (or why no decision)
+    next_step: str = ""  # what to try when nothing scales
+    launch_bound: bool = False  # the workload's step measures launches more than the strategy
+    fits_one_device: bool | None = None  # False: the single-device cell ran out of memory
+    headroom: float | None = None  # free share of the device at the peak of ``use``
 
     def line(self) -> str:
-        head = f"{self.workload}, {self.backend} x{self.world_size}: {self.winner} ({self.step_ms:.1f} ms/step"
+        """The pick as one line of plain text: a decision says "use", one not judged from repeats
+        says "not decided", and no decision says why."""
+        head = "use" if self.resolved else f"not decided ({REPEATS_HINT}):"
+        if self.decision == "undecided":
+            body = f"no decision: {self.because}; fastest: {self.winner} ({self._numbers()})"
+        elif self.decision == "one-device":
+            body = f"use one device; {self.because}" if self.resolved else f"{head} one device leads; {self.because}"
+        elif self.use == self.winner:
+            body = f"{head} {self.use} {'leads ' if not self.resolved else ''}({self._numbers()}); {self.because}"
+        else:
+            body = f"{head} {self.use}, the library default; {self.because}"
+        tail = [self.why] + ([self.next_step] if self.next_step else [])
+        return f"{self.workload}, {self.backend} x{self.world_size}: {body}; " + "; ".join(tail) + \
+            (f" [{self.excluded}]" if self.excluded else "")
+
+    def _numbers(self) -> str:
+        out = f"{self.step_ms:.1f} ms/step"
         if self.speedup is not None:
-            head += (f", {self.speedup:.2f}x one device)" if self.speedup >= 1
-                     else f", slower than one device: {self.speedup:.2f}x)")
-        else:
-            head += ")"
-        if self.runner_up is None:
-            tail = "the only strategy that passed"
-        elif self.significant:
-            tail = f"{self.margin:+.0%} ahead of {self.runner_up}, beyond the noise"
-        elif self.significant is None:
-            tail = f"{self.margin:+.0%} ahead of {self.runner_up}, noise not judged (measure with --repeats 3 or more)"
-        else:
-            tail = f"{self.margin:+.0%} ahead of {self.runner_up}, within the noise (intervals overlap)"
-        return f"{head}; {tail}; {self.why}" + (f" [{self.excluded}]" if self.excluded else "")
+            out += f", {self.speedup:.2f}x one device" if self.speedup >= 1 else \
+                f", slower than one device: {self.speedup:.2f}x"
+        return out
 
 
 def candidates(cells: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
@@ -98,48 +146,157 @@ def reason(r: pd.Series, gpu_mem: float | None = None) -> str:
     return "; ".join(parts)
 
 
-def is_false(v) -> bool:
-    """A flag that is known and false (NA is not false)."""
-    return v is not None and not pd.isna(v) and not bool(v)
+def _with_scaling_notes(cells: pd.DataFrame) -> pd.DataFrame:
+    """Cells with the run's scaling efficiency and note, derived here when the table lacks them
+    (a compact evidence table keeps only the measured columns)."""
+    need = {"cell_id", "workload", "device", "precision", "status", "world_size", "throughput_samples_s"}
+    if "scaling_note" in cells or not need <= set(cells.columns):
+        return cells
+    d = derive(cells, pd.DataFrame())
+    return cells.assign(scaling_efficiency=d["scaling_efficiency"], scaling_note=d["scaling_note"])
 
 
-def _overlap(a: pd.Series, b: pd.Series) -> bool | None:
-    lo_a, hi_a, lo_b, hi_b = (x.get(k) for x in (a, b) for k in ("step_time_ci_low_s", "step_time_ci_high_s"))
-    if any(pd.isna(v) for v in (lo_a, hi_a, lo_b, hi_b)):
-        return None
-    return bool(lo_a <= hi_b and lo_b <= hi_a)
+class Group:
+    """The candidates of one workload, backend and world size, and the decision about them."""
+
+    def __init__(self, cells: pd.DataFrame, g: pd.DataFrame, gpu_mem: float | None):
+        self.cells, self.g = cells, g.sort_values("step_time_median_s")
+        self.best = self.g.iloc[0]
+        self.wl, self.be, self.ws = self.best["workload"], self.best["backend"], int(self.best["world_size"])
+        self.ref, self.oom = self._reference()
+        self.gpu_mem = gpu_mem or (capacity_from(self.oom["reason"]) if self.oom is not None else None)
+        here = cells[(cells["workload"] == self.wl) & (cells["backend"] == self.be) & (cells["world_size"] == self.ws)]
+        self.oom_here = here[ran_out(here)]
+        sharding = self.oom is not None or (self.oom_here["strategy"] == "ddp").any()
+        self.default = library_default(self.g, sharding)
+
+    def _reference(self) -> tuple[pd.Series | None, pd.Series | None]:
+        """(the single-device cell that ran, or the one that ran out of memory) of the same workload
+        and batch: the same global batch (strong scaling) or batch per device (weak)."""
+        c = self.cells
+        is_ref = c["strategy"] == "single"
+        if "role" in c:
+            is_ref |= c["role"] == "reference"
+        same = c[is_ref & (c["workload"] == self.wl) & (c["world_size"] == 1)]
+        gb = num(self.best.get("global_batch"))
+        if gb is not None and "global_batch" in c:
+            weak = text(self.best.get("scaling")) == "weak"
+            same = same[same["global_batch"] == (gb // self.ws if weak else gb)]
+        for col in ("device", "precision"):
+            if col in c and pd.notna(self.best.get(col)):
+                same = same[same[col] == self.best[col]]
+        ran = same[same["status"] == "ok"]
+        oom = same[ran_out(same)]
+        return (ran.iloc[0] if len(ran) else None), (oom.iloc[0] if len(oom) else None)
+
+    def speedup(self, r: pd.Series) -> float | None:
+        """Throughput against the single-device cell."""
+        if self.ref is None:
+            return None
+        a, b = num(r.get("throughput_samples_s")), num(self.ref.get("throughput_samples_s"))
+        return a / b if a is not None and b else None
+
+    def rival(self) -> pd.Series | None:
+        """What the fastest is weighed against: the library default, else the runner-up."""
+        if self.default is not None and self.default.name != self.best.name:
+            return self.default
+        return self.g.iloc[1] if len(self.g) > 1 else None
+
+    def decide(self) -> dict:
+        """use, decision, resolved, because (and, where it applies, fits_one_device, headroom)."""
+        rival = self.rival()
+        rows = ([("one device", self.ref)] if self.ref is not None else []) + [(str(self.best["strategy"]), self.best)]
+        # The rival counts when the pick rests on beating it; a runner-up behind the library default
+        # cannot overturn it (an unstable one only widens its own interval).
+        if rival is not None and (self.default is None or rival.name == self.default.name):
+            rows.append((str(rival["strategy"]), rival))
+        block = blockers(rows, {k: self.speedup(r) for k, r in rows if r is not self.ref}, self.ws)
+        if block:
+            return dict(use=None, decision="undecided", resolved=False, because="; ".join(block))
+        s = self.speedup(self.best)  # None without a reference
+        ahead = faster_beyond_noise(self.best, self.ref) if self.ref is not None else None
+        if s is not None and (s < 1 or ahead is False):
+            return self._one_device(s, ahead)
+        out = self._strategy(rival)
+        if self.ref is not None and ahead is None:  # using it at all rests on beating one device
+            out["resolved"] = False
+        if self.oom is not None:
+            free, words = headroom(self.g.loc[self.g["strategy"] == out["use"]].iloc[0], self.gpu_mem)
+            out.update(fits_one_device=False, headroom=free,
+                       because=f"does not fit one device (single: out of memory); {words}; {out['because']}")
+        return out
+
+    def _one_device(self, s: float, ahead: bool | None) -> dict:
+        best = self.best["strategy"]
+        if s < 1:
+            judged = faster_beyond_noise(self.ref, self.best)
+            because = f"every candidate is slower than one device: the best, {best}, reaches {s:.2f}x"
+            return dict(use="single", decision="one-device", resolved=judged is not None, because=because)
+        because = f"no candidate is faster than one device beyond the noise: the best, {best}, reaches {s:.2f}x"
+        return dict(use="single", decision="one-device", resolved=ahead is not None, because=because)
+
+    def _strategy(self, rival: pd.Series | None) -> dict:
+        best, name = self.best, str(self.best["strategy"])
+        if rival is None:
+            return dict(use=name, decision="library" if self.default is not None else "fastest",
+                        resolved=from_repeats(best), because="the only strategy that passed")
+        margin = rival["step_time_median_s"] / best["step_time_median_s"] - 1
+        other, sig = str(rival["strategy"]), faster_beyond_noise(best, rival)
+        if self.default is None or self.default.name == best.name:
+            kind = "the library default" if self.default is not None else "the fastest (no library default ran)"
+            vs = {True: "beyond the noise", False: "within the noise", None: "in one run"}[sig]
+            return dict(use=name, decision="library" if self.default is not None else "fastest",
+                        resolved=sig is not None, because=f"{kind}, {margin:+.0%} ahead of {other} {vs}")
+        why = faster_because(best, rival)
+        if sig:
+            return dict(use=name, decision="faster", resolved=True,
+                        because=f"{margin:+.0%} faster than {other} (library default) beyond the noise: {why}")
+        if sig is False:
+            return dict(use=other, decision="library", resolved=True,
+                        because=f"{name} leads it by {margin:+.0%}, within the noise")
+        return dict(use=other, decision="library", resolved=False,
+                    because=f"{name} leads it by {margin:+.0%} in one run ({why}); it stands until repeats "
+                            "say otherwise")
+
+    def excluded(self, why: pd.Series) -> str:
+        """What of this group was left out, and why: candidates that did not qualify, cells that ran
+        out of memory."""
+        left = self.cells.loc[why.index]
+        left = left[(left["workload"] == self.wl) & (left["backend"] == self.be) & (left["world_size"] == self.ws)]
+        notes = [f"{r.strategy}: {why[i]}" for i, r in left.iterrows()]
+        notes += [f"{s}: out of memory" for s in self.oom_here["strategy"]]
+        return "; ".join(notes)
 
 
 def recommend(cells: pd.DataFrame, gpu_mem: float | None = None) -> list[Pick]:
     """One pick per (workload, backend, world size >= 2) that has a candidate."""
+    cells = _with_scaling_notes(cells)
     good, excluded = candidates(cells)
+    groups = [Group(cells, g, gpu_mem) for _, g in
+              good[good["world_size"] >= 2].groupby(["workload", "backend", "world_size"], sort=True)]
+    best_speed = {(gr.wl, gr.be, gr.ws): gr.speedup(gr.best) for gr in groups}
     out = []
-    keys = ["workload", "backend", "world_size"]
-    for (wl, be, ws), g in good[good["world_size"] >= 2].groupby(keys, sort=True):
-        g = g.sort_values("step_time_median_s")
-        win = g.iloc[0]
-        left = cells.loc[excluded.index]
-        left = left[(left["workload"] == wl) & (left["backend"] == be) & (left["world_size"] == ws)]
-        note = "; ".join(f"{r.strategy}: {excluded[i]}" for i, r in left.iterrows())
-        if len(g) > 1:
-            second = g.iloc[1]
-            overlap = _overlap(win, second)
+    for gr in groups:
+        win = gr.best
+        runner, margin, sig = None, None, None
+        if len(gr.g) > 1:
+            second = gr.g.iloc[1]
             margin = float(second["step_time_median_s"] / win["step_time_median_s"] - 1)
-            # Only intervals built from repeats can call a margin beyond the noise: the steps of one
-            # run are correlated and their interval is too narrow (bench/stats/steps.py).
-            judged = all(str(x.get("ci_basis", "")).startswith("repeats") for x in (win, second))
-            runner = str(second["strategy"])
-            sig = None if (overlap is None or not judged) else not overlap
-        else:
-            runner, margin, sig = None, None, None
-        single = cells[(cells["workload"] == wl) & (cells["status"] == "ok") & (cells["world_size"] == 1)
-                       & (cells["strategy"] == "single")]
-        if "global_batch" in cells and pd.notna(win.get("global_batch")):
-            single = single[single["global_batch"] == win["global_batch"]]
-        speed = (float(win["throughput_samples_s"] / single["throughput_samples_s"].iloc[0])
-                 if len(single) and pd.notna(win.get("throughput_samples_s")) else None)
-        out.append(Pick(workload=str(wl), backend=str(be), world_size=int(ws), winner=str(win["strategy"]),
-                        step_ms=float(win["step_time_median_s"]) * 1e3, runner_up=runner, margin=margin,
-                        significant=sig, why=reason(win, gpu_mem), candidates=len(g), excluded=note,
-                        speedup=speed))
+            ov = overlap(win, second)
+            judged = from_repeats(win) and from_repeats(second)
+            runner, sig = str(second["strategy"]), (None if (ov is None or not judged) else not ov)
+        speed = gr.speedup(win)
+        elsewhere = {(be, ws): s for (wl, be, ws), s in best_speed.items() if wl == gr.wl and s is not None}
+        out.append(Pick(
+            workload=str(gr.wl), backend=str(gr.be), world_size=gr.ws, winner=str(win["strategy"]),
+            step_ms=float(win["step_time_median_s"]) * 1e3, runner_up=runner, margin=margin, significant=sig,
+            why=reason(win, gr.gpu_mem), candidates=len(gr.g), excluded=gr.excluded(excluded), speedup=speed,
+            next_step=next_step(win, backend=str(gr.be), ws=gr.ws, speedup=speed, elsewhere=elsewhere),
+            launch_bound=launch_bound(gr.ref if gr.ref is not None else win), **gr.decide()))
     return out
+
+
+def first_screen(picks: list[Pick]) -> list[Pick]:
+    """Picks in the order the first screen shows them: real-model picks before launch-bound ones;
+    within each, resolved decisions, then leading ones, then those without a decision."""
+    return sorted(picks, key=lambda p: (p.launch_bound, not p.resolved, p.use is None))

@@ -301,6 +301,12 @@ def factory_raises(*, seed: int = 0) -> Workload:
     raise RuntimeError("deliberate failure in the factory [/x]")
 
 
+def factory_hangs(*, seed: int = 0) -> Workload:
+    """A user workload factory that never returns while the run is planned (it sleeps)."""
+    time.sleep(3600)
+    raise AssertionError("unreachable")
+
+
 # --- Links between nodes (tests/distributed/test_netns.py): a known amount of traffic per step.
 
 class LinkProbe(Strategy):

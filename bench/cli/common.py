@@ -28,7 +28,14 @@ def add_run_args(p) -> None:
     p.add_argument("--global-batch", type=int, help="override every workload's global batch")
     p.add_argument("--scaling", help="strong (default: the same global batch at every world size) or weak "
                                      "(the same batch per device: n devices train n x the global batch)")
-    p.add_argument("--cell-timeout", dest="cell_timeout_s", type=float, help="seconds before a cell is a timeout")
+    p.add_argument("--cell-timeout", dest="cell_timeout_s", type=float,
+                   help="seconds from a cell's start before it is a timeout")
+    p.add_argument("--startup-timeout", dest="startup_timeout_s", type=float,
+                   help="seconds a process group may take to start (torchrun, imports, rendezvous, warm-up) "
+                        "before its first cell (default 300)")
+    p.add_argument("--workload-timeout", dest="workload_timeout_s", type=float,
+                   help="seconds a package.module:factory workload may take to import and build while the run "
+                        "is planned (default 120)")
     p.add_argument("--sample-hz", type=float, help="telemetry sampling rate, 0 = off (default 20, max 1000)")
     p.add_argument("--profile-steps", type=int,
                    help="steps profiled after the timed ones for the compute/comm breakdown (default 2; 0 = off)")

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -16,7 +19,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from bench.cli.common import install_stop_handlers, restore_stop_handlers
 from bench.core.errors import UserError
+from bench.runtime.signals import check_stop, clear_stop
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -72,10 +77,33 @@ def _store(args: argparse.Namespace) -> str:
     return args.store or DEFAULT_STORE
 
 
+def stoppable(work: Callable[[], int], stopped: Callable[[], str]) -> int:
+    """``work()`` with SIGINT, SIGTERM and SIGHUP stopping it as Ctrl-C does: one line on stderr
+    (``stopped()`` says what was kept) and exit 128 + the signal. A stop noted while the command
+    deferred it (:func:`bench.runtime.signals.defer_stops`) is raised when the work returns."""
+    install_stop_handlers()
+    clear_stop()
+    try:
+        code = work()
+        check_stop()
+        return code
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"parbench: interrupted by {signal.Signals(signum).name}: {stopped()}", file=sys.stderr)
+        return 128 + signum
+    finally:
+        restore_stop_handlers()
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     """compare BASE CURRENT, or compare --history DIR CURRENT."""
+    return stoppable(lambda: _compare(args), lambda: "no comparison was finished; each output file is whole, "
+                                                    "written or as it was")
+
+
+def _compare(args: argparse.Namespace) -> int:
     from bench.gate.ciout import check_output_files, write_outputs
-    from bench.gate.compare import compare, failed, parse_threshold
+    from bench.gate.compare import FAILING, compare, failed, parse_threshold
     from bench.results.store import load_run
 
     check_output_files(markdown=args.markdown, junit=args.junit, json=args.json)
@@ -106,19 +134,35 @@ def cmd_compare(args: argparse.Namespace) -> int:
                         cur_meta=cur_meta, test=args.test, require_repeats=args.require_repeats)
     print_compare(table, thr)
     write_outputs(table, thr, markdown_file=args.markdown, junit_file=args.junit, json_file=args.json)
-    return 1 if failed(table) else 0
+    if not failed(table):
+        return 0
+    counts = table["verdict"][table["verdict"].isin(FAILING)].value_counts()
+    print(f"parbench: compare: {', '.join(f'{n} {v}' for v, n in counts.items())} (the cells above); exit 1",
+          file=sys.stderr)
+    return 1
 
 
 def cmd_history_add(args: argparse.Namespace) -> int:
     from bench.gate.history import add
 
-    e = add(args.run_dir, _store(args), commit=args.commit, machine=args.machine)
-    Console().print(Text(f"added run {e['run_id']} at commit {e['commit']} for machine {e['machine']} "
-                         f"to {_store(args)}"))
-    return 0
+    added: list[dict] = []
+
+    def work() -> int:
+        added.append(add(args.run_dir, _store(args), commit=args.commit, machine=args.machine))
+        e = added[0]
+        Console().print(Text(f"added run {e['run_id']} at commit {e['commit']} for machine {e['machine']} "
+                             f"to {_store(args)}"))
+        return 0
+
+    return stoppable(work, lambda: f"run {added[0]['run_id']} was added to {_store(args)} before it stopped"
+                     if added else f"the run was not added; {_store(args)} is as it was")
 
 
 def cmd_history_show(args: argparse.Namespace) -> int:
+    return stoppable(lambda: _history_show(args), lambda: "the history was not shown; its store is unchanged")
+
+
+def _history_show(args: argparse.Namespace) -> int:
     from bench.gate.compare import parse_threshold
     from bench.gate.history import show
 
@@ -137,7 +181,11 @@ def cmd_history_show(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from bench.gate.ciout import pytest_benchmark_json
+    return stoppable(lambda: _export(args), lambda: f"nothing exported; -o {args.output} is as it was")
+
+
+def _export(args: argparse.Namespace) -> int:
+    from bench.gate.ciout import pytest_benchmark_json, write_whole
 
     doc = pytest_benchmark_json(args.run_dir)
     if not doc["benchmarks"]:
@@ -145,7 +193,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = Path(args.output)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc, indent=2, default=str))
+        write_whole(out, json.dumps(doc, indent=2, default=str))
     except OSError as e:
         raise UserError(f"-o {args.output!r} cannot be written ({e.strerror or e}); pass a file path in a writable "
                         "folder") from None

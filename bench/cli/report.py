@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.cli.gate import stoppable
 from bench.core.errors import UserError
 
 
@@ -28,8 +29,14 @@ def cmd_report(args) -> int:
         if path and not Path(path).is_dir():
             raise UserError(f"{flag} {path!r} is not a folder; pass a run folder (--baseline) or a history store "
                             "(--history)")
-    out = build_report(Path(args.run_dir), Path(args.output) if args.output else None,
-                       baseline=Path(args.baseline) if args.baseline else None,
-                       history=Path(args.history) if args.history else None)
-    print(out)
-    return 0
+    out = Path(args.output) if args.output else Path(args.run_dir) / "report"
+    done: list[Path] = []
+
+    def work() -> int:
+        done.append(build_report(Path(args.run_dir), out, baseline=Path(args.baseline) if args.baseline else None,
+                                 history=Path(args.history) if args.history else None))
+        print(done[0])
+        return 0
+
+    return stoppable(work, lambda: f"the report was written to {done[0]} before it stopped" if done else
+                     f"no report was written; {out / 'index.html'} is as it was")

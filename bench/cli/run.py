@@ -69,7 +69,8 @@ def cmd_run(args) -> int:
     gpus = gpu_count()
     flags = {k: getattr(args, k) for k in ("workloads", "strategies", "backends", "world_sizes", "device",
                                            "steps", "warmup", "seed", "precision", "global_batch",
-                                           "cell_timeout_s", "out", "sample_hz", "scaling", "repeats", "budget",
+                                           "cell_timeout_s", "startup_timeout_s", "workload_timeout_s", "out",
+                                           "sample_hz", "scaling", "repeats", "budget",
                                            "warmup_max", "steps_max", "target_ci", "time_cap_s",
                                            "profile_steps", "profile_at", "trace", "nnodes", "node_rank",
                                            "rdzv_endpoint", "rdzv_timeout_s")}
@@ -93,6 +94,10 @@ def cmd_run(args) -> int:
     try:
         with MatrixProgress(enabled=not args.no_progress and cfg.node_rank == 0) as bar:
             run_dir = launch.run(cfg, gpus, on_progress=bar, resume=Path(args.resume) if args.resume else None)
+        if cfg.node_rank > 0:
+            print(f"node {cfg.node_rank}: done; node 0 wrote the tables (this node's logs: {run_dir})")
+            return 0
+        return after_run(run_dir, report=args.report)
     except NodeLost as e:
         print(f"parbench: node {cfg.node_rank}: {e}", file=sys.stderr)
         return 1
@@ -100,19 +105,37 @@ def cmd_run(args) -> int:
         return report_interrupt(e, "the cells that finished", "; finish it with parbench run --resume {where}")
     finally:
         restore_stop_handlers()
-    if cfg.node_rank > 0:
-        print(f"node {cfg.node_rank}: done; node 0 wrote the tables (this node's logs: {run_dir})")
-        return 0
+
+
+def after_run(run_dir: Path, *, report: bool) -> int:
+    """The summary, the recommendation, the budget use and (``report``) the HTML report of the
+    complete run ``run_dir``. A stop signal here (the caller's stop handlers are still installed)
+    or a report that cannot be written ends the command with one line; the run's rows are whole."""
     from bench.cli.summary import print_summary
 
-    print_summary(run_dir)
-    print_recommendation(run_dir)
-    print_budget_use(run_dir)
-    if args.report:
-        from reports import build_report
-
-        print(f"report: {build_report(run_dir)}")
+    try:
+        print_summary(run_dir)
+        print_recommendation(run_dir)
+        print_budget_use(run_dir)
+        if report:
+            print(f"report: {write_report(run_dir)}")
+    except KeyboardInterrupt as e:
+        e.run_dir = run_dir  # type: ignore[attr-defined]
+        return report_interrupt(e, "the run's cells (all of them finished)",
+                                "; write its report with parbench report {where}" if report else "")
     return 0
+
+
+def write_report(run_dir: Path) -> Path:
+    """The HTML report of ``run_dir``; a report that cannot be written (a full disk) is one line."""
+    from bench.results.store import os_reason
+    from reports import build_report
+
+    try:
+        return build_report(run_dir)
+    except OSError as e:
+        raise UserError(f"cannot write the report of {run_dir} ({os_reason(e)}); the run's cells are kept: "
+                        f"free space and run parbench report {run_dir}") from None
 
 
 def print_budget_use(run_dir: Path) -> None:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,10 @@ def register(sub: Any) -> argparse.ArgumentParser:
                    help="GPUs per node (0 for a CPU run with --device cpu)")
     p.add_argument("--script", "-o", help="where to write the script (default parbench-NxG.sbatch)")
     p.add_argument("--submit", action="store_true", help="submit it with sbatch")
+    p.add_argument("--submit-timeout", dest="submit_timeout_s", type=float, default=120.0,
+                   help="seconds to wait for sbatch's answer (default 120)")
     p.add_argument("--port", type=int, default=29400, help="rendezvous port on the first node (default 29400)")
-    p.add_argument("--time", help="sbatch --time, e.g. 00:30:00")
+    p.add_argument("--time", help="sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
     p.add_argument("--partition", help="sbatch --partition")
     p.add_argument("--account", help="sbatch --account")
     p.add_argument("--cpus-per-task", dest="cpus_per_task", type=int, help="sbatch --cpus-per-task")
@@ -65,9 +66,7 @@ def run_argv(args: argparse.Namespace, parser_actions) -> list[str]:
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
-    from bench.cli.common import parse_options
-    from bench.core.config import build_config, load_toml
-    from bench.multinode.slurm import SlurmJob, render
+    from bench.multinode.slurm import SlurmJob, render, submit
 
     if args.nodes is None or args.nodes < 1:
         raise UserError(f"--nodes {args.nodes} must be >= 1; e.g. --nodes 2")
@@ -75,41 +74,18 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         raise UserError(f"--gpus-per-node {args.gpus_per_node} must be >= 0 (0 for a CPU run)")
     if not 1 <= args.port <= 65535:
         raise UserError(f"--port {args.port} must be from 1 to 65535, e.g. --port 29400")
-    # The run's flags are checked here, as the nodes will see them, so that a typo fails now and
-    # not after the job waited in the queue.
-    flags = {k: getattr(args, k) for k in ("workloads", "strategies", "backends", "world_sizes", "device", "steps",
-                                           "warmup", "seed", "precision", "global_batch", "cell_timeout_s",
-                                           "sample_hz", "scaling", "repeats", "budget", "warmup_max", "steps_max",
-                                           "target_ci", "time_cap_s", "profile_steps", "profile_at", "trace",
-                                           "rdzv_timeout_s")}
-    flags.update(nnodes=args.nodes, rdzv_endpoint=f"slurm-first-node:{args.port}" if args.nodes > 1 else None)
-    toml = load_toml(args.config) if args.config else {}
-    if args.option:
-        flags["options"] = {**toml.get("options", {}), **parse_options(args.option)}
-    cfg = build_config(toml=toml, flags=flags, gpus=args.gpus_per_node)
-    if cfg.device == "cuda" and args.gpus_per_node == 0:
-        raise UserError("--gpus-per-node 0 with a CUDA run; give the GPUs per node or pass --device cpu")
-    # the planning the nodes will do, here: an unknown strategy, workload or option fails now, not
-    # after the job waited in the queue (build_config alone checks the flags' forms)
-    from bench.plan.matrix import plan
-
-    try:
-        plan(cfg, args.gpus_per_node)
-    except UserError as e:
-        # a user's module may import only in the job's environment (--python): said, not refused
-        unloadable = "cannot import" in str(e) or "cannot load" in str(e)
-        if not unloadable or not any(":" in x for x in [*cfg.workloads, *cfg.strategies]):
-            raise
-        print(f"note: not checked here, the nodes will import it: {e}")
-    out = str(Path(args.out or "results").resolve())
-    actions = getattr(args, "_run_actions", [])
-    given = run_argv(args, actions)
+    if not (args.submit_timeout_s > 0 and math.isfinite(args.submit_timeout_s)):
+        raise UserError(f"--submit-timeout {args.submit_timeout_s:g} must be a number of seconds > 0, "
+                        "e.g. --submit-timeout 120")
+    cfg = _checked_run(args)
+    out = str(Path(cfg.out).resolve())
+    given = run_argv(args, getattr(args, "_run_actions", []))
     if args.rdzv_timeout_s is not None:
         given += ["--rdzv-timeout", f"{cfg.rdzv_timeout_s:g}"]
     job = SlurmJob(nodes=args.nodes, gpus_per_node=args.gpus_per_node, run_args=given, out=out,
                    python=args.python, workdir=os.getcwd(), port=args.port, job_name=args.job_name, time=args.time,
                    partition=args.partition, account=args.account, cpus_per_task=args.cpus_per_task)
-    path = Path(args.script or f"parbench-{args.nodes}x{args.gpus_per_node}.sbatch")
+    path = Path(args.script or f"parbench-{args.nodes}x{args.gpus_per_node}.sbatch").absolute()
     if path.is_dir():
         raise UserError(f"--script {str(path)!r} is a folder; pass a file name, e.g. --script job.sbatch")
     try:
@@ -120,16 +96,44 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     if not args.submit:
         print(f"submit it with: sbatch {path}")
         return 0
-    sbatch = shutil.which("sbatch")
-    if sbatch is None:
-        raise UserError(f"sbatch not found on PATH; submit the script on a Slurm login node: sbatch {path}")
     try:  # Slurm opens --output (inside the results folder) before the script's own mkdir runs
         Path(out).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"--out {out!r} cannot be created ({e.strerror}); pass a folder on shared storage") from None
-    r = subprocess.run([sbatch, str(path)], capture_output=True, text=True)
-    if r.returncode:
-        line = (r.stderr.strip().splitlines() or ["no message"])[-1]
-        raise UserError(f"sbatch {path} failed (exit code {r.returncode}): {line}")
-    print(r.stdout.strip())
+    job_id, said = submit(path, timeout_s=args.submit_timeout_s)
+    if job_id is None:
+        print(f"sbatch printed no job id ({said!r}); check squeue --me; the script is {path}")
+    else:
+        print(f"submitted job {job_id} ({said}); the script is {path}, the job's log {out}/slurm-{job_id}.out")
     return 0
+
+
+def _checked_run(args: argparse.Namespace):
+    """The run's config, checked as the nodes will see it, so that a typo fails now and not after
+    the job waited in the queue; and the planning the nodes will do (an unknown strategy, workload
+    or option; build_config alone checks the flags' forms)."""
+    from bench.cli.common import parse_options
+    from bench.core.config import build_config, load_toml
+    from bench.plan.matrix import plan
+
+    flags = {k: getattr(args, k) for k in ("workloads", "strategies", "backends", "world_sizes", "device", "steps",
+                                           "warmup", "seed", "precision", "global_batch", "cell_timeout_s",
+                                           "sample_hz", "scaling", "repeats", "budget", "warmup_max", "steps_max",
+                                           "target_ci", "time_cap_s", "profile_steps", "profile_at", "trace",
+                                           "rdzv_timeout_s", "out")}
+    flags.update(nnodes=args.nodes, rdzv_endpoint=f"slurm-first-node:{args.port}" if args.nodes > 1 else None)
+    toml = load_toml(args.config) if args.config else {}
+    if args.option:
+        flags["options"] = {**toml.get("options", {}), **parse_options(args.option)}
+    cfg = build_config(toml=toml, flags=flags, gpus=args.gpus_per_node)
+    if cfg.device == "cuda" and args.gpus_per_node == 0:
+        raise UserError("--gpus-per-node 0 with a CUDA run; give the GPUs per node or pass --device cpu")
+    try:
+        plan(cfg, args.gpus_per_node)
+    except UserError as e:
+        # a user's module may import only in the job's environment (--python): said, not refused
+        unloadable = "cannot import" in str(e) or "cannot load" in str(e)
+        if not unloadable or not any(":" in x for x in [*cfg.workloads, *cfg.strategies]):
+            raise
+        print(f"note: not checked here, the nodes will import it: {e}")
+    return cfg

@@ -41,6 +41,13 @@ class RunConfig:
     lr: float = 1e-2
     out: str = "results"
     cell_timeout_s: float = 300.0
+    # A process group's start-up (torchrun, the ranks' interpreters and imports, the rendezvous and
+    # process group, the warm-up) has its own limit: a loaded machine imports slowly, which is no
+    # cell's fault. The cell timeout counts from each cell's start.
+    startup_timeout_s: float = 300.0
+    # A user workload (package.module:factory) imports, builds and describes itself while the run is
+    # planned, in this time.
+    workload_timeout_s: float = 120.0
     global_batch: int | None = None
     # strong: every cell trains the workload's global batch; weak: every device keeps the workload's
     # global batch, so a cell on n devices trains n times it.
@@ -286,6 +293,8 @@ def _counts(cfg: RunConfig) -> dict[str, Any]:
     seed = _as_int("seed", cfg.seed, "--seed 0")
     profile_steps = _as_int("profile_steps", cfg.profile_steps, "--profile-steps 2")
     cell_timeout_s = _as_float("cell_timeout_s", cfg.cell_timeout_s, "--cell-timeout 300")
+    startup_timeout_s = _as_float("startup_timeout_s", cfg.startup_timeout_s, "--startup-timeout 300")
+    workload_timeout_s = _as_float("workload_timeout_s", cfg.workload_timeout_s, "--workload-timeout 120")
     sample_hz = _as_float("sample_hz", cfg.sample_hz, "--sample-hz 20")
     lr = _as_float("lr", cfg.lr, "lr = 0.01")
     if steps < 1:
@@ -294,6 +303,10 @@ def _counts(cfg: RunConfig) -> dict[str, Any]:
         raise UserError(f"warmup={warmup} must be >= 0; e.g. --warmup 3")
     if cell_timeout_s <= 0:
         raise UserError(f"--cell-timeout {cfg.cell_timeout_s:g}: use seconds > 0, e.g. --cell-timeout 300")
+    if startup_timeout_s <= 0:
+        raise UserError(f"--startup-timeout {startup_timeout_s:g}: use seconds > 0, e.g. --startup-timeout 300")
+    if workload_timeout_s <= 0:
+        raise UserError(f"--workload-timeout {workload_timeout_s:g}: use seconds > 0, e.g. --workload-timeout 120")
     if not 0 <= sample_hz <= 1000:
         raise UserError(f"sample rate {cfg.sample_hz} Hz must be between 0 (off) and 1000")
     if profile_steps < 0:
@@ -304,7 +317,8 @@ def _counts(cfg: RunConfig) -> dict[str, Any]:
     if not -(2**63) <= seed < 2**63:
         raise UserError(f"seed={seed} does not fit 64 bits; e.g. --seed 0")
     return dict(steps=steps, warmup=warmup, seed=seed, lr=lr, sample_hz=sample_hz, profile_steps=profile_steps,
-                cell_timeout_s=cell_timeout_s, repeats=repeats,
+                cell_timeout_s=cell_timeout_s, startup_timeout_s=startup_timeout_s,
+                workload_timeout_s=workload_timeout_s, repeats=repeats,
                 warmup_max=warmup * 4 if cfg.warmup_max is None else _as_int("warmup_max", cfg.warmup_max,
                                                                              "--warmup-max 20"),
                 steps_max=steps * 3 if cfg.steps_max is None else _as_int("steps_max", cfg.steps_max,

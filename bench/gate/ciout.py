@@ -3,6 +3,7 @@ and a run exported as a pytest-benchmark JSON file (``pytest-benchmark compare``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import xml.etree.ElementTree as ET
@@ -140,10 +141,27 @@ def check_output_files(**files: str | None) -> None:
             raise UserError(f"--{flag} {name!r} cannot be written ({why}); pass a file path in a writable folder")
 
 
+def write_whole(path: str | os.PathLike, text: str, mode: str = "w") -> None:
+    """Write ``text`` to ``path`` whole or not at all: a regular file is written beside it and
+    renamed over it, so a reader (or a stopped command) never sees half of it. An append, or a path
+    that is not a regular file (/dev/stdout, a pipe, a link), is written directly."""
+    path = Path(path)
+    if mode != "w" or path.is_symlink() or (path.exists() and not path.is_file()):
+        with open(path, mode) as f:
+            f.write(text)
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
 def _write(flag: str, name: str, text: str, mode: str = "w") -> None:
     try:
-        with open(name, mode) as f:
-            f.write(text)
+        write_whole(name, text, mode)
     except OSError as e:
         raise UserError(f"--{flag} {name!r} cannot be written ({e.strerror or e}); pass a file path in a writable "
                         "folder") from None

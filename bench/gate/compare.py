@@ -122,9 +122,9 @@ def decide(r: dict, threshold: float, alpha: float = ALPHA) -> tuple[str, str]:
 def run_context(meta: dict[str, Any] | None) -> dict[str, Any]:
     """The run-level facts that make step times comparable: torch, NCCL, the GPU models."""
     meta = meta or {}
-    gpus = meta.get("gpus")
+    gpus = meta.get("gpus")  # a list; a history entry written by hand may hold anything
     return {"torch": meta.get("torch"), "nccl": meta.get("nccl"),
-            "gpus": ", ".join(sorted(set(map(str, gpus)))) if gpus else None}
+            "gpus": (", ".join(sorted(set(map(str, gpus)))) if isinstance(gpus, list) else str(gpus)) if gpus else None}
 
 
 def _differs(a: Any, b: Any) -> bool:

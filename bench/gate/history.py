@@ -14,8 +14,11 @@ Change points over commits come from :func:`bench.stats.changepoints.detect_step
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
+import logging
 import os
 import re
 from datetime import datetime, timezone
@@ -27,7 +30,9 @@ import pandas as pd
 
 from bench.core.errors import UserError
 from bench.gate.compare import DIMENSIONS, KEY, MIN_REPEATS, OPTIONAL_KEY, Samples, cell_samples
-from bench.results.store import load_run
+from bench.results.bounds import depth, safe_name
+from bench.results.store import frame, load_run, read_table, require_columns
+from bench.runtime.signals import defer_stops
 from bench.stats.changepoints import detect_steps, quartiles
 
 DEFAULT_STORE = "results/history"
@@ -58,20 +63,73 @@ def _check_name(name: str) -> str:
     return name
 
 
+#: the index of a store larger than this is refused (about 100,000 runs)
+INDEX_MAX_BYTES = 64 * 2**20
+_INDEX_TYPES = {"seq": (int,), "commit": (str,), "machine": (str,), "run_id": (str,), "file": (str,),
+                "machine_info": (dict,)}
+_STORED_NEEDS = [*KEY, "status", "samples", "unit", "step_time_median_s"]
+_STORED_TYPES = {**dict.fromkeys((*KEY, "status", "unit"), "string"), "step_time_median_s": "float64"}
+log = logging.getLogger("parbench")
+
+
 def read_index(store: str | os.PathLike) -> pd.DataFrame:
-    """The index of a store, one row per added run, in the order they were added."""
+    """The index of a store, one row per added run, in the order they were added. A line that is
+    not a whole entry (an add stopped by a full disk, an edit) is skipped with a warning naming it;
+    a store whose index is not a file, or too large, is a one-line UserError."""
     p = Path(store) / "index.jsonl"
     cols = ["seq", "commit", "machine", "run_id", "created_utc", "added_utc", "file", "machine_info"]
+    if p.exists() and not p.is_file():
+        raise UserError(f"{p} is not a file; --store must be a history folder made by parbench history add")
     if not p.is_file():
         return pd.DataFrame(columns=cols)
-    rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    if p.stat().st_size > INDEX_MAX_BYTES:
+        raise UserError(f"{p} is over {INDEX_MAX_BYTES // 2**20} MiB, more than a parbench history holds; "
+                        "is --store a history folder?")
+    rows, skipped = [], []
+    for n, line in enumerate(p.read_bytes().decode(errors="replace").splitlines(), 1):
+        if line.strip():
+            why = _entry_problem(line)
+            if why:
+                skipped.append(f"{p} line {n} skipped: {why}")
+            else:
+                rows.append(json.loads(line))
+    if skipped and not rows:
+        raise UserError(f"{skipped[0].replace(' skipped', '')}, and no line of it is an entry; restore the index "
+                        "or move the store aside")
+    for why in skipped:
+        log.warning("%s", why)
     return pd.DataFrame(rows, columns=cols)
+
+
+def _entry_problem(line: str) -> str | None:
+    """Why one index line is not an entry this module wrote, or None."""
+    try:
+        e = json.loads(line)
+    except (ValueError, RecursionError):
+        return "not JSON"
+    if not isinstance(e, dict):
+        return "not a JSON object"
+    for k, types in _INDEX_TYPES.items():
+        if not isinstance(e.get(k), types) or isinstance(e.get(k), bool):
+            return f"{k!r} missing or not {types[0].__name__}"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", e["machine"]):
+        return f"machine {e['machine'][:60]!r} is not a machine name"
+    if e["seq"] < 0:
+        return f"seq {e['seq']} is negative"
+    f = Path(e["file"])
+    if f.is_absolute() or ".." in f.parts or f.suffix != ".parquet":
+        return f"file {e['file'][:60]!r} is not a parquet file inside the store"
+    if depth(e["machine_info"]) > 4:
+        return "machine_info nested too deep"
+    return None
 
 
 def add(run_dir: str | os.PathLike, store: str | os.PathLike = DEFAULT_STORE, *, commit: str | None = None,
         machine: str | None = None) -> dict[str, Any]:
-    """Append one run to the store; returns its index entry."""
-
+    """Append one run to the store; returns its index entry. The run's cells are written first and
+    the index line last, in one write: a stopped add leaves the store as it was (at most an unlisted
+    file)."""
+    log.info("reading run %s", run_dir)
     cells, steps, meta = load_run(run_dir)
     commit = commit or meta.get("git_commit")
     if not commit:
@@ -90,25 +148,53 @@ def add(run_dir: str | os.PathLike, store: str | os.PathLike = DEFAULT_STORE, *,
     rec["samples"] = [list(map(float, s.values)) if s else [] for s in got]
     rec["unit"] = [s.unit if s else "" for s in got]
     seq = int(index["seq"].max()) + 1 if len(index) else 0
-    rel = Path(mach) / f"{seq:06d}-{run_id}.parquet"
+    # run_id comes from meta.json: only its safe characters name the file
+    rel = Path(mach) / f"{seq:06d}-{safe_name(run_id)}.parquet"
     tmp = store / rel.with_name(f".{rel.name}.tmp")
+    entry = dict(seq=seq, commit=str(commit), machine=mach, run_id=run_id, created_utc=meta.get("created_utc"),
+                 added_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"), file=str(rel),
+                 machine_info=machine_of(meta))
+    log.info("adding run %s (%d cells) to %s as %s", run_id, len(rec), store, rel)
+    listed = False
+    defer_stops(True)  # a stop signal is raised after the add, never between its two writes
     try:
         (store / mach).mkdir(parents=True, exist_ok=True)
         rec.to_parquet(tmp, index=False)
         os.replace(tmp, store / rel)
+        _append_line(store / "index.jsonl", json.dumps(entry, default=str))  # makes the run part of the history
+        listed = True
     except OSError as e:
         raise UserError(f"--store {str(store)!r} cannot be written ({e.strerror or e}); pass a writable "
                         "folder") from None
-    entry = dict(seq=seq, commit=str(commit), machine=mach, run_id=run_id, created_utc=meta.get("created_utc"),
-                 added_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"), file=str(rel),
-                 machine_info=machine_of(meta))
-    with open(store / "index.jsonl", "a") as f:  # the one write that makes the run part of the history
-        f.write(json.dumps(entry, default=str) + "\n")
+    finally:
+        defer_stops(False)
+        if not listed:  # nothing of a failed add stays behind
+            for f in (tmp, store / rel):
+                with contextlib.suppress(OSError):
+                    f.unlink(missing_ok=True)
     return entry
 
 
+def _append_line(path: Path, line: str) -> None:
+    """Append ``line`` in one write; on a short or failed write the file is cut back to its size
+    before, so the index never keeps half an entry."""
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        data = (b"\n" if size and os.pread(fd, 1, size - 1) != b"\n" else b"") + line.encode() + b"\n"
+        try:
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError:
+            os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
+
+
 def load(store: str | os.PathLike, machine: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(index rows of one machine, every stored cell row of them with seq/commit columns)."""
+    """(index rows of one machine, every stored cell row of them with seq/commit columns). A stored
+    file that cannot be read or lacks columns is skipped with a warning naming it."""
     store = Path(store)
     index = read_index(store)
     if index.empty:
@@ -121,11 +207,33 @@ def load(store: str | os.PathLike, machine: str | None = None) -> tuple[pd.DataF
     index = index[index["machine"] == machine]
     if index.empty:
         raise UserError(f"{store} has no runs of machine {machine}; known: {', '.join(machines)}")
-    frames = []
+    frames, problems = [], []
     for _, e in index.iterrows():
-        df = pd.read_parquet(store / e["file"])
-        frames.append(df.assign(seq=e["seq"], commit=e["commit"]))
+        try:
+            frames.append(_stored(store / e["file"]).assign(seq=e["seq"], commit=e["commit"]))
+        except UserError as err:
+            problems.append(str(err))
+    if not frames:
+        raise UserError(f"none of the {len(index)} run(s) of machine {machine} in {store} can be read ({problems[0]}); "
+                        "restore the store or add runs again")
+    for why in problems:  # the rest of the history still loads
+        log.warning("a run of the history was left out: %s", why)
     return index, pd.concat(frames, ignore_index=True)
+
+
+def _stored(path: Path) -> pd.DataFrame:
+    """One stored run's cell rows; a UserError naming the file when it cannot be read."""
+    if not path.is_file():
+        raise UserError(f"{path} is missing or not a file")
+    df = read_table(path.parent, path.name.removesuffix(".parquet"))
+    require_columns(df, _STORED_NEEDS, str(path))
+    df = frame(df, _STORED_TYPES, source=str(path))
+    df[["status", "unit"]] = df[["status", "unit"]].fillna("")
+    try:
+        df["samples"] = [np.asarray(x if x is not None else [], float).ravel() for x in df["samples"]]
+    except (TypeError, ValueError):
+        raise UserError(f"{path}: column 'samples' holds something other than lists of numbers") from None
+    return df
 
 
 def cell_label(row: pd.Series | dict) -> str:
@@ -225,7 +333,11 @@ def show(store: str | os.PathLike, machine: str | None = None, threshold: float 
                         changes="; ".join(f"{c['commit'][:10]} {c['change']:+.1%} ({c['kind']})" for c in a["changes"]),
                         regressions=sum(c["kind"] == "regression" for c in a["changes"])))
         if plots is not None:
-            trend_png(label, s, a, Path(plots))
+            try:
+                trend_png(label, s, a, Path(plots))
+            except OSError as e:
+                raise UserError(f"--plots {str(plots)!r} cannot be written ({e.strerror or e}); free space or pass "
+                                "another folder") from None
     return pd.DataFrame(out)
 
 
@@ -248,12 +360,13 @@ def trend_png(label: str, s: dict[str, Any], a: dict[str, Any], out_dir: Path) -
         ax.hlines(lev * ms, lo - 0.4, hi - 0.6, colors="C1", label="fitted level" if lo == 0 else None)
     for lo, _ in bounds[1:]:
         ax.axvline(lo - 0.5, color="C3", ls="--", lw=1)
-    ax.set_xticks(x, [str(c)[:7] for c in s["commit"]], rotation=60, fontsize=7)
+    # commits and labels come from the store: plain text, never mathtext
+    ax.set_xticks(x, [str(c)[:7] for c in s["commit"]], rotation=60, fontsize=7, parse_math=False)
     ax.set_ylabel("step time (ms)")
-    ax.set_title(label, fontsize=9)
+    ax.set_title(label, fontsize=9, parse_math=False)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    path = out_dir / (re.sub(r"[^A-Za-z0-9._=-]+", "_", label) + ".png")
+    path = out_dir / (safe_name(label, 120) + ".png")
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

@@ -41,6 +41,7 @@ from bench.core import backends, spec
 from bench.core.config import parse_endpoint
 from bench.core.errors import UserError
 from bench.multinode import NodeLost
+from bench.multinode.binding import refuse_wildcard, serve
 from bench.multinode.netinfo import configured_iface, iface_addr, route
 
 log = logging.getLogger("parbench")
@@ -216,8 +217,10 @@ def local_addr(cfg, endpoint_host: str, routed: str) -> str:
 
 
 def _host_port(endpoint: str) -> tuple[str, int]:
-
-    return parse_endpoint(endpoint)
+    """(host, port) of ``endpoint``, which every node connects to and node 0 listens on."""
+    host, port = parse_endpoint(endpoint)
+    refuse_wildcard(endpoint, host, port)
+    return host, port
 
 
 class Coordinator:
@@ -225,20 +228,12 @@ class Coordinator:
     commands, collects the other nodes' error events, telemetry and launch outcomes."""
 
     def __init__(self, cfg, digest: str, n_cells: int):
-        from torch.distributed import PrefixStore, TCPStore
+        from torch.distributed import PrefixStore
 
         self.cfg = cfg
         self.host, self.port = _host_port(cfg.rdzv_endpoint)
         self.others = list(range(1, cfg.nnodes))
-        try:
-            self._server = TCPStore(self.host, self.port, is_master=True, wait_for_workers=False,
-                                    timeout=timedelta(seconds=60))
-        except Exception as e:  # noqa: BLE001 - DistNetworkError and friends: say what to do
-            text = " ".join(str(e).split())
-            why = "the port is in use" if "EADDRINUSE" in text or "in use" in text else text[:120]
-            raise UserError(f"--rdzv-endpoint {cfg.rdzv_endpoint}: node 0 cannot host the rendezvous on port "
-                            f"{self.port} ({why}); is another node started with --node-rank 0? pick a free port "
-                            "and pass the same endpoint to every node") from None
+        self._server = serve(cfg.rdzv_endpoint, self.host, self.port)
         self.store = PrefixStore("parbench", self._server)
         self.me = _hello(cfg, digest, n_cells)
         self.store.set("hello", json.dumps(self.me))
@@ -248,7 +243,7 @@ class Coordinator:
         self._smp_seen = {r: 0 for r in self.others}
         self._lost: dict[int, str] = {}
         self._watch = _Watch(self.others)
-        self._beat = _Heartbeat("127.0.0.1", self.port, 0)
+        self._beat = _Heartbeat(self.host, self.port, 0)
         self._beat.start()
 
     def wait_joined(self) -> None:
@@ -349,9 +344,10 @@ class Coordinator:
             self.store.set(f"cmd/{self.seq}", json.dumps({"kind": "end", "status": status}))
             self.seq += 1
             end = time.monotonic() + 5.0
-            # Give the others a moment to read it: the store goes away with this process.
+            # Give the others a moment to read it: the store goes away with this process (a node that
+            # never joined has nothing to read).
             while time.monotonic() < end and not all(self.store.check([f"bye/{r}"]) for r in self.others
-                                                     if r not in self._lost):
+                                                     if r not in self._lost and r in self.nodes):
                 time.sleep(0.1)
         except Exception as e:  # noqa: BLE001
             log.warning("could not tell the other nodes that the run ended: %s", e)

@@ -16,9 +16,9 @@ from bench.core import backends
 from bench.core.config import RunConfig, parse_workload
 from bench.core.errors import UserError
 from bench.core.metrics import Metric, registry
-from bench.core.spec import ONE_RANK_SKIP, CellSpec, Measure
+from bench.core.spec import ONE_RANK_SKIP, CellSpec, Measure, WorkloadFacts
 from bench.measure.hardware import cpu_threads
-from bench.workloads import Workload, resolve
+from bench.workloads import Workload, planned
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,16 +93,18 @@ def profile_when(cfg: RunConfig) -> str:
 def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload], list[Metric]]:
     """Every cell of the matrix, each runnable or skipped with its reason; the workloads by name;
     the run's column registry. A single-device reference cell is added for every workload: parity
-    and scaling efficiency need it."""
+    and scaling efficiency need it. A user's workload gets ``cfg.workload_timeout_s`` to import,
+    build and describe itself (:func:`bench.workloads.planned`)."""
     wls: dict[str, Workload] = {}
-    parsed: list[tuple[Workload, str, dict[str, int]]] = []
+    parsed: list[tuple[Workload, WorkloadFacts]] = []
     for text in cfg.workloads:
         name, dims = parse_workload(text)
-        wl = resolve(name, seed=cfg.seed, global_batch=cfg.global_batch, **dims)
+        wl, facts = planned(name, dims, seed=cfg.seed, global_batch=cfg.global_batch,
+                            timeout_s=cfg.workload_timeout_s)
         if wl.name in wls:
             continue
         wls[wl.name] = wl
-        parsed.append((wl, name, dims))
+        parsed.append((wl, facts))
     strats = expand_strategies(cfg.strategies)
     if not any(s.name == "single" for _, s in strats):
         strats.insert(0, ("single", strategies.get("single")))
@@ -115,8 +117,7 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
     cells: list[Planned] = []
     seen: set[tuple] = set()
     weak = cfg.scaling == "weak"
-    for wl, name, dims in parsed:
-        base = wl.facts(name, dims)
+    for wl, base in parsed:
         for sp, strat in strats:
             for backend in cfg.backends if not strat.one_process else [one_proc_backend]:
                 # Weak scaling: the single-device reference runs every global batch a cell trains,

@@ -38,6 +38,8 @@ TELEMETRY_MEANS = {"gpu_util_pct": "gpu_util_mean", "sm_active_pct": "sm_active_
 #: sampled host metric -> cell column (mean over the timed window)
 HOST_CONTENTION = {"other_cpu_cores": "host_other_cpu_cores", "load1": "host_load1",
                    "cpu_steal_cores": "host_cpu_steal_cores"}
+#: seconds from a timed window within which a host sample stands for a window that holds none
+HOST_NEAR_S = 5.0
 BREAKDOWN_KEYS = ("compute_time_s", "comm_time_s", "exposed_comm_s", "overlap_frac", "idle_frac", "profiled_step_s")
 
 
@@ -84,18 +86,26 @@ def telemetry_means(samples: Iterable[dict[str, Any]], spec: CellSpec, window: t
     """Over one timed window: means of the sampled GPU metrics on the GPUs the cell was planned on,
     and the host's contention (cores busy outside the benchmark, load, stolen CPU); clock
     throttling (thermal, hardware slowdown, power brake), time at the power cap, and other
-    processes on the cell's GPUs as the fraction / maximum seen."""
+    processes on the cell's GPUs as the fraction / maximum seen. A window shorter than the sampling
+    period may hold no host sample: the nearest one within ``HOST_NEAR_S`` stands for it (a
+    machine's load changes slowly; a cell of a few milliseconds on a loaded host was contended too)."""
     t0, t1 = window
     devices = {f"gpu{i}" for i in spec.devices}
     acc: dict[str, list[float]] = {}
+    near: dict[str, tuple[float, float]] = {}  # host metric -> (distance to the window, value)
     for s in samples:
-        if not t0 <= s["t"] <= t1:
-            continue
         if s.get("node", 0) >= spec.nnodes:  # another machine's GPUs and host: not this cell's
             continue
-        if (s["device"] in devices and s["metric"] in (*TELEMETRY_MEANS, "throttle_reasons", "other_procs")) or \
-                (s["device"] == "host" and s["metric"] in HOST_CONTENTION):
+        host = s["device"] == "host" and s["metric"] in HOST_CONTENTION
+        if not t0 <= s["t"] <= t1:
+            gap = t0 - s["t"] if s["t"] < t0 else s["t"] - t1
+            if host and gap <= HOST_NEAR_S and gap < near.get(s["metric"], (math.inf, 0.0))[0]:
+                near[s["metric"]] = (gap, s["value"])
+            continue
+        if host or (s["device"] in devices and s["metric"] in (*TELEMETRY_MEANS, "throttle_reasons", "other_procs")):
             acc.setdefault(s["metric"], []).append(s["value"])
+    for metric, (_, value) in near.items():
+        acc.setdefault(metric, [value])
     out = {TELEMETRY_MEANS[m]: sum(v) / len(v) for m, v in acc.items() if m in TELEMETRY_MEANS and v}
     out.update({HOST_CONTENTION[m]: sum(v) / len(v) for m, v in acc.items() if m in HOST_CONTENTION and v})
     if acc.get("throttle_reasons"):

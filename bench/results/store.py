@@ -5,16 +5,19 @@ Each table is a folder of parquet parts (``cells.parquet/part-000001.parquet`` .
 cell appends one part to each table, written to a hidden temporary name and renamed into place,
 so nothing already on disk is rewritten and a run killed at any moment leaves every finished cell
 readable. ``pandas.read_parquet(RUN/"cells.parquet")`` reads a table whole; :func:`load_run` also
-adds the derived columns (parity, scaling efficiency), which are computed when a run is read.
+adds the derived columns (parity, scaling efficiency: :mod:`bench.results.derived`), which are
+computed when a run is read.
 Files written by older versions (one ``cells.parquet`` file) still load.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -36,7 +39,8 @@ from bench.core.errors import UserError
 from bench.core.metrics import CORE, Metric, stored
 from bench.measure.fingerprint import fingerprint
 from bench.measure.hardware import gpu_count, gpu_names
-from bench.stats.steps import EFFICIENCY_MAX
+from bench.results.bounds import check_meta_fields, check_table, read_json, typed
+from bench.results.derived import derive
 
 STEP_COLUMNS: dict[str, str] = {
     "run_id": "string", "cell_id": "Int64", "repeat": "Int64", "rank": "Int64", "step": "Int64", "phase": "string",
@@ -53,11 +57,6 @@ SAMPLE_COLUMNS: dict[str, str] = {
 }
 #: cells.parquet columns of the core registry (strategies' declared columns follow)
 CELL_COLUMNS: dict[str, str] = {m.name: m.dtype for m in CORE}
-#: relative tolerance of the parity check, by precision, over the first PARITY_STEPS steps: a
-#: legitimate reordering of sums (micro-batches, buckets) differs by float rounding that training
-#: then amplifies step after step, so the adaptive loops' longer runs are compared on a fixed horizon
-PARITY_TOL = {"fp32": 1e-5, "bf16": 2e-2}
-PARITY_STEPS = 25
 _ARROW = {"string": pa.string(), "Int64": pa.int64(), "float64": pa.float64(), "boolean": pa.bool_()}
 
 
@@ -74,16 +73,17 @@ def cell_columns(metrics: Iterable[Metric]) -> dict[str, str]:
     return {m.name: m.dtype for m in stored(metrics)}
 
 
-def frame(rows: list[dict[str, Any]] | pd.DataFrame, schema: dict[str, str]) -> pd.DataFrame:
-    """Rows (or a frame) with the schema's columns first, typed; other columns after."""
+def frame(rows: list[dict[str, Any]] | pd.DataFrame, schema: dict[str, str], *,
+          source: str | None = None) -> pd.DataFrame:
+    """Rows (or a frame) with the schema's columns first, typed; other columns after. A value is
+    converted where that is unambiguous ("1.0" in an integer column is 1); one that is not raises a
+    UserError naming the column, the value and ``source`` (the file it came from)."""
     df = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
     for col, dtype in schema.items():
         if col not in df:
             df[col] = pd.Series([None] * len(df), index=df.index, dtype="object")
-        if dtype == "float64":
-            df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
-        elif str(df[col].dtype) != dtype:
-            df[col] = df[col].astype(dtype)
+        if str(df[col].dtype) != dtype:
+            df[col] = typed(df[col], dtype, col, source)
     extra = [c for c in df.columns if c not in schema]
     return df[list(schema) + extra]
 
@@ -96,102 +96,19 @@ def require_columns(df: pd.DataFrame, cols: list[str], what: str) -> None:
                         f"schema {SCHEMA_VERSION}?")
 
 
-def global_losses(steps: pd.DataFrame) -> pd.Series:
-    """Per (cell_id, step): the global-batch loss, sum over ranks of loss * loss_weight (the first
-    repeat: every repeat trains the same batches from the same seed)."""
-    s = steps.dropna(subset=["loss"])
-    if "repeat" in s:
-        s = s[s["repeat"].fillna(0) == 0]
-    return (s["loss"] * s["loss_weight"]).groupby([s["cell_id"], s["step"]]).sum()
-
-
-def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """The columns that need other cells, computed when a run is read: parity against the
-    single-device reference that trained the same global batch (same workload, device, precision;
-    cells that check their own parity keep their error), and scaling efficiency against the
-    reference of the same global batch (strong) or the same batch per device (weak), flagged where
-    it cannot be read as a number. Lookups are by key, so reading a run is linear in its cells."""
-    cells = cells.copy()
-    for col, dtype in (("scaling_efficiency", "float64"), ("scaling_note", "string"), ("parity_rel_err", "float64"),
-                       ("parity_tol", "float64"), ("parity_ok", "boolean")):
-        if col not in cells:
-            cells[col] = pd.Series([None] * len(cells), index=cells.index, dtype="object").astype(dtype)
-    if cells.empty:
-        return cells
-    losses = global_losses(steps) if not steps.empty else pd.Series(dtype=float)
-    by_cell = {cid: g.droplevel(0) for cid, g in losses.groupby(level=0)} if len(losses) else {}
-    ok = cells["status"] == "ok"
-    refs = cells[ok & (cells["role"] == "reference")] if "role" in cells else cells.iloc[:0]
-    if refs.empty and "strategy" in cells:  # runs written before the role column said so
-        refs = cells[ok & (cells["strategy"] == "single")]
-    has_gb = "global_batch" in cells
-    ref_by: dict[tuple, Any] = {}
-    for r in refs.itertuples():
-        ref_by.setdefault((r.workload, r.device, r.precision, r.global_batch if has_gb else None), r)
-        ref_by.setdefault((r.workload, r.device, r.precision, "any"), r)
-    eff, note, err_col, tol_col, ok_col = ({} for _ in range(5))
-    for r in cells[ok].itertuples():
-        i = r.Index
-        tol = PARITY_TOL.get(str(r.precision), 1e-5)
-        role = str(getattr(r, "role", ""))
-        if role == "independent" and pd.notna(r.parity_rel_err):  # checked its own parity
-            tol_col[i], ok_col[i] = tol, bool(r.parity_rel_err <= tol)
-        gb = r.global_batch if has_gb and pd.notna(r.global_batch) else None
-        weak = str(getattr(r, "scaling", "strong")) == "weak"
-        base_gb = gb // r.world_size if (weak and gb is not None) else gb
-
-        def find(batch):
-            return ref_by.get((r.workload, r.device, r.precision, batch if batch is not None else "any"))
-
-        scale_ref = find(base_gb)
-        tput = getattr(scale_ref, "throughput_samples_s", None) if scale_ref is not None else None
-        if tput is not None and pd.notna(tput) and tput > 0 and pd.notna(r.throughput_samples_s):
-            e = r.throughput_samples_s / (r.world_size * tput)
-            eff[i] = e
-            notes = []
-            # FSDP's MixedPrecisionPolicy computes in bf16 parameters, the reference in fp32 parameters
-            # under autocast (on 2 H100s, gpt-200m at global batch 64, FSDP x2 reaches an efficiency of
-            # 1.09; an fsdp_mp=off cell does not separate that from noise).
-            if e > EFFICIENCY_MAX:
-                own_dtype = getattr(r, "fsdp_param_dtype", None)
-                cast = str(r.precision) == "bf16" and isinstance(own_dtype, str) and own_dtype == "bf16"
-                why = ("likely the precision: its parameters are bf16 (MixedPrecisionPolicy), the reference's "
-                       "fp32 under autocast" if cast else "not physical, noise or a slow reference")
-                notes.append(f"efficiency {e:.2f} > {EFFICIENCY_MAX}: {why}")
-            stable = getattr(scale_ref, "stable", None)
-            if stable is not None and not pd.isna(stable) and not bool(stable):
-                notes.append("the single-device reference is not stable")
-            if notes:
-                note[i] = "; ".join(notes)
-        ref = find(gb)
-        if ref is None or role == "independent":
-            continue
-        mine, theirs = by_cell.get(r.cell_id), by_cell.get(ref.cell_id)
-        if mine is None or theirs is None:
-            continue
-        # Adaptive warm-up and timed loops take different numbers of steps; the steps both ran on
-        # the same batches are compared.
-        common = mine.index.intersection(theirs.index)
-        if len(common) == 0 or len(common) < min(len(mine), len(theirs), PARITY_STEPS):
-            continue
-        common = common[common < PARITY_STEPS]
-        a, b = mine.loc[common].to_numpy(), theirs.loc[common].to_numpy()
-        err = float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-12)))
-        err_col[i], tol_col[i], ok_col[i] = err, tol, bool(err <= tol)
-    for col, vals in (("scaling_efficiency", eff), ("scaling_note", note), ("parity_rel_err", err_col),
-                      ("parity_tol", tol_col), ("parity_ok", ok_col)):
-        if vals:
-            cells.loc[list(vals), col] = pd.Series(vals, dtype=cells[col].dtype)
-    return cells
-
-
 class RunWriter:
     """Appends rows to a run folder's tables, one immutable part per call; never rewrites."""
 
     def __init__(self, run_dir: Path, *, cell_schema: dict[str, str] | None = None, resume: bool = False,
                  tables: dict[str, dict[str, str]] | None = None):
         self.dir = Path(run_dir)
-        self.dir.mkdir(parents=True, exist_ok=resume)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=resume)
+        except OSError as e:
+            if isinstance(e, FileExistsError):
+                raise
+            raise UserError(f"cannot create the run folder {self.dir} ({os_reason(e)}); free space or pass "
+                            "a writable --out") from None
         self.run_id = self.dir.name
         # ``tables``: further tables of this run (e.g. serving's requests), name -> column dtypes
         self.schemas = {"cells": cell_schema or CELL_COLUMNS, "steps": STEP_COLUMNS, "comm": COMM_COLUMNS,
@@ -212,42 +129,70 @@ class RunWriter:
             raise ValueError(f"table {table}: columns {sorted(unknown)} are not in its schema (metric registry)")
         data = pa.Table.from_pylist([_clean(r) for r in stamped], schema=schema)
         folder = self.dir / f"{table}.parquet"
-        folder.mkdir(exist_ok=True)
         name = f"part-{next(self._seq):06d}.parquet"
         tmp = folder / f".{name}.tmp"
+        created = not folder.exists()
         try:
+            folder.mkdir(exist_ok=True)
             pq.write_table(data, tmp)
             os.replace(tmp, folder / name)
-        except OSError as e:
+        except BaseException as e:
             # A full disk (ENOSPC), a quota or a folder gone read-only: the parts already written
-            # stay whole; the run stops with one line and can be resumed once there is room.
+            # stay whole, and a table folder made for this part goes again (an empty one would read
+            # as a table without columns); the run stops with one line and resumes once there is room.
             _unlink_quietly(tmp)
-            raise UserError(f"cannot write {folder / name} ({e.strerror or e}); the finished cells are kept: free "
-                            f"space and run parbench run --resume {self.dir}") from None
-        except BaseException:
-            _unlink_quietly(tmp)
+            if created:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            if isinstance(e, OSError):
+                raise write_error(folder / name, e, self.dir) from None
             raise
 
     def compact(self) -> None:
         """Merge each table's parts into one (at the end of a run: reading 1,000 parts costs
         seconds, one part milliseconds). The merged table is written beside the parts and swapped
-        in with renames, so a killed compaction leaves either the parts or the merged table."""
+        in with renames, so a killed compaction leaves either the parts or the merged table. A
+        table whose merged copy does not fit on the disk keeps its parts (they read the same) and
+        the compaction stops with a UserError that says how much space it needs; no scratch copy
+        is left behind."""
         for name in self.schemas:
             folder = self.dir / f"{name}.parquet"
             parts = sorted(folder.glob("part-*.parquet")) if folder.is_dir() else []
             if len(parts) < 2:
                 continue
+            need = sum(p.stat().st_size for p in parts)
+            free = shutil.disk_usage(self.dir).free
+            if free < need:
+                raise self._no_room(folder, need, free, "No space left on device")
             table = read_table(self.dir, name)
-            tmp = self.dir / f".{name}.parquet.compact"
-            old = self.dir / f".{name}.parquet.old"
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.rmtree(old, ignore_errors=True)
+            try:
+                self._swap_in(folder, pa.Table.from_pandas(table, preserve_index=False))
+            except OSError as e:
+                raise self._no_room(folder, need, shutil.disk_usage(self.dir).free, os_reason(e)) from None
+
+    def _swap_in(self, folder: Path, data: pa.Table) -> None:
+        """Write ``data`` as the one part of ``folder``'s table: beside it first, then two renames.
+        Whatever stops it (a full disk, a signal) leaves the parts in place and no scratch copy."""
+        tmp = self.dir / f".{folder.name}.compact"
+        old = self.dir / f".{folder.name}.old"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+        try:
             tmp.mkdir()
-            data = pa.Table.from_pandas(table, preserve_index=False)
             pq.write_table(data, tmp / f"part-{next(self._seq):06d}.parquet")
             os.replace(folder, old)
             os.replace(tmp, folder)
-            shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            if old.is_dir() and not folder.exists():
+                os.replace(old, folder)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+
+    def _no_room(self, folder: Path, need: int, free: int, why: str) -> UserError:
+        return UserError(f"cannot merge the parts of {folder} ({why}): it needs about {need / 2**20:.1f} MiB "
+                         f"free, {free / 2**20:.1f} MiB is; the run's rows are kept as parts and read the same: free "
+                         f"space and run parbench run --resume {self.dir} to merge them")
 
     def add(self, row: dict[str, Any], steps: Sequence[dict[str, Any]] = (),
             comm: Sequence[dict[str, Any]] = ()) -> None:
@@ -256,6 +201,24 @@ class RunWriter:
         self.append("steps", steps)
         self.append("comm", comm)
         self.append("cells", [row])
+
+
+def write_error(path: Path, e: OSError, run_dir: Path) -> UserError:
+    """The one line for a write into the run folder that failed (a full disk, a quota, a folder gone
+    read-only): what could not be written and why; the finished cells are kept and the run resumes
+    from them."""
+    return UserError(f"cannot write {path} ({os_reason(e)}); the finished cells are kept: free space and run "
+                     f"parbench run --resume {run_dir}")
+
+
+def os_reason(e: OSError) -> str:
+    """The system's words for ``e`` ("No space left on device"), also where pyarrow wraps them in
+    its own message ("Error writing bytes to file. Detail: [errno 28] ...")."""
+    code = e.errno
+    if code is None:
+        m = re.search(r"\[errno (\d+)\]", str(e), re.IGNORECASE)
+        code = int(m[1]) if m else None
+    return os.strerror(code) if code else (e.strerror or " ".join(str(e).split()))
 
 
 def _unlink_quietly(p: Path) -> None:
@@ -298,29 +261,52 @@ def read_table(run_dir: str | os.PathLike, name: str, schema: dict[str, str] | N
     files = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
     if not files:
         return frame([], schema or {})
+    check_table(path, files, lambda: [_footer(f) for f in files])
     try:
         # One dataset over every part (read in parallel). Every part of one writer has one schema
         # (the registry's); a resumed run appends parts whose schema may add columns, so the first
         # and the last part's schemas are unified (reading all of them costs a second per 1,000).
         ends = [files[0]] if len(files) == 1 else [files[0], files[-1]]
         unified = pa.unify_schemas([pq.read_schema(f) for f in ends], promote_options="permissive")
-        table = ds.dataset([str(f) for f in files], schema=unified, format="parquet").to_table()
+        df = _pandas(ds.dataset([str(f) for f in files], schema=unified, format="parquet").to_table())
     except (OSError, pa.ArrowException):
-        table = _read_parts_one_by_one(files)
-    df = table.to_pandas()
-    return frame(df, schema) if schema else df
+        df = _read_parts_one_by_one(files)
+    return frame(df, schema, source=str(path)) if schema else df
 
 
-def _read_parts_one_by_one(files: list[Path]) -> pa.Table:
-    """Slow path that names the part which cannot be read."""
+def _pandas(table: pa.Table) -> pd.DataFrame:
+    """A table as a frame, its pandas metadata ignored: column types come from parbench's schema
+    (:func:`frame`), never from the file (docs/TRUST.md)."""
+    return table.to_pandas(ignore_metadata=True)
+
+
+def _unreadable(f: Path, e: BaseException) -> UserError:
+    return UserError(f"{f} cannot be read ({type(e).__name__}: {' '.join(str(e).split())[:120]}); "
+                     "move it aside to load the rest of the run")
+
+
+def _footer(f: Path) -> tuple[int, int]:
+    """(rows, decoded bytes) a part declares in its footer, read before any of its data."""
+    try:
+        md = pq.read_metadata(f)
+        return md.num_rows, sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+    except (OSError, pa.ArrowException) as e:
+        raise _unreadable(f, e) from None
+
+
+def _read_parts_one_by_one(files: list[Path]) -> pd.DataFrame:
+    """Slow path that names the part which cannot be read; parts whose column types disagree (one
+    written by another tool) are joined as frames, and :func:`frame` types each column."""
     tables = []
     for f in files:
         try:
             tables.append(pq.read_table(f))
         except (OSError, pa.ArrowException) as e:
-            raise UserError(f"{f} cannot be read ({type(e).__name__}: {' '.join(str(e).split())[:120]}); "
-                            "move it aside to load the rest of the run") from None
-    return pa.concat_tables(tables, promote_options="permissive")
+            raise _unreadable(f, e) from None
+    try:
+        return _pandas(pa.concat_tables(tables, promote_options="permissive"))
+    except pa.ArrowException:
+        return pd.concat([_pandas(t) for t in tables], ignore_index=True)
 
 
 def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
@@ -330,8 +316,9 @@ def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, di
     if not (d / "cells.parquet").exists():
         raise UserError(f"{d} is not a parbench run folder (no cells.parquet); pass results/<run-id>")
     cells = read_table(d, "cells")
-    require_columns(cells, ["workload", "strategy", "backend", "world_size", "status"], str(d / "cells.parquet"))
-    missing = cells["cell_id"][cells["status"].isna()] if "cell_id" in cells else cells.index[cells["status"].isna()]
+    require_columns(cells, ["cell_id", "workload", "strategy", "backend", "world_size", "status"],
+                    str(d / "cells.parquet"))
+    missing = cells["cell_id"][cells["status"].isna()]
     if len(missing):  # every row parbench writes has one: this table was edited or damaged
         raise UserError(f"{d / 'cells.parquet'}: cell(s) {', '.join(map(str, list(missing)[:5]))} have no status; "
                         "restore the run folder or move the damaged part aside")
@@ -340,7 +327,8 @@ def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, di
     cells["status"] = cells["status"].replace({"error": "failed"})
     from bench.results.columns import all_metrics
 
-    cells = frame(cells, {m.name: m.dtype for m in all_metrics() if m.name in cells or m.name == "role"})
+    cells = frame(cells, {m.name: m.dtype for m in all_metrics() if m.name in cells or m.name == "role"},
+                  source=str(d / "cells.parquet"))
     steps = read_table(d, "steps", STEP_COLUMNS)
     meta = load_meta(d)
     newer = meta.get("schema_version")
@@ -356,17 +344,25 @@ def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, di
     return cells[order].sort_values("cell_id", kind="stable").reset_index(drop=True), steps, meta
 
 
+#: meta.json fields parbench reads, and the JSON types each may have (null is always allowed)
+META_FIELDS: dict[str, tuple[type, ...]] = {
+    **dict.fromkeys(("run_id", "created_utc", "git_commit", "host", "platform", "python", "plan"), (str,)),
+    **dict.fromkeys(("torch", "nccl", "cuda"), (str, int, float)),
+    **dict.fromkeys(("config", "workloads", "telemetry", "fingerprint", "serve_sweep"), (dict,)),
+    "gpus": (list,), "schema_version": (int,),
+}
+
+
 def load_meta(d: Path) -> dict[str, Any]:
+    """meta.json of a run folder ({} without one), within the size and nesting bounds of
+    :mod:`bench.results.bounds` and with the fields of META_FIELDS of their types."""
     p = Path(d) / "meta.json"
     if not p.is_file():
         return {}
-    try:
-        meta = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"{p} is not valid JSON ({e}); restore it or delete it to load the run without metadata") \
-            from None
+    meta = read_json(p, "restore it or delete it to load the run without metadata")
     if not isinstance(meta, dict):
         raise UserError(f"{p} holds a JSON {type(meta).__name__}, not an object; delete it to load the run")
+    check_meta_fields(meta, p, META_FIELDS)
     return meta
 
 
@@ -430,6 +426,6 @@ def write_meta(run_dir: Path, config: dict[str, Any], **more: Any) -> dict[str, 
         os.replace(tmp, run_dir / "meta.json")
     except OSError as e:
         _unlink_quietly(tmp)
-        raise UserError(f"cannot write {run_dir / 'meta.json'} ({e.strerror or e}); free space or pass a writable "
+        raise UserError(f"cannot write {run_dir / 'meta.json'} ({os_reason(e)}); free space or pass a writable "
                         "--out") from None
     return meta

@@ -4,7 +4,8 @@ One process tree per run, which dies with it: the caller becomes the Linux child
 descendants (:func:`become_subreaper`: a rank whose agent dies is re-parented to it, not to init);
 each launch's ranks are captured while alive and found again by their plan file
 (:class:`ProcessTree`), so a timeout, a signal or an exception kills all of them, and a process
-still alive after its launch ended is killed and named. :class:`Launch` is one launch of a worker
+still alive after its launch ended is killed and named; a child dies with the process that started
+it, even one killed by SIGKILL (:mod:`bench.runtime.lifeline`). :class:`Launch` is one launch of a worker
 module for a plan file: started, followed, stopped, and its crash explained; :func:`run_tree` runs
 any other command (a CLI, a torchrun of a module with its own flags) to its end or its timeout, and
 its whole tree with it; :func:`run_ranks` runs a module's ranks without torchrun.
@@ -29,10 +30,12 @@ from bench.core.rankenv import RANK_ENV_DEFAULTS
 from bench.measure.hardware import threads_per_rank
 from bench.runtime.crash import crash_reason
 from bench.runtime.events import EventReader
+from bench.runtime.lifeline import LAUNCHER_ENV, parent_death
 
-#: The launching process's pid, for the watchdog in every rank (the worker exits when it is gone).
-LAUNCHER_ENV = "PARBENCH_LAUNCHER_PID"
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+#: The module a rank of a :class:`Launch` starts in: it arms the rank's death with its agent, then
+#: runs the worker module (:mod:`bench.runtime.lifeline`).
+LIFELINE = "bench.runtime.lifeline"
 
 
 def free_port() -> int:
@@ -66,7 +69,7 @@ def torchrun_cmd(argv: str | Sequence[str], nproc: int, *, module: str, nnodes: 
     on several, torchrun's c10d rendezvous at ``endpoint``, whose store node 0's launcher hosts
     (is_host=0: no agent hosts it, so the store outlives each launch and agents of any node may
     start first)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}"]
+    cmd = [sys.executable, "-m", "bench.multinode.torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}"]
     if nnodes == 1:
         cmd += ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
     else:
@@ -165,11 +168,13 @@ class ProcessTree:
         ``grace_s``; returns the processes that had to be SIGKILLed."""
         self.refresh(0)
         for sig in (signal.SIGTERM, signal.SIGKILL):
+            # found first: the agent's death takes its ranks with it (bench.runtime.lifeline), and a
+            # rank that outlived SIGTERM is named even when that, not this SIGKILL, ends it
+            members = self.members()
             try:
                 os.killpg(self.proc.pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-            members = self.members()
             for p in members:
                 try:
                     p.send_signal(sig)
@@ -211,15 +216,21 @@ class Launch:
     Its output goes to ``PREFIX.log``; the ranks write their events to ``PREFIX-r<rank>.jsonl``
     (read through :attr:`events`) and their last error to ``PREFIX-r<rank>.err``. torchrun runs in
     a session of its own, so stopping it takes its ranks down with it; ``rendezvous`` goes to
-    :func:`torchrun_cmd` (``nnodes``, ``endpoint``, ``rdzv_id``, ``rdzv_timeout_s``, ``local_addr``)."""
+    :func:`torchrun_cmd` (``nnodes``, ``endpoint``, ``rdzv_id``, ``rdzv_timeout_s``, ``local_addr``).
+
+    No process of the launch outlives the thread that created it (which must follow it to its end):
+    the agent gets SIGKILL when that thread exits, and each rank, started through
+    :mod:`bench.runtime.lifeline`, gets SIGKILL when its agent does, from the rank's first
+    milliseconds on."""
 
     def __init__(self, prefix: str, nproc: int, *, module: str, env: dict[str, str], **rendezvous: Any):
         self.prefix = prefix
         self.plan_path = prefix + ".json"
         self.logpath = Path(prefix + ".log")
-        cmd = torchrun_cmd(self.plan_path, nproc, module=module, **rendezvous)
+        cmd = torchrun_cmd([module, self.plan_path], nproc, module=LIFELINE, **rendezvous)
         with open(self.logpath, "w") as logf:
-            self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                         preexec_fn=parent_death())
         self.tree = ProcessTree(self.proc, self.plan_path, module)
         self.events = EventReader(prefix)
 
@@ -260,9 +271,10 @@ def run_tree(cmd: Sequence[str], *, env: dict[str, str], timeout_s: float | None
     """Run ``cmd`` to its end, its output captured as text (``stdout``, ``stderr``: where else it
     goes), like :func:`subprocess.run`; it runs in a session of its own, and a timeout
     (:class:`subprocess.TimeoutExpired`, raised as ``subprocess.run`` raises it), a signal or an
-    exception kills its whole tree (:class:`ProcessTree`), not only the process started here."""
+    exception kills its whole tree (:class:`ProcessTree`), not only the process started here; if this
+    process dies, the command gets SIGKILL (:func:`bench.runtime.lifeline.parent_death`)."""
     proc = subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=parent_death())
     tree = ProcessTree(proc)
     try:
         out, err = proc.communicate(timeout=timeout_s)
@@ -280,7 +292,8 @@ def run_ranks(module: str, argv: Sequence[str], nproc: int, *, env: dict[str, st
     the variables torchrun would set (RANK, WORLD_SIZE, MASTER_ADDR/PORT, ...) on top of ``env``,
     in a session of its own. Returns (return code, rank 0's stdout, every rank's stderr); the code
     is 124 when they ran past ``timeout_s``. A rank that fails stops the others (they would wait for
-    it until their own timeout); a timeout, a signal or an exception kills every rank's tree."""
+    it until their own timeout); a timeout, a signal or an exception kills every rank's tree, and the
+    ranks die with this process."""
     port = free_port()
     procs: list[subprocess.Popen] = []
     try:
@@ -290,7 +303,7 @@ def run_ranks(module: str, argv: Sequence[str], nproc: int, *, env: dict[str, st
                     "MASTER_PORT": str(port)}
             procs.append(subprocess.Popen([sys.executable, "-m", module, *argv], cwd=cwd, env=renv,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                          start_new_session=True))
+                                          start_new_session=True, preexec_fn=parent_death()))
         return _collect(procs, timeout_s)
     finally:
         _stop_all(procs)

@@ -2,8 +2,11 @@
 
 :class:`GroupRun` starts torchrun (:class:`bench.runtime.process.Launch`) for the cells left, follows
 the ranks' events (a cell starts, fails on a rank, is measured, has its profile pass), and stops the
-launch when a cell outlives ``cell_timeout_s``, when the ranks are desynchronised after an error, or
-when a node of the run stops answering; the cells the launch did not finish run in the next one.
+launch when its start-up outlives ``startup_timeout_s`` (torchrun, the ranks' imports, the
+rendezvous, the warm-up: up to the first cell's start), when a cell outlives ``cell_timeout_s``
+(counted from that cell's start), when the ranks are desynchronised after an error, or when a node
+of the run stops answering; the cells the launch did not finish run in the next one. A row's reason
+says which of the two limits ran out.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from bench.core.config import RunConfig
 from bench.core.spec import CellSpec, GroupPlan, RankMeasurement, deferred
 from bench.plan.matrix import Group
 from bench.results.rows import build_row, failure_row, telemetry_means
-from bench.results.store import RunWriter
+from bench.results.store import RunWriter, write_error
 from bench.runtime import signals
 from bench.runtime.crash import earliest
 from bench.runtime.process import Launch, child_env
@@ -29,7 +32,6 @@ from bench.train.run_folder import Telemetry, startup_record
 
 log = logging.getLogger("parbench")
 WORKER = "bench.train.worker"  # the module every rank runs
-STARTUP_S = 120.0  # torchrun + import torch + process group, before the first cell starts
 #: A rank that fails a cell reports it and moves on to the harness's all-gather of the cell's
 #: results; a peer still inside the cell may wait in a collective the failed rank will never join,
 #: so the group is desynchronised and would sit until cell_timeout_s (300 s by default). When the
@@ -146,6 +148,7 @@ class GroupRun:
             row, steps, comm = failure_row(c, status=status, reason=reason), [], []
         self.writer.add(row, steps, comm)
         del self.pending[c.cell_id]
+        log.info("%s: cell %d (%s %s) %s", self.g.label, c.cell_id, c.strategy, c.workload.name, row["status"])
         self.on_progress(Progress(kind="done", group=self.g.label, cell=c, status=row["status"]))
 
     def note(self, text: str) -> None:
@@ -166,12 +169,18 @@ class GroupRun:
         """Write the plan of the cells left and start torchrun for it (on every node when multi)."""
         g, cfg = self.g, self.cfg
         self.prefix = str(self.work / f"g{self.gid}-a{self.attempt}")
+        # The process group's timeout also bounds its rendezvous, inside the start-up: a rank that
+        # imports slowly on a loaded machine must not fail the others' rendezvous.
         gplan = GroupPlan(backend=g.backend, device=cfg.device, n_procs=g.n_procs, events_prefix=self.prefix,
-                          pg_timeout_s=cfg.cell_timeout_s, trace_dir=str(self.trace_dir) if self.trace_dir else None,
+                          pg_timeout_s=max(cfg.cell_timeout_s, cfg.startup_timeout_s),
+                          trace_dir=str(self.trace_dir) if self.trace_dir else None,
                           cells=tuple(p.spec for p in self.pending.values()),
                           first_repeat={str(k): len(p.repeats) for k, p in self.pending.items() if p.repeats},
                           deadline_unix=self.deadline_unix)
-        Path(self.prefix + ".json").write_text(spec.dump(gplan))
+        try:
+            Path(self.prefix + ".json").write_text(spec.dump(gplan))
+        except OSError as e:
+            raise write_error(Path(self.prefix + ".json"), e, self.writer.dir) from None
         nproc = g.n_procs // g.nnodes
         self.seq = -1
         rendezvous: dict[str, Any] = {}
@@ -182,15 +191,23 @@ class GroupRun:
                               rdzv_timeout_s=cfg.rdzv_timeout_s, local_addr=self.coord.me["local_addr"])
         self.launched = time.time()
         self.marks: dict[str, float | None] = {"first_cell": None, "last_cell": None, "exited": None}
-        self.launch = Launch(self.prefix, nproc, module=WORKER,
-                             env=child_env(nproc, share=self.coord.share if self.multi else 1), **rendezvous)
+        try:
+            self.launch = Launch(self.prefix, nproc, module=WORKER,
+                                 env=child_env(nproc, share=self.coord.share if self.multi else 1), **rendezvous)
+        except OSError as e:
+            if e.filename != self.prefix + ".log":  # not its log file: torchrun itself did not start
+                raise
+            raise write_error(Path(self.prefix + ".log"), e, self.writer.dir) from None
+        log.info("%s attempt %d: torchrun started (pid %d)", g.label, self.attempt, self.launch.proc.pid)
         self.current: CellSpec | None = None
         self.errors: dict[int, tuple[float, str]] = {}  # cell -> (when, "rank R: reason") of its first error
         self.desync_at: float | None = None  # when to stop a group still inside a cell that a rank failed
         self.started_any = self.stopped = self.timed_out = False
         self.in_pass = False  # the worker reached the profile pass (every timed repeat of the launch is in)
-        # On several nodes the rendezvous may wait for the other nodes' agents to start.
-        self.deadline = time.monotonic() + STARTUP_S + cfg.cell_timeout_s + (cfg.rdzv_timeout_s if self.multi else 0)
+        # The start-up's own limit, until the first cell starts (then each cell's); on several nodes
+        # the rendezvous may also wait for the other nodes' agents to start.
+        self.startup_s = cfg.startup_timeout_s + (cfg.rdzv_timeout_s if self.multi else 0)
+        self.deadline = time.monotonic() + self.startup_s
         self.lost: dict[int, str] = {}
         self.last_remote = 0.0
         self.remote: dict[int, dict[str, Any]] = {}
@@ -250,6 +267,7 @@ class GroupRun:
         if isinstance(ev, spec.Start) and ev.repeat == spec.PROFILE_PASS:
             self.current, self.in_pass = p.spec, True
             self._rearm()
+            log.info("%s: profile pass of cell %d (%s) started", self.g.label, p.spec.cell_id, p.spec.strategy)
         elif isinstance(ev, spec.Profiled):
             self._on_profiled(p, ev)
         elif isinstance(ev, spec.Start):
@@ -267,6 +285,7 @@ class GroupRun:
         self.marks["first_cell"] = self.marks["first_cell"] or time.time()
         self.current, self.started_any = p.spec, True
         self._rearm()
+        log.info("%s: cell %d (%s %s) started", self.g.label, p.spec.cell_id, p.spec.strategy, p.spec.workload.name)
         self.on_progress(Progress(kind="start", group=self.g.label, cell=p.spec))
 
     def _on_cell_error(self, p: Pending, ev: spec.Error) -> None:
@@ -385,8 +404,7 @@ class GroupRun:
     def _on_pass_broken(self, done: list[Pending]) -> None:
         """The launch was killed or crashed in (or before) the profile pass: the timed cells it hit
         keep their timing, with a note saying why the pass is missing."""
-        why = ("no result within cell_timeout_s" if self.timed_out
-               else self.launch.crash_reason(self.g.n_procs))
+        why = self._timeout_reason(then="") if self.timed_out else self.launch.crash_reason(self.g.n_procs)
         if self.launch_notes:
             why += "; " + "; ".join(self.launch_notes)
         hit = [p for p in done if self.current is not None and p.spec.cell_id == self.current.cell_id] or done
@@ -421,10 +439,12 @@ class GroupRun:
             self.telemetry.flush()
             self.finish(self.pending[v.cell_id], status, reason)
 
-    def _timeout_reason(self) -> str:
-        if self.started_any:
-            return f"no result within cell_timeout_s={self.cfg.cell_timeout_s:g}s; group relaunched"
-        return f"group did not start within {STARTUP_S + self.cfg.cell_timeout_s:g}s"
+    def _timeout_reason(self, then: str = "; group relaunched") -> str:
+        """Which limit ran out: the cell's, or the start-up's (no cell of the launch had started)."""
+        if self.started_any or self.in_pass:
+            return f"no result within cell_timeout_s={self.cfg.cell_timeout_s:g}s{then}"
+        return (f"start-up timeout: the process group did not start within startup_timeout_s={self.startup_s:g}s "
+                "(torchrun, the ranks' imports, rendezvous and warm-up; raise --startup-timeout on a loaded machine)")
 
     def _crash_reason(self) -> str:
         """The crash as this node saw it; the root cause may be on another node (its rank died;

@@ -4,15 +4,18 @@ Inside a group one process group runs the cells one after another (``bench.train
 follows the workers' event files (:class:`bench.train.group.GroupRun`): measurements become a row at
 once (:func:`bench.results.rows.build_row`, with the telemetry of the cell's window); a cell that
 raises is ``failed`` with its message; a cell that outlives ``cell_timeout_s`` is ``timeout``, the
-group is stopped and relaunched with the cells it had not run. Progress goes to a callback, so the
-caller decides how to show it.
+group is stopped and relaunched with the cells it had not run; a group whose start-up (torchrun,
+imports, rendezvous) outlives ``startup_timeout_s`` gives its cells a ``timeout`` that says so.
+Progress goes to a callback, so the caller decides how to show it. A write into the run folder that
+fails (a full disk) stops the run with one line; the rows already written stay readable.
 
 Processes start and stop through :mod:`bench.runtime`: the launcher is the child subreaper of its
 descendants and follows each launch's whole process tree, so a timeout, a signal or an exception
 kills all of it, and a process still alive after its launch ended is killed and named in the row and
-in ``meta.json`` (``survivors``). Each rank also runs a watchdog
-(:func:`bench.train.watchdog.start_watchdog`) that exits it when the launcher or its agent is gone, which
-covers SIGKILL of the launcher. ``run(..., resume=RUN)`` runs only the cells RUN has no row for.
+in ``meta.json`` (``survivors``). If the launcher dies, even by SIGKILL, the kernel kills its torchrun
+agents and their ranks (:mod:`bench.runtime.lifeline`); each rank also runs a watchdog
+(:func:`bench.train.watchdog.start_watchdog`) that exits it when the launcher or its agent is gone.
+``run(..., resume=RUN)`` runs only the cells RUN has no row for.
 
 On several nodes (``--nnodes``) every node's launcher plans the same matrix; node 0 runs this module
 as on one node, each group of several processes as a torchrun over every node (c10d rendezvous),
@@ -37,10 +40,9 @@ from bench.plan.budget import Pacer, budget_plan, start_cost
 from bench.plan.matrix import Planned, group, plan, runnable
 from bench.results.folder import check_out
 from bench.results.rows import failure_row
-from bench.results.store import RunWriter, write_meta
+from bench.results.store import RunWriter, write_error, write_meta
 from bench.runtime import signals
 from bench.runtime.process import become_subreaper
-from bench.runtime.signals import Interrupted
 from bench.train.group import WORKER, Progress, ProgressFn, run_group
 from bench.train.run_folder import Telemetry, earlier_starts, finish_meta, open_run
 
@@ -73,15 +75,31 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
         if coord is not None:
             coord.close("failed")
         raise
+    try:
+        _record(cfg, [p for p in cells if p.spec.cell_id not in done], writer, work, on_progress, coord=coord,
+                described={n: w.description for n, w in wls.items()}, plan_text=plan_text, budget_s=budget_s,
+                extra=_meta_extra(run_dir, resume, done, invoked, coord))
+    except KeyboardInterrupt as e:
+        e.run_dir = run_dir  # type: ignore[attr-defined]  # the command's message names the folder to resume
+        raise
+    return run_dir
+
+
+def _record(cfg: RunConfig, cells: list[Planned], writer: RunWriter, work: Path, on_progress: ProgressFn | None, *,
+            coord, described: dict[str, str], plan_text: str, budget_s: float | None, extra: dict[str, Any]) -> None:
+    """Run the cells into the open run folder: meta.json, the telemetry, every group, the final
+    meta.json, then one part per table. A write that fails (a full disk) stops it with one line;
+    the rows already written stay."""
+    run_dir = writer.dir
     if coord is not None:
         coord.accept(run_dir)
     become_subreaper()
-    cells = [p for p in cells if p.spec.cell_id not in done]
     trace_dir = run_dir / "traces" if cfg.trace else None
     if trace_dir:
-        trace_dir.mkdir(exist_ok=True)
-    described = {n: w.description for n, w in wls.items()}
-    extra = _meta_extra(run_dir, resume, done, invoked, coord)
+        try:
+            trace_dir.mkdir(exist_ok=True)
+        except OSError as e:
+            raise write_error(trace_dir, e, run_dir) from None
     write_meta(run_dir, cfg.to_dict(), workloads=described, plan=plan_text, status="running", **extra)
 
     sampler, notes = start_samplers(cfg.sample_hz, gpu=cfg.device == "cuda")
@@ -93,27 +111,23 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
                     plan_text=plan_text, budget_s=budget_s, survivors=survivors, coord=coord,
                     starts=extra["group_starts"])
         status = "complete"
-    except Interrupted as e:
-        status = f"interrupted by {signal.Signals(e.signum).name}"
-        e.run_dir = run_dir  # the command's message names the folder to resume
-        raise
-    except KeyboardInterrupt as e:
-        status = "interrupted by SIGINT"
-        e.run_dir = run_dir  # type: ignore[attr-defined]
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM / SIGHUP (Interrupted, which carries its signal)
+        status = f"interrupted by {signal.Signals(getattr(e, 'signum', signal.SIGINT)).name}"
         raise
     except UserError as e:
         status = f"stopped: {e}"
         raise
     finally:
-        finish_meta(run_dir, cfg, sampler, notes, telemetry, described=described, plan=plan_text, status=status,
-                    survivors=survivors, **extra)
+        problem = finish_meta(run_dir, cfg, sampler, notes, telemetry, described=described, plan=plan_text,
+                              status=status, survivors=survivors, **extra)
         if coord is not None:
             coord.close(status)
+    if problem:  # the run itself completed, but its last samples or its meta.json could not be written
+        raise UserError(problem)
     # One part per table from here on (reading a long run's thousands of parts costs seconds);
     # only after a complete run: an interrupted one keeps its parts for --resume.
     if not os.environ.get("PARBENCH_KEEP_PARTS"):
         writer.compact()
-    return run_dir
 
 
 def _follow_node0(cfg: RunConfig, cells: list[Planned], on_progress: ProgressFn | None) -> Path:

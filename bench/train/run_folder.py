@@ -17,7 +17,7 @@ from bench.core.config import RunConfig
 from bench.core.errors import UserError
 from bench.core.metrics import Metric
 from bench.results.folder import check_out, finished_cells, set_aside_orphans
-from bench.results.store import RunWriter, cell_columns, new_run_id, write_meta
+from bench.results.store import RunWriter, cell_columns, new_run_id, os_reason, write_meta
 
 log = logging.getLogger("parbench")
 
@@ -30,16 +30,24 @@ def open_run(cfg: RunConfig, metrics: list[Metric], resume: Path | None) -> tupl
         run_dir = Path(cfg.out) / new_run_id()
         writer = RunWriter(run_dir, cell_schema=cell_columns(metrics))
         work = run_dir / "work"
-        work.mkdir()
+        _make(work, f"free space or pass a writable --out (the empty run folder {run_dir} can go)")
         return run_dir, writer, work, set()
     run_dir = Path(resume)
     done = finished_cells(run_dir)
     writer = RunWriter(run_dir, cell_schema=cell_columns(metrics), resume=True)
     n = 1 + sum(1 for _ in (run_dir / "work").glob("resume*"))
     work = run_dir / "work" / f"resume{n}"
-    work.mkdir(parents=True)
+    _make(work, f"free space and run parbench run --resume {run_dir} again")
     set_aside_orphans(run_dir, done, work / "orphans")
     return run_dir, writer, work, done
+
+
+def _make(folder: Path, fix: str) -> None:
+    """``folder`` created (parents too), or a one-line UserError with ``fix``."""
+    try:
+        folder.mkdir(parents=True)
+    except OSError as e:
+        raise UserError(f"cannot create {folder} ({os_reason(e)}); {fix}") from None
 
 
 def earlier_starts(run_dir: Path) -> list[dict[str, Any]]:
@@ -104,9 +112,11 @@ def startup_record(label: str, attempt: int, launched: float, marks: dict[str, f
     return rec
 
 
-def finish_meta(run_dir: Path, cfg: RunConfig, sampler, notes: dict, telemetry: Telemetry, **more: Any) -> None:
-    """Stop the sampler and write the final meta.json; a full disk here must not hide the error
-    that stopped the run (it is logged instead)."""
+def finish_meta(run_dir: Path, cfg: RunConfig, sampler, notes: dict, telemetry: Telemetry, **more: Any) -> str | None:
+    """Stop the sampler and write the final meta.json. Never raises: what could not be written (a
+    full disk) is returned, for the caller to raise when nothing else stopped the run already (an
+    error that stopped it comes first, and alone)."""
+    problem = None
     try:
         if sampler is not None:
             sampler.stop()
@@ -114,11 +124,14 @@ def finish_meta(run_dir: Path, cfg: RunConfig, sampler, notes: dict, telemetry: 
             telemetry.take()
             telemetry.flush()
     except (OSError, UserError) as e:
-        log.warning("samples of the last cell not written: %s", e)
+        problem = str(e)
+        log.debug("samples of the last cell not written: %s", e)
     described = more.pop("described")
     try:
         write_meta(run_dir, cfg.to_dict(), workloads=described, telemetry=notes, sample_hz=cfg.sample_hz,
                    sampler_ticks=sampler.ticks if sampler else 0, interrupted=more["status"].startswith("interr"),
                    **more)
     except (OSError, UserError) as e:
-        log.warning("meta.json not updated: %s", e)
+        problem = problem or str(e)
+        log.debug("meta.json not updated: %s", e)
+    return problem

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import psutil
 
-from bench.runtime.process import LAUNCHER_ENV
+from bench.runtime.lifeline import LAUNCHER_ENV, ORPHAN_EXIT
 from bench.train.events import write_error
 
-WATCHDOG_EXIT = 70  # a rank that left because its launcher or torchrun agent is gone
+WATCHDOG_EXIT = ORPHAN_EXIT  # a rank that left because its launcher or torchrun agent is gone
 WATCHDOG_POLL_S = 0.5
 
 

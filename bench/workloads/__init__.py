@@ -6,6 +6,6 @@ enters as ``package.module:factory``; the factory returns a :class:`Workload`.
 """
 
 from bench.workloads.base import Batch, Workload, build_on, display_name, seeded, shard
-from bench.workloads.registry import names, resolve
+from bench.workloads.registry import names, planned, resolve
 
-__all__ = ["Batch", "Workload", "build_on", "display_name", "names", "resolve", "seeded", "shard"]
+__all__ = ["Batch", "Workload", "build_on", "display_name", "names", "planned", "resolve", "seeded", "shard"]

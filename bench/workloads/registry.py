@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import threading
 from collections.abc import Callable
 
 from bench.core.errors import UserError
+from bench.core.spec import WorkloadFacts
 from bench.workloads import convnet, gpt, mlp
 from bench.workloads.base import Workload, display_name
 
@@ -51,7 +53,14 @@ def resolve(spec: str, *, seed: int = 0, global_batch: int | None = None, **dims
         raise UserError(
             f"unknown workload {spec!r}: use one of {', '.join(reg)} or 'package.module:factory'"
         )
+    return _resolve_user(spec, kw, dims, lambda _what: None)
+
+
+def _resolve_user(spec: str, kw: dict, dims: dict[str, int], doing: Callable[[str], None]) -> Workload:
+    """A user's ``package.module:factory``; ``doing`` hears what it is about to do (for the error
+    of a factory that never returns, :func:`planned`)."""
     mod_name, _, attr = spec.partition(":")
+    doing(f"the import of {mod_name!r}")
     try:
         mod = importlib.import_module(mod_name)
     except Exception as e:  # noqa: BLE001 - any import failure is the user's to fix
@@ -66,6 +75,7 @@ def resolve(spec: str, *, seed: int = 0, global_batch: int | None = None, **dims
     if unknown:
         raise UserError(f"workload {spec!r} takes no dimension {unknown[0]!r}; its factory accepts "
                         f"{', '.join(k for k in accepted if k != 'seed') or 'none'}")
+    doing(f"its factory {attr}()")
     try:
         wl = factory(**{k: v for k, v in kw.items() if takes_any or k in accepted})
     except Exception as e:  # noqa: BLE001 - a user's factory failing is the user's to fix
@@ -79,6 +89,43 @@ def resolve(spec: str, *, seed: int = 0, global_batch: int | None = None, **dims
         raise UserError(f"workload {spec!r}: its factory built global_batch={gb!r}; it must be an integer >= 1 "
                         "(the factory should take global_batch and use it)")
     return _named(wl, spec.rpartition(".")[2].replace(":", "."), dims)
+
+
+def planned(spec: str, dims: dict[str, int], *, seed: int, global_batch: int | None,
+            timeout_s: float) -> tuple[Workload, WorkloadFacts]:
+    """The workload ``spec`` and what the planner records of it (:meth:`Workload.facts`). A user's
+    workload runs its code here (its import, its factory, its model built on the meta device), in
+    a thread given ``timeout_s``: a factory that never returns is a one-line UserError naming it
+    and what it was doing, not a run that waits in silence. (The thread cannot be stopped; it is a
+    daemon, so it does not keep the command from exiting.)"""
+    if spec in _registry():
+        wl = resolve(spec, seed=seed, global_batch=global_batch, **dims)
+        return wl, wl.facts(spec, dims)
+    kw: dict = dict(seed=seed, **dims)
+    if global_batch is not None:
+        kw["global_batch"] = global_batch
+    if ":" not in spec:
+        resolve(spec)  # the error that names the built-in workloads
+    doing = ["its factory"]
+    got: dict[str, object] = {}
+
+    def work() -> None:
+        try:
+            wl = _resolve_user(spec, kw, dims, lambda what: doing.__setitem__(0, what))
+            doing[0] = "building its model on the meta device"
+            got["facts"] = (wl, wl.facts(spec, dims))
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+            got["error"] = e
+
+    t = threading.Thread(target=work, name=f"parbench-workload {spec}", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise UserError(f"workload {spec!r}: {doing[0]} did not return within {timeout_s:g} s; fix it, or give it "
+                        "longer with --workload-timeout SECONDS")
+    if "error" in got:
+        raise got["error"]  # type: ignore[misc]
+    return got["facts"]  # type: ignore[return-value]
 
 
 def _named(wl: Workload, base: str, dims: dict[str, int]) -> Workload:

@@ -165,7 +165,8 @@ def test_parent_sigkill_leaves_no_process(tmp_path):
     run_dir = _wait_for_start(tmp_path, "test-hangs")
     proc.kill()
     proc.wait(timeout=10)
-    # The ranks' watchdog sees the launcher gone; the agent follows its ranks.
+    # The agent dies with the launcher and the ranks with the agent (bench.runtime.lifeline); the
+    # ranks' watchdog sees the launcher gone too. tests/faults/test_run.py kills it at other moments.
     assert not no_leftovers(str(run_dir), within_s=5)
 
 

@@ -16,7 +16,8 @@ import pytest
 
 import strategies
 from bench.core.config import build_config
-from bench.results.store import PARITY_TOL, load_run
+from bench.results.derived import PARITY_TOL
+from bench.results.store import load_run
 from bench.train import launcher as launch
 
 # Every strategy on two foreign models at world sizes 2 and 4: about 6 minutes on 2 cores, so it is

@@ -126,3 +126,30 @@ def test_fail_from_runs_reports_a_pooled_regression(tmp_path):
     assert out.loc["ddp", "verdict"] == "noisy"
     assert "pooled samples of 1 history run(s)" in out.loc["ddp", "note"]
     assert out.loc["single", "verdict"] == "same"
+
+
+def test_a_damaged_store_loads_the_rest_and_says_what_it_left_out(tmp_path, caplog):
+    store = fill(tmp_path, [1.0, 1.0, 1.0])
+    index = store / "index.jsonl"
+    index.write_text(index.read_text() + '{"seq": 3, "comm')  # an add stopped by a full disk
+    third = next(store.glob("*/000002-*.parquet"))
+    third.write_bytes(third.read_bytes()[:50])
+    with caplog.at_level("WARNING", logger="parbench"):
+        table = show(store)
+    assert table["commits"].tolist() == [2, 2]
+    assert "index.jsonl line 4 skipped: not JSON" in caplog.text and third.name in caplog.text
+    add(write_run(tmp_path / "r9", {"ddp": 1.0, "single": 1.0}, commit="c9"), store)  # on a line of its own
+    assert read_index(store)["seq"].tolist() == [0, 1, 2, 3]
+
+
+def test_a_failed_add_leaves_the_store_as_it_was(tmp_path, monkeypatch):
+    store = fill(tmp_path, [1.0])
+    before = sorted(p.name for p in store.rglob("*"))
+
+    def full(*_a):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("bench.gate.history._append_line", full)
+    with pytest.raises(UserError, match="No space left on device"):
+        add(write_run(tmp_path / "r9", {"ddp": 1.0}, commit="c9"), store)
+    assert sorted(p.name for p in store.rglob("*")) == before

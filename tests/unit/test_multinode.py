@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 
+import psutil
 import pytest
 
 from bench.core import spec
@@ -246,3 +248,64 @@ def test_a_listener_that_answers_garbage_gives_one_line_not_torchs_retry_stacks(
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(lines) == 1, saved("garbage-endpoint", r.stderr)
     assert lines[0].startswith("parbench: error: 127.0.0.1:") and "--rdzv-endpoint" in lines[0]
+
+
+def _listening(procs) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket listening in ``procs`` and their children."""
+    found = set()
+    for p in procs:
+        try:
+            tree = [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]
+        except psutil.Error:
+            continue
+        for q in tree:
+            try:
+                found |= {(c.laddr.ip, c.laddr.port) for c in q.net_connections("inet")
+                          if c.status == psutil.CONN_LISTEN}
+            except psutil.Error:
+                continue
+    return found
+
+
+def test_a_bound_store_listens_on_its_host_only_and_owns_its_socket():
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from bench.multinode.binding import bound_store
+
+    server = bound_store("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    port = server.port
+    assert port > 0 and {ip for ip, p in _listening([psutil.Process()]) if p == port} == {"127.0.0.1"}
+    TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10)).set("k", "v")
+    assert server.get("k") == b"v"
+    del server  # the store closes the socket it was given
+    assert not any(p == port for _, p in _listening([psutil.Process()]))
+
+
+@pytest.mark.slow  # three torchrun agents: about 35 s on 2 busy cores
+def test_the_torchrun_wrapper_binds_torchruns_own_stores(tmp_path):
+    """A one-node torchrun (static rendezvous at --master-addr) and two c10d agents (the rank-0 agent
+    shares a store with its workers at --local-addr) listen on loopback only."""
+    import subprocess
+    import sys
+
+    from bench.multinode.binding import bound_store
+    from tests.distributed.agents import free_port
+
+    run = [sys.executable, "-m", "bench.multinode.torchrun", "--nproc-per-node=1", "--max-restarts=0"]
+    rdzv = bound_store("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # as node 0's launcher hosts it
+    c10d = [*run, "--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{rdzv.port}", "--rdzv-id=t",
+            "--rdzv-conf=is_host=0,join_timeout=60", "--local-addr=127.0.0.1", "--no-python", "sleep", "3"]
+    static = [*run, "--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={free_port()}", "--no-python", "sleep",
+              "3"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for cmd in (static, c10d, c10d)]
+    seen: set[tuple[str, int]] = set()
+    end = time.monotonic() + 120
+    while any(p.poll() is None for p in procs) and time.monotonic() < end:
+        seen |= _listening(procs)
+        time.sleep(0.05)
+    outs = [p.communicate(timeout=30)[0] if p.poll() is not None else p.kill() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert len(seen) >= 2 and {ip for ip, _ in seen} == {"127.0.0.1"}, seen

@@ -2,7 +2,8 @@ import pandas as pd
 import pytest
 
 from bench.core.errors import UserError
-from bench.results.store import CELL_COLUMNS, STEP_COLUMNS, RunWriter, derive, frame, load_run
+from bench.results.derived import derive
+from bench.results.store import CELL_COLUMNS, STEP_COLUMNS, RunWriter, frame, load_run
 
 
 def cell(cid, strategy, ws, tput, precision="fp32"):

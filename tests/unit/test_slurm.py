@@ -8,7 +8,10 @@ from __future__ import annotations
 import os
 import shlex
 import stat
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from bench.cli.main import main
 
@@ -56,11 +59,12 @@ def test_slurm_script_runs_one_launcher_per_node_with_the_first_node_as_endpoint
                  "--python", str(python), "--submit", "--workloads", "gpt-small", "--strategies", "ddp,fsdp-tp",
                  "--world-sizes", "8", "--steps", "10", "--option", "mesh=2x4", "--out", str(out)])
     printed = capsys.readouterr().out
-    assert code == 0 and "Submitted batch job 4242" in printed, printed
+    assert code == 0 and "submitted job 4242 (Submitted batch job 4242)" in printed, printed
     text = script.read_text()
     assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=1" in text and "#SBATCH --exclusive" in text
     assert "#SBATCH --gpus-per-node=4" in text and "#SBATCH --time=00:20:00" in text
-    assert f"#SBATCH --output={out}/slurm-%j.out" in text
+    assert f'#SBATCH --output="{out}/slurm-%j.out"' in text
+    assert f"--output={out}/slurm-%j.out" in sbatch_options(text)
     assert "--kill-on-bad-exit=1" in (log / "srun.args").read_text()
     common = ["-m", "bench", "run", "--nnodes", "2", "--rdzv-endpoint", "node-a:29400", "--out", str(out),
               "--no-progress", "--workloads", "gpt-small", "--strategies", "ddp,fsdp-tp", "--world-sizes", "8",
@@ -101,3 +105,105 @@ def test_the_head_node_survives_a_long_host_list(tmp_path, monkeypatch, capsys):
     r = subprocess.run(["bash", "-c", head + '\necho "$PARBENCH_RDZV_ENDPOINT"'], env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "node-1:29400", (r.returncode, r.stdout[-200:], r.stderr[-500:])
+
+
+def sbatch_options(text: str) -> list[str]:
+    """The options sbatch takes from a script's #SBATCH lines, read as sbatch reads them: from the
+    lines after the first up to the first line that is neither a comment nor blank; arguments split
+    at whitespace, grouped by single or double quotes, a backslash escaping the next character, an
+    unescaped '#' ending the line (Slurm's src/sbatch/opt.c, _get_argument)."""
+    opts: list[str] = []
+    for line in text.splitlines()[1:]:
+        if line.startswith("#SBATCH"):
+            opts += _arguments(line[len("#SBATCH"):])
+        elif line.strip() and not line.startswith("#"):
+            break
+    return opts
+
+
+def _arguments(line: str) -> list[str]:
+    out, i = [], 0
+    while True:
+        while i < len(line) and line[i].isspace():
+            i += 1
+        if i >= len(line):
+            return out
+        arg, quote, escaped = "", "", False
+        while i < len(line) and (quote or not line[i].isspace()):
+            c = line[i]
+            i += 1
+            if escaped:
+                arg, escaped = arg + c, False
+            elif c == "\\":
+                escaped = True
+            elif quote:
+                quote, arg = ("", arg) if c == quote else (quote, arg + c)
+            elif c in "\"'":
+                quote = c
+            elif c == "#":
+                return out + [arg] if arg else out
+            else:
+                arg += c
+        out.append(arg)
+
+
+def test_the_sbatch_line_reader_reads_quotes_escapes_and_comments():
+    line = ' --a=1 --output="/x y/%j.out" --b=\'c d\' # --c=2'
+    assert _arguments(line) == ["--a=1", "--output=/x y/%j.out", "--b=c d"]
+    assert _arguments(" --a=x#y") == ["--a=x"]
+    assert sbatch_options("#!/bin/bash\n#SBATCH --a=1\necho hi\n#SBATCH --b=2\n") == ["--a=1"]
+
+
+#: (flag, value) a user might pass by mistake or on purpose: each is refused (one line, exit 2) or
+#: written so that sbatch reads exactly the options meant and the shell runs no line of it
+HOSTILE = [("--job-name", "x\ntouch {tmp}/INJECTED"), ("--job-name", "two words"), ("--job-name", "x#y"),
+           ("--job-name", "x\x1b[2J"), ("--partition", "gpu\n#SBATCH --account=other"),
+           ("--partition", "gpu --account=other"), ("--account", "a;touch {tmp}/INJECTED"), ("--account", "a\rb"),
+           ("--time", "banana"), ("--time", "1:00\ntouch {tmp}/INJECTED"), ("--time", "1-"), ("--time", "00:30:00 x"),
+           ("--out", "{tmp}/a\ntouch {tmp}/INJECTED"), ("--out", '{tmp}/a" --wrap="touch {tmp}/INJECTED'),
+           ("--out", "{tmp}/a b#c"), ("--out", "{tmp}/it's"), ("--out", "{tmp}/50%j"), ("--out", "{tmp}/a\\b"),
+           ("--python", "/usr/bin/python3\ntouch {tmp}/INJECTED"), ("--python", "py'; touch {tmp}/INJECTED; '"),
+           ("--option", "mesh=2x2\ntouch {tmp}/INJECTED"), ("--option", "mesh=$(touch {tmp}/INJECTED)"),
+           ("--workloads", "mlp\ntouch {tmp}/INJECTED")]
+SBATCH_KEYS = {"--job-name", "--nodes", "--ntasks-per-node", "--exclusive", "--output", "--chdir", "--gpus-per-node",
+               "--time", "--partition", "--account", "--cpus-per-task"}
+
+
+@pytest.mark.parametrize("flag,value", HOSTILE, ids=[f"{f}={v!r}" for f, v in HOSTILE])
+def test_hostile_values_are_refused_or_stay_inside_their_line(flag, value, tmp_path, monkeypatch, capsys):
+    value = value.replace("{tmp}", str(tmp_path))
+    bin_dir, log = tmp_path / "bin", tmp_path / "log"
+    bin_dir.mkdir()
+    log.mkdir()
+    _exe(bin_dir / "scontrol", SCONTROL)
+    _exe(bin_dir / "srun", SRUN)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    monkeypatch.chdir(tmp_path)
+    script, out = tmp_path / "job.sbatch", str(tmp_path / "out")
+    argv = {"--out": out, "--python": str(_exe(tmp_path / "fake-python", PYTHON)), "--workloads": "mlp",
+            flag: value}
+    code = main(["slurm", "--nodes", "2", "--gpus-per-node", "0", "--device", "cpu", "--script", str(script),
+                 *[x for kv in argv.items() for x in kv]])
+    err = capsys.readouterr().err
+    if code == 2:
+        named = flag in err or repr(value) in err or repr(value.split("=", 1)[-1]) in err
+        assert len(err.strip().splitlines()) == 1 and named, err
+        assert not script.exists()
+        return
+    assert code == 0, err
+    text = script.read_text()
+    opts = sbatch_options(text)
+    keys = [o.split("=", 1)[0] for o in opts]
+    assert set(keys) <= SBATCH_KEYS and len(keys) == len(set(keys)), opts
+    assert {"--nodes=2", f"--output={argv['--out']}/slurm-%j.out", f"--chdir={tmp_path}"} <= set(opts), opts
+    if flag in ("--job-name", "--partition", "--account", "--time"):
+        assert f"{flag}={value}" in opts, opts
+    r = subprocess.run(["bash", str(script)], env={**os.environ, "SLURM_JOB_NODELIST": "node-a,node-b",
+                                                   "SLURM_JOB_NUM_NODES": "2"},
+                       capture_output=True, text=True, timeout=60)
+    assert not (tmp_path / "INJECTED").exists(), (r.stdout, r.stderr)
+    if flag != "--python":  # else no such interpreter: the job fails, and runs nothing else
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        args = (log / "node-0.args").read_text().splitlines()
+        assert value in args or (flag == "--option" and value in args), args

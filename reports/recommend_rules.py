@@ -1,0 +1,230 @@
+"""The rules behind a recommendation, one small function each, on the rows of a cells table.
+
+:mod:`reports.recommend` applies them per workload, backend and world size. Here: which strategy is
+the library default, when one cell is faster than another beyond the noise, what stops a decision
+(an unstable or contended cell, an efficiency that is not physical), whether the model fits one
+device, why one cell beats another, whether a workload is launch-bound, and what to try next when
+nothing scales.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+from bench.stats.steps import EFFICIENCY_MAX
+
+#: thresholds of the "why" line, as fractions of the step
+COMM_BOUND, BUBBLE_BOUND, IDLE_BOUND, MEMORY_BOUND = 0.30, 0.20, 0.30, 0.90
+#: a workload whose single-device step is shorter than this, or idle for at least this share of it,
+#: measures kernel launches and Python more than the strategy (a toy for this question)
+LAUNCH_STEP_S, LAUNCH_IDLE = 0.010, 0.50
+#: scaling efficiency under which the next-step hint is given although the step got faster
+SCALES_POORLY = 0.5
+#: a part of the breakdown explains a lead when it differs by this share (calls and bytes: this ratio)
+EXPLAINS, EXPLAINS_RATIO = 0.10, 1.5
+
+#: Strategies whose parallelism PyTorch itself implements (torch.nn.parallel, FSDP2,
+#: torch.distributed.tensor, torch.distributed.pipelining); the others are written by hand here to
+#: show a cost (per-parameter all-reduce, blocks chained over ranks without micro-batches).
+LIBRARY = frozenset({"ddp", "fsdp", "fsdp-noreshard", "fsdp-tp", "tensor", "pipeline-gpipe", "pipeline-1f1b",
+                     "pipeline-interleaved", "dp-pp", "dataparallel"})
+#: what PyTorch documents as the way to train a model that fits one device on several, and the way
+#: when it does not (parameters, gradients and optimizer state sharded)
+DATA_PARALLEL_DEFAULT, SHARDED_DEFAULT = "ddp", "fsdp"
+
+_OOM = re.compile(r"out of memory|OutOfMemoryError|can't allocate memory|CUBLAS_STATUS_ALLOC_FAILED", re.I)
+_CAPACITY = re.compile(r"total capacity of ([0-9.]+) GiB", re.I)
+
+
+def is_false(v) -> bool:
+    """A flag that is known and false (NA is not false)."""
+    return v is not None and not pd.isna(v) and not bool(v)
+
+
+def text(v) -> str:
+    """A string column's value, '' for NA."""
+    return v if isinstance(v, str) else ""
+
+
+def num(v) -> float | None:
+    """A numeric column's value, None for NA."""
+    return None if v is None or pd.isna(v) else float(v)
+
+
+def overlap(a: pd.Series, b: pd.Series) -> bool | None:
+    """Whether the intervals of two cells' median steps overlap (None: an interval is missing)."""
+    lo_a, hi_a, lo_b, hi_b = (x.get(k) for x in (a, b) for k in ("step_time_ci_low_s", "step_time_ci_high_s"))
+    if any(pd.isna(v) for v in (lo_a, hi_a, lo_b, hi_b)):
+        return None
+    return bool(lo_a <= hi_b and lo_b <= hi_a)
+
+
+def from_repeats(r: pd.Series) -> bool:
+    """The cell's interval comes from >= 3 repeats: only such an interval can call a margin beyond
+    the noise (the steps of one run are correlated and their interval is too narrow)."""
+    return text(r.get("ci_basis")).startswith("repeats")
+
+
+def _tput_interval(r: pd.Series) -> tuple[float, float] | None:
+    """The throughput interval from the step interval (throughput = global batch / step)."""
+    t, med = num(r.get("throughput_samples_s")), num(r.get("step_time_median_s"))
+    lo, hi = num(r.get("step_time_ci_low_s")), num(r.get("step_time_ci_high_s"))
+    if None in (t, med, lo, hi) or lo <= 0:
+        return None
+    return t * med / hi, t * med / lo
+
+
+def faster_beyond_noise(a: pd.Series, b: pd.Series) -> bool | None:
+    """True when ``a``'s throughput interval lies wholly above ``b``'s, False when they overlap or
+    ``b`` is ahead, None when not judged (an interval is missing or not built from repeats).
+    Throughput, not step time, so a reference at another global batch (weak scaling) compares too."""
+    ia, ib = _tput_interval(a), _tput_interval(b)
+    if ia is None or ib is None or not (from_repeats(a) and from_repeats(b)):
+        return None
+    return bool(ia[0] > ib[1])
+
+
+def is_oom(reason) -> bool:
+    """A failure reason that says the device (or host) ran out of memory."""
+    return bool(_OOM.search(text(reason)))
+
+
+def ran_out(cells: pd.DataFrame) -> pd.Series:
+    """Which cells failed for lack of memory."""
+    reasons = cells["reason"] if "reason" in cells else pd.Series("", index=cells.index)
+    return (cells["status"] == "failed") & reasons.map(is_oom).astype(bool)
+
+
+def capacity_from(reason) -> float | None:
+    """The device's memory in bytes as a CUDA out-of-memory message states it."""
+    m = _CAPACITY.search(text(reason))
+    return float(m.group(1)) * 2**30 if m else None
+
+
+def library_default(g: pd.DataFrame, sharding: bool) -> pd.Series | None:
+    """The candidate a practitioner takes unless another is faster beyond the noise: FSDP when the
+    model must be sharded, DDP otherwise (the other of the two when the first did not qualify)."""
+    order = (SHARDED_DEFAULT, DATA_PARALLEL_DEFAULT) if sharding else (DATA_PARALLEL_DEFAULT, SHARDED_DEFAULT)
+    for name in order:
+        hit = g[g["strategy"] == name]
+        if len(hit):
+            return hit.iloc[0]
+    return None
+
+
+def blockers(rows: list[tuple[str, pd.Series]], speedups: dict[str, float | None], ws: int) -> list[str]:
+    """Why no decision can rest on these cells, one entry per kind: cells the run marks unstable,
+    cells measured on a contended host, efficiencies that are not physical (the run's scaling note,
+    or above EFFICIENCY_MAX when the table has no note). ``rows`` are (label, row); ``speedups``
+    by label. A reference the run marks unstable shows up as its own row, not again in each
+    candidate's note."""
+    unstable, busy, unphysical = [], [], []
+    for label, r in rows:
+        noise, host = text(r.get("noise")), text(r.get("contended"))
+        if is_false(r.get("stable")):
+            unstable.append(f"{label} ({noise})" if noise else label)
+        elif host:
+            busy.append(f"{label} ({host})")
+        note, s = text(r.get("scaling_note")), speedups.get(label)
+        if "not physical" in note:
+            unphysical.append(f"{label} ({note.split(';')[0]})")
+        elif not note and s is not None and s / ws > EFFICIENCY_MAX:
+            unphysical.append(f"{label} (efficiency {s / ws:.2f} > {EFFICIENCY_MAX})")
+    out = []
+    for kind, names in (("not stable", unstable), ("contended", busy), ("efficiency not physical", unphysical)):
+        if names:
+            out.append(f"{kind}: {', '.join(names)}")
+    return out
+
+
+def _span(r: pd.Series) -> float | None:
+    """The profiled step (the breakdown's own step), or compute + exposed over the busy share."""
+    span = num(r.get("profiled_step_s"))
+    exposed, compute, idle = (num(r.get(k)) for k in ("exposed_comm_s", "compute_time_s", "idle_frac"))
+    if span is None and None not in (exposed, compute, idle) and idle < 1:
+        span = (compute + exposed) / (1 - idle)
+    return span if span else None
+
+
+def comm_share(r: pd.Series) -> float | None:
+    """Exposed communication as a share of the profiled step."""
+    exposed, span = num(r.get("exposed_comm_s")), _span(r)
+    return exposed / span if exposed is not None and span else None
+
+
+def faster_because(win: pd.Series, other: pd.Series) -> str:
+    """Why ``win`` steps faster than ``other``, from the parts of their breakdowns that differ."""
+    parts = []
+    ms = 1e3
+    for col, what in (("exposed_comm_s", "exposed communication"), ("compute_time_s", "compute")):
+        a, b = num(win.get(col)), num(other.get(col))
+        if a is not None and b and (b - a) / b >= EXPLAINS:
+            parts.append(f"less {what} ({a * ms:.1f} vs {b * ms:.1f} ms a step)")
+    for col, what, fmt in (("comm_calls_per_step", "fewer calls", "{:.0f}"),
+                           ("comm_bytes_per_step", "fewer bytes", "{:.0f} MiB")):
+        a, b = num(win.get(col)), num(other.get(col))
+        scale = 2**-20 if "bytes" in col else 1
+        if a is not None and b and b >= EXPLAINS_RATIO * a:
+            parts.append(f"{what} ({fmt.format(a * scale)} vs {fmt.format(b * scale)} a step)")
+    for col, what in (("idle_frac", "less idle"), ("bubble_measured", "smaller bubble")):
+        a, b = num(win.get(col)), num(other.get(col))
+        if a is not None and b is not None and b - a >= EXPLAINS:
+            parts.append(f"{what} ({a:.0%} vs {b:.0%} of the step)")
+    if parts:
+        return ", ".join(parts[:3])
+    if num(win.get("compute_time_s")) is None or num(other.get("compute_time_s")) is None:
+        return "no breakdown says why (profiling off)"
+    return "no part of the breakdown differs by 10%"
+
+
+def headroom(r: pd.Series, gpu_mem: float | None) -> tuple[float | None, str]:
+    """(free share of the device at the cell's peak, the words for it)."""
+    peak = num(r.get("peak_mem_bytes"))
+    if peak is None:
+        return None, "peak memory not measured"
+    if not gpu_mem:
+        return None, f"peak {peak / 2**30:.1f} GiB (device size not known)"
+    free = 1 - peak / gpu_mem
+    return free, f"peak {peak / 2**30:.1f} of {gpu_mem / 2**30:.1f} GiB, {free:.0%} headroom"
+
+
+def launch_bound(r: pd.Series | None) -> bool:
+    """The workload's step (its single-device cell, else the leading one) is too short, or the
+    device too idle, for the strategy to be what is measured."""
+    if r is None:
+        return False
+    step, idle = num(r.get("step_time_median_s")), num(r.get("idle_frac"))
+    return (step is not None and step < LAUNCH_STEP_S) or (idle is not None and idle >= LAUNCH_IDLE)
+
+
+def next_step(best: pd.Series, *, backend: str, ws: int, speedup: float | None,
+              elsewhere: dict[tuple[str, int], float]) -> str:
+    """One short line of what to try when nothing scales (the best candidate is slower than one
+    device, or below SCALES_POORLY efficiency); '' otherwise. ``elsewhere``: the best speed-up of
+    the same workload per (backend, world size)."""
+    if speedup is None or (speedup >= 1 and speedup / ws >= SCALES_POORLY):
+        return ""
+    tips = []
+    better = {k: s for k, s in elsewhere.items() if s > max(speedup, 1) and k != (backend, ws)}
+    other_be = [(k, s) for k, s in better.items() if k[1] == ws and k[0] != backend]
+    if other_be:
+        (be, _), s = max(other_be, key=lambda kv: kv[1])
+        tips.append(f"the {be} backend ({s:.2f}x at x{ws})")
+    elif backend == "gloo" and text(best.get("device")) == "cuda":
+        tips.append("the nccl backend")
+    fewer = [(k, s) for k, s in better.items() if k[0] == backend and k[1] < ws]
+    if fewer:
+        (_, w), s = max(fewer, key=lambda kv: kv[1])
+        tips.append(f"fewer devices (x{w} reaches {s:.2f}x)")
+    gb, share, idle = num(best.get("global_batch")), comm_share(best), num(best.get("idle_frac"))
+    step = num(best.get("step_time_median_s"))
+    if (share is not None and share >= COMM_BOUND) or (idle is not None and idle >= IDLE_BOUND) \
+            or (step is not None and step < LAUNCH_STEP_S):
+        now = f" ({gb / ws:g} samples now)" if gb else ""
+        tips.append(f"a bigger batch per device{now}")
+    bucket = num(best.get("option_bucket_mb"))
+    if share is not None and share >= COMM_BOUND and bucket is not None:
+        tips.append(f"another --option bucket_mb (now {bucket:g} MiB) for more overlap")
+    return "try " + "; ".join(tips[:3]) if tips else ""
