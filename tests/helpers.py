@@ -395,13 +395,7 @@ def global_batch_zero(*, seed: int = 0) -> Workload:
     return dataclasses.replace(resolve("mlp", seed=seed), name="batch-zero", global_batch=0)
 
 
-# --- Serving with a user model that never loads or kills its process (tests/faults/test_serve.py).
-
-def factory_hangs(*, seed: int = 0, global_batch: int = 8) -> Workload:
-    """A user workload factory that never returns."""
-    time.sleep(3600)
-    raise AssertionError("unreachable")
-
+# --- Serving with a user model that kills its process (tests/faults/test_serve.py).
 
 class _ForwardCrashes(torch.nn.Module):
     def __init__(self):

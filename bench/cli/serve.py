@@ -99,7 +99,7 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> Any:
         slo_ms=args.slo_ms, sweep_rates=_floats(args.sweep_rates, "--sweep-rates"), noisy=args.noisy,
         noisy_rates=tuple(_floats(args.noisy_rates, "--noisy-rates") or [5.0, 50.0]),  # type: ignore[arg-type]
         slow=_slow(args.slow), parity=not args.no_parity, sample_hz=args.sample_hz,
-        cell_timeout_s=args.cell_timeout, out=args.out)
+        cell_timeout_s=args.cell_timeout, workload_timeout_s=args.workload_timeout, out=args.out)
     if len(cfg.noisy_rates) != 2:
         raise UserError(f"--noisy-rates {args.noisy_rates!r} must be VICTIM,FLOOD requests per second, e.g. 5,50")
     if args.noisy_rates is not None and not args.noisy:
@@ -211,6 +211,8 @@ def register(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-parity", action="store_true", help="skip the parity probe")
     p.add_argument("--sample-hz", type=float, default=10.0, help="telemetry rate, 0 = off")
     p.add_argument("--cell-timeout", type=float, default=600.0, help="seconds before a cell fails")
+    p.add_argument("--workload-timeout", type=float, default=120.0,
+                   help="seconds a package.module:factory workload may take to import and build (default 120)")
     p.add_argument("--out", default="results", help="results folder (default results)")
     p.set_defaults(func=cmd_serve)
     return p

@@ -39,7 +39,6 @@ import torch.distributed as dist
 from bench.core import backends
 from bench.core.spec import CollectiveGroupSpec, load
 from bench.results.identity import start_row
-from bench.train.watchdog import start_watchdog
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "sendrecv")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -346,7 +345,6 @@ def main(argv: list[str] | None = None) -> int:
     """Worker entry point: ``python -m bench.comm.worker PLAN.json`` under torchrun."""
     argv = sys.argv[1:] if argv is None else argv
     err = Path(str(Path(argv[0]).with_suffix("")) + f"-r{os.environ.get('RANK', 0)}.err")
-    start_watchdog(err)  # the sweep killed (even by SIGKILL): this rank exits instead of running on
     try:
         return _run(load(CollectiveGroupSpec, Path(argv[0]).read_text()))
     except BaseException as e:

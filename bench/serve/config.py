@@ -69,6 +69,7 @@ class ServeConfig:
     parity: bool = True
     sample_hz: float = 10.0
     cell_timeout_s: float = 600.0
+    workload_timeout_s: float = 120.0  # a package.module:factory workload's import, factory and build
     out: str = "results"
 
     def sweep_ladder(self) -> list[float]:
@@ -115,6 +116,9 @@ class ServeConfig:
         if not (0 < self.cell_timeout_s <= CELL_TIMEOUT_MAX_S):
             raise UserError(f"--cell-timeout {self.cell_timeout_s:g} must be a positive number of seconds up to "
                             f"{CELL_TIMEOUT_MAX_S:g}, e.g. 600")
+        if not (0 < self.workload_timeout_s <= CELL_TIMEOUT_MAX_S):
+            raise UserError(f"--workload-timeout {self.workload_timeout_s:g} must be a positive number of seconds "
+                            f"up to {CELL_TIMEOUT_MAX_S:g}, e.g. 120")
         if not (0 < self.duration_s < math.inf):
             raise UserError(f"--duration {self.duration_s:g} must be a positive, finite number of seconds, e.g. 5")
         if self.max_requests < 0 or self.max_requests > MAX_CELL_REQUESTS:

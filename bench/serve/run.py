@@ -31,13 +31,13 @@ from bench.serve.config import Load, ServeConfig
 from bench.serve.launcher import Pool, ServeError
 from bench.serve.loadgen import closed_sizes, schedule
 from bench.serve.models import ServeModel, resolve_precision, run_grouped
-from bench.workloads import Workload, resolve
+from bench.workloads import Workload, planned
 
 log = logging.getLogger(__name__)
 #: most requests a closed-loop cell may send within its duration
 CLOSED_MAX = 20_000
-#: Seconds a workload may take to load, and a pool's processes to start (import torch, build the
-#: model), on top of --cell-timeout.
+#: Seconds a pool's processes may take to start (import torch, build the model), on top of
+#: --cell-timeout.
 STARTUP_S = 120.0
 
 
@@ -91,26 +91,23 @@ def _first_line(e: BaseException) -> str:
 
 
 def load(cfg: ServeConfig) -> tuple[Workload, ServeModel]:
-    """The workload and its serving model, in this process: a factory or build that raises or does
-    not return within --cell-timeout is bad input (one line, exit 2), before any pool or run folder."""
-    bound = STARTUP_S + cfg.cell_timeout_s  # its import counts: as long as a pool's processes get to start
+    """The workload and its serving model, in this process: a factory, build or first batch that
+    raises or does not return within --workload-timeout is bad input (one line, exit 2), before any
+    pool or run folder."""
+    wl, _ = planned(cfg.workload, cfg.dims, seed=cfg.seed, global_batch=None, timeout_s=cfg.workload_timeout_s)
     try:
-        with _bounded(bound):
-            wl = resolve(cfg.workload, seed=cfg.seed, **cfg.dims)
-            try:
-                sm = ServeModel.create(wl, task=cfg.task, gen_tokens=cfg.gen_tokens, seed=cfg.seed)
-            except ValueError as e:
-                raise UserError(f"--task/--workload: {e}") from None
+        with _bounded(cfg.workload_timeout_s):
+            return wl, ServeModel.create(wl, task=cfg.task, gen_tokens=cfg.gen_tokens, seed=cfg.seed)
     except _Overdue:
-        raise UserError(f"workload {cfg.workload}: its import, factory or model build did not return within "
-                        f"{bound:g} s ({STARTUP_S:g} s to start + --cell-timeout {cfg.cell_timeout_s:g}); fix the "
-                        "workload or raise --cell-timeout") from None
-    except (UserError, KeyboardInterrupt):
+        raise UserError(f"workload {cfg.workload}: its first batch did not return within --workload-timeout "
+                        f"{cfg.workload_timeout_s:g} s; fix the workload or raise --workload-timeout") from None
+    except UserError:
         raise
-    except Exception as e:  # noqa: BLE001 - a user's build failing is bad input, said in one line
-        raise UserError(f"workload {cfg.workload}: building its model failed ({_first_line(e)}); "
+    except ValueError as e:  # the task does not fit the model
+        raise UserError(f"--task/--workload: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a user's model or data failing is bad input, said in one line
+        raise UserError(f"workload {cfg.workload}: preparing it for serving failed ({_first_line(e)}); "
                         "fix the workload") from None
-    return wl, sm
 
 
 def _guarded_reference(cfg: ServeConfig, sm: ServeModel, items: list[tuple[int, int]], name: str) -> list:

@@ -66,6 +66,9 @@ BAD = [
     Case("out-empty", "serve", serve("--out", ""), expect="--out '' is empty"),
     Case("factory-raises", "serve", serve("--workload", "tests.helpers:factory_raises"),
          expect="its factory raised RuntimeError: deliberate failure in the factory"),
+    Case("factory-hangs", "serve", serve("--workload", "tests.helpers:factory_hangs", "--workload-timeout", "1"),
+         expect="its factory factory_hangs() did not return within 1 s"),
+    Case("workload-timeout-zero", "serve", serve("--workload-timeout", "0"), expect="--workload-timeout 0 must be"),
 ]
 
 
@@ -171,12 +174,6 @@ PATCHED = [
 def test_the_runs_writes(case, act, tmp_path, monkeypatch):
     _on_cells_write(monkeypatch, act)
     check(case, tmp_path)
-
-
-def test_a_factory_that_never_returns(tmp_path, monkeypatch):
-    monkeypatch.setattr("bench.serve.run.STARTUP_S", 0.0)  # the import is done: the bound is --cell-timeout
-    check(Case("factory-hangs", "serve", serve("--workload", "tests.helpers:factory_hangs", "--cell-timeout", "1"),
-               expect="did not return within 1 s"), tmp_path)
 
 
 # --- real processes: stop signals and broken models ---------------------------------------------
