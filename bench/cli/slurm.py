@@ -118,7 +118,8 @@ def _checked_run(args: argparse.Namespace):
 
     flags = {k: getattr(args, k) for k in ("workloads", "strategies", "backends", "world_sizes", "device", "steps",
                                            "warmup", "seed", "precision", "global_batch", "cell_timeout_s",
-                                           "sample_hz", "scaling", "repeats", "budget", "warmup_max", "steps_max",
+                                           "startup_timeout_s", "workload_timeout_s", "sample_hz", "scaling",
+                                           "repeats", "budget", "warmup_max", "steps_max",
                                            "target_ci", "time_cap_s", "profile_steps", "profile_at", "trace",
                                            "rdzv_timeout_s", "out")}
     flags.update(nnodes=args.nodes, rdzv_endpoint=f"slurm-first-node:{args.port}" if args.nodes > 1 else None)

@@ -72,6 +72,8 @@ CASES = [
     slurm("partition-extra-line", "--partition", "gpu\n#SBATCH --account=other", expect="--partition 'gpu\\n"),
     slurm("account-control-char", "--account", "a\x1b[2J", expect="--account 'a\\x1b[2J'"),
     slurm("cpus-per-task-negative", "--cpus-per-task", "-2", expect="--cpus-per-task -2 must be >= 1"),
+    slurm("startup-timeout-negative", "--startup-timeout=-5", expect="--startup-timeout -5: use seconds > 0"),
+    slurm("workload-timeout-zero", "--workload-timeout", "0", expect="--workload-timeout 0: use seconds > 0"),
     slurm("cpus-per-task-zero", "--cpus-per-task", "0", expect="--cpus-per-task 0 must be >= 1"),
     slurm("out-newline", "--out", "{tmp}/a\necho INJECTED", expect="has '\\n', which an #SBATCH line cannot hold"),
     slurm("out-percent", "--out", "{tmp}/50%", expect="has '%'"),
