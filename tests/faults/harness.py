@@ -26,7 +26,7 @@ import sys
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -230,3 +230,45 @@ def params(cases: list[Case]) -> list:
     import pytest
 
     return [pytest.param(c, id=c.id, marks=[pytest.mark.faults] if c.subprocess else []) for c in cases]
+
+
+def with_base(command: str, base: dict[str, str], flags: tuple[str, ...]) -> list[str]:
+    """``[command, *base, *flags]``: the flags given replace ``base``'s flags of the same name."""
+    given = set(flags)
+    return [command, *[x for k, v in base.items() if k not in given for x in (k, v)], *flags]
+
+
+def plain_file(name: str) -> Callable[[Path], object]:
+    """A setup that puts a plain file at ``{tmp}/name`` (for an output path under a file)."""
+    return lambda tmp: (tmp / name).write_text("not a folder")
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (e.g. "2m") mounted at ``where``, unmounted afterwards; the test is skipped
+    where mounting is not allowed."""
+    import pytest
+
+    where.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True,
+                       text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode})")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def meta_status(run_dir: Path, status: str | None) -> list[str]:
+    """What is wrong with ``run_dir/meta.json`` for a case that expects its status to start with
+    ``status`` (None: only that it reads): empty when nothing."""
+    import json
+
+    try:
+        meta = json.loads((run_dir / "meta.json").read_text())
+    except (OSError, ValueError) as e:
+        return [f"meta.json: {e}"]
+    if status is not None and not str(meta.get("status")).startswith(status):
+        return [f"meta.json status {meta.get('status')!r}, expected {status!r}"]
+    return []

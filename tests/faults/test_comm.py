@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from bench.results.identity import start_row
-from tests.faults.harness import Case, check, params
+from tests.faults.harness import Case, check, meta_status, params, plain_file, with_base
 
 #: the smallest sweep: one op, one dtype, three sizes, two calls each, on two gloo ranks
 BASE = {"--device": "cpu", "--ops": "all_reduce", "--dtypes": "fp32", "--min-bytes": "1K", "--max-bytes": "4K",
@@ -31,12 +31,7 @@ BASE = {"--device": "cpu", "--ops": "all_reduce", "--dtypes": "fp32", "--min-byt
 
 def comm(*flags: str) -> list[str]:
     """``parbench comm`` with BASE, the flags given replacing BASE's."""
-    given = set(flags)
-    return ["comm", *[x for k, v in BASE.items() if k not in given for x in (k, v)], *flags, "--no-reference"]
-
-
-def _file(name: str):
-    return lambda tmp: (tmp / name).write_text("not a folder")
+    return [*with_base("comm", BASE, flags), "--no-reference"]
 
 
 BAD = [
@@ -56,7 +51,7 @@ BAD = [
     Case("dtypes-unknown", "comm", comm("--dtypes", "fp64"), expect="--dtypes has 'fp64'"),
     Case("device-unknown", "comm", comm("--device", "tpu"), expect="'tpu'"),
     Case("config-not-taken", "comm", comm("--config", "{tmp}/comm.toml"), expect="unrecognized arguments: --config"),
-    Case("out-under-file", "comm", comm("--out", "{tmp}/f/sub"), setup=_file("f"),
+    Case("out-under-file", "comm", comm("--out", "{tmp}/f/sub"), setup=plain_file("f"),
          expect="'{tmp}/f/sub' is not writable (a part of the path is a file)"),
     Case("out-empty", "comm", comm("--out", ""), expect="--out '' is empty"),
 ]
@@ -125,13 +120,7 @@ def _groups(*worlds: int, status: str | None = None, failed: int = 0):
             lost.append(f"measured world sizes {sorted(set(ok['world_size']) if len(ok) else [])}, expected {worlds}")
         if failed and int((df["status"] == "failed").sum()) != failed:
             lost.append(f"{int((df['status'] == 'failed').sum())} failure rows, expected {failed}")
-        try:
-            meta = json.loads((d / "meta.json").read_text())
-        except (OSError, ValueError) as e:
-            return [*lost, f"meta.json: {e}"]
-        if status is not None and not str(meta.get("status")).startswith(status):
-            lost.append(f"meta.json status {meta.get('status')!r}, expected {status!r}")
-        return lost
+        return [*lost, *meta_status(d, status)]
 
     return kept
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import tests.helpers  # noqa: F401 - imported once here: a factory's own time is what its case measures
-from tests.faults.harness import Case, check, params
+from tests.faults.harness import Case, check, mounted_tmpfs, params
 
 REPO = str(Path(__file__).resolve().parents[2])
 #: the smallest real run: one workload, few steps, no profiling, no adaptive loops, no progress bar
@@ -175,15 +175,8 @@ def test_run_out_of_space(case, fault, tmp_path, monkeypatch):
 @pytest.fixture
 def small_disk(tmp_path):
     """A 2 MiB tmpfs at {tmp}/disk (skipped where mounting is not allowed), unmounted afterwards."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True, text=True)
-    if r.returncode:
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode})")
-    try:
+    with mounted_tmpfs(tmp_path / "disk", "2m") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
 def _fill_disk(tmp: Path) -> None:

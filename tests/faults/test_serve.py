@@ -10,7 +10,6 @@ signals and broken models go through a real command with real serving processes 
 from __future__ import annotations
 
 import errno
-import json
 import os
 import signal
 import time
@@ -20,7 +19,7 @@ import pytest
 
 import tests.helpers  # noqa: F401 - imported once here, so a user workload's import costs nothing in-process
 from bench.results.store import read_table
-from tests.faults.harness import Case, check, params
+from tests.faults.harness import Case, check, meta_status, params, plain_file, with_base
 
 ROOT = str(Path(__file__).resolve().parents[2])
 #: the smallest serving run: one process, five requests, one cell per policy
@@ -30,13 +29,7 @@ BASE = {"--device": "cpu", "--world-sizes": "1", "--requests": "5", "--rates": "
 
 def serve(*flags: str, parity: bool = False) -> list[str]:
     """``parbench serve`` with BASE, the flags given replacing BASE's."""
-    given = set(flags)
-    base = [x for k, v in BASE.items() if k not in given for x in (k, v)]
-    return ["serve", *base, *flags, *([] if parity else ["--no-parity"])]
-
-
-def _file(name: str):
-    return lambda tmp: (tmp / name).write_text("not a folder")
+    return [*with_base("serve", BASE, flags), *([] if parity else ["--no-parity"])]
 
 
 BAD = [
@@ -61,7 +54,7 @@ BAD = [
     Case("tenant-alpha-zero", "serve", serve("--tenants", "a:size=pareto,alpha=0"), expect="alpha 0.0 must be"),
     Case("precision-unknown", "serve", serve("--precision", "fp16"), expect="'fp16'"),
     Case("config-not-taken", "serve", serve("--config", "{tmp}/serve.toml"), expect="unrecognized arguments: --config"),
-    Case("out-under-file", "serve", serve("--out", "{tmp}/f/sub"), setup=_file("f"),
+    Case("out-under-file", "serve", serve("--out", "{tmp}/f/sub"), setup=plain_file("f"),
          expect="'{tmp}/f/sub' is not writable (a part of the path is a file)"),
     Case("out-empty", "serve", serve("--out", ""), expect="--out '' is empty"),
     Case("factory-raises", "serve", serve("--workload", "tests.helpers:factory_raises"),
@@ -149,13 +142,7 @@ def _rows(least: int, most: int | None = None, status: str | None = None, printe
         shown = (tmp / f".{printed}.stdout").read_text().count("req/s") if printed else 0
         lost = [f"{ok} ok cell rows, {least}..{most} expected"] if not least <= ok <= (most or ok) else []
         lost += [f"{shown} cells printed as finished, {ok} rows"] if shown > ok else []
-        try:
-            meta = json.loads((d / "meta.json").read_text())
-        except (OSError, ValueError) as e:
-            return [*lost, f"meta.json: {e}"]
-        if status is not None and not str(meta.get("status")).startswith(status):
-            lost.append(f"meta.json status {meta.get('status')!r}, expected {status!r}")
-        return lost
+        return [*lost, *meta_status(d, status)]
 
     return kept
 

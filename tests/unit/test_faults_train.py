@@ -22,6 +22,7 @@ from bench.core.config import build_config
 from bench.core.errors import UserError
 from bench.core.spec import Start
 from bench.results.store import RunWriter, read_table
+from tests.faults.harness import mounted_tmpfs
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -96,16 +97,9 @@ def test_a_first_part_that_does_not_fit_leaves_no_empty_table(tmp_path, monkeypa
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 1 MiB tmpfs (skipped where mounting is not allowed), unmounted afterwards."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True, text=True)
-    if r.returncode:
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode})")
-    try:
+    """A 1 MiB tmpfs at {tmp}/disk (skipped where mounting is not allowed), unmounted afterwards."""
+    with mounted_tmpfs(tmp_path / "disk", "1m") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
 def test_compaction_on_a_real_full_disk(small_disk):
