@@ -273,6 +273,7 @@ def _publish(stage: Path, out: Path) -> None:
 def _render(run_dir: Path, cells: pd.DataFrame, steps: pd.DataFrame, meta: dict, out: Path,
             baseline: Path | None, history: Path | None) -> str:
     """The page, its figures written into ``out`` as it goes."""
+    loaded = (cells, steps, meta)  # as load_run read them: what `parbench compare` compares
     cells = frame(cells, CELL_COLUMNS)  # every core column, empty where a run from another tool lacks it
     serving = cells[cells["mode"] == "serve"] if "mode" in cells else cells.iloc[:0]
     cells = cells.drop(serving.index)  # training cells: figures and the recommendation are about steps
@@ -289,7 +290,7 @@ def _render(run_dir: Path, cells: pd.DataFrame, steps: pd.DataFrame, meta: dict,
                 telemetry += _figure(lambda: figures.telemetry_small_multiples(samples, ok, metric), out,  # noqa: B023
                                      f"telemetry-{metric}")
     picks = recommend(cells, None)
-    comparison = _comparison(run_dir, cells, steps, meta, baseline, history, out)
+    comparison = _comparison(run_dir, loaded, baseline, history, out)
     cols = table_columns(cells.columns)
     rows = []
     for _, r in cells.iterrows():
@@ -310,41 +311,41 @@ def _render(run_dir: Path, cells: pd.DataFrame, steps: pd.DataFrame, meta: dict,
         n_bad=int(cells["status"].isin(["failed", "timeout"]).sum()))
 
 
-def _comparison(run_dir: Path, cells, steps, meta, baseline: Path | None, history: Path | None,
+def _comparison(run_dir: Path, loaded: tuple, baseline: Path | None, history: Path | None,
                 out: Path) -> dict | None:
-    """The statistical comparison as an HTML table, regressions first; with a history, its trend
+    """The statistical comparison as an HTML table, regressions first, from the same call and
+    settings as ``parbench compare`` (:func:`bench.gate.verdict.judge`); with a history, its trend
     figures for the cells that are not 'same'."""
     if baseline is None and history is None:
         return None
-    from bench.gate import compare as regress
-    from bench.gate.ciout import cell_name, shift_text
+    from bench.gate.ciout import SHIFT_LEGEND, verdict_rows
+    from bench.gate.verdict import Gate, judge
 
+    gate = Gate()
+    judged = judge(run_dir, baseline=baseline, history=history, gate=gate, loaded=loaded)
     figs = []
-    if baseline is not None:
-        bc, bs, bm = load_run(baseline)
-        table = regress.compare(bc, cells, 0.05, base_steps=bs, cur_steps=steps, base_meta=bm, cur_meta=meta)
-        base_name = str(baseline)
-    else:
+    if history is not None:
         from bench.gate import history as hist
 
-        machine = hist.fingerprint(meta)
-        base, samples, base_meta = hist.baseline(history, machine)
-        table = regress.compare(base, cells, 0.05, base_samples=samples, cur_steps=steps, base_meta=base_meta,
-                                cur_meta=meta)
-        base_name = f"the history in {history}"
         trends = out / "trends"
-        hist.show(history, machine, 0.05, plots=trends)
+        hist.show(history, judged.machine, gate.threshold, plots=trends)
         figs = sorted(trends.glob("*.png"))[:12]
     order = {"regression": 0, "broken": 1, "noisy": 2, "incomparable": 3, "improvement": 4, "fixed": 5}
-    table = table.assign(_o=table["verdict"].map(order).fillna(9)).sort_values("_o").drop(columns="_o")
+    table = judged.table
+    table = table.assign(_o=table["verdict"].map(order).fillna(9)).sort_values("_o", kind="stable")
     esc = jinja2.filters.escape
     rows = "".join(
-        f"<tr class='{'bad' if r['verdict'] in ('regression', 'broken') else ''}'><td class='l'>{esc(cell_name(r))}</td>"
-        f"<td class='l'><b>{esc(r['verdict'])}</b></td><td class='l'>{esc(shift_text(r))}</td>"
-        f"<td class='l'>{esc(r.get('note') or '')}</td></tr>" for _, r in table.iterrows())
+        f"<tr class='{'bad' if v.verdict in ('regression', 'broken') else ''}'><td class='l'>{esc(v.cell)}</td>"
+        f"<td class='l'><b>{esc(v.verdict)}</b></td><td class='n'>{esc(v.medians)}</td>"
+        f"<td class='l n'>{esc(v.shift)}</td><td class='l'>{esc(v.basis)}</td><td>{esc(v.noise_floor)}</td>"
+        f"<td class='l'>{esc(v.note)}</td></tr>" for v in verdict_rows(table).itertuples())
     imgs = "".join(f"<img src='data:image/png;base64,{img['data']}' alt='{esc(img['name'])}'>"
                    for img in map(_embedded, figs))
-    html = ("<table><tr><th class='l'>cell</th><th class='l'>verdict</th><th class='l'>shift [interval]</th>"
-            "<th class='l'>note</th></tr>"
+    html = (f"<p class='muted'>Threshold {gate.threshold:.1%} on step time, {1 - gate.alpha:.0%} intervals; a cell "
+            "measured in one run a side is at most noisy (as <code>parbench compare</code> says it). "
+            f"{esc(SHIFT_LEGEND[0].upper() + SHIFT_LEGEND[1:])}.</p>"
+            "<table id='verdicts'><tr><th class='l'>cell</th><th class='l'>verdict</th>"
+            "<th>median ms base &rarr; current</th><th class='l'>shift [interval]</th><th class='l'>shift of</th>"
+            "<th>noise floor</th><th class='l'>note</th></tr>"
             f"{rows}</table>{imgs}")
-    return {"base": base_name, "html": html}
+    return {"base": judged.against, "html": html}

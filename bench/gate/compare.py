@@ -184,8 +184,10 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
 
     Columns: the key columns, ``base_status``, ``cur_status``, ``base_tput``, ``cur_tput``,
     ``change`` (throughput, negative is slower), ``base_time_s`` / ``cur_time_s`` (median step
-    time of the samples, else of the cell), ``shift`` / ``shift_low`` / ``shift_high``
-    (step time, positive is slower, with its 1-alpha interval), ``p_value``, ``noise_floor``,
+    time of the samples, else of the cell), ``median_change`` (their ratio - 1), ``shift`` /
+    ``shift_low`` / ``shift_high`` (the Hodges-Lehmann shift of step time: the median of CURRENT /
+    BASE over every pair of samples - 1, positive is slower, with its 1-alpha interval; it differs
+    from ``median_change`` when the samples spread), ``p_value``, ``noise_floor``,
     ``n_base``, ``n_cur``, ``unit`` (what a sample is), ``needed`` (samples a side that would
     resolve a noisy cell), ``verdict``, ``note``,
     ``ci_overlap`` (whether the two medians' intervals overlap; shown, never the verdict).
@@ -247,6 +249,10 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
         if col not in out:
             out[col] = np.nan
     out = _pair_changed_settings(out, key)
+    # The medians' own ratio, beside the shift: the two differ when the samples spread (the shift
+    # is the median of the pairwise ratios, not the ratio of the medians).
+    out["median_change"] = pd.to_numeric(out["cur_time_s"], errors="coerce") / \
+        pd.to_numeric(out["base_time_s"], errors="coerce") - 1
     if not out["verdict"].isin(COMPARED).any():
         raise UserError(_nothing_compared(out, key))
     return out.sort_values(key).reset_index(drop=True)
