@@ -217,7 +217,8 @@ def _annotated_comm(run_dir: Path, meta: dict) -> pd.DataFrame | None:
             find_sweep(run_dir.parent, meta)
         if found is None:
             return None
-        return annotate_comm(read_table(run_dir, "comm"), read_table(found.parent, "collectives"))
+        calls = figures.collectives(read_table(run_dir, "comm"))  # one rank's calls move nothing
+        return annotate_comm(calls, read_table(found.parent, "collectives")) if len(calls) else None
     except Exception:  # noqa: BLE001 - the annotation is extra; the report stands without it
         return None
 

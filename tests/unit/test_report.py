@@ -250,3 +250,40 @@ def test_a_cell_without_a_breakdown_claims_no_bound():
     assert reason(pd.Series({"mfu": 0.4})) == "bound not known (no breakdown)"
     note = pd.Series({"profile_note": "profile pass not run: the time budget's deadline passed"})
     assert reason(note) == "bound not known (no breakdown: profile pass not run: the time budget's deadline passed)"
+
+
+def _with_calls(run):
+    """The fake run with recorded calls: three one-rank all_reduces of the single-device cell (no-ops,
+    far below any curve) and two two-rank ones of ddp gloo x2, and a flat sweep of this machine."""
+    import pandas as pd
+
+    mib = 2.0**20
+    one = [dict(cell_id=0, rank=0, backend="gloo", world_size=1, op="allreduce", group_size=None, bytes=64 * mib,
+                start_s=float(i), duration_s=1.0) for i in range(3)]
+    two = [dict(cell_id=1, rank=k, backend="gloo", world_size=2, op="allreduce", group_size=2, bytes=64 * mib,
+                start_s=float(i), duration_s=64 * mib / 10e9) for i in range(2) for k in range(2)]
+    RunWriter(run, resume=True).append("comm", one + two)
+    pd.DataFrame([{"kind": "sweep", "status": "ok", "op": "all_reduce", "backend": "gloo", "device": "cpu",
+                   "world_size": n, "dtype": "fp32", "bytes": s, "busbw_gbs": 10.0, "time_s": 1e-3}
+                  for n in (1, 2) for s in (2**20, 2**30)]).to_parquet(run / "collectives.parquet")
+    return run
+
+
+def test_one_rank_calls_are_not_collectives(tmp_path):
+    """A call of one rank moves nothing: it is neither drawn as a collective nor counted in the
+    report's note on collectives below the machine's curve."""
+    from bench.comm.model import annotate_comm
+    from bench.results.store import read_table
+    from reports import html
+
+    run = _with_calls(fake_run(tmp_path))
+    everything = annotate_comm(read_table(run, "comm"), read_table(run, "collectives"))
+    ax = figures.collective_bandwidth(everything)
+    assert sum(len(c.get_offsets()) for c in ax.collections) == 4  # the two-rank calls of both ranks only
+    assert "1 ranks" not in " ".join(t.get_text() for t in ax.get_legend().get_texts())
+    plt.close(ax.figure)
+    annotated = html._annotated_comm(run, {})
+    assert set(annotated["cell_id"]) == {1}
+    page = build_report(run, tmp_path / "out").read_text()
+    assert "single gloo x1: 3 of 3 recorded collectives" not in page
+    assert "collectives.png" in " ".join(p.name for p in (tmp_path / "out").glob("*.png"))
