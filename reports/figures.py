@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
@@ -215,6 +216,14 @@ def energy_bars(cells: pd.DataFrame, workload: str, ax=None):
     return ax
 
 
+def _bytes(v: float) -> str:
+    """A tick of a log byte axis: 1000 -> '1 kB', 1e7 -> '10 MB'."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if v >= size:
+            return f"{v / size:g} {unit}"
+    return f"{v:g} B"
+
+
 def call_ranks(calls: pd.DataFrame) -> pd.Series:
     """How many ranks each recorded call spans: its group's size, else its cell's world size; 0
     where neither is known."""
@@ -250,6 +259,9 @@ def collective_bandwidth(annotated: pd.DataFrame, ax=None):
             ax.plot(c["size_bytes"], c["curve_busbw_gbs"], lw=0.8, color=color,
                     ls=styles[sizes.index(n) % len(styles)], label=f"{op} curve, {n} ranks" if n else None)
     ax.set_xscale("log")
+    # plain tick labels: the default log labels are mathtext, which the report turns off
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: _bytes(v)))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("bus bandwidth (GB/s)")
     ax.set_title("recorded collectives against the machine's curve (lines)", fontsize=9)

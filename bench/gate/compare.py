@@ -249,13 +249,14 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
         if col not in out:
             out[col] = np.nan
     out = _pair_changed_settings(out, key)
-    # The medians' own ratio, beside the shift: the two differ when the samples spread (the shift
-    # is the median of the pairwise ratios, not the ratio of the medians).
-    out["median_change"] = pd.to_numeric(out["cur_time_s"], errors="coerce") / \
-        pd.to_numeric(out["base_time_s"], errors="coerce") - 1
+    out["median_change"] = _num(out["cur_time_s"]) / _num(out["base_time_s"]) - 1  # beside the shift, not it
     if not out["verdict"].isin(COMPARED).any():
         raise UserError(_nothing_compared(out, key))
     return out.sort_values(key).reset_index(drop=True)
+
+
+def _num(s: pd.Series) -> pd.Series:
+    return pd.to_numeric(s, errors="coerce")
 
 
 def _verdict(r: pd.Series, row: dict, bs: dict, cs: dict, run_diff: list[str], ctx_b: dict, ctx_c: dict,
