@@ -50,16 +50,13 @@ def measured_text(p: Pick) -> str:
 
 
 def next_text(p: Pick) -> str:
-    """What to try next; for an undecided pick without a hint, what would decide it."""
-    if p.next_step:
-        return p.next_step
-    if p.use is not None and not p.resolved:
-        return "run with --repeats 3 to decide"
-    return ""
+    """What to try when nothing scales ('' when it does: an undecided pick already says what decides it)."""
+    return p.next_step
 
 
 def lines(p: Pick) -> list[str]:
-    """The pick as a few short lines for a terminal: the answer first."""
+    """The pick as a few short lines for a terminal: the answer first, then what was measured and
+    what to try next (what was left out is in the report, and failed parity in the run's summary)."""
     head = f"{p.workload}, {p.backend} x{p.world_size}: "
     if p.use is None:
         first = head + f"no decision: {p.because}"
@@ -70,6 +67,4 @@ def lines(p: Pick) -> list[str]:
     out = [first, f"{measured_text(p)}; {p.why}"]
     if next_text(p):
         out.append(f"next: {next_text(p)}")
-    if p.excluded:
-        out.append(f"left out: {p.excluded}")
     return out

@@ -23,6 +23,8 @@ def register(sub) -> None:
     p.add_argument("--resume", metavar="RUN", help="finish the run folder RUN (killed or interrupted): run only the "
                                                    "cells it has no row for, with its own settings, appending to it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--table", action="store_true", help="end with the table of every cell (default: a summary; "
+                                                        "parbench report has every cell)")
     add_node_flags(p)
     p.set_defaults(func=cmd_run)
 
@@ -105,13 +107,13 @@ def cmd_run(args) -> int:
         return 0
     from bench.cli.summary import print_summary
 
-    print_summary(run_dir)
-    print_recommendation(run_dir)
+    print_summary(run_dir, table=args.table)
     print_budget_use(run_dir)
     if args.report:
         from reports import build_report
 
         print(f"report: {build_report(run_dir)}")
+    print_recommendation(run_dir)  # last: the answer is what the reader of a terminal sees first
     return 0
 
 
@@ -147,19 +149,41 @@ def print_budget_use(run_dir: Path) -> None:
           f"{start_s:.0f} s")
 
 
-def print_recommendation(run_dir: Path) -> None:
-    """The report's first screen, as lines at the end of `parbench run` (plain text, never markup)."""
-    from rich.console import Console
+def print_recommendation(run_dir: Path, console=None) -> None:
+    """The report's first screen, as the last lines of `parbench run` (plain text, never markup):
+    per workload, backend and world size the answer, whether it is decided, why, what was measured
+    and what to try next; launch-bound (toy) workloads after the rest, one line each."""
+    import textwrap
+
     from rich.text import Text
 
+    from bench.cli.summary import end_console
     from bench.results.store import load_run
+    from reports import answer
     from reports.recommend import recommend
 
     cells, _, _ = load_run(run_dir)
-    if "mode" in cells:
-        cells = cells[cells["mode"] != "serve"]
-    picks = recommend(cells)
-    console = Console(width=None if Console().is_terminal else 150)
-    console.print(Text("recommendation:" if picks else "recommendation: no strategy on more than one device passed"))
-    for p in picks:
-        console.print(Text(f"  {p.line()}"), soft_wrap=True)
+    if "mode" in cells:  # a row without a mode is a training row
+        cells = cells[cells["mode"].fillna("train") != "serve"]
+    real, toys = answer.split(recommend(cells))
+    console = console or end_console()
+
+    def say(line: str, indent: str) -> None:
+        for part in textwrap.wrap(line, console.width, initial_indent=indent, subsequent_indent=indent + "    "):
+            console.print(Text(part), soft_wrap=True)
+
+    if not real and not toys:
+        say("recommendation: no strategy on more than one device passed", "")
+        return
+    say("recommendation:" if real else f"recommendation: every workload is launch-bound: {answer.LAUNCH_BOUND_WHY}",
+        "")
+    for p in real:
+        first, *rest = answer.lines(p)
+        say(first, "  ")
+        for line in rest:
+            say(line, "    ")
+    if toys:
+        if real:
+            say(f"launch-bound workloads ({answer.LAUNCH_BOUND_WHY}):", "")
+        for p in toys:
+            say(answer.lines(p)[0], "  ")
