@@ -75,9 +75,10 @@ def basis_text(r: pd.Series | dict) -> str:
 
 
 #: one sentence under every table of verdicts, so the two numbers of a cell are not read as one
-SHIFT_LEGEND = ("medians: the median step of each side's samples and their change; shift: what the verdict "
-                "tests, the Hodges-Lehmann estimate (the median of CURRENT / BASE over every pair of samples), "
-                "which differs from the medians' change when the samples spread")
+SHIFT_LEGEND = ("medians: the median step of each side's samples and their change; shift: the change the verdict "
+                "tests, as 'shift of' names it (Hodges-Lehmann: the median of CURRENT / BASE over every pair of "
+                "samples; mean log ratio: against a history's runs), which differs from the medians' change when "
+                "the samples spread")
 
 
 def verdict_rows(table: pd.DataFrame) -> pd.DataFrame:

@@ -95,7 +95,7 @@ def test_compare_and_the_report_give_one_verdict_for_one_pair(tmp_path):
     assert r["median_change"] == pytest.approx(r["cur_time_s"] / r["base_time_s"] - 1)
     assert abs(r["shift"] - r["median_change"]) > 0.05
     assert page[ddp][4] == "Hodges-Lehmann: 30 vs 30 pooled steps"
-    assert "Hodges-Lehmann estimate (the median of CURRENT / BASE over every pair" in md.read_text()
+    assert "Hodges-Lehmann: the median of CURRENT / BASE over every pair of samples" in md.read_text()
 
 
 def test_the_report_fails_what_compare_fails(tmp_path):
@@ -141,3 +141,23 @@ def test_verdict_rows_label_an_untested_cell():
                        "verdict": "broken", "base_time_s": 0.1, "cur_time_s": np.nan, "note": "now failed"}])
     v = verdict_rows(t).iloc[0]
     assert (v["medians"], v["shift"], v["basis"]) == ("100.00 → –", "–", "not tested")
+
+
+def test_against_a_history_too(tmp_path):
+    """With --history the report and compare test CURRENT against the same runs, and say so."""
+    from bench.gate.history import add
+
+    rng = np.random.default_rng(4)
+    for i in range(5):
+        run = write_run(tmp_path / f"r{i}", {"single": 0.1 * np.exp(rng.normal(0, 0.02, (3, 6))),
+                                              "ddp": 0.1 * np.exp(rng.normal(0, 0.02, (3, 6)))})
+        add(run, tmp_path / "hist", commit=f"c{i}")
+    cur = write_run(tmp_path / "cur", {"single": 0.1 * np.exp(rng.normal(0, 0.02, (3, 6))),
+                                        "ddp": 0.13 * np.exp(rng.normal(0, 0.02, (3, 6)))})
+    md = tmp_path / "compare.md"
+    assert main(["compare", "--history", str(tmp_path / "hist"), str(cur), "--markdown", str(md)]) == 1
+    page = page_rows(build_report(cur, tmp_path / "report", history=tmp_path / "hist"))
+    cli = md_rows(md.read_text())
+    ddp = "mlp/ddp/gloo/cpu/ws2"
+    assert page[ddp][1] == "regression" and page[ddp][2:] == cli[ddp][2:]
+    assert page[ddp][4] == "mean log ratio: 5 history runs vs 3 repeat median(s)"
