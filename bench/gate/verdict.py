@@ -68,6 +68,8 @@ def judge(current: str | os.PathLike, *, baseline: str | os.PathLike | None = No
         return Judged(table, str(baseline))
     machine = machine or fingerprint(cur_meta)
     known = read_index(history)["machine"].unique().tolist()
+    if not known:
+        raise UserError(f"{history} holds no history; add runs with: parbench history add RUN --store {history}")
     if machine not in known:
         raise UserError(f"{history} has no runs of machine {machine} (CURRENT's fingerprint); known: "
                         f"{', '.join(known) or 'none'}; pass --machine NAME or add a baseline from this machine")
