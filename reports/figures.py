@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
@@ -215,16 +216,37 @@ def energy_bars(cells: pd.DataFrame, workload: str, ax=None):
     return ax
 
 
-def collective_bandwidth(annotated: pd.DataFrame, ax=None):
-    """Achieved bus bandwidth of every recorded call against the machine's sweep curve (from
-    :func:`bench.comm.model.annotate_comm`): calls far below it are flagged in the report."""
-    ax = _ax(ax, (WIDTH_IN, 3.8))
-    d = annotated.dropna(subset=["busbw_gbs", "size_bytes"])
-    if "group_size" in d:
-        ranks = d["group_size"].fillna(d["world_size"]) if "world_size" in d else d["group_size"]
+def _bytes(v: float) -> str:
+    """A tick of a log byte axis: 1000 -> '1 kB', 1e7 -> '10 MB'."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if v >= size:
+            return f"{v / size:g} {unit}"
+    return f"{v:g} B"
+
+
+def call_ranks(calls: pd.DataFrame) -> pd.Series:
+    """How many ranks each recorded call spans: its group's size, else its cell's world size; 0
+    where neither is known."""
+    if "group_size" in calls:
+        ranks = calls["group_size"].fillna(calls["world_size"]) if "world_size" in calls else calls["group_size"]
     else:
-        ranks = d["world_size"] if "world_size" in d else pd.Series(0, index=d.index)
-    d = d.assign(_ranks=ranks.fillna(0).astype(int))
+        ranks = calls["world_size"] if "world_size" in calls else pd.Series(0, index=calls.index)
+    return pd.to_numeric(ranks, errors="coerce").fillna(0).astype(int)
+
+
+def collectives(calls: pd.DataFrame) -> pd.DataFrame:
+    """The recorded calls that are collectives: a call of one rank moves nothing between devices
+    (it returns at once, at any "bandwidth"), so it is left out."""
+    return calls[call_ranks(calls) != 1] if len(calls) else calls
+
+
+def collective_bandwidth(annotated: pd.DataFrame, ax=None):
+    """Achieved bus bandwidth of every recorded collective against the machine's sweep curve (from
+    :func:`bench.comm.model.annotate_comm`): calls far below it are flagged in the report. Calls of
+    one rank are not collectives and are not drawn."""
+    ax = _ax(ax, (WIDTH_IN, 3.8))
+    d = collectives(annotated.dropna(subset=["busbw_gbs", "size_bytes"]))
+    d = d.assign(_ranks=call_ranks(d))
     styles = ["-", "--", ":", "-."]
     sizes = sorted(d["_ranks"].unique())
     for k, (op, g) in enumerate(d.groupby("op_norm")):
@@ -237,6 +259,9 @@ def collective_bandwidth(annotated: pd.DataFrame, ax=None):
             ax.plot(c["size_bytes"], c["curve_busbw_gbs"], lw=0.8, color=color,
                     ls=styles[sizes.index(n) % len(styles)], label=f"{op} curve, {n} ranks" if n else None)
     ax.set_xscale("log")
+    # plain tick labels: the default log labels are mathtext, which the report turns off
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: _bytes(v)))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("bus bandwidth (GB/s)")
     ax.set_title("recorded collectives against the machine's curve (lines)", fontsize=9)

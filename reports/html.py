@@ -1,12 +1,15 @@
 """The HTML report: one self-contained page that answers which strategy, why, at what cost, and
 what changed.
 
-The first screen is the recommendation (``reports.recommend``) per workload, backend and world
-size; then, per workload, figures sized to their content (embedded as base64 PNG, also written
-beside the page for slides); the comparison with a baseline run or a history when asked
-(regressions first); skipped and failed cells in their own section; a sortable table of every
-cell. No script or style is fetched from anywhere: the page opens offline.
-"""
+The first screen is the recommendation (``reports.recommend``, in :mod:`reports.answer`'s words)
+per workload, backend and world size: what to use or that there is no decision, whether it is
+decided, why, what was measured and what to try next; launch-bound (toy) workloads have their own
+section further down. Then, per workload, figures sized to their content (embedded as base64 PNG,
+also written beside the page for slides); the comparison with a baseline run or a history when
+asked (regressions first, judged as ``parbench compare`` judges them); skipped and failed cells in
+their own section; a sortable table of every cell. A serving run gets its own answer and its tables
+(:mod:`reports.serving`) instead of the training sections. No script or style is fetched from
+anywhere: the page opens offline."""
 
 from __future__ import annotations
 
@@ -25,9 +28,9 @@ from bench.core.paths import folder_problem
 from bench.results.bounds import safe_name
 from bench.results.store import CELL_COLUMNS, SAMPLE_COLUMNS, frame, load_run, read_table
 from bench.runtime.signals import defer_stops
-from bench.serve import tables
-from reports import figures
+from reports import answer, figures
 from reports.recommend import is_false, recommend
+from reports.serving import serve_section
 
 TEMPLATE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>parbench {{ meta.run_id }}</title>
@@ -46,27 +49,37 @@ details.flags li{margin:2px 0}details.flags summary{cursor:pointer}
 {% if meta.nccl %}&middot; NCCL {{ meta.nccl }}{% endif %}{% if gpus %} &middot; {{ gpus }}{% endif %}
 {% if meta.git_commit %}&middot; commit <code>{{ meta.git_commit }}</code>{% endif %} &middot; {{ n_ok }} cells ok, {{ n_bad }} failed or timed out,
 {{ n_skipped }} skipped{% if meta.plan %} &middot; {{ meta.plan }}{% endif %}</p>
-<h2>Recommendation</h2>
-{% if picks %}<table class="pick" id="picks"><tr><th class="l">workload</th><th class="l">backend</th><th>devices</th><th class="l">use</th><th>ms/step</th><th>vs one device</th>
-<th class="l">ahead of</th><th>margin</th><th class="l">beyond noise?</th><th class="l">why</th></tr>
-{% for p in picks %}<tr><td class="l n">{{ p.workload }}</td><td class="l n">{{ p.backend }}</td><td>{{ p.world_size }}</td>
-<td class="l n"><b>{{ p.winner }}</b></td><td>{{ "%.1f"|format(p.step_ms) }}</td>
-<td class="{{ 'l' if p.speedup is none else ('' if p.speedup >= 1 else 'bad') }}">{{ "%.2fx"|format(p.speedup) if p.speedup is not none else "-" }}</td>
-<td class="l n">{{ p.runner_up or "-" }}</td>
-<td>{{ "%+.0f%%"|format(100 * p.margin) if p.margin is not none else "-" }}</td>
-<td class="l">{% if p.significant %}yes{% elif p.significant is not none %}no: intervals overlap{% else %}not judged: one run (use <span class="n">--repeats 3+</span>){% endif %}</td>
-<td class="l">{{ p.why }}{% if p.speedup is not none and p.speedup < 1 %}<br><span class="bad">every candidate here is slower
-than one device ({{ "%.2fx"|format(p.speedup) }}): one device is the faster choice</span>{% endif %}{% if p.excluded %}<br><span class="muted">left out: {{ p.excluded }}</span>{% endif %}</td></tr>
-{% endfor %}</table>
-<p class="muted">Candidates: cells that ran (status ok, which includes the check that the work was really
-distributed) and matched one device (parity ok); independent models (ensemble) are left out. The
-margin is beyond the noise when the two 95% intervals of the median step, built from at least three
-repeats each, do not overlap; the steps of a single run are correlated and cannot say it.</p>
-{% else %}<p>No strategy on more than one device passed; see the failed and skipped cells below.</p>{% endif %}
+{% macro pick_table(id, rows) %}<table class="pick" id="{{ id }}"><tr><th class="l">workload</th><th class="l">backend</th><th>devices</th>
+<th class="l">use</th><th class="l">decided?</th><th class="l">because</th><th class="l">measured</th><th class="l">try next</th></tr>
+{% for p in rows %}<tr class="{{ 'warn' if p.use is none else '' }}"><td class="l n">{{ p.workload }}</td><td class="l n">{{ p.backend }}</td><td>{{ p.world_size }}</td>
+<td class="l n"><b>{{ a.use_text(p) }}</b></td><td class="l">{{ a.decided_text(p) }}</td><td class="l">{{ p.because }}</td>
+<td class="l">{{ a.measured_text(p) }}<br><span class="muted">{{ p.why }}{% if p.excluded %}; left out: {{ p.excluded }}{% endif %}</span></td>
+<td class="l">{{ a.next_text(p) or "-" }}</td></tr>
+{% endfor %}</table>{% endmacro %}
+{% if training %}<h2>Recommendation</h2>
+{% if picks %}{{ pick_table("picks", picks) }}
+<p class="muted">Decided: the intervals the answer rests on come from at least three repeats and nothing blocks
+it (an unstable or contended cell, an efficiency that is not physical); leading: the same answer from one run.
+Candidates: cells that ran (status ok, which includes the check that the work was really distributed) and
+matched one device (parity ok); independent models (ensemble) are left out.</p>
+{% elif toys %}<p>Every workload of this run is launch-bound: {{ a.LAUNCH_BOUND_WHY }}. Their picks are under
+<a href="#toys">Launch-bound workloads</a> below.</p>
+{% else %}<p>No strategy on more than one device passed; see the failed and skipped cells below.</p>{% endif %}{% endif %}
+{% if serve %}<h2>Serving: what to serve with</h2><table class="pick" id="serve-picks"><tr><th class="l">workload</th><th>devices</th>
+<th class="l">serve with</th><th>req/s</th><th>p99 ms</th><th>target ms</th><th class="l">because</th></tr>
+{% for p in serve.picks %}<tr class="{{ 'warn' if p.use is none else '' }}"><td class="l n">{{ p.workload }}</td><td>{{ p.world_size }}</td>
+<td class="l n"><b>{{ p.use or "no decision" }}</b></td><td>{{ "%.1f"|format(p.rate_rps) if p.rate_rps is not none else "-" }}</td>
+<td>{{ "%.1f"|format(p.p99_ms) if p.p99_ms is not none else "-" }}</td><td>{{ "%g"|format(p.target_ms) if p.target_ms is not none else "-" }}</td>
+<td class="l">{{ p.because }}</td></tr>{% endfor %}</table>
+<p class="muted">Of the serving cells that ran and matched one device, the placement and policy with the highest
+achieved rate whose p99 met the target (p99 reported, the rate kept up with, the backlog steady).</p>{% endif %}
 {% if comparison %}<h2>Against {{ comparison.base }}</h2>{{ comparison.html|safe }}{% endif %}
 {% if serve %}<h2>Serving</h2><p class="muted">One model per device serving requests (parbench serve): per
 placement, policy and load level the achieved rate and the latency percentiles that have enough samples
-(LoadGen's rule); parity of every replica against one device.</p><pre>{{ serve.table }}</pre>
+(LoadGen's rule); parity of every replica against one device.</p>
+{% for t in serve.tables %}<h3>{{ t.title }}</h3><div class="wide"><table class="serve"><tr>{% for h in t.head %}<th class="{{ '' if h in t.numeric else 'l' }}">{{ h }}</th>{% endfor %}</tr>
+{% for r in t.rows %}<tr>{% for v in r %}<td class="{{ '' if t.head[loop.index0] in t.numeric else 'l' }}">{{ v }}</td>{% endfor %}</tr>
+{% endfor %}</table></div>{% endfor %}
 {% for img in serve.images %}<img src="data:image/png;base64,{{ img.data }}" alt="{{ img.name }}">{% endfor %}{% endif %}
 {% for wl in workloads %}
 <h2>{{ wl.name }}</h2><p class="muted">{{ wl.description }}</p>
@@ -75,6 +88,8 @@ collectives ran below half of this machine's bandwidth curve (click for each)</s
 {% for f in wl.flags %}<li>{{ f }}</li>{% endfor %}</ul></details>{% endif %}
 {% for img in wl.images %}<img src="data:image/png;base64,{{ img.data }}" alt="{{ img.name }}" title="{{ img.name }}">
 {% endfor %}{% endfor %}
+{% if toys %}<h2 id="toys">Launch-bound workloads</h2><p class="muted">For these workloads {{ a.LAUNCH_BOUND_WHY }}.</p>
+{{ pick_table("toy-picks", toys) }}{% endif %}
 {% if telemetry %}<h2>Telemetry per cell</h2>{% for img in telemetry %}
 <img src="data:image/png;base64,{{ img.data }}" alt="{{ img.name }}">{% endfor %}{% endif %}
 {% if meta.telemetry %}<p class="muted">Telemetry notes: {% for k, v in meta.telemetry.items() %}<code>{{ k }}</code>:
@@ -84,13 +99,13 @@ collectives ran below half of this machine's bandwidth curve (click for each)</s
 {% for r in not_run %}<tr class="{{ 'bad' if r.status != 'skipped' else '' }}"><td class="l">{{ r.workload }}</td>
 <td class="l">{{ r.strategy }}</td><td class="l">{{ r.backend }}</td><td>{{ r.world_size }}</td><td class="l">{{ r.status }}</td>
 <td class="l">{{ r.reason }}</td></tr>{% endfor %}</table>{% else %}<p>None.</p>{% endif %}
-<p class="muted">Blank energy: the timed window was under 1 s (NVML's energy counter moves in ~12 J steps) or
-no NVML. Blank MFU: a GPU without a known peak. Blank parity: the cell did not run, or trains its own models.</p>
-<h2>All cells</h2><p class="muted">Click a header to sort.</p>
+{% if training %}<p class="muted">Blank energy: the timed window was under 1 s (NVML's energy counter moves in ~12 J steps) or
+no NVML. Blank MFU: a GPU without a known peak. Blank parity: the cell did not run, or trains its own models.</p>{% endif %}
+{% if training %}<h2>All cells</h2><p class="muted">Click a header to sort.</p>
 <div class="wide"><table id="cells"><thead><tr>{% for c in columns %}<th class="{{ 'l' if loop.index <= 5 or loop.last else '' }}">{{ c }}</th>{% endfor %}</tr></thead><tbody>
 {% for r in rows %}<tr class="{{ r.cls }}">{% for v in r.vals %}
 <td class="{{ 'l' if loop.index <= 5 else ('l reason' if loop.last else '') }}">{{ v }}</td>{% endfor %}</tr>
-{% endfor %}</tbody></table></div>
+{% endfor %}</tbody></table></div>{% endif %}
 <script>
 document.querySelectorAll("#cells th").forEach((th, i) => th.addEventListener("click", () => {
   const body = document.querySelector("#cells tbody"), rows = Array.from(body.rows);
@@ -166,22 +181,6 @@ def _workload_figures(cells: pd.DataFrame, wl: str, out: Path, annotated: pd.Dat
     return [img for kind, fn in kinds for img in _figure(fn, out, f"{safe_name(wl)}-{kind}")]
 
 
-def _serving(run_dir: Path, serving: pd.DataFrame, out: Path) -> dict | None:
-    """The serving section: the placements x policies x loads table and the rate-vs-p99 curve."""
-    if serving.empty:
-        return None
-
-    cells = serving.assign(run=run_dir.name, gpu=serving["gpu_name"].fillna(serving["device"]))
-    text = tables.levels_table(cells) if "serve_scenario" in cells else ""
-    images = []
-    cv = tables.curve(cells) if "serve_scenario" in cells else pd.DataFrame()
-    if len(cv):
-        path = out / "serve-rate-vs-p99.png"
-        tables.plot(cv, str(path))
-        images.append(_embedded(path))
-    return {"table": text or "(no load-level cells in this run)", "images": images}
-
-
 def _comm_flags(cells: pd.DataFrame, wl: str, annotated: pd.DataFrame | None) -> list[str]:
     """Cells whose recorded collectives ran far below the machine's curve, and whether waiting for
     a slower peer explains it (the record includes the wait; the fastest rank's copy shows the link)."""
@@ -217,7 +216,8 @@ def _annotated_comm(run_dir: Path, meta: dict) -> pd.DataFrame | None:
             find_sweep(run_dir.parent, meta)
         if found is None:
             return None
-        return annotate_comm(read_table(run_dir, "comm"), read_table(found.parent, "collectives"))
+        calls = figures.collectives(read_table(run_dir, "comm"))  # one rank's calls move nothing
+        return annotate_comm(calls, read_table(found.parent, "collectives")) if len(calls) else None
     except Exception:  # noqa: BLE001 - the annotation is extra; the report stands without it
         return None
 
@@ -272,25 +272,45 @@ def _publish(stage: Path, out: Path) -> None:
 
 def _render(run_dir: Path, cells: pd.DataFrame, steps: pd.DataFrame, meta: dict, out: Path,
             baseline: Path | None, history: Path | None) -> str:
-    """The page, its figures written into ``out`` as it goes."""
-    cells = frame(cells, CELL_COLUMNS)  # every core column, empty where a run from another tool lacks it
-    serving = cells[cells["mode"] == "serve"] if "mode" in cells else cells.iloc[:0]
-    cells = cells.drop(serving.index)  # training cells: figures and the recommendation are about steps
+    """The page, its figures written into ``out`` as it goes. A run of serving cells only has no
+    training sections (recommendation, figures, the table of cells): its own answer and tables."""
+    loaded = (cells, steps, meta)  # as load_run read them: what `parbench compare` compares
+    everything = frame(cells, CELL_COLUMNS)  # every core column, empty where a run from another tool lacks it
+    serving = everything[everything["mode"] == "serve"] if "mode" in everything else everything.iloc[:0]
+    cells = everything.drop(serving.index)  # training cells: figures and the recommendation are about steps
     described = meta.get("workloads") or {}
     annotated = _annotated_comm(run_dir, meta)
     wls = [{"name": wl, "description": described.get(wl, ""), "flags": _comm_flags(cells, wl, annotated),
             "images": _workload_figures(cells, wl, out, annotated)} for wl in cells["workload"].dropna().unique()]
-    telemetry = []
-    if (run_dir / "samples.parquet").exists():
-        samples = read_table(run_dir, "samples", SAMPLE_COLUMNS)
-        ok = cells[cells["status"] == "ok"]
-        for metric in ("gpu_util_pct", "power_w", "cpu_util_pct"):
-            if (samples["metric"] == metric).any() and len(ok):
-                telemetry += _figure(lambda: figures.telemetry_small_multiples(samples, ok, metric), out,  # noqa: B023
-                                     f"telemetry-{metric}")
-    picks = recommend(cells, None)
-    comparison = _comparison(run_dir, cells, steps, meta, baseline, history, out)
+    picks, toys = answer.split(recommend(cells, None))
     cols = table_columns(cells.columns)
+    not_run = everything[everything["status"] != "ok"].sort_values(["status", "workload", "strategy"])
+    return jinja2.Environment(autoescape=True).from_string(TEMPLATE).render(
+        meta={"run_id": run_dir.name, **meta}, gpus=_gpus(meta.get("gpus")), a=answer, training=len(cells) > 0,
+        picks=picks, toys=toys, workloads=wls, telemetry=_telemetry(run_dir, cells, out),
+        columns=[m.title for m in cols], rows=_cell_rows(cells, cols), not_run=[r for _, r in not_run.iterrows()],
+        comparison=_comparison(run_dir, loaded, baseline, history, out),
+        serve=serve_section(run_dir, serving, out, _embedded), n_ok=int((everything["status"] == "ok").sum()),
+        n_skipped=int((everything["status"] == "skipped").sum()),
+        n_bad=int(everything["status"].isin(["failed", "timeout"]).sum()))
+
+
+def _telemetry(run_dir: Path, cells: pd.DataFrame, out: Path) -> list[dict]:
+    """Small multiples of GPU utilisation, power and host CPU over each ok cell's timed steps."""
+    if not (run_dir / "samples.parquet").exists():
+        return []
+    samples = read_table(run_dir, "samples", SAMPLE_COLUMNS)
+    ok = cells[cells["status"] == "ok"]
+    found = []
+    for metric in ("gpu_util_pct", "power_w", "cpu_util_pct"):
+        if (samples["metric"] == metric).any() and len(ok):
+            found += _figure(lambda: figures.telemetry_small_multiples(samples, ok, metric), out,  # noqa: B023
+                             f"telemetry-{metric}")
+    return found
+
+
+def _cell_rows(cells: pd.DataFrame, cols: list) -> list[dict]:
+    """The table of every cell: its values as shown, and its row's class (bad, warn)."""
     rows = []
     for _, r in cells.iterrows():
         bad = r["status"] in ("failed", "timeout") or r.get("parity_ok") is False
@@ -301,50 +321,44 @@ def _render(run_dir: Path, cells: pd.DataFrame, steps: pd.DataFrame, meta: dict,
         if note is not None and r["status"] == "ok":
             vals[-1] = f"no breakdown: {note}"  # the reason column, empty for an ok cell
         rows.append({"cls": "bad" if bad else ("warn" if warn else ""), "vals": vals})
-    not_run = cells[cells["status"] != "ok"].sort_values(["status", "workload", "strategy"])
-    return jinja2.Environment(autoescape=True).from_string(TEMPLATE).render(
-        meta={"run_id": run_dir.name, **meta}, gpus=_gpus(meta.get("gpus")), picks=picks, workloads=wls,
-        telemetry=telemetry, columns=[m.title for m in cols], rows=rows, not_run=[r for _, r in not_run.iterrows()],
-        comparison=comparison, serve=_serving(run_dir, serving, out), n_ok=int((cells["status"] == "ok").sum()),
-        n_skipped=int((cells["status"] == "skipped").sum()),
-        n_bad=int(cells["status"].isin(["failed", "timeout"]).sum()))
+    return rows
 
 
-def _comparison(run_dir: Path, cells, steps, meta, baseline: Path | None, history: Path | None,
+def _comparison(run_dir: Path, loaded: tuple, baseline: Path | None, history: Path | None,
                 out: Path) -> dict | None:
-    """The statistical comparison as an HTML table, regressions first; with a history, its trend
+    """The statistical comparison as an HTML table, regressions first, from the same call and
+    settings as ``parbench compare`` (:func:`bench.gate.verdict.judge`); with a history, its trend
     figures for the cells that are not 'same'."""
     if baseline is None and history is None:
         return None
-    from bench.gate import compare as regress
-    from bench.gate.ciout import cell_name, shift_text
+    from bench.gate.ciout import SHIFT_LEGEND, verdict_rows
+    from bench.gate.verdict import Gate, judge
 
+    gate = Gate()
+    judged = judge(run_dir, baseline=baseline, history=history, gate=gate, loaded=loaded)
     figs = []
-    if baseline is not None:
-        bc, bs, bm = load_run(baseline)
-        table = regress.compare(bc, cells, 0.05, base_steps=bs, cur_steps=steps, base_meta=bm, cur_meta=meta)
-        base_name = str(baseline)
-    else:
+    if history is not None:
         from bench.gate import history as hist
 
-        machine = hist.fingerprint(meta)
-        base, samples, base_meta = hist.baseline(history, machine)
-        table = regress.compare(base, cells, 0.05, base_samples=samples, cur_steps=steps, base_meta=base_meta,
-                                cur_meta=meta)
-        base_name = f"the history in {history}"
         trends = out / "trends"
-        hist.show(history, machine, 0.05, plots=trends)
+        hist.show(history, judged.machine, gate.threshold, plots=trends)
         figs = sorted(trends.glob("*.png"))[:12]
     order = {"regression": 0, "broken": 1, "noisy": 2, "incomparable": 3, "improvement": 4, "fixed": 5}
-    table = table.assign(_o=table["verdict"].map(order).fillna(9)).sort_values("_o").drop(columns="_o")
+    table = judged.table
+    table = table.assign(_o=table["verdict"].map(order).fillna(9)).sort_values("_o", kind="stable")
     esc = jinja2.filters.escape
     rows = "".join(
-        f"<tr class='{'bad' if r['verdict'] in ('regression', 'broken') else ''}'><td class='l'>{esc(cell_name(r))}</td>"
-        f"<td class='l'><b>{esc(r['verdict'])}</b></td><td class='l'>{esc(shift_text(r))}</td>"
-        f"<td class='l'>{esc(r.get('note') or '')}</td></tr>" for _, r in table.iterrows())
+        f"<tr class='{'bad' if v.verdict in ('regression', 'broken') else ''}'><td class='l'>{esc(v.cell)}</td>"
+        f"<td class='l'><b>{esc(v.verdict)}</b></td><td class='n'>{esc(v.medians)}</td>"
+        f"<td class='l n'>{esc(v.shift)}</td><td class='l'>{esc(v.basis)}</td><td>{esc(v.noise_floor)}</td>"
+        f"<td class='l'>{esc(v.note)}</td></tr>" for v in verdict_rows(table).itertuples())
     imgs = "".join(f"<img src='data:image/png;base64,{img['data']}' alt='{esc(img['name'])}'>"
                    for img in map(_embedded, figs))
-    html = ("<table><tr><th class='l'>cell</th><th class='l'>verdict</th><th class='l'>shift [interval]</th>"
-            "<th class='l'>note</th></tr>"
+    html = (f"<p class='muted'>Threshold {gate.threshold:.1%} on step time, {1 - gate.alpha:.0%} intervals; a cell "
+            "measured in one run a side is at most noisy (as <code>parbench compare</code> says it). "
+            f"{esc(SHIFT_LEGEND[0].upper() + SHIFT_LEGEND[1:])}.</p>"
+            "<table id='verdicts'><tr><th class='l'>cell</th><th class='l'>verdict</th>"
+            "<th>median ms base &rarr; current</th><th class='l'>shift [interval]</th><th class='l'>shift of</th>"
+            "<th>noise floor</th><th class='l'>note</th></tr>"
             f"{rows}</table>{imgs}")
-    return {"base": base_name, "html": html}
+    return {"base": judged.against, "html": html}

@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="per-cell verdicts from a rank test; exit 1 on a regression or a "
                                        "broken cell, 2 when nothing could be compared")
     p.add_argument("runs", nargs="+", metavar="RUN", help="BASE CURRENT, or CURRENT with --history")
-    p.add_argument("--threshold", default="5%", help="step-time slowdown that fails, e.g. 5%% (default)")
+    p.add_argument("--threshold", help="step-time slowdown that fails (default 5%%)")
     p.add_argument("--history", metavar="DIR", help="compare CURRENT with the last stable value of this history")
     p.add_argument("--machine", help="history machine to compare with (default: CURRENT's fingerprint)")
     p.add_argument("--test", default="mannwhitneyu", choices=["mannwhitneyu", "brunnermunzel"])
@@ -103,37 +103,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from bench.gate.ciout import check_output_files, write_outputs
-    from bench.gate.compare import FAILING, compare, failed, parse_threshold
-    from bench.results.store import load_run
+    from bench.gate.compare import FAILING, failed, parse_threshold
+    from bench.gate.verdict import DEFAULT_THRESHOLD, Gate, judge
 
     check_output_files(markdown=args.markdown, junit=args.junit, json=args.json)
-    thr = parse_threshold(args.threshold)
+    gate = Gate(threshold=parse_threshold(args.threshold or DEFAULT_THRESHOLD), test=args.test,
+                require_repeats=args.require_repeats, fail_from_runs=args.fail_from_runs)
     want = 1 if args.history else 2
     if len(args.runs) != want:
         usage = "parbench compare --history DIR CURRENT" if args.history else "parbench compare BASE CURRENT"
         raise UserError(f"got {len(args.runs)} run folder(s), expected {want}; usage: {usage}")
-    cur, cur_steps, cur_meta = load_run(args.runs[-1])
-    if args.history:
-        from bench.gate.history import baseline, fingerprint, read_index
-
-        machine = args.machine or fingerprint(cur_meta)
-        known = read_index(args.history)["machine"].unique().tolist()
-        if machine not in known:
-            raise UserError(f"{args.history} has no runs of machine {machine} (CURRENT's fingerprint); known: "
-                            f"{', '.join(known) or 'none'}; pass --machine NAME or add a baseline from this machine")
-        base, base_samples, base_meta = baseline(args.history, machine)
-        table = compare(base, cur, thr, base_samples=base_samples, cur_steps=cur_steps, base_meta=base_meta,
-                        cur_meta=cur_meta, test=args.test, require_repeats=args.require_repeats,
-                        fail_from_runs=args.fail_from_runs)
-    else:
-        if args.fail_from_runs:
-            raise UserError(f"--fail-from-runs {args.fail_from_runs} applies to --history only; drop it or add "
-                            "--history DIR")
-        base, base_steps, base_meta = load_run(args.runs[0])
-        table = compare(base, cur, thr, base_steps=base_steps, cur_steps=cur_steps, base_meta=base_meta,
-                        cur_meta=cur_meta, test=args.test, require_repeats=args.require_repeats)
-    print_compare(table, thr)
-    write_outputs(table, thr, markdown_file=args.markdown, junit_file=args.junit, json_file=args.json)
+    judged = judge(args.runs[-1], baseline=None if args.history else args.runs[0], history=args.history,
+                   machine=args.machine, gate=gate)
+    table = judged.table
+    print_compare(table, gate.threshold)
+    write_outputs(table, gate.threshold, markdown_file=args.markdown, junit_file=args.junit, json_file=args.json)
     if not failed(table):
         return 0
     counts = table["verdict"][table["verdict"].isin(FAILING)].value_counts()
@@ -210,20 +194,20 @@ STYLE = {"regression": "bold red", "broken": "bold red", "noisy": "yellow", "inc
 
 
 def print_compare(table: pd.DataFrame, threshold: float, console: Console | None = None) -> None:
-    """The comparison as a table; every value from a run is printed as plain text, never markup."""
-    from bench.gate.ciout import shift_text
+    """The comparison as a table; every value from a run is printed as plain text, never markup.
+    The texts are :mod:`bench.gate.ciout`'s, as in the report and CI's files."""
+    from bench.gate.ciout import SHIFT_LEGEND, basis_text, medians_text, shift_text
 
     console = console or Console(width=None if Console().is_terminal else 160)
     t = Table(title=f"parbench compare (threshold {threshold:.1%} on step time)")
-    for col in ("workload", "strategy", "backend", "ws", "base ms", "current ms", "shift [interval]",
+    for col in ("workload", "strategy", "backend", "ws", "median ms base → current", "shift [interval]", "shift of",
                 "noise floor", "verdict", "note"):
         t.add_column(col)
     for _, r in table.iterrows():
         t.add_row(*(Text(str(r[k])) for k in ("workload", "strategy", "backend", "world_size")),
-                  _fmt(r.get("base_time_s", None) * 1e3 if pd.notna(r.get("base_time_s")) else None, ".2f"),
-                  _fmt(r.get("cur_time_s", None) * 1e3 if pd.notna(r.get("cur_time_s")) else None, ".2f"),
-                  shift_text(r), _fmt(r.get("noise_floor"), ".1%"),
+                  Text(medians_text(r)), Text(shift_text(r)), Text(basis_text(r)), _fmt(r.get("noise_floor"), ".1%"),
                   Text(str(r["verdict"]), style=STYLE.get(r["verdict"], "")), Text(str(r.get("note") or "")))
     console.print(t)
     counts = table["verdict"].value_counts()
     console.print(Text(", ".join(f"{k}: {v}" for k, v in counts.items())))
+    console.print(Text(SHIFT_LEGEND), style="dim")

@@ -23,6 +23,8 @@ def register(sub) -> None:
     p.add_argument("--resume", metavar="RUN", help="finish the run folder RUN (killed or interrupted): run only the "
                                                    "cells it has no row for, with its own settings, appending to it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--table", action="store_true", help="end with the table of every cell (default: a summary; "
+                                                        "parbench report has every cell)")
     add_node_flags(p)
     p.set_defaults(func=cmd_run)
 
@@ -97,7 +99,7 @@ def cmd_run(args) -> int:
         if cfg.node_rank > 0:
             print(f"node {cfg.node_rank}: done; node 0 wrote the tables (this node's logs: {run_dir})")
             return 0
-        return after_run(run_dir, report=args.report)
+        return after_run(run_dir, report=args.report, table=args.table)
     except NodeLost as e:
         print(f"parbench: node {cfg.node_rank}: {e}", file=sys.stderr)
         return 1
@@ -107,18 +109,19 @@ def cmd_run(args) -> int:
         restore_stop_handlers()
 
 
-def after_run(run_dir: Path, *, report: bool) -> int:
-    """The summary, the recommendation, the budget use and (``report``) the HTML report of the
-    complete run ``run_dir``. A stop signal here (the caller's stop handlers are still installed)
-    or a report that cannot be written ends the command with one line; the run's rows are whole."""
+def after_run(run_dir: Path, *, report: bool, table: bool = False) -> int:
+    """The summary (every cell with ``table``), the budget use, (``report``) the HTML report and the
+    recommendation, last, of the complete run ``run_dir``. A stop signal here (the caller's stop
+    handlers are still installed) or a report that cannot be written ends the command with one line;
+    the run's rows are whole."""
     from bench.cli.summary import print_summary
 
     try:
-        print_summary(run_dir)
-        print_recommendation(run_dir)
+        print_summary(run_dir, table=table)
         print_budget_use(run_dir)
         if report:
             print(f"report: {write_report(run_dir)}")
+        print_recommendation(run_dir)  # last: the answer is what the reader of a terminal sees first
     except KeyboardInterrupt as e:
         e.run_dir = run_dir  # type: ignore[attr-defined]
         return report_interrupt(e, "the run's cells (all of them finished)",
@@ -170,19 +173,41 @@ def print_budget_use(run_dir: Path) -> None:
           f"{start_s:.0f} s")
 
 
-def print_recommendation(run_dir: Path) -> None:
-    """The report's first screen, as lines at the end of `parbench run` (plain text, never markup)."""
-    from rich.console import Console
+def print_recommendation(run_dir: Path, console=None) -> None:
+    """The report's first screen, as the last lines of `parbench run` (plain text, never markup):
+    per workload, backend and world size the answer, whether it is decided, why, what was measured
+    and what to try next; launch-bound (toy) workloads after the rest, one line each."""
+    import textwrap
+
     from rich.text import Text
 
+    from bench.cli.summary import end_console
     from bench.results.store import load_run
+    from reports import answer
     from reports.recommend import recommend
 
     cells, _, _ = load_run(run_dir)
-    if "mode" in cells:
-        cells = cells[cells["mode"] != "serve"]
-    picks = recommend(cells)
-    console = Console(width=None if Console().is_terminal else 150)
-    console.print(Text("recommendation:" if picks else "recommendation: no strategy on more than one device passed"))
-    for p in picks:
-        console.print(Text(f"  {p.line()}"), soft_wrap=True)
+    if "mode" in cells:  # a row without a mode is a training row
+        cells = cells[cells["mode"].fillna("train") != "serve"]
+    real, toys = answer.split(recommend(cells))
+    console = console or end_console()
+
+    def say(line: str, indent: str) -> None:
+        for part in textwrap.wrap(line, console.width, initial_indent=indent, subsequent_indent=indent + "    "):
+            console.print(Text(part), soft_wrap=True)
+
+    if not real and not toys:
+        say("recommendation: no strategy on more than one device passed", "")
+        return
+    say("recommendation:" if real else f"recommendation: every workload is launch-bound: {answer.LAUNCH_BOUND_WHY}",
+        "")
+    for p in real:
+        first, *rest = answer.lines(p)
+        say(first, "  ")
+        for line in rest:
+            say(line, "    ")
+    if toys:
+        if real:
+            say(f"launch-bound workloads ({answer.LAUNCH_BOUND_WHY}):", "")
+        for p in toys:
+            say(answer.lines(p)[0], "  ")

@@ -41,11 +41,54 @@ def _md(text: Any) -> str:
             .replace("\n", " "))
 
 
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float, np.number)) and bool(np.isfinite(v))
+
+
 def shift_text(r: pd.Series | dict) -> str:
     """'+5.1% [+3.0%, +7.2%]' (step time), or '–' when the cell was not tested."""
-    if not np.isfinite(r.get("shift", np.nan)):
+    if not _finite(r.get("shift", np.nan)):
         return "–"
-    return f"{_pct(r['shift'])} [{_pct(r['shift_low'])}, {_pct(r['shift_high'])}]"
+    return f"{_pct(r['shift'])} [{_pct(r.get('shift_low', np.nan))}, {_pct(r.get('shift_high', np.nan))}]"
+
+
+def medians_text(r: pd.Series | dict) -> str:
+    """'105.52 → 153.28 ms (+45.3%)': the median step of each side's samples (the samples the
+    verdict tested; a cell not tested: the cells' medians) and the change between these two."""
+    b, c = r.get("base_time_s", np.nan), r.get("cur_time_s", np.nan)
+    if not (_finite(b) or _finite(c)):
+        return "–"
+    change = c / b - 1 if _finite(b) and _finite(c) and b > 0 else np.nan
+    return f"{_ms(b).removesuffix(' ms')} → {_ms(c)}" + (f" ({_pct(change)})" if _finite(change) else "")
+
+
+def basis_text(r: pd.Series | dict) -> str:
+    """What the shift is of: the estimator and the samples a side. The Hodges-Lehmann shift is the
+    median of CURRENT / BASE over every pair of samples, not the ratio of the two medians."""
+    n_b, n_c, unit = r.get("n_base", np.nan), r.get("n_cur", np.nan), r.get("unit")
+    if not (_finite(r.get("shift", np.nan)) and _finite(n_b) and _finite(n_c)):
+        return "not tested"
+    if unit == "runs":
+        return f"mean log ratio: {int(n_b)} history runs vs {int(n_c)} repeat median(s)"
+    what = {"steps": "pooled steps", "repeats": "repeat medians"}.get(str(unit), str(unit))
+    return f"Hodges-Lehmann: {int(n_b)} vs {int(n_c)} {what}"
+
+
+#: one sentence under every table of verdicts, so the two numbers of a cell are not read as one
+SHIFT_LEGEND = ("medians: the median step of each side's samples and their change; shift: the change the verdict "
+                "tests, as 'shift of' names it (Hodges-Lehmann: the median of CURRENT / BASE over every pair of "
+                "samples; mean log ratio: against a history's runs), which differs from the medians' change when "
+                "the samples spread")
+
+
+def verdict_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The comparison as the texts every output shows, one row per cell: ``cell``, ``verdict``,
+    ``medians``, ``shift``, ``basis``, ``noise_floor``, ``note``."""
+    return pd.DataFrame([{"cell": cell_name(r), "verdict": str(r["verdict"]), "medians": medians_text(r),
+                          "shift": shift_text(r), "basis": basis_text(r),
+                          "noise_floor": _pct(r.get("noise_floor"), ".1%"), "note": str(r.get("note") or "")}
+                         for _, r in table.iterrows()],
+                        columns=["cell", "verdict", "medians", "shift", "basis", "noise_floor", "note"])
 
 
 def markdown(table: pd.DataFrame, threshold: float, title: str = "parbench compare") -> str:
@@ -55,19 +98,20 @@ def markdown(table: pd.DataFrame, threshold: float, title: str = "parbench compa
     bad = int(table["verdict"].isin(FAILING).sum())
     head = f"### {title}: " + (f":x: {bad} failing cell(s)" if bad else ":white_check_mark: no regression")
     lines = [head, "", f"Threshold {threshold:.1%} on step time; a cell fails when its slowdown is significant "
-             "and its confidence interval reaches the threshold.", "",
+             "and its confidence interval reaches the threshold.", "", SHIFT_LEGEND[0].upper() + SHIFT_LEGEND[1:] + ".",
+             "",
              " · ".join(f"{v}: {counts[v]}" for v in ORDER if v in counts), ""]
     rank = table["verdict"].map({v: i for i, v in enumerate(ORDER)})
     t = table.assign(_rank=rank).sort_values(["_rank", *KEY], kind="stable")
-    header = ["cell", "verdict", "step time base → current", "shift [interval]", "noise floor", "note"]
+    header = ["cell", "verdict", "median step base → current", "shift [interval]", "shift of", "noise floor",
+              "note"]
 
     def rows(df: pd.DataFrame) -> list[str]:
         out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for _, r in df.iterrows():
-            times = f"{_ms(r.get('base_time_s'))} → {_ms(r.get('cur_time_s'))}"
             out.append("| " + " | ".join(_md(x) for x in (
-                cell_name(r), f"{ICON.get(r['verdict'], '')} {r['verdict']}".strip(), times, shift_text(r),
-                _pct(r.get("noise_floor"), ".1%"), r.get("note") or "")) + " |")
+                cell_name(r), f"{ICON.get(r['verdict'], '')} {r['verdict']}".strip(), medians_text(r), shift_text(r),
+                basis_text(r), _pct(r.get("noise_floor"), ".1%"), r.get("note") or "")) + " |")
         return out
 
     look = t[~t["verdict"].isin(["same", "improvement", "fixed", "not run"])]

@@ -184,8 +184,10 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
 
     Columns: the key columns, ``base_status``, ``cur_status``, ``base_tput``, ``cur_tput``,
     ``change`` (throughput, negative is slower), ``base_time_s`` / ``cur_time_s`` (median step
-    time of the samples, else of the cell), ``shift`` / ``shift_low`` / ``shift_high``
-    (step time, positive is slower, with its 1-alpha interval), ``p_value``, ``noise_floor``,
+    time of the samples, else of the cell), ``median_change`` (their ratio - 1), ``shift`` /
+    ``shift_low`` / ``shift_high`` (the Hodges-Lehmann shift of step time: the median of CURRENT /
+    BASE over every pair of samples - 1, positive is slower, with its 1-alpha interval; it differs
+    from ``median_change`` when the samples spread), ``p_value``, ``noise_floor``,
     ``n_base``, ``n_cur``, ``unit`` (what a sample is), ``needed`` (samples a side that would
     resolve a noisy cell), ``verdict``, ``note``,
     ``ci_overlap`` (whether the two medians' intervals overlap; shown, never the verdict).
@@ -247,9 +249,14 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
         if col not in out:
             out[col] = np.nan
     out = _pair_changed_settings(out, key)
+    out["median_change"] = _num(out["cur_time_s"]) / _num(out["base_time_s"]) - 1  # beside the shift, not it
     if not out["verdict"].isin(COMPARED).any():
         raise UserError(_nothing_compared(out, key))
     return out.sort_values(key).reset_index(drop=True)
+
+
+def _num(s: pd.Series) -> pd.Series:
+    return pd.to_numeric(s, errors="coerce")
 
 
 def _verdict(r: pd.Series, row: dict, bs: dict, cs: dict, run_diff: list[str], ctx_b: dict, ctx_c: dict,

@@ -8,6 +8,7 @@ noisy-neighbour victim latencies and the sweep's rate-vs-p99 points; ``--curve``
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import pandas as pd
 from bench.results.store import load_run, read_table
 
 
-def _ms(v: float) -> str:
+def ms(v: float) -> str:
+    """Seconds as milliseconds with two decimals; '-' for NA."""
     return "-" if pd.isna(v) else f"{v * 1e3:.2f}"
 
 
@@ -41,43 +43,75 @@ def _steady(r: pd.Series) -> str:
     return "yes" if stable else f"no: {str(r.get('noise') or '')[:70]}"
 
 
-def levels_table(cells: pd.DataFrame) -> str:
+#: a table of one serving question: its title, its column heads, its rows (texts), which columns
+#: hold numbers (aligned right)
+LEVEL_HEAD = ["placement", "policy", "load", "req/s", "p50 ms", "p99 ms", "n", "util", "imbalance", "parity err",
+              "steady"]
+LEVEL_NUMERIC = {"req/s", "p50 ms", "p99 ms", "n", "util", "imbalance", "parity err"}
+NOISY_HEAD = ["placement", "policy", "ws", "victim mean ms alone", "with flood", "victim p50 alone", "with flood",
+              "victim p90 alone", "with flood"]
+
+
+def fmt(v, spec: str) -> str:
+    """A value in ``spec``; '-' for NA."""
+    return "-" if v is None or pd.isna(v) else format(v, spec)
+
+
+def level_rows(cells: pd.DataFrame) -> list[tuple[str, list[list[str]]]]:
+    """Per world size, device and workload of the load levels: (title, rows under LEVEL_HEAD). A
+    cell that did not run holds its status and reason in the req/s column."""
     lv = cells[cells["serve_scenario"] == "levels"]
     out = []
     for (ws, gpu, _), g in lv.groupby(["world_size", "gpu", "workload"]):
         first = g.iloc[0]
-        out.append(f"\n**{ws} x {gpu}**, {first['workload']} ({first['serve_task']}, {first['precision']})\n")
-        out.append("| placement | policy | load | req/s | p50 ms | p99 ms | n | util | imbalance | parity err "
-                   "| steady |")
-        out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+        rows = []
         for _, r in g.iterrows():
+            head = [str(r["strategy"]), str(r["serve_policy"]), str(r["serve_load"])]
             if r["status"] != "ok":
-                out.append(f"| {r['strategy']} | {r['serve_policy']} | {r['serve_load']} | {r['status']}: "
-                           f"{str(r['reason'])[:60]} | | | | | | | |")
+                rows.append(head + [f"{r['status']}: {str(r['reason'])[:60]}"] + [""] * 7)
                 continue
-            out.append(f"| {r['strategy']} | {r['serve_policy']} | {r['serve_load']} | {r['serve_achieved_rps']:.1f} | "
-                       f"{_ms(r['latency_p50_s'])} | {_ms(r['latency_p99_s'])} | {r['latency_n']} | "
-                       f"{r['util_mean']:.0%} | {r['util_imbalance']:.2f} | {r['parity_rel_err']:.1e} | "
-                       f"{_steady(r)} |")
+            rows.append(head + [fmt(r["serve_achieved_rps"], ".1f"), ms(r["latency_p50_s"]), ms(r["latency_p99_s"]),
+                                fmt(r["latency_n"], ".0f"), fmt(r["util_mean"], ".0%"),
+                                fmt(r["util_imbalance"], ".2f"), fmt(r["parity_rel_err"], ".1e"), _steady(r)])
+        out.append((f"{ws} x {gpu}, {first['workload']} ({first['serve_task']}, {first['precision']})", rows))
+    return out
+
+
+def markdown(head: list[str], rows: list[list[str]], numeric: set[str] = frozenset()) -> list[str]:
+    """A markdown table: the head, the alignment line (numbers right), the rows."""
+    return (["| " + " | ".join(head) + " |", "|" + "".join("---:|" if h in numeric else "---|" for h in head)]
+            + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def levels_table(cells: pd.DataFrame) -> str:
+    out = []
+    for title, rows in level_rows(cells):
+        ws, _, rest = title.partition(", ")
+        out.append(f"\n**{ws}**, {rest}\n")
+        out += markdown(LEVEL_HEAD, rows, LEVEL_NUMERIC)
     return "\n".join(out)
 
 
-def noisy_table(cells: pd.DataFrame, tenants: pd.DataFrame) -> str:
+def noisy_rows(cells: pd.DataFrame, tenants: pd.DataFrame) -> list[list[str]]:
+    """The noisy-neighbour victim's latencies alone and under a flood, rows under NOISY_HEAD."""
     nz = cells[cells["serve_scenario"].isin(["noisy-alone", "noisy-flood"])]
     if nz.empty:
-        return ""
-    out = ["\n| placement | policy | ws | victim mean ms alone | with flood | victim p50 alone | with flood | "
-           "victim p90 alone | with flood |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        return []
+    out = []
     v = tenants[tenants["tenant"] == "victim"].set_index(["run", "cell_id"])
     for (pl, pol, ws), g in nz.groupby(["strategy", "serve_policy", "world_size"]):
         def get(scen, col):
             c = g[g["serve_scenario"] == scen]
-            return v.loc[(c["run"].iloc[0], c["cell_id"].iloc[0]), col] if len(c) else float("nan")
-        out.append(f"| {pl} | {pol} | {ws} | {_ms(get('noisy-alone', 'latency_mean_s'))} | "
-                   f"{_ms(get('noisy-flood', 'latency_mean_s'))} | {_ms(get('noisy-alone', 'latency_p50_s'))} | "
-                   f"{_ms(get('noisy-flood', 'latency_p50_s'))} | {_ms(get('noisy-alone', 'latency_p90_s'))} | "
-                   f"{_ms(get('noisy-flood', 'latency_p90_s'))} |")
-    return "\n".join(out)
+            key = (c["run"].iloc[0], c["cell_id"].iloc[0]) if len(c) else None
+            return v.loc[key, col] if key is not None and key in v.index else float("nan")
+        out.append([str(pl), str(pol), str(ws)] + [ms(get(scen, f"latency_{k}_s")) for k in ("mean", "p50", "p90")
+                                                   for scen in ("noisy-alone", "noisy-flood")])
+    return out
+
+
+def noisy_table(cells: pd.DataFrame, tenants: pd.DataFrame) -> str:
+    rows = noisy_rows(cells, tenants)
+    return "\n".join([""] + markdown(NOISY_HEAD, rows, set(NOISY_HEAD[2:]))) if rows else ""
 
 
 def curve(cells: pd.DataFrame) -> pd.DataFrame:
@@ -92,6 +126,7 @@ def plot(cv: pd.DataFrame, path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, g in cv.groupby(["strategy", "serve_policy", "world_size"]):
@@ -101,9 +136,15 @@ def plot(cv: pd.DataFrame, path: str) -> None:
     ax.set_xlabel("offered rate (requests/s)")
     ax.set_ylabel("p99 latency (ms)")
     ax.set_yscale("log")
+    # plain tick labels: the default log labels are mathtext, which a page drawn with
+    # text.parse_math off (run names may hold "$") would show as raw source
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(
+        lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""))
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:

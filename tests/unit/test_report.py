@@ -8,7 +8,7 @@ import pytest
 
 from bench.results.store import RunWriter, load_run
 from reports import build_report, figures
-from reports.recommend import recommend
+from reports.recommend import first_screen, recommend
 from tests import chromium
 
 MAX_W, MAX_H = 1400, 1600  # pixels: no figure taller than about a screen and a half
@@ -116,21 +116,21 @@ needs_chromium = pytest.mark.skipif(chromium.browser() is None,
                                     reason="headless Chromium is not installed (Debian: apt install chromium)")
 MAX_PAGE_PX = 15000  # page height at 1400x1000: the committed 61-cell run is ~9,500 px
 FIRST_SCREEN_PX = chromium.VIEWPORT[1]
-# The recommendation table as the reader sees it (rows of cell texts) and where it ends.
-PICKS_JS = """(() => { const t = document.querySelector('#picks');
-  return t ? {bottom: t.getBoundingClientRect().bottom,
-              rows: Array.from(t.rows).slice(1).map(r => Array.from(r.cells).map(c => c.innerText.trim()))}
-           : null; })()"""
+# The recommendation tables as the reader sees them (rows of cell texts) and where the first ends.
+PICKS_JS = """(() => { const rows = id => { const t = document.querySelector(id);
+    return t ? Array.from(t.rows).slice(1).map(r => Array.from(r.cells).map(c => c.innerText.trim())) : []; };
+  const t = document.querySelector('#picks'), h = document.querySelector('h2');
+  return {bottom: (t || h).getBoundingClientRect().bottom, rows: rows('#picks'), toys: rows('#toy-picks'),
+          first: h ? h.nextElementSibling.innerText : ''}; })()"""
 RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
 
 
 def shown_pick(p) -> list[str]:
-    """What the recommendation row of ``p`` must read, formatted here from the pick's numbers."""
-    sig = ("yes" if p.significant else "no: intervals overlap" if p.significant is not None
-           else "not judged: one run (use --repeats 3+)")
-    return [p.workload, p.backend, str(p.world_size), p.winner, f"{p.step_ms:.1f}",
-            f"{p.speedup:.2f}x" if p.speedup is not None else "-", p.runner_up or "-",
-            f"{100 * p.margin:+.0f}%" if p.margin is not None else "-", sig]
+    """What the recommendation row of ``p`` must read: the answer, whether it is decided and why."""
+    use = "no decision" if p.use is None else ("one device" if p.use == "single" else p.use)
+    decided = "no decision" if p.use is None else "decided" if p.resolved else \
+        "leading, not decided (needs --repeats 3)"
+    return [p.workload, p.backend, str(p.world_size), use, decided, p.because]
 
 
 def assert_page_ok(page: Path, cells) -> chromium.PageCheck:
@@ -142,16 +142,20 @@ def assert_page_ok(page: Path, cells) -> chromium.PageCheck:
         assert 0 < img["w"] <= MAX_W and 0 < img["h"] <= MAX_H, img
     picks = recommend(cells)
     shown = seen.extra
-    assert shown is not None and len(shown["rows"]) == len(picks) > 0
+    real = first_screen([p for p in picks if not p.launch_bound])
+    toys = first_screen([p for p in picks if p.launch_bound])
+    assert len(shown["rows"]) == len(real) and len(shown["toys"]) == len(toys) and picks
     assert shown["bottom"] <= FIRST_SCREEN_PX  # the answer is on the first screen
-    for p, row in zip(picks, shown["rows"]):
-        assert row[:9] == shown_pick(p), (row, p)
-        assert row[9].startswith(p.why)
-        # and the winner is the fastest qualifying cell of the raw table, not just what recommend() said
+    if not real:  # launch-bound workloads only: the first screen says so and where their picks are
+        assert "Every workload of this run is launch-bound" in shown["first"]
+    for p, row in [*zip(real, shown["rows"]), *zip(toys, shown["toys"])]:
+        assert row[:6] == shown_pick(p), (row, p)
+        assert f"{p.winner} {p.step_ms:.1f} ms/step" in row[6] and p.why in row[6]
+        # and the fastest is the fastest qualifying cell of the raw table, not just what recommend() said
         same = cells[(cells["workload"] == p.workload) & (cells["backend"] == p.backend)
                      & (cells["world_size"] == p.world_size) & (cells["status"] == "ok")
                      & (cells["parity_ok"] == True) & (cells["role"] != "independent")]  # noqa: E712
-        assert same.loc[same["step_time_median_s"].idxmin(), "strategy"] == row[3]
+        assert f"fastest: {same.loc[same['step_time_median_s'].idxmin(), 'strategy']} " in row[6]
     return seen
 
 
@@ -171,10 +175,12 @@ def test_report_in_headless_chromium(tmp_path):
     assert len(ran) == 5 and ran == sorted(ran) and [float(v) for v in down if v] == sorted(ran, reverse=True)
     rows = {(r[1], r[2]): r for r in seen.extra["rows"]}
     # nccl x2: ddp 55 ms ahead of fsdp 90 ms (+64%), 0.1/0.055 = 1.82x one device, intervals apart
-    assert rows[("nccl", "2")][3:9] == ["ddp", "55.0", "1.82x", "fsdp", "+64%", "yes"]
-    assert rows[("gloo", "2")][3:9] == ["ddp", "60.0", "1.67x", "-", "-", "not judged: one run (use --repeats 3+)"]
-    assert "communication-bound" in rows[("nccl", "2")][9] and "ensemble: trains independent models" in \
-        rows[("nccl", "2")][9]
+    assert rows[("nccl", "2")][3:6] == ["ddp", "decided", "the library default, +64% ahead of fsdp beyond the noise"]
+    assert rows[("nccl", "2")][6].startswith("fastest: ddp 55.0 ms/step, 1.82x one device; +64% ahead of fsdp "
+                                             "(beyond the noise)\ncommunication-bound")
+    assert "ensemble: trains independent models" in rows[("nccl", "2")][6]
+    assert rows[("gloo", "2")][3:6] == ["ddp", "decided", "the only strategy that passed"]
+    assert rows[("gloo", "2")][6].startswith("fastest: ddp 60.0 ms/step, 1.67x one device\n")
     assert seen.extra["bottom"] <= FIRST_SCREEN_PX
     for img in seen.images:
         assert 0 < img["w"] <= MAX_W and 0 < img["h"] <= MAX_H, img
@@ -250,3 +256,115 @@ def test_a_cell_without_a_breakdown_claims_no_bound():
     assert reason(pd.Series({"mfu": 0.4})) == "bound not known (no breakdown)"
     note = pd.Series({"profile_note": "profile pass not run: the time budget's deadline passed"})
     assert reason(note) == "bound not known (no breakdown: profile pass not run: the time budget's deadline passed)"
+
+
+def _with_calls(run):
+    """The fake run with recorded calls: three one-rank all_reduces of the single-device cell (no-ops,
+    far below any curve) and two two-rank ones of ddp gloo x2, and a flat sweep of this machine."""
+    import pandas as pd
+
+    mib = 2.0**20
+    one = [dict(cell_id=0, rank=0, backend="gloo", world_size=1, op="allreduce", group_size=None, bytes=64 * mib,
+                start_s=float(i), duration_s=1.0) for i in range(3)]
+    two = [dict(cell_id=1, rank=k, backend="gloo", world_size=2, op="allreduce", group_size=2, bytes=64 * mib,
+                start_s=float(i), duration_s=64 * mib / 10e9) for i in range(2) for k in range(2)]
+    RunWriter(run, resume=True).append("comm", one + two)
+    pd.DataFrame([{"kind": "sweep", "status": "ok", "op": "all_reduce", "backend": "gloo", "device": "cpu",
+                   "world_size": n, "dtype": "fp32", "bytes": s, "busbw_gbs": 10.0, "time_s": 1e-3}
+                  for n in (1, 2) for s in (2**20, 2**30)]).to_parquet(run / "collectives.parquet")
+    return run
+
+
+def test_one_rank_calls_are_not_collectives(tmp_path):
+    """A call of one rank moves nothing: it is neither drawn as a collective nor counted in the
+    report's note on collectives below the machine's curve."""
+    from bench.comm.model import annotate_comm
+    from bench.results.store import read_table
+    from reports import html
+
+    run = _with_calls(fake_run(tmp_path))
+    everything = annotate_comm(read_table(run, "comm"), read_table(run, "collectives"))
+    ax = figures.collective_bandwidth(everything)
+    assert sum(len(c.get_offsets()) for c in ax.collections) == 4  # the two-rank calls of both ranks only
+    assert "1 ranks" not in " ".join(t.get_text() for t in ax.get_legend().get_texts())
+    plt.close(ax.figure)
+    annotated = html._annotated_comm(run, {})
+    assert set(annotated["cell_id"]) == {1}
+    page = build_report(run, tmp_path / "out").read_text()
+    assert "single gloo x1: 3 of 3 recorded collectives" not in page
+    assert "collectives.png" in " ".join(p.name for p in (tmp_path / "out").glob("*.png"))
+
+
+def serve_run(tmp_path, *, target_ms: float | None = 50.0, name="serve"):
+    """A `parbench serve` run of two devices: replicas under two policies and a pipeline at two load
+    levels, a rate sweep of replicas/jsq, and a pinned-tenants pool that failed to start."""
+    from bench.core.metrics import registry
+    from bench.results.store import cell_columns
+    from bench.serve import schema
+
+    w = RunWriter(tmp_path / name, cell_schema=cell_columns(registry(schema.SERVE_METRICS)), tables=schema.TABLES)
+    slo = None if target_ms is None else target_ms / 1e3
+    rows = []
+    # (placement, policy, scenario, load, offered, achieved, p99 ms)
+    for k, (pl, pol, scen, load, rate, got, p99) in enumerate([
+            ("replicas", "rr", "levels", "poisson@50/s", 50, 49.0, 30.0),
+            ("replicas", "rr", "levels", "poisson@100/s", 100, 97.0, 80.0),
+            ("replicas", "jsq", "levels", "poisson@50/s", 50, 49.5, 20.0),
+            ("replicas", "jsq", "levels", "poisson@100/s", 100, 98.0, 40.0),
+            ("pipeline", "-", "levels", "poisson@50/s", 50, 49.0, 60.0),
+            ("pipeline", "-", "levels", "poisson@100/s", 100, 60.0, 900.0),
+            ("replicas", "jsq", "sweep", "poisson@150/s", 150, 146.0, 48.0),
+            ("replicas", "jsq", "sweep", "poisson@200/s", 200, 150.0, 400.0)]):
+        rows.append(dict(cell_id=k + 1, workload="mlp", strategy=pl, backend="mp-queue", device="cpu", world_size=2,
+                         status="ok", role="independent", precision="fp32", mode="serve", serve_policy=pol,
+                         serve_load=load, serve_scenario=scen, serve_task="classify", serve_offered_rps=float(rate),
+                         serve_achieved_rps=got, latency_p50_s=p99 / 2e3, latency_p99_s=p99 / 1e3, latency_n=1000,
+                         util_mean=0.5, util_imbalance=1.1, parity_rel_err=0.0, stable=True, slo_s=slo,
+                         slo_met=None if slo is None else p99 / 1e3 <= slo and got >= 0.9 * rate))
+    rows.append(dict(cell_id=9, workload="mlp", strategy="pinned-tenants", backend="mp-queue", device="cpu",
+                     world_size=2, status="failed", reason="RuntimeError: pool did not start", role="independent",
+                     precision="fp32", mode="serve", serve_policy="pinned", serve_load="poisson@50/s",
+                     serve_scenario="levels", serve_task="classify", slo_s=slo))
+    w.append("cells", rows)
+    (tmp_path / name / "meta.json").write_text(json.dumps({"host": "h", "torch": "x", "run_id": name, "mode": "serve"}))
+    return tmp_path / name
+
+
+def test_the_report_of_a_serve_run_is_about_serving(tmp_path):
+    """Its tables are HTML tables, the training sections are gone, and its answer is the placement
+    and policy with the highest rate that met the p99 target."""
+    page = build_report(serve_run(tmp_path)).read_text()
+    assert "<pre>" not in page and "| placement |" not in page
+    assert "<h2>Recommendation</h2>" not in page and "<h2>All cells</h2>" not in page
+    assert "No strategy on more than one device passed" not in page
+    serve_picks = re.search(r"<table class=\"pick\" id=\"serve-picks\">(.*?)</table>", page, re.S).group(1)
+    assert "<b>replicas/jsq</b>" in serve_picks and "146.0" in serve_picks  # the sweep's passing rate
+    assert "next: replicas/rr at 49.0 req/s" in serve_picks and "never met it: pipeline" in serve_picks
+    levels = re.findall(r"<table class=\"serve\">(.*?)</table>", page, re.S)
+    assert len(levels) == 2  # the load levels and the sweep
+    assert re.search(r"<td class=\"l\">replicas</td><td class=\"l\">jsq</td><td class=\"l\">poisson@100/s</td>"
+                     r"<td class=\"\">98.0</td>", levels[0])
+    assert "failed: RuntimeError: pool did not start" in levels[0]
+    # the failed pool is where the page lists what did not run, not "None"
+    failed = page[page.index("<h2>Failed and skipped cells</h2>"):]
+    assert "pinned-tenants" in failed and "RuntimeError: pool did not start" in failed
+    assert "1 failed or timed out" in page and "8 cells ok" in page
+
+
+@pytest.mark.parametrize("target_ms, why", [
+    (None, "no latency target was set (parbench serve --slo-ms MS picks what meets it); the highest rate answered "
+           "was replicas/jsq at 150.0 req/s (p99 400.0 ms)"),
+    (10.0, "no placement and policy met the p99 target of 10 ms at any rate tried; the lowest p99 was 20.0 ms "
+           "(replicas/jsq)")])
+def test_a_serve_run_without_an_answer_says_why(tmp_path, target_ms, why):
+    from reports.serving import serve_picks
+
+    cells, _, _ = load_run(serve_run(tmp_path, target_ms=target_ms))
+    (p,) = serve_picks(cells)
+    assert p.use is None and p.because == why, p
+
+
+@needs_chromium
+def test_serve_report_in_headless_chromium(tmp_path):
+    seen = chromium.check_page(build_report(serve_run(tmp_path)))
+    assert seen.problems(MAX_PAGE_PX) == []
