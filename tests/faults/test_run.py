@@ -65,7 +65,7 @@ def _sigkill(id_: str, when, strategies: str, *more: str) -> Case:
 def _during_report(sig: signal.Signals, code: int) -> Case:
     return Case(f"{sig.name.lower()}-during-report", "run",
                 ["run", "--out", "{tmp}/out", *TINY, "--world-sizes", "1", "--strategies", "single", "--report"],
-                signal=(sig, "recommendation:"), group=sig == signal.SIGINT, code=code,
+                signal=(sig, "every cell: parbench report"), group=sig == signal.SIGINT, code=code,
                 expect=f"interrupted by {sig.name}: the run's cells (all of them finished) are in {{tmp}}/out/",
                 kept=_rows_whole, env=PATH_ENV, timeout_s=240)
 
