@@ -60,12 +60,15 @@ def _defaults() -> tuple:
     p = argparse.ArgumentParser()
     register(p.add_subparsers())
     a = p.parse_args(["compare", "BASE", "CURRENT"])
-    return a.require_repeats, a.test, parse_threshold(a.threshold)
+    from bench.gate.verdict import DEFAULT_THRESHOLD
+
+    return a.require_repeats, a.test, parse_threshold(a.threshold or DEFAULT_THRESHOLD)
 
 
 def shipped_defaults() -> dict[str, object]:
     """The options ``parbench compare BASE CURRENT`` runs with when given none, taken from its own
-    parser (bench/cli/gate.py), so the calibration follows the CLI if a default changes."""
+    parser (bench/cli/gate.py) and, for the threshold, the default it falls back to
+    (bench/gate/verdict.py), so the calibration follows the CLI if a default changes."""
     require_repeats, test, threshold = _defaults()
     return dict(require_repeats=require_repeats, test=test, threshold=threshold)
 
