@@ -5,7 +5,7 @@ what was measured, and what to try next; launch-bound (toy) workloads apart from
 
 from __future__ import annotations
 
-from reports.recommend import REPEATS_HINT, Pick, first_screen
+from bench.decide.recommend import Pick, first_screen
 
 #: why a launch-bound workload's pick is kept off the first screen
 LAUNCH_BOUND_WHY = ("the single-device step is under 10 ms or mostly idle: it measures kernel launches and "
@@ -26,10 +26,10 @@ def use_text(p: Pick) -> str:
 
 
 def decided_text(p: Pick) -> str:
-    """'decided', 'leading, not decided (needs --repeats 3)' or 'no decision'."""
+    """'decided', 'leading, not decided (what would decide it)' or 'no decision'."""
     if p.use is None:
         return "no decision"
-    return "decided" if p.resolved else f"leading, not decided ({REPEATS_HINT})"
+    return "decided" if p.resolved else f"leading, not decided ({p.open_text()})"
 
 
 def noise_text(p: Pick) -> str:
@@ -63,7 +63,7 @@ def lines(p: Pick) -> list[str]:
     elif p.resolved:
         first = head + f"use {use_text(p)}: {p.because}"
     else:
-        first = head + f"{use_text(p)} leads, not decided ({REPEATS_HINT}): {p.because}"
+        first = head + f"{use_text(p)} leads, not decided ({p.open_text()}): {p.because}"
     out = [first, f"{measured_text(p)}; {p.why}"]
     if next_text(p):
         out.append(f"next: {next_text(p)}")

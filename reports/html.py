@@ -1,7 +1,7 @@
 """The HTML report: one self-contained page that answers which strategy, why, at what cost, and
 what changed.
 
-The first screen is the recommendation (``reports.recommend``, in :mod:`reports.answer`'s words)
+The first screen is the recommendation (``bench.decide.recommend``, in :mod:`reports.answer`'s words)
 per workload, backend and world size: what to use or that there is no decision, whether it is
 decided, why, what was measured and what to try next; launch-bound (toy) workloads have their own
 section further down. Then, per workload, figures sized to their content (embedded as base64 PNG,
@@ -29,7 +29,7 @@ from bench.results.bounds import safe_name
 from bench.results.store import CELL_COLUMNS, SAMPLE_COLUMNS, frame, load_run, read_table
 from bench.runtime.signals import defer_stops
 from reports import answer, figures
-from reports.recommend import is_false, recommend
+from bench.decide.recommend import is_false, recommend
 from reports.serving import serve_section
 
 TEMPLATE = """<!doctype html>

@@ -184,7 +184,7 @@ def print_recommendation(run_dir: Path, console=None) -> None:
     from bench.cli.summary import end_console
     from bench.results.store import load_run
     from reports import answer
-    from reports.recommend import recommend
+    from bench.decide.recommend import recommend
 
     cells, _, _ = load_run(run_dir)
     if "mode" in cells:  # a row without a mode is a training row

@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("strategies",),
     ("bench.measure", "bench.stats"),
     ("bench.results", "bench.runtime", "bench.plan", "bench.multinode"),
+    ("bench.decide",),
     ("bench.train", "bench.comm", "bench.serve", "bench.gate"),
     ("reports",),
     ("bench.cli", "bench.__main__"),

@@ -1,4 +1,4 @@
-"""The recommendation rules (reports.recommend) on hand-built cells, one table per rule, and on
+"""The recommendation rules (bench.decide.recommend) on hand-built cells, one table per rule, and on
 cells recorded on H100s (tests/fixtures/recommend/)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from reports.recommend import first_screen, recommend
+from bench.decide.recommend import first_screen, recommend
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "recommend"
 GB = 16
@@ -56,9 +56,26 @@ def test_one_device_when_every_candidate_is_slower():
 
 
 def test_one_device_also_when_no_candidate_is_faster_beyond_the_noise():
-    p = pick([cell("single", 1, 0.100, spread=0.05), cell("ddp", 2, 0.098, spread=0.05)])
-    assert p.speedup > 1 and p.use == "single" and p.resolved
-    assert "no candidate is faster than one device beyond the noise" in p.because
+    # ddp's interval lies below one device's: one device is faster beyond the noise
+    p = pick([cell("single", 1, 0.100, spread=0.01), cell("ddp", 2, 0.104, spread=0.01)])
+    assert p.use == "single" and p.resolved and p.open_cells == ()
+    # within 3% of one device (both intervals inside the band): the same speed, one device
+    same = pick([cell("single", 1, 0.100, spread=0.004), cell("ddp", 2, 0.098, spread=0.004)])
+    assert same.speedup > 1 and same.use == "single" and same.resolved
+    assert "no candidate is faster than one device: the best, ddp, reaches 1.02x, within 3%" in same.because
+
+
+def test_an_open_pair_names_its_cells_and_the_repeats_that_would_close_it():
+    rows = [cell("single", 1, 0.100, spread=0.06, repeats_done=3), cell("ddp", 2, 0.090, spread=0.06, repeats_done=3)]
+    p = pick(rows)
+    # 10% apart with +-6% intervals: open at 3 repeats; separated once the half-widths fit the gap
+    assert p.use == "ddp" and not p.resolved and p.open_cells == (rows[1]["cell_id"], rows[0]["cell_id"])
+    assert p.repeats_needed is not None and 3 < p.repeats_needed <= 8
+    assert p.line().startswith(f"gpt, nccl x2: not decided (needs about {p.repeats_needed} repeats a cell): ddp leads")
+    # 2% apart with +-5% intervals: more repeats than it is worth
+    wide = pick([cell("single", 1, 0.100, spread=0.05), cell("ddp", 2, 0.098, spread=0.05)])
+    assert wide.use == "ddp" and not wide.resolved and wide.repeats_needed is None and len(wide.open_cells) == 2
+    assert "more repeats would not separate them" in wide.line()
 
 
 # -- rule 2: the library default unless another is faster beyond the noise ----------------------------
@@ -67,9 +84,15 @@ def test_one_device_also_when_no_candidate_is_faster_beyond_the_noise():
 def test_the_library_default_stays_when_the_leader_is_within_the_noise():
     p = pick([cell("single", 1, 0.200), cell("ddp", 2, 0.100, spread=0.05),
               cell("allreduce-bucketed", 2, 0.097, spread=0.05)])
-    assert p.winner == "allreduce-bucketed" and p.use == "ddp" and p.decision == "library" and p.resolved
-    assert "allreduce-bucketed leads it by +3%, within the noise" in p.because
-    assert p.line().startswith("gpt, nccl x2: use ddp, the library default; ")
+    assert p.winner == "allreduce-bucketed" and p.use == "ddp" and p.decision == "library" and not p.resolved
+    assert "allreduce-bucketed leads it by +3% within the noise" in p.because
+    assert p.line().startswith("gpt, nccl x2: not decided (more repeats would not separate them): ddp, the library "
+                               "default; ")
+    # the two within 3% of each other: the library default, decided
+    same = pick([cell("single", 1, 0.200), cell("ddp", 2, 0.100, spread=0.004),
+                 cell("allreduce-bucketed", 2, 0.099, spread=0.004)])
+    assert same.use == "ddp" and same.resolved and "within 3%, the same speed" in same.because
+    assert same.line().startswith("gpt, nccl x2: use ddp, the library default; ")
 
 
 def test_a_strategy_faster_beyond_the_noise_wins_with_the_reason():
@@ -137,10 +160,15 @@ def test_next_step_points_to_fewer_devices_and_the_bucket_size():
 
 
 def test_no_decision_on_an_unstable_reference():
-    p = pick([cell("single", 1, 0.100, stable=False, noise="cv 12%"), cell("ddp", 2, 0.150)])
+    ref = cell("single", 1, 0.100, stable=False, noise="cv 12%", repeats=False)
+    p = pick([ref, cell("ddp", 2, 0.150)])
     assert p.use is None and p.decision == "undecided" and not p.resolved
     assert p.because == "not stable: one device (cv 12%)"
     assert p.line().startswith("gpt, nccl x2: no decision: not stable: one device (cv 12%); fastest: ddp")
+    assert p.open_cells == (ref["cell_id"],) and p.repeats_needed == 3  # repeats can lift it
+    # measured with repeats, its interval carries the noise: a decision rests on it
+    p = pick([cell("single", 1, 0.100, stable=False, noise="cv 12%"), cell("ddp", 2, 0.150)])
+    assert p.use == "single" and p.resolved
 
 
 def test_no_decision_on_a_contended_leader():
@@ -177,15 +205,15 @@ def test_one_run_per_cell_is_leading_not_decided():
     p = pick(rows)
     assert p.winner == "allreduce-bucketed" and p.use == "ddp" and not p.resolved
     line = p.line()
-    assert line.startswith("gpt, nccl x2: not decided (needs --repeats 3): ddp, the library default; "
+    assert line.startswith("gpt, nccl x2: not decided (needs about 3 repeats a cell): ddp, the library default; "
                            "allreduce-bucketed leads it by +25% in one run (less exposed communication")
     assert ": use " not in line
     # candidates from repeats, a reference from one run: beating one device is not judged
     unref = pick([cell("single", 1, 0.150, repeats=False), cell("ddp", 2, 0.100), cell("fsdp", 2, 0.130)])
-    assert unref.use == "ddp" and not unref.resolved
+    assert unref.use == "ddp" and not unref.resolved and unref.repeats_needed == 3
     slower = pick([cell("single", 1, 0.1, repeats=False), cell("ddp", 2, 0.3, repeats=False)])
     assert slower.use == "single" and not slower.resolved
-    assert slower.line().startswith("gpt, nccl x2: not decided (needs --repeats 3): one device leads; ")
+    assert slower.line().startswith("gpt, nccl x2: not decided (needs about 3 repeats a cell): one device leads; ")
 
 
 # -- rule 7: launch-bound workloads leave the first screen --------------------------------------------
@@ -226,7 +254,7 @@ def test_recorded_default_matrix_decides_nothing_from_one_run():
     assert gloo2.next_step.startswith("try the nccl backend (1.58x at x2)")
     nccl2 = picks[("gpt-200m", "nccl", 2)]
     assert nccl2.use == "ddp" == nccl2.winner and nccl2.decision == "library"
-    assert nccl2.line().startswith("gpt-200m, nccl x2: not decided (needs --repeats 3): ddp leads (46.3 ms/step, "
+    assert nccl2.line().startswith("gpt-200m, nccl x2: not decided (needs about 3 repeats a cell): ddp leads (46.3 ms/step, "
                                    "1.58x one device)")
     nccl4 = picks[("gpt-200m", "nccl", 4)]  # the hand-written all-reduce leads ddp by 7% in one noisy run
     assert nccl4.winner == "allreduce-bucketed" and nccl4.use is None
@@ -240,7 +268,7 @@ def test_recorded_default_matrix_if_every_cell_were_stable():
     picks = by_key(cells)
     gloo2 = picks[("gpt-200m", "gloo", 2)]
     assert gloo2.use == "single" and not gloo2.resolved
-    assert gloo2.line().startswith("gpt-200m, gloo x2: not decided (needs --repeats 3): one device leads; every "
+    assert gloo2.line().startswith("gpt-200m, gloo x2: not decided (needs about 3 repeats a cell): one device leads; every "
                                    "candidate is slower than one device: the best, chain, reaches 0.27x")
     nccl4 = picks[("gpt-200m", "nccl", 4)]
     assert nccl4.use == "ddp" and nccl4.winner == "allreduce-bucketed" and not nccl4.resolved
@@ -270,7 +298,9 @@ def test_recorded_default_matrix_when_the_model_does_not_fit_one_device():
 def test_recorded_repeats_decide_when_nothing_blocks():
     cells = recorded("gate-batch64-h100-x2.csv")
     (p,) = recommend(cells)
-    assert p.use is None and p.because == "not stable: fsdp (bimodal)"  # as recorded
+    # as recorded: fsdp is bimodal, but its interval comes from repeats and lies clear of ddp's
+    assert p.use == "fsdp" and p.resolved and "noisy: bimodal" in p.why
+    assert recommend(cells.assign(ci_basis="steps (BCa)"))[0].because == "not stable: fsdp (bimodal)"  # one run
     steady = cells.assign(stable=True, noise=pd.NA)
     (p,) = recommend(steady)
     assert p.use == "fsdp" and p.decision == "faster" and p.resolved and p.speedup == pytest.approx(2.189, abs=1e-3)

@@ -8,7 +8,7 @@ import pytest
 
 from bench.results.store import RunWriter, load_run
 from reports import build_report, figures
-from reports.recommend import first_screen, recommend
+from bench.decide.recommend import first_screen, recommend
 from tests import chromium
 
 MAX_W, MAX_H = 1400, 1600  # pixels: no figure taller than about a screen and a half
@@ -129,7 +129,7 @@ def shown_pick(p) -> list[str]:
     """What the recommendation row of ``p`` must read: the answer, whether it is decided and why."""
     use = "no decision" if p.use is None else ("one device" if p.use == "single" else p.use)
     decided = "no decision" if p.use is None else "decided" if p.resolved else \
-        "leading, not decided (needs --repeats 3)"
+        "leading, not decided (needs about 3 repeats a cell)"
     return [p.workload, p.backend, str(p.world_size), use, decided, p.because]
 
 
@@ -249,7 +249,7 @@ def test_a_cell_without_a_breakdown_claims_no_bound():
     recommendation said 'compute-bound' by default: a claim nothing measured."""
     import pandas as pd
 
-    from reports.recommend import reason
+    from bench.decide.recommend import reason
 
     measured = pd.Series({"compute_time_s": 0.05, "exposed_comm_s": 0.001, "idle_frac": 0.01, "mfu": 0.4})
     assert reason(measured).startswith("compute-bound (MFU 40%)")

@@ -3,18 +3,23 @@
 A candidate is a cell that ran (status ok: it also passed the distribution check), matched the
 single-device run (parity ok) and trains the same model (not an ensemble of independent models).
 The fastest candidate is the ``winner`` (a measured fact); what to ``use`` follows the rules of
-:mod:`reports.recommend_rules`, in this order:
+:mod:`bench.decide.rules`, in this order:
 
 1. no decision, with the reason, when the single-device reference or a leading candidate is
-   unstable or contended, or an efficiency is not physical;
-2. one device when every candidate is slower than it;
+   unstable in one run or contended, or an efficiency is not physical;
+2. one device when every candidate is slower than it, or none is faster beyond the noise;
 3. the library default (DDP; FSDP when the model does not fit one device or DDP ran out of memory)
    unless another candidate is faster beyond the noise, and then that one, with what in its
    breakdown makes it faster; a model that does not fit one device says so, with the memory
    headroom of what to use.
 
-A decision is ``resolved`` only when the intervals it rests on come from repeats; otherwise it is
-"leading, not decided". When nothing scales, ``next_step`` says what to try. ``launch_bound``
+Each decision rests on pairs of cells (the fastest against one device, and against the library
+default or the runner-up), judged from throughput intervals by :func:`bench.decide.rules.judge_pair`:
+one is faster beyond the noise, the two are the same speed (within ``EQUIVALENT``), or the pair is
+open (the intervals overlap more than that, or one comes from a single run). A decision is
+``resolved`` when none of its pairs is open; an open one names its cells (``open_cells``: what the
+run's adaptive repeats measure again) and about how many repeats a cell would close it
+(``repeats_needed``), and what it points to stands until they do. When nothing scales, ``next_step`` says what to try. ``launch_bound``
 marks picks of a workload whose step measures launches more than the strategy.
 """
 
@@ -24,19 +29,20 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from bench.results.derived import derive
-from reports.recommend_rules import (
+from bench.decide.rules import (
     BUBBLE_BOUND,
     COMM_BOUND,
+    EQUIVALENT,
     IDLE_BOUND,
     MEMORY_BOUND,
+    PairVerdict,
     blockers,
     capacity_from,
     faster_because,
-    faster_beyond_noise,
     from_repeats,
     headroom,
     is_false,
+    judge_pair,
     launch_bound,
     library_default,
     next_step,
@@ -45,10 +51,10 @@ from reports.recommend_rules import (
     ran_out,
     text,
 )
+from bench.results.derived import derive
 
 __all__ = ["Pick", "candidates", "first_screen", "is_false", "reason", "recommend"]
 
-REPEATS_HINT = "needs --repeats 3"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,11 +79,13 @@ class Pick:
     launch_bound: bool = False  # the workload's step measures launches more than the strategy
     fits_one_device: bool | None = None  # False: the single-device cell ran out of memory
     headroom: float | None = None  # free share of the device at the peak of ``use``
+    open_cells: tuple[int, ...] = ()  # cells an unresolved decision needs measured again
+    repeats_needed: int | None = None  # about how many repeats a cell would resolve it (None: not known)
 
     def line(self) -> str:
-        """The pick as one line of plain text: a decision says "use", one not judged from repeats
-        says "not decided", and no decision says why."""
-        head = "use" if self.resolved else f"not decided ({REPEATS_HINT}):"
+        """The pick as one line of plain text: a decision says "use", one still open says "not
+        decided" and what would decide it, no decision says why."""
+        head = "use" if self.resolved else f"not decided ({self.open_text()}):"
         if self.decision == "undecided":
             body = f"no decision: {self.because}; fastest: {self.winner} ({self._numbers()})"
         elif self.decision == "one-device":
@@ -89,6 +97,12 @@ class Pick:
         tail = [self.why] + ([self.next_step] if self.next_step else [])
         return f"{self.workload}, {self.backend} x{self.world_size}: {body}; " + "; ".join(tail) + \
             (f" [{self.excluded}]" if self.excluded else "")
+
+    def open_text(self) -> str:
+        """What would resolve an open decision, in a few words."""
+        if self.repeats_needed is None:
+            return "more repeats would not separate them" if self.open_cells else "nothing to repeat"
+        return f"needs about {self.repeats_needed} repeats a cell"
 
     def _numbers(self) -> str:
         out = f"{self.step_ms:.1f} ms/step"
@@ -156,6 +170,20 @@ def _with_scaling_notes(cells: pd.DataFrame) -> pd.DataFrame:
     return cells.assign(scaling_efficiency=d["scaling_efficiency"], scaling_note=d["scaling_note"])
 
 
+def _ids(rows: list[pd.Series]) -> tuple[int, ...]:
+    """The cell ids of ``rows`` (those that have one), each once."""
+    return tuple(dict.fromkeys(int(r["cell_id"]) for r in rows if r is not None and pd.notna(r.get("cell_id"))))
+
+
+def _with_open(out: dict, rows: list[pd.Series], v: PairVerdict) -> dict:
+    """``out`` made unresolved by an open pair: its cells join the ones to measure again, and the
+    repeats it needs (None: more than repeats can give) join the largest need so far."""
+    need = out.get("repeats_needed", 0)
+    more = None if v.need is None or need is None else max(need, v.need)
+    return {**out, "resolved": False, "open_cells": tuple(dict.fromkeys((*out.get("open_cells", ()), *_ids(rows)))),
+            "repeats_needed": more}
+
+
 class Group:
     """The candidates of one workload, backend and world size, and the decision about them."""
 
@@ -203,7 +231,8 @@ class Group:
         return self.g.iloc[1] if len(self.g) > 1 else None
 
     def decide(self) -> dict:
-        """use, decision, resolved, because (and, where it applies, fits_one_device, headroom)."""
+        """use, decision, resolved, because, the cells an open decision needs measured again and
+        about how many repeats a cell would close it (and, where it applies, fits_one_device, headroom)."""
         rival = self.rival()
         rows = ([("one device", self.ref)] if self.ref is not None else []) + [(str(self.best["strategy"]), self.best)]
         # The rival counts when the pick rests on beating it; a runner-up behind the library default
@@ -212,51 +241,61 @@ class Group:
             rows.append((str(rival["strategy"]), rival))
         block = blockers(rows, {k: self.speedup(r) for k, r in rows if r is not self.ref}, self.ws)
         if block:
-            return dict(use=None, decision="undecided", resolved=False, because="; ".join(block))
+            # repeats can lift one kind of block: an unstable cell measured in one run
+            again = [r for _, r in rows if is_false(r.get("stable")) and not from_repeats(r)]
+            return dict(use=None, decision="undecided", resolved=False, because="; ".join(block),
+                        open_cells=_ids(again), repeats_needed=3 if again else None)
         s = self.speedup(self.best)  # None without a reference
-        ahead = faster_beyond_noise(self.best, self.ref) if self.ref is not None else None
-        if s is not None and (s < 1 or ahead is False):
-            return self._one_device(s, ahead)
+        vs_ref = judge_pair(self.best, self.ref) if self.ref is not None else None
+        # one device unless a candidate is faster (an open pair with a faster median leads, unresolved)
+        if s is not None and vs_ref is not None and (s < 1 or vs_ref.state in ("b", "same")):
+            return self._one_device(s, vs_ref)
         out = self._strategy(rival)
-        if self.ref is not None and ahead is None:  # using it at all rests on beating one device
-            out["resolved"] = False
+        if vs_ref is not None and vs_ref.state == "open":  # using it at all rests on beating one device
+            out = _with_open(out, [self.best, self.ref], vs_ref)
         if self.oom is not None:
             free, words = headroom(self.g.loc[self.g["strategy"] == out["use"]].iloc[0], self.gpu_mem)
             out.update(fits_one_device=False, headroom=free,
                        because=f"does not fit one device (single: out of memory); {words}; {out['because']}")
         return out
 
-    def _one_device(self, s: float, ahead: bool | None) -> dict:
+    def _one_device(self, s: float, v: PairVerdict) -> dict:
+        """One device: every candidate is slower, or none is faster beyond the noise."""
         best = self.best["strategy"]
         if s < 1:
-            judged = faster_beyond_noise(self.ref, self.best)
             because = f"every candidate is slower than one device: the best, {best}, reaches {s:.2f}x"
-            return dict(use="single", decision="one-device", resolved=judged is not None, because=because)
-        because = f"no candidate is faster than one device beyond the noise: the best, {best}, reaches {s:.2f}x"
-        return dict(use="single", decision="one-device", resolved=ahead is not None, because=because)
+        elif v.state == "same":
+            because = f"no candidate is faster than one device: the best, {best}, reaches {s:.2f}x, within " \
+                      f"{EQUIVALENT:.0%}"
+        else:
+            because = f"no candidate is faster than one device beyond the noise: the best, {best}, reaches {s:.2f}x"
+        out = dict(use="single", decision="one-device", resolved=True, because=because)
+        return _with_open(out, [self.ref, self.best], v) if v.state == "open" else out
 
     def _strategy(self, rival: pd.Series | None) -> dict:
         best, name = self.best, str(self.best["strategy"])
         if rival is None:
-            return dict(use=name, decision="library" if self.default is not None else "fastest",
-                        resolved=from_repeats(best), because="the only strategy that passed")
+            out = dict(use=name, decision="library" if self.default is not None else "fastest",
+                       resolved=from_repeats(best), because="the only strategy that passed")
+            return out if from_repeats(best) else {**out, "open_cells": _ids([best]), "repeats_needed": 3}
         margin = rival["step_time_median_s"] / best["step_time_median_s"] - 1
-        other, sig = str(rival["strategy"]), faster_beyond_noise(best, rival)
+        other, v = str(rival["strategy"]), judge_pair(best, rival)
+        vs = {"a": "beyond the noise", "same": f"within {EQUIVALENT:.0%}, the same speed",
+              "b": "within the noise", "open": "within the noise" if from_repeats(best) and from_repeats(rival)
+              else "in one run"}[v.state]
         if self.default is None or self.default.name == best.name:
             kind = "the library default" if self.default is not None else "the fastest (no library default ran)"
-            vs = {True: "beyond the noise", False: "within the noise", None: "in one run"}[sig]
-            return dict(use=name, decision="library" if self.default is not None else "fastest",
-                        resolved=sig is not None, because=f"{kind}, {margin:+.0%} ahead of {other} {vs}")
+            out = dict(use=name, decision="library" if self.default is not None else "fastest", resolved=True,
+                       because=f"{kind}, {margin:+.0%} ahead of {other} {vs}")
+            return _with_open(out, [best, rival], v) if v.state == "open" else out
         why = faster_because(best, rival)
-        if sig:
+        if v.state == "a":
             return dict(use=name, decision="faster", resolved=True,
                         because=f"{margin:+.0%} faster than {other} (library default) beyond the noise: {why}")
-        if sig is False:
-            return dict(use=other, decision="library", resolved=True,
-                        because=f"{name} leads it by {margin:+.0%}, within the noise")
-        return dict(use=other, decision="library", resolved=False,
-                    because=f"{name} leads it by {margin:+.0%} in one run ({why}); it stands until repeats "
-                            "say otherwise")
+        out = dict(use=other, decision="library", resolved=True,
+                   because=f"{name} leads it by {margin:+.0%} {vs}" + (f" ({why})" if v.state == "open" else "")
+                   + ("; it stands until repeats say otherwise" if v.state == "open" else ""))
+        return _with_open(out, [best, rival], v) if v.state == "open" else out
 
     def excluded(self, why: pd.Series) -> str:
         """What of this group was left out, and why: candidates that did not qualify, cells that ran

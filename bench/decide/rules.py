@@ -1,6 +1,6 @@
 """The rules behind a recommendation, one small function each, on the rows of a cells table.
 
-:mod:`reports.recommend` applies them per workload, backend and world size. Here: which strategy is
+:mod:`bench.decide.recommend` applies them per workload, backend and world size. Here: which strategy is
 the library default, when one cell is faster than another beyond the noise, what stops a decision
 (an unstable or contended cell, an efficiency that is not physical), whether the model fits one
 device, why one cell beats another, whether a workload is launch-bound, and what to try next when
@@ -9,7 +9,9 @@ nothing scales.
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -24,6 +26,14 @@ LAUNCH_STEP_S, LAUNCH_IDLE = 0.010, 0.50
 SCALES_POORLY = 0.5
 #: a part of the breakdown explains a lead when it differs by this share (calls and bytes: this ratio)
 EXPLAINS, EXPLAINS_RATIO = 0.10, 1.5
+#: a breakdown whose profiled step is further than this from the timed median describes another
+#: step: it is drawn with a warning and never used to say why one cell beats another
+BREAKDOWN_GAP_MAX = 0.10
+#: two cells whose throughput intervals all lie within this band of each other run at the same
+#: speed for a decision (a practitioner would not switch strategies for less)
+EQUIVALENT = 0.03
+#: an open pair that would need more repeats a cell than this is reported as not decidable by repeats
+MAX_REPEATS = 30
 
 #: Strategies whose parallelism PyTorch itself implements (torch.nn.parallel, FSDP2,
 #: torch.distributed.tensor, torch.distributed.pipelining); the others are written by hand here to
@@ -86,6 +96,52 @@ def faster_beyond_noise(a: pd.Series, b: pd.Series) -> bool | None:
     return bool(ia[0] > ib[1])
 
 
+def repeats_of(r: pd.Series) -> int:
+    """The repeats a cell's interval rests on (3 when the table does not say and the basis is repeats)."""
+    n = num(r.get("repeats_done"))
+    return int(n) if n is not None else (3 if from_repeats(r) else 1)
+
+
+@dataclass(frozen=True)
+class PairVerdict:
+    """How two cells compare for a decision: ``"same"`` (both intervals within EQUIVALENT of each
+    other: the difference cannot matter, even where it is beyond the noise), ``"a"`` or ``"b"`` is
+    faster beyond the noise, or
+    ``"open"`` (the intervals overlap by more than that, or one is not from repeats); ``need`` is
+    about how many repeats a cell would close an open pair (None: closed, or past MAX_REPEATS)."""
+
+    state: str
+    need: int | None = None
+
+
+def judge_pair(a: pd.Series, b: pd.Series) -> PairVerdict:
+    """The pair's verdict from their throughput intervals. An open pair's ``need`` assumes each
+    interval narrows as one over the square root of the repeats: the repeats at which the two
+    half-widths fit inside the gap between the medians (separated) or, for a gap under EQUIVALENT,
+    inside what is left of that band (same speed), whichever comes first."""
+    ia, ib = _tput_interval(a), _tput_interval(b)
+    if ia is None or ib is None:
+        return PairVerdict("open", None)
+    if not (from_repeats(a) and from_repeats(b)):
+        return PairVerdict("open", 3)
+    # the same speed first: a lead beyond the noise but inside the band is not worth a switch
+    if max(ia[1], ib[1]) / min(ia[0], ib[0]) - 1 <= EQUIVALENT:
+        return PairVerdict("same")
+    if ia[0] > ib[1]:
+        return PairVerdict("a")
+    if ib[0] > ia[1]:
+        return PairVerdict("b")
+    mid_a, mid_b = (ia[0] + ia[1]) / 2, (ib[0] + ib[1]) / 2
+    half = (ia[1] - ia[0]) / (2 * mid_a) + (ib[1] - ib[0]) / (2 * mid_b)
+    gap = abs(mid_a - mid_b) / min(mid_a, mid_b)
+    factors = [(half / gap) ** 2] if gap > 0 else []
+    if gap < EQUIVALENT:
+        factors.append((half / (EQUIVALENT - gap)) ** 2)
+    n = min(repeats_of(a), repeats_of(b))
+    need = math.ceil(n * min(factors)) if factors else None
+    return PairVerdict("open", need if need is not None and need <= MAX_REPEATS else None)
+
+
 def is_oom(reason) -> bool:
     """A failure reason that says the device (or host) ran out of memory."""
     return bool(_OOM.search(text(reason)))
@@ -115,15 +171,16 @@ def library_default(g: pd.DataFrame, sharding: bool) -> pd.Series | None:
 
 
 def blockers(rows: list[tuple[str, pd.Series]], speedups: dict[str, float | None], ws: int) -> list[str]:
-    """Why no decision can rest on these cells, one entry per kind: cells the run marks unstable,
-    cells measured on a contended host, efficiencies that are not physical (the run's scaling note,
-    or above EFFICIENCY_MAX when the table has no note). ``rows`` are (label, row); ``speedups``
-    by label. A reference the run marks unstable shows up as its own row, not again in each
-    candidate's note."""
+    """Why no decision can rest on these cells, one entry per kind: cells the run marks unstable
+    and measured in one run (an unstable cell with repeats has an interval from its repeat medians,
+    which carries its noise: it widens the interval instead of blocking), cells measured on a
+    contended host, efficiencies that are not physical (the run's scaling note, or above
+    EFFICIENCY_MAX when the table has no note). ``rows`` are (label, row); ``speedups`` by label. A
+    reference the run marks unstable shows up as its own row, not again in each candidate's note."""
     unstable, busy, unphysical = [], [], []
     for label, r in rows:
         noise, host = text(r.get("noise")), text(r.get("contended"))
-        if is_false(r.get("stable")):
+        if is_false(r.get("stable")) and not from_repeats(r):
             unstable.append(f"{label} ({noise})" if noise else label)
         elif host:
             busy.append(f"{label} ({host})")
@@ -154,11 +211,25 @@ def comm_share(r: pd.Series) -> float | None:
     return exposed / span if exposed is not None and span else None
 
 
+def breakdown_off(r: pd.Series) -> float | None:
+    """How far the cell's profiled step is from its timed median, when further than BREAKDOWN_GAP_MAX."""
+    gap = num(r.get("breakdown_gap"))
+    if gap is None:
+        span, med = _span(r), num(r.get("step_time_median_s"))
+        gap = span / med - 1 if span and med else None
+    return gap if gap is not None and abs(gap) > BREAKDOWN_GAP_MAX else None
+
+
 def faster_because(win: pd.Series, other: pd.Series) -> str:
-    """Why ``win`` steps faster than ``other``, from the parts of their breakdowns that differ."""
+    """Why ``win`` steps faster than ``other``, from the parts of their breakdowns that differ. A
+    breakdown whose profiled step is more than BREAKDOWN_GAP_MAX off the timed one describes another
+    step: its times say nothing here (its counts of calls and bytes still do)."""
+    off = [(name, g) for name, g in ((text(win.get("strategy")), breakdown_off(win)),
+                                     (text(other.get("strategy")), breakdown_off(other))) if g is not None]
     parts = []
     ms = 1e3
-    for col, what in (("exposed_comm_s", "exposed communication"), ("compute_time_s", "compute")):
+    timed = [("exposed_comm_s", "exposed communication"), ("compute_time_s", "compute")] if not off else []
+    for col, what in timed:
         a, b = num(win.get(col)), num(other.get(col))
         if a is not None and b and (b - a) / b >= EXPLAINS:
             parts.append(f"less {what} ({a * ms:.1f} vs {b * ms:.1f} ms a step)")
@@ -168,10 +239,14 @@ def faster_because(win: pd.Series, other: pd.Series) -> str:
         scale = 2**-20 if "bytes" in col else 1
         if a is not None and b and b >= EXPLAINS_RATIO * a:
             parts.append(f"{what} ({fmt.format(a * scale)} vs {fmt.format(b * scale)} a step)")
-    for col, what in (("idle_frac", "less idle"), ("bubble_measured", "smaller bubble")):
+    # the bubble is measured against the timed step; idle is a share of the profiled one
+    for col, what in ([("idle_frac", "less idle")] if not off else []) + [("bubble_measured", "smaller bubble")]:
         a, b = num(win.get(col)), num(other.get(col))
         if a is not None and b is not None and b - a >= EXPLAINS:
             parts.append(f"{what} ({a:.0%} vs {b:.0%} of the step)")
+    if off:
+        parts.append("the times of the breakdown do not say why (" + ", ".join(
+            f"{n}'s profiled step is {g:+.0%} off its timed one" for n, g in off) + ")")
     if parts:
         return ", ".join(parts[:3])
     if num(win.get("compute_time_s")) is None or num(other.get("compute_time_s")) is None:
