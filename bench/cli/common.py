@@ -43,6 +43,8 @@ def add_run_args(p) -> None:
                    help="when the profiled steps run: end (after every timed step of the process group, in a "
                         "pass that builds each cell again: no timed step follows a GPU profiler session), inline "
                         "(right after each cell's first timed repeat), auto (default: end on cuda, inline on cpu)")
+    p.add_argument("--no-adaptive", dest="adaptive", action="store_false", default=None,
+                   help="under a budget, do not measure again the cells of decisions still open after one repeat")
     p.add_argument("--trace", action="store_true", default=None,
                    help="keep each rank's Chrome trace (opens in Perfetto) under RUN/traces/")
     p.add_argument("--repeats", type=int,

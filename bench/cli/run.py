@@ -74,7 +74,7 @@ def cmd_run(args) -> int:
                                            "cell_timeout_s", "startup_timeout_s", "workload_timeout_s", "out",
                                            "sample_hz", "scaling", "repeats", "budget",
                                            "warmup_max", "steps_max", "target_ci", "time_cap_s",
-                                           "profile_steps", "profile_at", "trace", "nnodes", "node_rank",
+                                           "profile_steps", "profile_at", "trace", "adaptive", "nnodes", "node_rank",
                                            "rdzv_endpoint", "rdzv_timeout_s")}
     if args.resume:
         given = [k for k, v in flags.items() if v is not None] + (["option"] if args.option else []) \
@@ -182,9 +182,9 @@ def print_recommendation(run_dir: Path, console=None) -> None:
     from rich.text import Text
 
     from bench.cli.summary import end_console
+    from bench.decide.recommend import recommend
     from bench.results.store import load_run
     from reports import answer
-    from bench.decide.recommend import recommend
 
     cells, _, _ = load_run(run_dir)
     if "mode" in cells:  # a row without a mode is a training row

@@ -72,6 +72,9 @@ class RunConfig:
     time_cap_s: float = 20.0
     # A time budget for the whole run ("10m", "90s"): repeats, steps and caps are planned to fit it.
     budget: str | None = None
+    # Under a budget, part of it goes to the decisions still open after every cell was measured:
+    # their cells are measured again until each is resolved or the budget ends (bench.train.adaptive).
+    adaptive: bool = True
     # Measurement settings the user gave (flags or TOML): a budget plan keeps them as given, and the
     # machine's default budget stands aside when there is any (an explicit --budget still applies).
     pinned: list[str] = field(default_factory=list)
@@ -283,6 +286,8 @@ def _check_choices(cfg: RunConfig) -> None:
         raise UserError(f"profile_at {cfg.profile_at!r} unknown; use {', '.join(PROFILE_AT)} (e.g. --profile-at auto)")
     if not isinstance(cfg.trace, bool):
         raise UserError(f"trace={cfg.trace!r} must be true or false")
+    if not isinstance(cfg.adaptive, bool):
+        raise UserError(f"adaptive={cfg.adaptive!r} must be true or false")
 
 
 def _counts(cfg: RunConfig) -> dict[str, Any]:

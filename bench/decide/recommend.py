@@ -19,8 +19,9 @@ one is faster beyond the noise, the two are the same speed (within ``EQUIVALENT`
 open (the intervals overlap more than that, or one comes from a single run). A decision is
 ``resolved`` when none of its pairs is open; an open one names its cells (``open_cells``: what the
 run's adaptive repeats measure again) and about how many repeats a cell would close it
-(``repeats_needed``), and what it points to stands until they do. When nothing scales, ``next_step`` says what to try. ``launch_bound``
-marks picks of a workload whose step measures launches more than the strategy.
+(``repeats_needed``), and what it points to stands until they do. When nothing scales,
+``next_step`` says what to try. ``launch_bound`` marks picks of a workload whose step measures
+launches more than the strategy.
 """
 
 from __future__ import annotations

@@ -76,11 +76,13 @@ def start_cost(cfg: RunConfig, g: Group) -> float:
     return GROUP_START_S[cfg.device] + sum(_overhead(cfg, c) for c in g.cells[:3])
 
 
-def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float) -> tuple[list[Planned], str]:
+def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float,
+                reserve: float = 0.0) -> tuple[list[Planned], str]:
     """Fit the run into ``budget_s``: fewer repeats if needed, then each cell's timed steps capped
-    by time (at least 2 steps, 2 warm-up and at most 1 profiled step; more timed steps while the
+    by time (at least 2 steps, 2 warm-up and at most 2 profiled steps; more timed steps while the
     interval is wide and time is left). The run's deadline cuts what still does not fit (those cells
-    are skipped with that reason). Returns the cells with their new settings and the plan in one
+    are skipped with that reason). A ``reserve`` share of the budget is left for the decisions still
+    open after this pass (:mod:`bench.train.adaptive`). Returns the cells with their new settings and the plan in one
     sentence; UserError when the fixed costs alone are far beyond the budget."""
     runnable = [p for p in cells if p.reason is None]
     if not runnable:
@@ -90,7 +92,7 @@ def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float) -> tuple[
     if fixed > 1.5 * budget_s:
         raise UserError(f"budget {budget_s:g}s is too small for {len(runnable)} cells in {n_groups} process groups "
                         f"(about {fixed:.0f}s before any timed step); raise --budget or narrow the matrix")
-    usable = 0.8 * budget_s - fixed
+    usable = 0.8 * budget_s * (1 - reserve) - fixed
     pinned = set(getattr(cfg, "pinned", ()) or ())  # the user's own settings stay as given
     repeats = cfg.repeats
     while "repeats" not in pinned and repeats > 1 and usable / (len(runnable) * repeats) < 0.5:
@@ -103,7 +105,7 @@ def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float) -> tuple[
         m0 = p.spec.measure
         planned = dict(repeats=repeats, steps=min(m0.steps, 2), warmup=min(m0.warmup, 2),
                        steps_max=max(m0.steps_max, 500), warmup_max=min(m0.warmup_max, 10),
-                       profile_steps=min(m0.profile_steps, 1), time_cap_s=cap)
+                       profile_steps=min(m0.profile_steps, 2), time_cap_s=cap)
         m = dataclasses.replace(m0, **{k: v for k, v in planned.items() if k not in pinned})
         out.append(dataclasses.replace(p, spec=dataclasses.replace(p.spec, measure=m)))
     least = min(p.spec.measure.steps for p in out if p.reason is None)
@@ -114,6 +116,7 @@ def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float) -> tuple[
             f"each repeat times at least {least} steps and {stop}; cells the deadline reaches are skipped"
             + (f"; repeats lowered from {cfg.repeats} to fit" if repeats < cfg.repeats else "")
             + (f"; kept as given: {', '.join(sorted(pinned))}" if pinned else "")
+            + (f"; {reserve:.0%} of the budget kept for decisions still open" if reserve else "")
             + ("; tight: expect skipped cells" if usable <= 0 else ""))
     return out, text
 

@@ -271,7 +271,22 @@ def read_table(run_dir: str | os.PathLike, name: str, schema: dict[str, str] | N
         df = _pandas(ds.dataset([str(f) for f in files], schema=unified, format="parquet").to_table())
     except (OSError, pa.ArrowException):
         df = _read_parts_one_by_one(files)
+    if name == "cells":
+        df = latest_rows(df)
     return frame(df, schema, source=str(path)) if schema else df
+
+
+def latest_rows(cells: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell: a cell measured again (the run's adaptive repeats) has a later row with
+    every repeat so far, which supersedes the earlier one; the row with the most repeats is kept
+    (the later of equals), whatever the order its parts were read in."""
+    if "cell_id" not in cells or not cells["cell_id"].duplicated().any():
+        return cells
+    done = cells["repeats_done"] if "repeats_done" in cells else pd.Series(0, index=cells.index)
+    order = pd.DataFrame({"cell_id": cells["cell_id"], "n": pd.to_numeric(done, errors="coerce").fillna(-1),
+                          "pos": range(len(cells))}, index=cells.index)
+    keep = order.sort_values(["cell_id", "n", "pos"]).groupby("cell_id", sort=False).tail(1).index
+    return cells.loc[cells.index.isin(keep)].reset_index(drop=True)
 
 
 def _pandas(table: pa.Table) -> pd.DataFrame:

@@ -11,6 +11,7 @@ says which of the two limits ran out.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -61,16 +62,31 @@ ProgressFn = Callable[[Progress], None]
 
 @dataclass(kw_only=True)
 class Pending:
-    """What the launcher holds of a cell until its last repeat arrives."""
+    """What the launcher holds of a cell until its last repeat arrives, and after: its row, and
+    what a later launch that measures it again (the run's adaptive repeats) starts from."""
 
     spec: CellSpec
     repeats: list[list[RankMeasurement]] = field(default_factory=list)
     telemetry: list[dict[str, float]] = field(default_factory=list)
     wall_s: float = 0.0
+    repeat_wall_s: list[float] = field(default_factory=list)  # each timed repeat's wall time
+    written: int = 0  # repeats whose steps are in the run folder (0: no row written yet)
+    awaits_pass: bool | None = None  # its profiled steps come from the group's profile pass
+    row: dict[str, Any] | None = None  # the row last written
+
+    def __post_init__(self) -> None:
+        if self.awaits_pass is None:
+            self.awaits_pass = deferred(self.spec)
 
     def timed(self) -> bool:
         """Every planned repeat is in (only a deferred profile pass may be left)."""
         return len(self.repeats) >= self.spec.measure.repeats
+
+    def again(self, repeats: int) -> Pending:
+        """This cell measured again up to ``repeats`` in all: its repeats so far, no profile pass."""
+        spec2 = dataclasses.replace(self.spec, measure=dataclasses.replace(self.spec.measure, repeats=repeats))
+        return dataclasses.replace(self, spec=spec2, repeats=list(self.repeats), telemetry=list(self.telemetry),
+                                   repeat_wall_s=list(self.repeat_wall_s), awaits_pass=False)
 
     def merge_profile(self, ev: spec.Profiled) -> str:
         """The profile pass's breakdown and records into the first repeat; '' or why it failed."""
@@ -106,12 +122,16 @@ class GroupRun:
     def __init__(self, g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work: Path,
                  telemetry: Telemetry, on_progress: ProgressFn, trace_dir: Path | None,
                  deadline_unix: float | None = None, survivors: list[str] | None = None, coord=None,
-                 starts: list[dict[str, Any]] | None = None):
+                 starts: list[dict[str, Any]] | None = None, kept: dict[int, Pending] | None = None,
+                 again: dict[int, Pending] | None = None):
         self.g, self.gid, self.cfg, self.writer, self.work = g, gid, cfg, writer, work
         self.telemetry, self.on_progress, self.trace_dir = telemetry, on_progress, trace_dir
         self.deadline_unix, self.coord, self.starts = deadline_unix, coord, starts
         self.survivors = survivors if survivors is not None else []
-        self.pending = {c.cell_id: Pending(spec=c) for c in g.cells}
+        # ``again``: cells measured before, to be measured up to their spec's repeats (their rows
+        # are superseded); ``kept`` receives every cell whose row is written, for later launches
+        self.kept = kept if kept is not None else {}
+        self.pending = {c.cell_id: (again or {}).get(c.cell_id) or Pending(spec=c) for c in g.cells}
         self.attempt = 0
         self.clean = True  # no launch of the group was killed (a timeout, a desynchronised error, a lost node)
         self.multi = g.nnodes > 1 and coord is not None
@@ -144,10 +164,22 @@ class GroupRun:
                                          expects=cls.distributes, telemetry=p.telemetry)
             if profile_note and row.get("status") == "ok":
                 row["profile_note"] = profile_note
+            if p.written:  # measured again: only the new repeats' steps; the comm records are the first repeat's
+                steps, comm = [s for s in steps if s.get("repeat", 0) >= p.written], []
         else:
             row, steps, comm = failure_row(c, status=status, reason=reason), [], []
-        self.writer.add(row, steps, comm)
         del self.pending[c.cell_id]
+        if p.written and row.get("status") != "ok":
+            # a cell measured again that failed this time keeps the row it has (its earlier repeats
+            # stand); the failure is noted
+            self.note(f"{self.g.label}: cell {c.cell_id} ({c.strategy}) measured again failed, its earlier "
+                      f"row stands: {row.get('reason') or row.get('status')}")
+            self.on_progress(Progress(kind="done", group=self.g.label, cell=c, status=str(p.row["status"])))
+            return
+        self.writer.add(row, steps, comm)
+        p.row, p.written = row, len(p.repeats)
+        if row.get("status") == "ok":
+            self.kept[c.cell_id] = p
         log.info("%s: cell %d (%s %s) %s", self.g.label, c.cell_id, c.strategy, c.workload.name, row["status"])
         self.on_progress(Progress(kind="done", group=self.g.label, cell=c, status=row["status"]))
 
@@ -174,7 +206,8 @@ class GroupRun:
         gplan = GroupPlan(backend=g.backend, device=cfg.device, n_procs=g.n_procs, events_prefix=self.prefix,
                           pg_timeout_s=max(cfg.cell_timeout_s, cfg.startup_timeout_s),
                           trace_dir=str(self.trace_dir) if self.trace_dir else None,
-                          cells=tuple(p.spec for p in self.pending.values()),
+                          cells=tuple(p.spec if p.awaits_pass or not p.written else _unprofiled(p.spec)
+                                      for p in self.pending.values()),
                           first_repeat={str(k): len(p.repeats) for k, p in self.pending.items() if p.repeats},
                           deadline_unix=self.deadline_unix)
         try:
@@ -305,10 +338,11 @@ class GroupRun:
         p.repeats.append(ev.ranks)
         self.marks["last_cell"] = time.time()
         p.wall_s += ev.wall_s
+        p.repeat_wall_s.append(ev.wall_s)
         self.current, self.desync_at = None, None
         self._rearm()
         failed = any(r.status != "ok" for r in ev.ranks)
-        if failed or (p.timed() and not deferred(p.spec)):
+        if failed or (p.timed() and not p.awaits_pass):
             self.finish(p)
 
     def _on_profiled(self, p: Pending, ev: spec.Profiled) -> None:
@@ -397,7 +431,7 @@ class GroupRun:
             if p.repeats:
                 self.finish(p, profile_note="profile pass not run: "
                             + ("the time budget's deadline passed" if self.stopped else "the group ended without it")
-                            if deferred(p.spec) else "")
+                            if p.awaits_pass else "")
             else:
                 self.finish(p, "skipped", "time budget: the run's deadline passed before this cell's turn")
 
@@ -456,10 +490,16 @@ class GroupRun:
         return reason
 
 
+def _unprofiled(c: CellSpec) -> CellSpec:
+    """A cell measured again: its profiled steps are in already (no profile pass for it)."""
+    return dataclasses.replace(c, measure=dataclasses.replace(c.measure, profile_steps=0))
+
+
 def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work: Path, telemetry: Telemetry,
               on_progress: ProgressFn, trace_dir: Path | None, deadline_unix: float | None = None,
-              survivors: list[str] | None = None, coord=None, starts: list[dict[str, Any]] | None = None) -> bool:
+              survivors: list[str] | None = None, coord=None, starts: list[dict[str, Any]] | None = None,
+              kept: dict[int, Pending] | None = None, again: dict[int, Pending] | None = None) -> bool:
     """Run one group's cells until each has a row (:class:`GroupRun`); False when a launch of the
     group had to be killed."""
     return GroupRun(g, gid, cfg, writer, work, telemetry, on_progress, trace_dir, deadline_unix, survivors,
-                    coord=coord, starts=starts).run()
+                    coord=coord, starts=starts, kept=kept, again=again).run()

@@ -43,7 +43,8 @@ from bench.results.rows import failure_row
 from bench.results.store import RunWriter, write_error, write_meta
 from bench.runtime import signals
 from bench.runtime.process import become_subreaper
-from bench.train.group import WORKER, Progress, ProgressFn, run_group
+from bench.train.adaptive import RESERVE, decide
+from bench.train.group import WORKER, Pending, Progress, ProgressFn, run_group
 from bench.train.run_folder import Telemetry, earlier_starts, finish_meta, open_run
 
 
@@ -61,7 +62,7 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
     budget_s = parse_duration(cfg.budget) if cfg.budget else None
     plan_text = ""
     if budget_s is not None:
-        cells, plan_text = budget_plan(cfg, cells, budget_s)
+        cells, plan_text = budget_plan(cfg, cells, budget_s, reserve=RESERVE if adaptive(cfg) else 0.0)
     coord = None
     if cfg.nnodes > 1:
         if resume is not None:
@@ -109,7 +110,7 @@ def _record(cfg: RunConfig, cells: list[Planned], writer: RunWriter, work: Path,
     try:
         _run_groups(cfg, cells, writer, work, telemetry, on_progress or (lambda _p: None), trace_dir=trace_dir,
                     plan_text=plan_text, budget_s=budget_s, survivors=survivors, coord=coord,
-                    starts=extra["group_starts"])
+                    starts=extra["group_starts"], meta=extra)
         status = "complete"
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM / SIGHUP (Interrupted, which carries its signal)
         status = f"interrupted by {signal.Signals(getattr(e, 'signum', signal.SIGINT)).name}"
@@ -128,6 +129,12 @@ def _record(cfg: RunConfig, cells: list[Planned], writer: RunWriter, work: Path,
     # only after a complete run: an interrupted one keeps its parts for --resume.
     if not os.environ.get("PARBENCH_KEEP_PARTS"):
         writer.compact()
+
+
+def adaptive(cfg: RunConfig) -> bool:
+    """Whether the run measures open decisions again: under a budget, on one node, unless turned off
+    or the repeats were given (the user chose how many)."""
+    return bool(cfg.adaptive and cfg.budget and cfg.nnodes == 1 and "repeats" not in (cfg.pinned or ()))
 
 
 def _follow_node0(cfg: RunConfig, cells: list[Planned], on_progress: ProgressFn | None) -> Path:
@@ -160,9 +167,10 @@ def _meta_extra(run_dir: Path, resume: Path | None, done: set[int], invoked: flo
 
 def _run_groups(cfg: RunConfig, cells: list[Planned], writer: RunWriter, work: Path, telemetry: Telemetry,
                 report: ProgressFn, *, trace_dir: Path | None, plan_text: str, budget_s: float | None,
-                survivors: list[str], coord, starts: list[dict[str, Any]]) -> None:
+                survivors: list[str], coord, starts: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     """The skipped cells' rows, then every group in turn; under a budget, a group that cannot start
-    before the deadline is skipped, and the pacer re-plans each group's time cap."""
+    before the deadline is skipped, and the pacer re-plans each group's time cap. Then, when the run
+    is adaptive, the rounds for the decisions still open (recorded in ``meta`` as ``adaptive``)."""
     writer.append("cells", [failure_row(p.spec, status="skipped", reason=p.reason)
                             for p in cells if p.reason is not None])
     groups = group(cells)
@@ -170,11 +178,14 @@ def _run_groups(cfg: RunConfig, cells: list[Planned], writer: RunWriter, work: P
     if plan_text:
         report(Progress(kind="note", group="", text=plan_text))
     deadline = time.time() + budget_s if budget_s else None
+    # the screening pass paces itself to leave the adaptive rounds their share
+    screen_end = deadline - RESERVE * budget_s if deadline is not None and adaptive(cfg) else deadline
     pacer = (Pacer(cfg, groups) if budget_s and cfg.nnodes == 1
              and "time_cap_s" not in (getattr(cfg, "pinned", ()) or ()) else None)
+    kept: dict[int, Pending] = {}
     for gid, g in enumerate(groups):
         if pacer is not None:
-            g = pacer.next_group(gid, deadline - time.time())
+            g = pacer.next_group(gid, screen_end - time.time())
         # A group that cannot even start and build its cells before the deadline is not started.
         if deadline is not None and time.time() + start_cost(cfg, g) > deadline:
             for c in g.cells:
@@ -184,6 +195,10 @@ def _run_groups(cfg: RunConfig, cells: list[Planned], writer: RunWriter, work: P
             continue
         report(Progress(kind="group", group=g.label, n=len(g.cells)))
         clean = run_group(g, gid, cfg, writer, work, telemetry, report, trace_dir, deadline, survivors,
-                          coord=coord, starts=starts)
+                          coord=coord, starts=starts, kept=kept)
         if pacer is not None:
-            pacer.group_done(deadline - time.time(), clean=clean is not False)
+            pacer.group_done(screen_end - time.time(), clean=clean is not False)
+    if deadline is not None and adaptive(cfg):
+        rounds = decide(cfg, kept, writer, work, telemetry, report, deadline=deadline, trace_dir=trace_dir,
+                        survivors=survivors, starts=starts)
+        meta["adaptive"] = rounds

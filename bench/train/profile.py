@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from bench.core import backends
 from bench.core.spec import CellSpec, GroupPlan, RankMeasurement
@@ -28,19 +28,24 @@ from bench.train.events import one_line
 
 def profile_steps(step, batches, cell: CellSpec, device: torch.device, trace_path: Path | None, *,
                   n: int, gpu: bool) -> dict[str, Any]:
-    """Run ``n`` more steps under torch.profiler (GPU activity too when ``gpu``); returns the
-    Chrome trace as a dict (the trace file is removed afterwards unless ``trace_path`` keeps it)."""
+    """Run ``n`` more steps under torch.profiler (GPU activity too when ``gpu``), after one profiled
+    step whose events are discarded; returns the Chrome trace of the ``n`` as a dict (the trace file
+    is removed afterwards unless ``trace_path`` keeps it)."""
     m = cell.measure
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu and device.type == "cuda" else [])
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     dist.barrier()
-    with profile(activities=acts, record_shapes=True) as prof:
-        for k in range(n):
+    # One step under the profiler first, its events discarded (the schedule's warm-up): the
+    # profiler's own start (CUPTI's activation, its first buffers) lands there, not on the steps
+    # the breakdown describes.
+    with profile(activities=acts, record_shapes=True, schedule=schedule(wait=0, warmup=1, active=n, repeat=1)) as prof:
+        for k in range(n + 1):
             with record_function("parbench_step"):
                 step.run(batches[(m.warmup + k % m.steps) % len(batches)])
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            if k == n and device.type == "cuda":
+                torch.cuda.synchronize(device)
+            prof.step()
     keep = trace_path is not None
     path = trace_path or Path(tempfile.mkstemp(suffix=".json", prefix="parbench-trace-")[1])
     try:

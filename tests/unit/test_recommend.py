@@ -254,8 +254,8 @@ def test_recorded_default_matrix_decides_nothing_from_one_run():
     assert gloo2.next_step.startswith("try the nccl backend (1.58x at x2)")
     nccl2 = picks[("gpt-200m", "nccl", 2)]
     assert nccl2.use == "ddp" == nccl2.winner and nccl2.decision == "library"
-    assert nccl2.line().startswith("gpt-200m, nccl x2: not decided (needs about 3 repeats a cell): ddp leads (46.3 ms/step, "
-                                   "1.58x one device)")
+    assert nccl2.line().startswith("gpt-200m, nccl x2: not decided (needs about 3 repeats a cell): ddp leads "
+                                   "(46.3 ms/step, 1.58x one device)")
     nccl4 = picks[("gpt-200m", "nccl", 4)]  # the hand-written all-reduce leads ddp by 7% in one noisy run
     assert nccl4.winner == "allreduce-bucketed" and nccl4.use is None
     assert nccl4.because == "not stable: allreduce-bucketed (cv 6%)"
@@ -268,8 +268,8 @@ def test_recorded_default_matrix_if_every_cell_were_stable():
     picks = by_key(cells)
     gloo2 = picks[("gpt-200m", "gloo", 2)]
     assert gloo2.use == "single" and not gloo2.resolved
-    assert gloo2.line().startswith("gpt-200m, gloo x2: not decided (needs about 3 repeats a cell): one device leads; every "
-                                   "candidate is slower than one device: the best, chain, reaches 0.27x")
+    assert gloo2.line().startswith("gpt-200m, gloo x2: not decided (needs about 3 repeats a cell): one device "
+                                   "leads; every candidate is slower than one device: the best, chain, reaches 0.27x")
     nccl4 = picks[("gpt-200m", "nccl", 4)]
     assert nccl4.use == "ddp" and nccl4.winner == "allreduce-bucketed" and not nccl4.resolved
     assert "allreduce-bucketed leads it by +7% in one run" in nccl4.because

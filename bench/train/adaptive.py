@@ -1,0 +1,126 @@
+"""Adaptive repeats: after the screening pass has measured every cell, repeats go where a decision
+is still open, until each is resolved or the budget ends.
+
+A decision (per workload, backend and world size: :func:`bench.decide.recommend.recommend`) is
+open when a pair of cells it rests on is neither separated beyond the noise nor the same speed; it
+names those cells and about how many repeats a cell would close it. Each round measures the open
+decisions' cells ``ROUND_REPEATS`` more times (at least 3 in all, the fewest an interval from
+repeats needs), in their own process groups, interleaved in rounds as every group is
+(:mod:`bench.train.rounds`), without profiling them again. Each measured cell's row is written again
+with all its repeats; it supersedes the earlier one (:func:`bench.results.store.latest_rows`), so a
+run stopped at any point keeps every cell's latest row. Decisions that repeats cannot close (a
+contended host, an efficiency that is not physical, a gap that would need more than
+``MAX_REPEATS`` repeats) are left as they are; a round that does not fit the time left is cut to
+the decisions that do, the real workloads' before the launch-bound ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.core.config import RunConfig
+from bench.decide.recommend import Pick, recommend
+from bench.decide.rules import MAX_REPEATS
+from bench.plan.budget import GROUP_START_S
+from bench.plan.matrix import Planned, group
+from bench.results.store import RunWriter, load_run
+from bench.train.group import Pending, Progress, ProgressFn, run_group
+from bench.train.run_folder import Telemetry
+
+log = logging.getLogger("parbench")
+
+#: repeats a round adds to each cell of an open decision
+ROUND_REPEATS = 2
+#: the share of a time budget the screening pass leaves for open decisions
+RESERVE = 0.35
+#: rounds at most (each costs a process start per group)
+MAX_ROUNDS = 6
+
+
+@dataclasses.dataclass(frozen=True)
+class Ask:
+    """One open decision's request: its cells, each to be measured up to ``repeats`` in all, and
+    what that costs (seconds of timed repeats, from each cell's own repeats so far)."""
+
+    pick: Pick
+    targets: dict[int, int]
+    cost_s: float
+
+
+def asks(picks: list[Pick], kept: dict[int, Pending]) -> list[Ask]:
+    """The open decisions that repeats can close, real workloads first, then the cheapest."""
+    out = []
+    for p in picks:
+        if p.resolved or not p.open_cells or p.repeats_needed is None:
+            continue
+        targets, cost = {}, 0.0
+        for cid in p.open_cells:
+            have = kept.get(cid)
+            if have is None:
+                continue
+            n = len(have.repeats)
+            target = min(max(n + ROUND_REPEATS, 3), MAX_REPEATS)
+            if target > n:
+                targets[cid] = target
+                cost += (target - n) * statistics.median(have.repeat_wall_s or [have.wall_s / max(n, 1)])
+        if targets:
+            out.append(Ask(pick=p, targets=targets, cost_s=cost))
+    return sorted(out, key=lambda a: (a.pick.launch_bound, a.cost_s))
+
+
+def fit(wanted: list[Ask], kept: dict[int, Pending], left_s: float, device: str) -> dict[int, int]:
+    """The cells (and their repeats) of the asks that fit ``left_s``, in order: the repeats' own
+    time and a process start for each process group they need, with a 25% margin."""
+    chosen: dict[int, int] = {}
+    cost, groups = 0.0, set()
+    for a in wanted:
+        keys = {(kept[c].spec.n_procs, kept[c].spec.nnodes, kept[c].spec.backend) for c in a.targets}
+        total = cost + a.cost_s + GROUP_START_S[device] * len(groups | keys)
+        if 1.25 * total > left_s:
+            continue
+        for cid, t in a.targets.items():
+            chosen[cid] = max(t, chosen.get(cid, 0))
+        cost += a.cost_s
+        groups |= keys
+    return chosen
+
+
+def decide(cfg: RunConfig, kept: dict[int, Pending], writer: RunWriter, work: Path, telemetry: Telemetry,
+           report: ProgressFn, *, deadline: float, trace_dir: Path | None, survivors: list[str],
+           starts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rounds of repeats for the open decisions until none is left that repeats can close, the
+    time left fits none, or MAX_ROUNDS; returns what each round did (for meta.json)."""
+    done: list[dict[str, Any]] = []
+    for k in range(1, MAX_ROUNDS + 1):
+        cells, _, _ = load_run(writer.dir)
+        picks = recommend(cells)
+        wanted = asks(picks, kept)
+        if not wanted:
+            break
+        left = deadline - time.time()
+        chosen = fit(wanted, kept, left, cfg.device)
+        if not chosen:
+            report(Progress(kind="note", group="", text=f"decisions still open: {len(wanted)}; the time left "
+                                                        f"({max(left, 0):.0f}s) fits no more repeats"))
+            break
+        n_open = sum(1 for a in wanted if set(a.targets) <= set(chosen))
+        report(Progress(kind="note", group="", text=f"decisions open: {len(wanted)}; round {k} measures "
+                                                    f"{len(chosen)} cells again for {n_open} of them"))
+        t0 = time.time()
+        again = {cid: kept[cid].again(target) for cid, target in chosen.items()}
+        planned = [Planned(spec=p.spec, reason=None) for p in again.values()]
+        for i, g in enumerate(group(planned)):
+            if time.time() + GROUP_START_S[cfg.device] > deadline:
+                break
+            report(Progress(kind="group", group=g.label, n=len(g.cells)))
+            run_group(g, f"d{k}.{i}", cfg, writer, work, telemetry, report, trace_dir, deadline, survivors,
+                      starts=starts, kept=kept, again=again)
+        done.append({"round": k, "open": [f"{a.pick.workload}, {a.pick.backend} x{a.pick.world_size}"
+                                          for a in wanted],
+                     "cells": {str(c): t for c, t in chosen.items()}, "seconds": round(time.time() - t0, 1)})
+    return done
