@@ -1,10 +1,11 @@
 """Pipeline parallelism with micro-batches through torch.distributed.pipelining.
 
 The model is cut into contiguous stages, one per rank (two per rank for the interleaved schedule),
-balancing the forward+backward time of each block measured once on the device (option
-``pp_balance=time``, the default; ``params`` balances parameter counts, which gives the embedding
-as much weight as a transformer block). The embedding lands on the first stage and
-the head on the last, as in torchtitan's pipeline split. ``micro_batches`` (option, default
+with equal numbers of transformer blocks per stage (option ``pp_balance=blocks``, the default, as
+torchtitan splits a model's layers); ``time`` balances the forward+backward time of each block
+measured once on the device, ``params`` balances parameter counts, which gives the embedding as much
+weight as a transformer block. The embedding lands on the first stage and the head on the last, as
+in torchtitan's pipeline split. ``micro_batches`` (option, default
 max(4, 2 x stages)) splits each batch.
 
 Bubble: ``bubble_theory`` is (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(v*m+p-1) interleaved.
@@ -48,7 +49,7 @@ from strategies.ddp import BUCKET_MB
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
 
 
-BALANCE = Option(name="pp_balance", type=str, default="time", choices=("time", "blocks", "params"),
+BALANCE = Option(name="pp_balance", type=str, default="blocks", choices=("blocks", "time", "params"),
                  help="pipeline stage cut: time = equal measured forward+backward time per stage (each block "
                       "timed once on the device); blocks = equal numbers of blocks, the first (embedding) and last "
                       "(head) riding along with the first and last stage; params = equal parameter counts")
@@ -112,7 +113,7 @@ class PipelineRunner:
         n_stages = pp * virtual
         model = wl.build(ctx.device)
         costs = None
-        balance = ctx.options.get("pp_balance", "time")
+        balance = ctx.options.get("pp_balance", "blocks")
         if balance == "time":
             x, y = wl.batch(0)
             rows = x.shape[0] // (dp * m)

@@ -73,14 +73,22 @@ def asks(picks: list[Pick], kept: dict[int, Pending]) -> list[Ask]:
     return sorted(out, key=lambda a: (a.pick.launch_bound, a.cost_s))
 
 
-def fit(wanted: list[Ask], kept: dict[int, Pending], left_s: float, device: str) -> dict[int, int]:
+def start_cost(starts: list[dict[str, Any]], device: str) -> float:
+    """What a process group costs to start and stop on this machine: the median of the run's own
+    launches so far (start-up and teardown), else the budget model's figure."""
+    seen = [s["start_s"] + (s.get("teardown_s") or 0.0) for s in starts
+            if isinstance(s.get("start_s"), int | float)]
+    return statistics.median(seen) if seen else GROUP_START_S[device]
+
+
+def fit(wanted: list[Ask], kept: dict[int, Pending], left_s: float, start_s: float) -> dict[int, int]:
     """The cells (and their repeats) of the asks that fit ``left_s``, in order: the repeats' own
-    time and a process start for each process group they need, with a 25% margin."""
+    time and ``start_s`` for each process group they need, with a 25% margin."""
     chosen: dict[int, int] = {}
     cost, groups = 0.0, set()
     for a in wanted:
         keys = {(kept[c].spec.n_procs, kept[c].spec.nnodes, kept[c].spec.backend) for c in a.targets}
-        total = cost + a.cost_s + GROUP_START_S[device] * len(groups | keys)
+        total = cost + a.cost_s + start_s * len(groups | keys)
         if 1.25 * total > left_s:
             continue
         for cid, t in a.targets.items():
@@ -103,7 +111,8 @@ def decide(cfg: RunConfig, kept: dict[int, Pending], writer: RunWriter, work: Pa
         if not wanted:
             break
         left = deadline - time.time()
-        chosen = fit(wanted, kept, left, cfg.device)
+        start_s = start_cost(starts, cfg.device)
+        chosen = fit(wanted, kept, left, start_s)
         if not chosen:
             report(Progress(kind="note", group="", text=f"decisions still open: {len(wanted)}; the time left "
                                                         f"({max(left, 0):.0f}s) fits no more repeats"))
@@ -115,7 +124,7 @@ def decide(cfg: RunConfig, kept: dict[int, Pending], writer: RunWriter, work: Pa
         again = {cid: kept[cid].again(target) for cid, target in chosen.items()}
         planned = [Planned(spec=p.spec, reason=None) for p in again.values()]
         for i, g in enumerate(group(planned)):
-            if time.time() + GROUP_START_S[cfg.device] > deadline:
+            if time.time() + start_s > deadline:
                 break
             report(Progress(kind="group", group=g.label, n=len(g.cells)))
             run_group(g, f"d{k}.{i}", cfg, writer, work, telemetry, report, trace_dir, deadline, survivors,

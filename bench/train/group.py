@@ -169,6 +169,10 @@ class GroupRun:
         else:
             row, steps, comm = failure_row(c, status=status, reason=reason), [], []
         del self.pending[c.cell_id]
+        if p.written and len(p.repeats) <= p.written and status is None:
+            # measured again but no new repeat came (the deadline): its row stands as written
+            self.on_progress(Progress(kind="done", group=self.g.label, cell=c, status=str(p.row["status"])))
+            return
         if p.written and row.get("status") != "ok":
             # a cell measured again that failed this time keeps the row it has (its earlier repeats
             # stand); the failure is noted

@@ -60,7 +60,7 @@ def test_workload_variants_keep_their_dimensions_in_the_name():
 def test_options_are_validated_and_resolved_per_strategy():
     by, _, _ = planned({"workloads": "gpt-tiny[n_layer=6]", "strategies": "pipeline-1f1b,ddp,dp-pp",
                         "world_sizes": "2,4", "device": "cpu", "options": {"micro_batches": "4"}}, 0)
-    assert by[("pipeline-1f1b", "gloo", 2)].spec.options == {"micro_batches": 4, "pp_balance": "time"}
+    assert by[("pipeline-1f1b", "gloo", 2)].spec.options == {"micro_batches": 4, "pp_balance": "blocks"}
     assert by[("ddp", "gloo", 2)].spec.options == {"bucket_mb": 25.0, "ddp_grad_as_bucket_view": False,
                                                    "ddp_static_graph": False}  # its own only, defaults filled
     assert by[("pipeline-1f1b", "gloo", 2)].spec.labels == {"schedule": "1f1b", "micro_batches": 4, "mesh": "pp2"}

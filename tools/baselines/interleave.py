@@ -111,9 +111,9 @@ PAIRS: dict[str, Pair] = {
     "fsdp": Pair("fsdp", ("fsdp_mp=auto",), "plain_fsdp"),                    # bf16 params, fp32 reduce
     "fsdp-fp32": Pair("fsdp", ("fsdp_mp=off",), "plain_fsdp", ("--no-mp",)),  # fp32 params + autocast
     "fsdp-noreshard": Pair("fsdp-noreshard", ("fsdp_mp=auto",), "plain_fsdp", ("--no-reshard",)),
-    "pipeline-gpipe": Pair("pipeline-gpipe", ("micro_batches=8", "pp_balance=blocks"), "plain_pipeline",
+    "pipeline-gpipe": Pair("pipeline-gpipe", ("micro_batches=8",), "plain_pipeline",
                            ("--schedule", "gpipe", "--micro-batches", "8", "--split", "equal")),
-    "pipeline-1f1b": Pair("pipeline-1f1b", ("micro_batches=8", "pp_balance=blocks"), "plain_pipeline",
+    "pipeline-1f1b": Pair("pipeline-1f1b", ("micro_batches=8",), "plain_pipeline",
                           ("--schedule", "1f1b", "--micro-batches", "8", "--split", "equal")),
     # Both plans by their strategies' defaults (tensor: megatron; variants.TensorSP: sp), so the two
     # share a harness call (an --option tp_plan=... would apply to both).

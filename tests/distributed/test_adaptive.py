@@ -1,0 +1,57 @@
+"""Adaptive repeats on real gloo processes: a budgeted run whose decision is open after one repeat
+measures that decision's cells again, and every table keeps one row per cell and step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.core.config import build_config
+from bench.results.store import load_run, read_table
+from bench.train import adaptive
+from bench.train import launcher as launch
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture(scope="module")
+def adaptive_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("adaptive")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(adaptive, "MAX_ROUNDS", 1)  # one round shows the mechanism; more only cost time
+    # time_cap 0.3 s: the test measures the mechanism, not the machine; the repeats are not pinned,
+    # so the budget's adaptive rounds run; one round ends the run (about 40 s on an idle 2-core
+    # machine: four process groups), the budget only covers a loaded one
+    cfg = build_config(toml=None, gpus=0, flags={
+        "out": str(out), "device": "cpu", "backends": "gloo", "workloads": "gpt-tiny",
+        "strategies": "single,ddp,allreduce-bucketed", "world_sizes": "2", "budget": "300s",
+        "time_cap_s": 0.3, "sample_hz": 0})
+    try:
+        return launch.run(cfg, 0)
+    finally:
+        mp.undo()
+
+
+def test_open_decision_is_measured_again(adaptive_run):
+    meta = json.loads((adaptive_run / "meta.json").read_text())
+    rounds = meta["adaptive"]
+    assert rounds and rounds[0]["open"] == ["gpt-tiny, gloo x2"], rounds
+    cells, steps, _ = load_run(adaptive_run)
+    ok = cells[cells["status"] == "ok"]
+    assert len(cells) == 3 and len(ok) == 3, cells[["strategy", "status", "reason"]]
+    again = {int(c) for c in rounds[0]["cells"]}
+    assert again == set(ok["cell_id"])  # the one-run pair of each decision: all three
+    # every cell measured again has its repeats in its row, and an interval from them
+    assert ok["repeats_done"].ge(3).all(), ok[["strategy", "repeats_done"]]
+    assert ok["ci_basis"].str.startswith("repeats").all()
+    # its steps: each repeat once, never written twice
+    for cid, n in zip(ok["cell_id"], ok["repeats_done"]):
+        mine = steps[steps["cell_id"] == cid]
+        assert sorted(mine["repeat"].unique()) == list(range(int(n)))
+        assert not mine.duplicated(["repeat", "rank", "step"]).any()
+    comm = read_table(adaptive_run, "comm")
+    assert not comm.empty and not comm.duplicated().any()
+    # the compacted cells table holds the latest row of each cell only
+    assert len(read_table(adaptive_run, "cells")) == 3
+    assert "budget" in meta["plan"] and "kept for decisions still open" in meta["plan"]

@@ -1,0 +1,100 @@
+"""Adaptive repeats without processes: which open decisions ask for repeats, what fits the time
+left, when a run is adaptive, and how a cell's later row supersedes its earlier one."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from bench.core.config import build_config
+from bench.core.spec import CellSpec, Measure, WorkloadFacts
+from bench.decide.recommend import Pick
+from bench.plan.budget import GROUP_START_S
+from bench.results.store import RunWriter, latest_rows, read_table
+from bench.train.adaptive import ROUND_REPEATS, asks, fit, start_cost
+from bench.train.group import Pending
+from bench.train.launcher import adaptive
+
+
+def spec(cid: int, strategy: str, n_procs: int, backend: str = "nccl") -> CellSpec:
+    facts = WorkloadFacts(name="gpt", spec="gpt", dims={}, global_batch=16, params=1000, flops_per_sample=1.0,
+                          n_blocks=4, n_heads=4, has_tp_plan=True, description="")
+    m = Measure(steps=5, warmup=2, profile_steps=2, precision="bf16", seed=0, lr=0.01, profile_at="end")
+    return CellSpec(cell_id=cid, workload=facts, strategy=strategy, strategy_spec=strategy, backend=backend,
+                    device="cuda", n_devices=n_procs, n_procs=n_procs, devices=tuple(range(n_procs)), options={},
+                    labels={}, role="", measure=m, scaling="strong", nnodes=1)
+
+
+def pending(cid: int, strategy: str, n_procs: int, repeats: int = 1, wall: float = 4.0) -> Pending:
+    return Pending(spec=spec(cid, strategy, n_procs), repeats=[[]] * repeats, repeat_wall_s=[wall] * repeats)
+
+
+def open_pick(cells: tuple[int, ...], need: int | None = 3, launch_bound: bool = False, ws: int = 2) -> Pick:
+    return Pick(workload="gpt", backend="nccl", world_size=ws, winner="ddp", step_ms=50.0, runner_up=None, margin=None,
+                significant=None, why="", candidates=2, excluded="", use="ddp", decision="library", resolved=False,
+                open_cells=cells, repeats_needed=need, launch_bound=launch_bound)
+
+
+def test_asks_take_open_decisions_that_repeats_can_close():
+    kept = {0: pending(0, "single", 1), 1: pending(1, "ddp", 2), 2: pending(2, "fsdp", 2, repeats=3)}
+    picks = [open_pick((1, 0)), open_pick((1, 2), need=None),  # more repeats than worth it: left alone
+             Pick(**{**open_pick((0,)).__dict__, "resolved": True})]
+    (a,) = asks(picks, kept)
+    assert a.targets == {1: 3, 0: 3}  # from one repeat to the 3 an interval from repeats needs
+    assert a.cost_s == pytest.approx(2 * 4.0 + 2 * 4.0)
+    more = asks([open_pick((2,))], kept)[0]
+    assert more.targets == {2: 3 + ROUND_REPEATS}
+
+
+def test_asks_put_real_workloads_before_launch_bound_ones():
+    kept = {i: pending(i, "ddp", 2, wall=1.0 if i < 2 else 9.0) for i in range(4)}
+    order = asks([open_pick((0, 1), launch_bound=True), open_pick((2, 3))], kept)
+    assert [a.pick.launch_bound for a in order] == [False, True]
+
+
+def test_fit_counts_repeats_and_process_starts():
+    kept = {0: pending(0, "single", 1), 1: pending(1, "ddp", 2), 2: pending(2, "ddp", 4), 3: pending(3, "ddp", 4)}
+    wanted = asks([open_pick((1, 0)), open_pick((2, 3), ws=4)], kept)
+    start = GROUP_START_S["cuda"]
+    assert start_cost([], "cuda") == start
+    assert start_cost([{"start_s": 20.0, "teardown_s": 4.0}, {"start_s": 30.0}, {"group": "x"}], "cuda") == 27.0
+    # the first ask: 16 s of repeats and two process groups (1 and 2 ranks), with a 25% margin
+    first = 1.25 * (16 + 2 * start)
+    assert fit(wanted, kept, 1.25 * (16 + start) - 1, start) == {}
+    # an ask that does not fit is passed over for a later one that does (one group of 4 ranks)
+    assert fit(wanted, kept, first - 1, start) == {2: 3, 3: 3}
+    assert fit(wanted, kept, first + 1, start) == {1: 3, 0: 3}
+    both = 1.25 * (32 + 3 * start)
+    assert fit(wanted, kept, both + 1, start) == {1: 3, 0: 3, 2: 3, 3: 3}
+
+
+def test_again_keeps_the_repeats_and_drops_the_profile_pass():
+    p = pending(1, "ddp", 2)
+    q = p.again(3)
+    assert q.spec.measure.repeats == 3 and len(q.repeats) == 1 and not q.timed()
+    assert p.awaits_pass and not q.awaits_pass  # its profiled steps are in already
+    q.repeats.append([])
+    assert len(p.repeats) == 1  # the earlier state is not shared
+
+
+def test_a_run_is_adaptive_under_a_budget_unless_told_or_repeats_given():
+    def cfg(**flags):
+        return build_config(toml=None, gpus=0, flags={"device": "cpu", **flags})
+    assert adaptive(cfg(budget="5m"))
+    assert not adaptive(cfg())  # no budget: nothing to pace by
+    assert not adaptive(cfg(budget="5m", adaptive=False))
+    assert not adaptive(cfg(budget="5m", repeats=5))  # the user chose how many
+
+
+def test_a_later_row_with_more_repeats_supersedes_the_earlier(tmp_path):
+    w = RunWriter(tmp_path / "run")
+    w.append("cells", [{"cell_id": 0, "strategy": "single", "status": "ok", "repeats_done": 1},
+                       {"cell_id": 1, "strategy": "ddp", "status": "ok", "repeats_done": 1}])
+    w.append("cells", [{"cell_id": 1, "strategy": "ddp", "status": "ok", "repeats_done": 3}])
+    got = read_table(w.dir, "cells")
+    assert list(got["cell_id"]) == [0, 1] and list(got["repeats_done"]) == [1, 3]
+    w.compact()
+    assert list(read_table(w.dir, "cells")["repeats_done"]) == [1, 3]
+    # the row with the most repeats wins whatever order the parts are read in
+    df = pd.DataFrame({"cell_id": [1, 1, 2], "repeats_done": [5, 3, 1]})
+    assert list(latest_rows(df)["repeats_done"]) == [5, 1]
