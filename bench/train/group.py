@@ -11,24 +11,24 @@ says which of the two limits ran out.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import strategies
 from bench.core import spec
 from bench.core.config import RunConfig
-from bench.core.spec import CellSpec, GroupPlan, RankMeasurement, deferred
+from bench.core.spec import CellSpec, GroupPlan
 from bench.plan.matrix import Group
 from bench.results.rows import build_row, failure_row, telemetry_means
 from bench.results.store import RunWriter, write_error
 from bench.runtime import signals
 from bench.runtime.crash import earliest
 from bench.runtime.process import Launch, child_env
+from bench.train.pending import Pending, unprofiled
 from bench.train.run_folder import Telemetry, startup_record
 
 log = logging.getLogger("parbench")
@@ -58,51 +58,6 @@ class Progress:
 
 
 ProgressFn = Callable[[Progress], None]
-
-
-@dataclass(kw_only=True)
-class Pending:
-    """What the launcher holds of a cell until its last repeat arrives, and after: its row, and
-    what a later launch that measures it again (the run's adaptive repeats) starts from."""
-
-    spec: CellSpec
-    repeats: list[list[RankMeasurement]] = field(default_factory=list)
-    telemetry: list[dict[str, float]] = field(default_factory=list)
-    wall_s: float = 0.0
-    repeat_wall_s: list[float] = field(default_factory=list)  # each timed repeat's wall time
-    written: int = 0  # repeats whose steps are in the run folder (0: no row written yet)
-    awaits_pass: bool | None = None  # its profiled steps come from the group's profile pass
-    row: dict[str, Any] | None = None  # the row last written
-
-    def __post_init__(self) -> None:
-        if self.awaits_pass is None:
-            self.awaits_pass = deferred(self.spec)
-
-    def timed(self) -> bool:
-        """Every planned repeat is in (only a deferred profile pass may be left)."""
-        return len(self.repeats) >= self.spec.measure.repeats
-
-    def again(self, repeats: int) -> Pending:
-        """This cell measured again up to ``repeats`` in all: its repeats so far, no profile pass."""
-        spec2 = dataclasses.replace(self.spec, measure=dataclasses.replace(self.spec.measure, repeats=repeats))
-        return dataclasses.replace(self, spec=spec2, repeats=list(self.repeats), telemetry=list(self.telemetry),
-                                   repeat_wall_s=list(self.repeat_wall_s), awaits_pass=False)
-
-    def merge_profile(self, ev: spec.Profiled) -> str:
-        """The profile pass's breakdown and records into the first repeat; '' or why it failed."""
-        self.wall_s += ev.wall_s
-        bad = [r for r in ev.ranks if r.status != "ok"]
-        if bad:
-            first = min(bad, key=lambda r: r.rank)
-            return f"profile pass failed on rank {first.rank}: {first.reason}"
-        mine = {r.rank: r for r in ev.ranks}
-        for r in self.repeats[0] if self.repeats else []:
-            got = mine.get(r.rank)
-            if got is not None:
-                r.breakdown, r.comm, r.profile_s = got.breakdown, got.comm, r.profile_s + got.profile_s
-                if got.comm_calls_per_step is not None:
-                    r.comm_calls_per_step, r.comm_bytes_per_step = got.comm_calls_per_step, got.comm_bytes_per_step
-        return ""
 
 
 class GroupRun:
@@ -210,7 +165,7 @@ class GroupRun:
         gplan = GroupPlan(backend=g.backend, device=cfg.device, n_procs=g.n_procs, events_prefix=self.prefix,
                           pg_timeout_s=max(cfg.cell_timeout_s, cfg.startup_timeout_s),
                           trace_dir=str(self.trace_dir) if self.trace_dir else None,
-                          cells=tuple(p.spec if p.awaits_pass or not p.written else _unprofiled(p.spec)
+                          cells=tuple(p.spec if p.awaits_pass or not p.written else unprofiled(p.spec)
                                       for p in self.pending.values()),
                           first_repeat={str(k): len(p.repeats) for k, p in self.pending.items() if p.repeats},
                           deadline_unix=self.deadline_unix)
@@ -492,11 +447,6 @@ class GroupRun:
         if theirs:
             reason = "; ".join(theirs) + f"; node 0: {reason}"
         return reason
-
-
-def _unprofiled(c: CellSpec) -> CellSpec:
-    """A cell measured again: its profiled steps are in already (no profile pass for it)."""
-    return dataclasses.replace(c, measure=dataclasses.replace(c.measure, profile_steps=0))
 
 
 def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work: Path, telemetry: Telemetry,

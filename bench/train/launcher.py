@@ -44,7 +44,8 @@ from bench.results.store import RunWriter, write_error, write_meta
 from bench.runtime import signals
 from bench.runtime.process import become_subreaper
 from bench.train.adaptive import RESERVE, decide
-from bench.train.group import WORKER, Pending, Progress, ProgressFn, run_group
+from bench.train.group import WORKER, Progress, ProgressFn, run_group
+from bench.train.pending import Pending
 from bench.train.run_folder import Telemetry, earlier_starts, finish_meta, open_run
 
 

@@ -12,8 +12,8 @@ from bench.decide.recommend import Pick
 from bench.plan.budget import GROUP_START_S
 from bench.results.store import RunWriter, latest_rows, read_table
 from bench.train.adaptive import ROUND_REPEATS, asks, fit, start_cost
-from bench.train.group import Pending
 from bench.train.launcher import adaptive
+from bench.train.pending import Pending
 
 
 def spec(cid: int, strategy: str, n_procs: int, backend: str = "nccl") -> CellSpec:

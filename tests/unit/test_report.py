@@ -6,9 +6,9 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pytest
 
+from bench.decide.recommend import first_screen, recommend
 from bench.results.store import RunWriter, load_run
 from reports import build_report, figures
-from bench.decide.recommend import first_screen, recommend
 from tests import chromium
 
 MAX_W, MAX_H = 1400, 1600  # pixels: no figure taller than about a screen and a half

@@ -1,0 +1,61 @@
+"""What the launcher holds of a cell across launches: its repeats, telemetry and wall times until
+its row is written, and after, what a launch that measures it again starts from."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.core import spec
+from bench.core.spec import CellSpec, RankMeasurement, deferred
+
+
+@dataclass(kw_only=True)
+class Pending:
+    """What the launcher holds of a cell until its last repeat arrives, and after: its row, and
+    what a later launch that measures it again (the run's adaptive repeats) starts from."""
+
+    spec: CellSpec
+    repeats: list[list[RankMeasurement]] = field(default_factory=list)
+    telemetry: list[dict[str, float]] = field(default_factory=list)
+    wall_s: float = 0.0
+    repeat_wall_s: list[float] = field(default_factory=list)  # each timed repeat's wall time
+    written: int = 0  # repeats whose steps are in the run folder (0: no row written yet)
+    awaits_pass: bool | None = None  # its profiled steps come from the group's profile pass
+    row: dict[str, Any] | None = None  # the row last written
+
+    def __post_init__(self) -> None:
+        if self.awaits_pass is None:
+            self.awaits_pass = deferred(self.spec)
+
+    def timed(self) -> bool:
+        """Every planned repeat is in (only a deferred profile pass may be left)."""
+        return len(self.repeats) >= self.spec.measure.repeats
+
+    def again(self, repeats: int) -> Pending:
+        """This cell measured again up to ``repeats`` in all: its repeats so far, no profile pass."""
+        spec2 = dataclasses.replace(self.spec, measure=dataclasses.replace(self.spec.measure, repeats=repeats))
+        return dataclasses.replace(self, spec=spec2, repeats=list(self.repeats), telemetry=list(self.telemetry),
+                                   repeat_wall_s=list(self.repeat_wall_s), awaits_pass=False)
+
+    def merge_profile(self, ev: spec.Profiled) -> str:
+        """The profile pass's breakdown and records into the first repeat; '' or why it failed."""
+        self.wall_s += ev.wall_s
+        bad = [r for r in ev.ranks if r.status != "ok"]
+        if bad:
+            first = min(bad, key=lambda r: r.rank)
+            return f"profile pass failed on rank {first.rank}: {first.reason}"
+        mine = {r.rank: r for r in ev.ranks}
+        for r in self.repeats[0] if self.repeats else []:
+            got = mine.get(r.rank)
+            if got is not None:
+                r.breakdown, r.comm, r.profile_s = got.breakdown, got.comm, r.profile_s + got.profile_s
+                if got.comm_calls_per_step is not None:
+                    r.comm_calls_per_step, r.comm_bytes_per_step = got.comm_calls_per_step, got.comm_bytes_per_step
+        return ""
+
+
+def unprofiled(c: CellSpec) -> CellSpec:
+    """A cell measured again: its profiled steps are in already (no profile pass for it)."""
+    return dataclasses.replace(c, measure=dataclasses.replace(c.measure, profile_steps=0))
