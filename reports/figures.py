@@ -15,6 +15,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from bench.core.backends import find as find_backend  # noqa: E402
+from bench.decide.rules import BREAKDOWN_GAP_MAX  # noqa: E402
 
 MAX_BARS = 40
 BAR_IN, BASE_IN, WIDTH_IN = 0.24, 1.3, 8.0
@@ -138,7 +139,8 @@ def breakdown_bars(cells: pd.DataFrame, workload: str, ax=None):
     """The measured step split into compute, exposed communication, pipeline bubble or idle, and
     other (stacked: they sum to the timed median), hidden communication beside it (hatched).
     The split is the profiled steps' proportions applied to the timed median; a cell whose profiled
-    step differs from the timed one by more than 5% says so in its label."""
+    step differs from the timed one by more than BREAKDOWN_GAP_MAX says so in its label (its
+    proportions describe another step, and the recommendation does not use them)."""
     d = _ok(cells, workload)
     if "compute_time_s" not in d:
         d = d.iloc[0:0]
@@ -168,7 +170,7 @@ def breakdown_bars(cells: pd.DataFrame, workload: str, ax=None):
     ax.barh(y + 0.75, hidden, height=0.45, color="none", edgecolor="tab:orange", hatch="////",
             label="comm hidden under compute")
     gap = d["breakdown_gap"].to_numpy(float)
-    labels = [cell_label(r) + (f" (profiled step {g:+.0%})" if abs(g) > 0.05 else "")
+    labels = [cell_label(r) + (f" (! profiled step {g:+.0%} off the timed one)" if abs(g) > BREAKDOWN_GAP_MAX else "")
               for (_, r), g in zip(d.iterrows(), gap)]
     ax.set_yticks(y, labels, fontsize=7)
     ax.invert_yaxis()

@@ -25,11 +25,11 @@ import pandas as pd
 
 from bench.core.errors import UserError
 from bench.core.paths import folder_problem
+from bench.decide.recommend import is_false, recommend
 from bench.results.bounds import safe_name
 from bench.results.store import CELL_COLUMNS, SAMPLE_COLUMNS, frame, load_run, read_table
 from bench.runtime.signals import defer_stops
 from reports import answer, figures
-from bench.decide.recommend import is_false, recommend
 from reports.serving import serve_section
 
 TEMPLATE = """<!doctype html>

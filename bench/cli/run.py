@@ -171,6 +171,13 @@ def print_budget_use(run_dir: Path) -> None:
           + (" since its resume" if meta.get("resumed") is not None else "")
           + f"; {done} cells measured, {cut} cut by the deadline; {len(starts)} process group start-ups took "
           f"{start_s:.0f} s")
+    rounds = meta.get("adaptive")
+    if isinstance(rounds, list):
+        again = {c for r in rounds if isinstance(r, dict) for c in (r.get("cells") or {})}
+        print(f"adaptive repeats: {len(rounds)} round(s) measured {len(again)} cells of open decisions again, "
+              f"in {sum(float(r.get('seconds') or 0) for r in rounds if isinstance(r, dict)):.0f} s"
+              if rounds else "adaptive repeats: no round (no open decision that repeats could close fitted the "
+                             "time left)")
 
 
 def print_recommendation(run_dir: Path, console=None) -> None:

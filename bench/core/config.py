@@ -59,6 +59,10 @@ class RunConfig:
     profile_at: str = "auto"
     trace: bool = False
     options: dict[str, Any] = field(default_factory=dict)
+    # Per backend, the only strategies it runs (TOML: [backend_strategies] gloo = ["ddp", "fsdp"]);
+    # a backend not named runs every strategy of the run. The default GPU matrix asks Gloo only
+    # what it answers: how the data-parallel strategies fare without NCCL.
+    backend_strategies: dict[str, list[str]] = field(default_factory=dict)
     # Noise (bench/stats/steps.py): each cell measured ``repeats`` times in rounds (their orders a balanced
     # Latin square, bench.train.rounds.rounds); warm-up
     # continues past ``warmup`` until the step time settles (up to ``warmup_max``, default 4 x
@@ -106,7 +110,8 @@ def default_config(gpus: int) -> RunConfig:
     # still open. The toy models (mlp, convnet) measure kernel launches more than strategies; they
     # are in configs/launch-bound.toml.
     return RunConfig(workloads=["gpt-200m"], strategies=["all"], backends=["nccl", "gloo"],
-                     world_sizes=sizes, device="cuda", steps=30, warmup=5, budget="10m")
+                     world_sizes=sizes, device="cuda", steps=30, warmup=5, budget="10m",
+                     backend_strategies={"gloo": ["ddp", "fsdp"]})
 
 
 #: When the profiled steps run (RunConfig.profile_at)
@@ -197,6 +202,8 @@ def build_config(*, toml: dict[str, Any] | None, flags: dict[str, Any], gpus: in
         for key in ("backends", "world_sizes", "workloads", "steps", "warmup", "cell_timeout_s", "budget"):
             if key not in given:
                 merged[key] = dev_default[key]
+    if ({"strategies", "backends"} & given) and "backend_strategies" not in given:
+        merged["backend_strategies"] = {}  # the user's own matrix: every strategy on every backend
     merged["pinned"] = [k for k in MEASURE_KEYS if k in given]
     if merged["pinned"] and "budget" not in given:
         merged["budget"] = None  # the user chose how to measure: no default budget rewrites it
@@ -253,10 +260,23 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise UserError(f"global batch {cfg.global_batch} must be >= 1")
     if not isinstance(cfg.options, dict):
         raise UserError("options must be a TOML table, e.g. [options] bucket_mb = 25")
+    _check_backend_strategies(cfg)
     nnodes, node_rank, endpoint, rdzv_timeout_s = validate_nodes(cfg)
     _check_mesh(cfg)
     return replace(cfg, **counts, global_batch=global_batch, budget=None if budget is None else f"{budget:.15g}s",
                    nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=endpoint, rdzv_timeout_s=rdzv_timeout_s)
+
+
+def _check_backend_strategies(cfg: RunConfig) -> None:
+    """[backend_strategies]: known backends of the run, each with a list of strategy names."""
+    bs = cfg.backend_strategies
+    if not isinstance(bs, dict):
+        raise UserError('backend_strategies must be a TOML table, e.g. [backend_strategies] gloo = ["ddp"]')
+    for be, names in bs.items():
+        if be not in BACKENDS:
+            raise UserError(f"backend_strategies: unknown backend {be!r}; use one of {', '.join(BACKENDS)}")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise UserError(f"backend_strategies.{be} must be a list of strategy names, e.g. [\"ddp\", \"fsdp\"]")
 
 
 def _check_choices(cfg: RunConfig) -> None:

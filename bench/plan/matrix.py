@@ -117,9 +117,16 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
     cells: list[Planned] = []
     seen: set[tuple] = set()
     weak = cfg.scaling == "weak"
+    only = cfg.backend_strategies or {}
+    for be, names in only.items():
+        unknown = [n for n in names if n not in strategies.names()]
+        if unknown:
+            raise UserError(f"backend_strategies.{be}: unknown strategy {unknown[0]!r}; see `parbench list`")
     for wl, base in parsed:
         for sp, strat in strats:
             for backend in cfg.backends if not strat.one_process else [one_proc_backend]:
+                if backend in only and strat.name not in only[backend] and strat.name != "single":
+                    continue  # not asked of this backend (RunConfig.backend_strategies)
                 # Weak scaling: the single-device reference runs every global batch a cell trains,
                 # so that each cell has a parity reference of its own batch.
                 sizes = (cfg.world_sizes if strat.name != "single"

@@ -27,10 +27,10 @@ from bench.train.events import one_line
 
 
 def profile_steps(step, batches, cell: CellSpec, device: torch.device, trace_path: Path | None, *,
-                  n: int, gpu: bool) -> dict[str, Any]:
+                  n: int, gpu: bool, shapes: bool = True) -> dict[str, Any]:
     """Run ``n`` more steps under torch.profiler (GPU activity too when ``gpu``), after one profiled
-    step whose events are discarded; returns the Chrome trace of the ``n`` as a dict (the trace file
-    is removed afterwards unless ``trace_path`` keeps it)."""
+    step whose events are discarded, with the ops' input shapes when ``shapes``; returns the Chrome
+    trace of the ``n`` as a dict (the trace file is removed afterwards unless ``trace_path`` keeps it)."""
     m = cell.measure
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu and device.type == "cuda" else [])
     if device.type == "cuda":
@@ -39,7 +39,8 @@ def profile_steps(step, batches, cell: CellSpec, device: torch.device, trace_pat
     # One step under the profiler first, its events discarded (the schedule's warm-up): the
     # profiler's own start (CUPTI's activation, its first buffers) lands there, not on the steps
     # the breakdown describes.
-    with profile(activities=acts, record_shapes=True, schedule=schedule(wait=0, warmup=1, active=n, repeat=1)) as prof:
+    plan = schedule(wait=0, warmup=1, active=n, repeat=1)
+    with profile(activities=acts, record_shapes=shapes, schedule=plan) as prof:
         for k in range(n + 1):
             with record_function("parbench_step"):
                 step.run(batches[(m.warmup + k % m.steps) % len(batches)])
@@ -62,7 +63,12 @@ def profile_into(out: RankMeasurement, step, batches, cell: CellSpec, plan: Grou
     evidence) always; with ``full``, GPU activity too, the breakdown and the communication records
     (and the trace kept under the run's traces when asked)."""
     trace_path = Path(plan.trace_dir) / f"cell{cell.cell_id}-rank{out.rank}.json" if plan.trace_dir and full else None
-    trace = profile_steps(step, batches, cell, device, trace_path, n=n, gpu=full)
+    # Input shapes cost the launching thread time on every op, and a launch-bound step stretches
+    # with it (on 4 H100s such profiled steps ran up to 2.8x their timed median); only a host-side
+    # backend's byte counts need them, a kernel backend's come with its own records
+    # (record_param_comms).
+    shapes = device.type != "cuda" or not backend.comm_in_kernels()
+    trace = profile_steps(step, batches, cell, device, trace_path, n=n, gpu=full, shapes=shapes)
     if full:
         out.breakdown, out.comm = analyze_trace(trace, device.type, n, backend)
     calls, nbytes = comm_volume(trace, backend)
