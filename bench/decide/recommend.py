@@ -82,6 +82,7 @@ class Pick:
     headroom: float | None = None  # free share of the device at the peak of ``use``
     open_cells: tuple[int, ...] = ()  # cells an unresolved decision needs measured again
     repeats_needed: int | None = None  # about how many repeats a cell would resolve it (None: not known)
+    minutes_needed: float | None = None  # about how long those repeats take, from the cells' own repeats
 
     def line(self) -> str:
         """The pick as one line of plain text: a decision says "use", one still open says "not
@@ -103,7 +104,9 @@ class Pick:
         """What would resolve an open decision, in a few words."""
         if self.repeats_needed is None:
             return "more repeats would not separate them" if self.open_cells else "nothing to repeat"
-        return f"needs about {self.repeats_needed} repeats a cell"
+        took = f", ~{self.minutes_needed:.0f} min" if self.minutes_needed is not None and self.minutes_needed >= 1 \
+            else (", under a minute" if self.minutes_needed is not None else "")
+        return f"needs about {self.repeats_needed} repeats a cell{took}"
 
     def _numbers(self) -> str:
         out = f"{self.step_ms:.1f} ms/step"
@@ -183,6 +186,25 @@ def _with_open(out: dict, rows: list[pd.Series], v: PairVerdict) -> dict:
     more = None if v.need is None or need is None else max(need, v.need)
     return {**out, "resolved": False, "open_cells": tuple(dict.fromkeys((*out.get("open_cells", ()), *_ids(rows)))),
             "repeats_needed": more}
+
+
+def _priced(cells: pd.DataFrame, out: dict) -> dict:
+    """``out`` with ``minutes_needed``: the repeats an open decision needs, each at what a timed
+    repeat of its cell took (wall time less the profiled steps, over its repeats)."""
+    need, ids = out.get("repeats_needed"), out.get("open_cells") or ()
+    if need is None or not ids or not {"cell_id", "cell_wall_s", "repeats_done"} <= set(cells.columns):
+        return out
+    total = 0.0
+    for cid in ids:
+        r = cells[cells["cell_id"] == cid]
+        if r.empty:
+            return out
+        r = r.iloc[0]
+        n, wall, prof = num(r.get("repeats_done")), num(r.get("cell_wall_s")), num(r.get("profile_s")) or 0.0
+        if not n or wall is None:
+            return out
+        total += max(need - n, 0) * (wall - prof) / n
+    return {**out, "minutes_needed": total / 60}
 
 
 class Group:
@@ -332,7 +354,7 @@ def recommend(cells: pd.DataFrame, gpu_mem: float | None = None) -> list[Pick]:
             step_ms=float(win["step_time_median_s"]) * 1e3, runner_up=runner, margin=margin, significant=sig,
             why=reason(win, gr.gpu_mem), candidates=len(gr.g), excluded=gr.excluded(excluded), speedup=speed,
             next_step=next_step(win, backend=str(gr.be), ws=gr.ws, speedup=speed, elsewhere=elsewhere),
-            launch_bound=launch_bound(gr.ref if gr.ref is not None else win), **gr.decide()))
+            launch_bound=launch_bound(gr.ref if gr.ref is not None else win), **_priced(cells, gr.decide())))
     return out
 
 

@@ -252,3 +252,23 @@ def _inline(c):
     import dataclasses
 
     return dataclasses.replace(c, measure=dataclasses.replace(c.measure, profile_at="inline"))
+
+
+def test_backend_strategies_limit_what_a_backend_runs():
+    from bench.core.config import build_config
+    from bench.core.errors import UserError
+
+    cfg = build_config(toml=None, flags={}, gpus=4)  # the default GPU matrix
+    cells, _, _ = plan(cfg, 4)
+    gloo = {p.spec.strategy for p in cells if p.spec.backend == "gloo"}
+    assert gloo == {"ddp", "fsdp"} and {p.spec.workload.name for p in cells} == {"gpt-200m"}
+    assert {"tensor", "pipeline-1f1b", "ddp"} <= {p.spec.strategy for p in cells if p.spec.backend == "nccl"}
+    # the user's own strategies: every one on every backend
+    mine = build_config(toml=None, flags={"strategies": "ddp,tensor"}, gpus=4)
+    assert mine.backend_strategies == {}
+    toml = build_config(toml={"backend_strategies": {"gloo": ["ddp"]}}, flags={"strategies": "ddp,tensor"}, gpus=4)
+    assert {p.spec.strategy for p in plan(toml, 4)[0] if p.spec.backend == "gloo"} == {"ddp"}
+    with pytest.raises(UserError, match="backend_strategies: unknown backend 'mpi'"):
+        build_config(toml={"backend_strategies": {"mpi": ["ddp"]}}, flags={}, gpus=4)
+    with pytest.raises(UserError, match="backend_strategies.gloo: unknown strategy 'dpp'"):
+        plan(build_config(toml={"backend_strategies": {"gloo": ["dpp"]}}, flags={}, gpus=4), 4)

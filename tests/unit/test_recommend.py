@@ -72,6 +72,11 @@ def test_an_open_pair_names_its_cells_and_the_repeats_that_would_close_it():
     assert p.use == "ddp" and not p.resolved and p.open_cells == (rows[1]["cell_id"], rows[0]["cell_id"])
     assert p.repeats_needed is not None and 3 < p.repeats_needed <= 8
     assert p.line().startswith(f"gpt, nccl x2: not decided (needs about {p.repeats_needed} repeats a cell): ddp leads")
+    # priced from the cells' own repeats: 3 repeats took 90 s of wall time (15 s of it profiled steps)
+    priced = [{**r, "cell_wall_s": 90.0, "profile_s": 15.0} for r in rows]
+    p = pick(priced)
+    assert p.minutes_needed == pytest.approx(2 * (p.repeats_needed - 3) * 25.0 / 60)
+    assert "repeats a cell, " in p.line()
     # 2% apart with +-5% intervals: more repeats than it is worth
     wide = pick([cell("single", 1, 0.100, spread=0.05), cell("ddp", 2, 0.098, spread=0.05)])
     assert wide.use == "ddp" and not wide.resolved and wide.repeats_needed is None and len(wide.open_cells) == 2
