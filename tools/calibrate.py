@@ -12,8 +12,8 @@ are reported beside them, labelled so. Two sources of pairs:
   wrapped in ``tests.regress_helpers:Slow5`` (+5% of its own step time, spun, not slept).
 
 ``python -m tools.calibrate --runs results --runs-total 30 --out /tmp/cal`` makes the runs, forms the real pairs
-(with and without runs pooled as repeats) and prints both rates; docs/REGRESSION.md records what
-it gave.
+(with and without runs pooled as repeats) and prints both rates; docs/guides/regression-gate.md
+explains the rule they measure.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def add_run_args(p) -> None:
 
 
 def add_node_flags(p) -> None:
-    """The multi-node flags of `run` (docs/MULTINODE.md)."""
+    """The multi-node flags of `run` (docs/guides/multinode.md)."""
     p.add_argument("--nnodes", type=int, help="machines the run spans, each running this command (default 1)")
     p.add_argument("--node-rank", dest="node_rank", type=int,
                    help="this machine's rank, 0..nnodes-1; node 0 hosts the rendezvous and writes the tables")

@@ -1,4 +1,4 @@
-"""``parbench serve``: the serving benchmark (docs/SERVING.md).
+"""``parbench serve``: the serving benchmark (docs/guides/serving.md).
 
 The subparser sets ``func=cmd_serve``.
 Also runnable alone (the device script uses this): ``python -m bench serve --device cuda ...``.

@@ -17,11 +17,11 @@ confidence interval (the Mann-Whitney inversion; the tests themselves are in
 
 Why "inside or below" rather than "the estimate is above": a true slowdown of exactly the
 threshold then fails with probability >= 1 - alpha/2 whenever the cell is not noisy, while an
-A/A pair fails with probability <= alpha/2 (docs/REGRESSION.md has the argument and the numbers).
+A/A pair fails with probability <= alpha/2 (docs/guides/regression-gate.md; python -m tools.calibrate measures it).
 
 That bound holds for samples that vary like the runs being compared. Per-step samples of one run
 a side see within-run noise only, not the drift between two runs of the same code, which on a
-shared machine is larger (docs/REGRESSION.md: 24-38% of real CPU A/A pairs failed that way);
+shared machine is larger (python -m tools.calibrate: 24-38% of real CPU A/A pairs failed that way);
 such rows say so. Against a history, CURRENT is tested against the per-run medians (unit "runs",
 :func:`run_test`), whose spread is that drift.
 """
@@ -340,7 +340,7 @@ def _pooled_verdict(row: dict, sb: Samples, sc: Samples, threshold: float, alpha
                      f">= {min_samples(alpha)} repeats the run-to-run drift")
     elif sb.unit == "steps" and verdict in ("regression", "improvement"):
         # One run a side: the steps show within-run noise only; two runs of the same code can differ
-        # by more than that (docs/REGRESSION.md has the measured A/A rate).
+        # by more than that (python -m tools.calibrate measures the A/A rate).
         note = (note + "; " if note else "") + "one run a side: run-to-run drift is not in this test"
     return verdict, note
 

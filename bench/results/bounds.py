@@ -1,7 +1,7 @@
 """What a reader accepts from a folder it did not write (a CI artifact, a colleague's run, a history
 store): column values typed by parbench's schema, never by the file, and bounds on the size and
 nesting of what is read. Each refusal is one UserError naming the file, the value and the limit;
-docs/TRUST.md says the same for users.
+docs/guides/trust.md says the same for users.
 """
 
 from __future__ import annotations

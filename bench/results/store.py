@@ -291,7 +291,7 @@ def latest_rows(cells: pd.DataFrame) -> pd.DataFrame:
 
 def _pandas(table: pa.Table) -> pd.DataFrame:
     """A table as a frame, its pandas metadata ignored: column types come from parbench's schema
-    (:func:`frame`), never from the file (docs/TRUST.md)."""
+    (:func:`frame`), never from the file (docs/guides/trust.md)."""
     return table.to_pandas(ignore_metadata=True)
 
 

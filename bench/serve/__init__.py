@@ -6,5 +6,5 @@ user workloads), :mod:`worker` (a serving process), :mod:`launcher` (placements,
 cell), :mod:`steady` (steady-state, kept-up and latency-target verdicts), :mod:`schema` (columns
 and rows), :mod:`config`, :mod:`sweep` (MLPerf Server rate search) and :mod:`run` (a whole
 ``parbench serve`` run). The serving estimators (percentiles with LoadGen's early-stopping rule,
-Little's law, imbalance) are in :mod:`bench.stats.serving`. See docs/SERVING.md.
+Little's law, imbalance) are in :mod:`bench.stats.serving`. See docs/guides/serving.md.
 """

@@ -1,4 +1,4 @@
-"""Tables and the rate-vs-latency curve of serving runs, for docs/SERVING.md and the report.
+"""Tables and the rate-vs-latency curve of serving runs, for docs/guides/serving.md and the report.
 
 ``python -m bench.serve.tables RUN [RUN...] [--curve OUT.png]`` prints, per world size, a markdown
 table of placements x policies x load levels (p50, p99, achieved requests/s, parity), then the

@@ -1,4 +1,4 @@
-"""The trust boundary (docs/TRUST.md): report, compare, history and export read folders they did not
+"""The trust boundary (docs/guides/trust.md): report, compare, history and export read folders they did not
 write. A hostile run folder runs no code (nothing is unpickled, evaluated or rendered as markup), and
 its sizes and nesting are bounded; every case ends ok: the command's output escapes what it shows, or
 one line names what was refused."""

@@ -46,6 +46,6 @@ def test_summary_only_replays_rounds_of_two_calls(tmp_path):
     assert len(rows) == 4
     # each row holds both rounds' medians, e.g. '| ddp | 2 | 146.58, 146.66 | ...'
     assert all(len(row.split("|")[3].split(",")) == 2 for row in rows)
-    assert "| ddp | 2 | 146.58, 146.66 | 146.33, 147.18 |" in out  # MULTINODE.md's rounds 2 and 3
+    assert "| ddp | 2 | 146.58, 146.66 | 146.33, 147.18 |" in out  # the fixture's rounds 2 and 3
     assert all("P2P/CUMEM" in row for row in rows)  # the transport between the agents, from the ranks' logs
     assert (merged / "one" / "r2").is_dir()  # the replay removed nothing

@@ -122,7 +122,7 @@ CASES = [
     ("target-ci-high", None, [RUN, "--target-ci", "1.5"], "must be fractions in [0, 1)"),
     ("global-batch-0", None, [RUN, "--global-batch", "0"], "global batch 0 must be >= 1"),
     ("trace-without-profile", None, [RUN, "--trace", "--profile-steps", "0"], "--trace needs profiled steps"),
-    # several nodes (docs/MULTINODE.md)
+    # several nodes (docs/guides/multinode.md)
     ("nnodes-0", None, [RUN, "--nnodes", "0"], "--nnodes 0 must be >= 1"),
     ("node-rank-too-big", None, [RUN, "--nnodes", "2", "--node-rank", "2"], "--node-rank 2 must be from 0 to 1"),
     ("node-rank-negative", None, [RUN, "--nnodes", "2", "--node-rank", "-1"], "--node-rank -1 must be from 0 to 1"),

@@ -65,7 +65,7 @@ case "$PART" in
     ;;&
   sweep|all)
     C=$(capacity)
-    # SW_POLICIES: the shared queue is in the default because it leads at 0.9 C on 4 H100s (docs/SERVING.md)
+    # SW_POLICIES: the shared queue is in the default because it leads at 0.9 C on 4 H100s (docs/evidence/serve-h100-x4-warm.parquet)
     serve 560 "${COMMON[@]}" --placements replicas --policies "${SW_POLICIES:-jsq,shared,batch}" --world-sizes "$WMAX" \
       --rates "$(rates "$C" "$WMAX" "0.25")" --requests 700 --slo-ms "${SLO_MS:-100}" --duration 3
     ;;&

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Two agents on one host against one agent (docs/MULTINODE.md).
+# Two agents on one host against one agent (docs/guides/multinode.md).
 #
 #   tools/device/two_agents.sh [--cpu] [OUT]        (default OUT: /tmp/parbench-two-agents)
 #
@@ -20,8 +20,8 @@
 # --cpu: the same logic on gloo/CPU with gpt-tiny (world sizes 2 and 4: 1 and 2 ranks per agent).
 # Why GPU-bound: with gpt-small (launch-bound, 10-30 ms steps) the one-agent side's own round
 # medians move 9.7-15.3 ms on 2 H100s, and two 2-GPU runs give FSDP ratios of 1.315 and 0.935:
-# nothing at 5% can be read from that (docs/MULTINODE.md). At global batch 64 the DDP x2 noise floor
-# is 1.6-1.8% (docs/REGRESSION.md).
+# nothing at 5% can be read from that (docs/evidence/two-agents-vs-one-h100.parquet). At global batch 64 the DDP x2 noise floor
+# is 1.6-1.8% (docs/evidence/gate-verdicts-h100.csv).
 # Budget: each round is a one-agent run plus one two-agent run per world size. With gpt-small:
 # 351 s for 3 rounds on 2 H100s, 209 s for one round at 2 and 4 GPUs on 4 H100s. At global batch 64
 # on 4 H100s one round takes about 310 s, so a 10-minute call holds one round (REPEATS=1; continue
