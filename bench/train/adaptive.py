@@ -41,16 +41,32 @@ ROUND_REPEATS = 2
 RESERVE = 0.35
 #: rounds at most (each costs a process start per group)
 MAX_ROUNDS = 6
+#: the shortest timed-step cap a round gives a repeat (seconds)
+MIN_CAP_S = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
 class Ask:
-    """One open decision's request: its cells, each to be measured up to ``repeats`` in all, and
-    what that costs (seconds of timed repeats, from each cell's own repeats so far)."""
+    """One open decision's request: its cells, each to be measured up to ``targets[cell]`` repeats
+    in all, and per cell (repeats to add, seconds a repeat spends outside its timed steps, seconds
+    of timed steps a repeat took), from each cell's own repeats so far."""
 
     pick: Pick
     targets: dict[int, int]
-    cost_s: float
+    slots: tuple[tuple[int, float, float], ...]
+
+    def cost(self, cap_s: float | None = None) -> float:
+        """Seconds its repeats take with their timed steps capped at ``cap_s`` (None: as before)."""
+        return sum(k * (fixed + (timed if cap_s is None else min(timed, cap_s))) for k, fixed, timed in self.slots)
+
+
+def repeat_parts(p: Pending) -> tuple[float, float]:
+    """(seconds outside the timed steps, seconds of timed steps) of a typical repeat of ``p``: the
+    median repeat's wall time, and its slowest rank's timed steps."""
+    walls = p.repeat_wall_s or [p.wall_s / max(len(p.repeats), 1)]
+    timed = [max((sum(r.times) for r in rep), default=0.0) for rep in p.repeats] or [0.0]
+    wall, t = statistics.median(walls), statistics.median(timed)
+    return max(wall - t, 0.0), t
 
 
 def asks(picks: list[Pick], kept: dict[int, Pending]) -> list[Ask]:
@@ -59,7 +75,7 @@ def asks(picks: list[Pick], kept: dict[int, Pending]) -> list[Ask]:
     for p in picks:
         if p.resolved or not p.open_cells or p.repeats_needed is None:
             continue
-        targets, cost = {}, 0.0
+        targets, slots = {}, []
         for cid in p.open_cells:
             have = kept.get(cid)
             if have is None:
@@ -68,10 +84,22 @@ def asks(picks: list[Pick], kept: dict[int, Pending]) -> list[Ask]:
             target = min(max(n + ROUND_REPEATS, 3), MAX_REPEATS)
             if target > n:
                 targets[cid] = target
-                cost += (target - n) * statistics.median(have.repeat_wall_s or [have.wall_s / max(n, 1)])
+                slots.append((target - n, *repeat_parts(have)))
         if targets:
-            out.append(Ask(pick=p, targets=targets, cost_s=cost))
-    return sorted(out, key=lambda a: (a.pick.launch_bound, a.cost_s))
+            out.append(Ask(pick=p, targets=targets, slots=tuple(slots)))
+    return sorted(out, key=lambda a: (a.pick.launch_bound, a.cost()))
+
+
+def round_cap(wanted: list[Ask], left_s: float, start_s: float, cap_s: float | None) -> float | None:
+    """The timed-step cap of a round's repeats: the screening's (``cap_s``), lowered so that every
+    open decision's repeats fit the time left when they would not (what a decision needs is more
+    repeats, not longer ones), but not below MIN_CAP_S."""
+    more = sum(k for a in wanted for k, _, _ in a.slots)
+    if not more or cap_s is None:
+        return cap_s
+    fixed = sum(k * f for a in wanted for k, f, _ in a.slots) + start_s * 3
+    fits = (left_s / 1.25 - fixed) / more
+    return max(min(cap_s, fits), MIN_CAP_S)
 
 
 def start_cost(starts: list[dict[str, Any]], device: str) -> float:
@@ -82,19 +110,21 @@ def start_cost(starts: list[dict[str, Any]], device: str) -> float:
     return statistics.median(seen) if seen else GROUP_START_S[device]
 
 
-def fit(wanted: list[Ask], kept: dict[int, Pending], left_s: float, start_s: float) -> dict[int, int]:
+def fit(wanted: list[Ask], kept: dict[int, Pending], left_s: float, start_s: float,
+        cap_s: float | None = None) -> dict[int, int]:
     """The cells (and their repeats) of the asks that fit ``left_s``, in order: the repeats' own
-    time and ``start_s`` for each process group they need, with a 25% margin."""
+    time (timed steps capped at ``cap_s``) and ``start_s`` for each process group they need, with a
+    25% margin."""
     chosen: dict[int, int] = {}
     cost, groups = 0.0, set()
     for a in wanted:
         keys = {(kept[c].spec.n_procs, kept[c].spec.nnodes, kept[c].spec.backend) for c in a.targets}
-        total = cost + a.cost_s + start_s * len(groups | keys)
+        total = cost + a.cost(cap_s) + start_s * len(groups | keys)
         if 1.25 * total > left_s:
             continue
         for cid, t in a.targets.items():
             chosen[cid] = max(t, chosen.get(cid, 0))
-        cost += a.cost_s
+        cost += a.cost(cap_s)
         groups |= keys
     return chosen
 
@@ -113,7 +143,9 @@ def decide(cfg: RunConfig, kept: dict[int, Pending], writer: RunWriter, work: Pa
             break
         left = deadline - time.time()
         start_s = start_cost(starts, cfg.device)
-        chosen = fit(wanted, kept, left, start_s)
+        caps = [p.spec.measure.time_cap_s for p in kept.values() if p.spec.measure.time_cap_s]
+        cap = round_cap(wanted, left, start_s, max(caps) if caps else None)
+        chosen = fit(wanted, kept, left, start_s, cap)
         if not chosen:
             report(Progress(kind="note", group="", text=f"decisions still open: {len(wanted)}; the time left "
                                                         f"({max(left, 0):.0f}s) fits no more repeats"))
@@ -122,7 +154,7 @@ def decide(cfg: RunConfig, kept: dict[int, Pending], writer: RunWriter, work: Pa
         report(Progress(kind="note", group="", text=f"decisions open: {len(wanted)}; round {k} measures "
                                                     f"{len(chosen)} cells again for {n_open} of them"))
         t0 = time.time()
-        again = {cid: kept[cid].again(target) for cid, target in chosen.items()}
+        again = {cid: kept[cid].again(target, time_cap_s=cap) for cid, target in chosen.items()}
         planned = [Planned(spec=p.spec, reason=None) for p in again.values()]
         for i, g in enumerate(group(planned)):
             if time.time() + start_s > deadline:
@@ -130,7 +162,7 @@ def decide(cfg: RunConfig, kept: dict[int, Pending], writer: RunWriter, work: Pa
             report(Progress(kind="group", group=g.label, n=len(g.cells)))
             run_group(g, f"d{k}.{i}", cfg, writer, work, telemetry, report, trace_dir, deadline, survivors,
                       starts=starts, kept=kept, again=again)
-        done.append({"round": k, "open": [f"{a.pick.workload}, {a.pick.backend} x{a.pick.world_size}"
+        done.append({"round": k, "cap_s": cap, "open": [f"{a.pick.workload}, {a.pick.backend} x{a.pick.world_size}"
                                           for a in wanted],
                      "cells": {str(c): t for c, t in chosen.items()}, "seconds": round(time.time() - t0, 1)})
     return done

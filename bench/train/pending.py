@@ -33,9 +33,11 @@ class Pending:
         """Every planned repeat is in (only a deferred profile pass may be left)."""
         return len(self.repeats) >= self.spec.measure.repeats
 
-    def again(self, repeats: int) -> Pending:
-        """This cell measured again up to ``repeats`` in all: its repeats so far, no profile pass."""
-        spec2 = dataclasses.replace(self.spec, measure=dataclasses.replace(self.spec.measure, repeats=repeats))
+    def again(self, repeats: int, time_cap_s: float | None = None) -> Pending:
+        """This cell measured again up to ``repeats`` in all (its timed steps capped at
+        ``time_cap_s`` when given): its repeats so far, no profile pass."""
+        cap = {} if time_cap_s is None else {"time_cap_s": time_cap_s}
+        spec2 = dataclasses.replace(self.spec, measure=dataclasses.replace(self.spec.measure, repeats=repeats, **cap))
         return dataclasses.replace(self, spec=spec2, repeats=list(self.repeats), telemetry=list(self.telemetry),
                                    repeat_wall_s=list(self.repeat_wall_s), awaits_pass=False)
 

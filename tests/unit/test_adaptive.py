@@ -11,7 +11,7 @@ from bench.core.spec import CellSpec, Measure, WorkloadFacts
 from bench.decide.recommend import Pick
 from bench.plan.budget import GROUP_START_S
 from bench.results.store import RunWriter, latest_rows, read_table
-from bench.train.adaptive import ROUND_REPEATS, asks, fit, start_cost
+from bench.train.adaptive import MIN_CAP_S, ROUND_REPEATS, Ask, asks, fit, round_cap, start_cost
 from bench.train.launcher import adaptive
 from bench.train.pending import Pending
 
@@ -41,7 +41,7 @@ def test_asks_take_open_decisions_that_repeats_can_close():
              Pick(**{**open_pick((0,)).__dict__, "resolved": True})]
     (a,) = asks(picks, kept)
     assert a.targets == {1: 3, 0: 3}  # from one repeat to the 3 an interval from repeats needs
-    assert a.cost_s == pytest.approx(2 * 4.0 + 2 * 4.0)
+    assert a.cost() == pytest.approx(2 * 4.0 + 2 * 4.0)
     more = asks([open_pick((2,))], kept)[0]
     assert more.targets == {2: 3 + ROUND_REPEATS}
 
@@ -98,3 +98,17 @@ def test_a_later_row_with_more_repeats_supersedes_the_earlier(tmp_path):
     # the row with the most repeats wins whatever order the parts are read in
     df = pd.DataFrame({"cell_id": [1, 1, 2], "repeats_done": [5, 3, 1]})
     assert list(latest_rows(df)["repeats_done"]) == [5, 1]
+
+
+def test_a_round_shortens_its_repeats_to_fit_rather_than_drop_them():
+    # two cells, 2 repeats each to add; a repeat: 3 s outside its timed steps, 20 s timed (the screening's cap)
+    a = Ask(pick=open_pick((0, 1)), targets={0: 3, 1: 3}, slots=((2, 3.0, 20.0), (2, 3.0, 20.0)))
+    assert a.cost() == pytest.approx(92.0) and a.cost(5.0) == pytest.approx(32.0)
+    assert round_cap([a], 1000.0, 10.0, 20.0) == 20.0  # fits as screened
+    cap = round_cap([a], 100.0, 10.0, 20.0)  # 100 s left: (100 / 1.25 - 12 - 30) / 4
+    assert cap == pytest.approx(9.5)
+    assert round_cap([a], 30.0, 10.0, 20.0) == MIN_CAP_S  # never shorter than this
+    assert round_cap([a], 100.0, 10.0, None) is None  # no cap to lower
+    p = pending(0, "ddp", 2)
+    q = p.again(3, time_cap_s=cap)
+    assert q.spec.measure.time_cap_s == cap and p.spec.measure.time_cap_s == 0.0
