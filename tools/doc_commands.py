@@ -3,8 +3,9 @@
     python -m tools.doc_commands [--list] [FILE ...]   # default: README.md docs/guides/getting-started.md
 
 Each line of a ```bash block is one command (a line ending in ``\\`` goes on on the next line).
-The commands run one after another with bash, from the repository root, in one environment that
-carries over: after ``source .nox/bench/bin/activate``, ``export`` or ``cd``, the next command sees it.
+The commands of a page run one after another with bash, from the repository root, in one environment
+that carries over, as in a reader's shell: after ``source .nox/bench/bin/activate``, ``export`` or
+``cd``, the next command sees it. Each page starts afresh, as a new reader would.
 
 Markers say how a command runs here (on a 2-core CPU machine, in minutes):
 
@@ -15,7 +16,7 @@ Markers say how a command runs here (on a 2-core CPU machine, in minutes):
   skips those commands. A directive that matches no command of its block is an error, so markers
   cannot go stale unnoticed.
 
-Placeholders: ``<run-id>`` is the newest run folder under results/ that these commands made,
+Placeholders: ``<run-id>`` is the newest run folder under results/ that the page's commands made,
 ``<base>`` the one made before it. Any other ``<name>`` left in a command to run is an error.
 
 One line a command: exit code, seconds, where the docs show it, what ran. A failed command prints the
@@ -227,18 +228,20 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def run_all(cmds: list[Command], root: Path, timeout: float) -> int:
-    env, cwd, made = dict(os.environ), root, []
     failed = ran = 0
     start = time.monotonic()
     logs = Path(tempfile.mkdtemp(prefix="doc-commands-"))
+    doc = None
     for i, c in enumerate(cmds):
+        if c.doc != doc:  # a new page: a fresh shell in the repository root
+            doc, env, cwd, made = c.doc, dict(os.environ), root, []
         if c.run is None:
             print(f"doc-commands: skip        {c.where}  {c.text}  ({c.why})", flush=True)
             continue
         try:
             cmd = resolve(c.run, made, c.where)
         except MarkerError as e:
-            print(f"doc-commands: error       {c.where}  {e}", flush=True)
+            print(f"doc-commands: error       {e}", flush=True)
             failed += 1
             continue
         before, t0, log = _runs(cwd), time.monotonic(), logs / f"{i:02d}.log"

@@ -367,9 +367,11 @@ def budget_view(ev: Evidence) -> View:
                      f"{int(took.total_seconds())} s", str(int(counts.get("ok", 0))),
                      str(int(counts.get("skipped", 0))), str(int(counts.get("failed", 0)))])
     header = ["run", "date", "ended", "wall time (folder written to last update)", "ok", "skipped", "failed"]
-    lines = md_table(header, rows) + ["", "What each run printed about its budget:", ""]
+    lines = md_table(header, rows) + ["", "Each run's plan, and what it printed about its budget at the end:", ""]
     for s in ev.sources:
-        lines += [f"- {cell(s.get('experiment'))}: " + "; ".join(f"`{t}`" for t in s.get("terminal_budget_lines", []))]
+        plan = s.get("plan") or ""
+        said = [plan] + [t for t in s.get("terminal_budget_lines", []) if not plan.startswith(t)]
+        lines += [f"- {cell(s.get('experiment'))}: " + "; ".join(f"`{t}`" for t in said if t)]
     return View(_repeats_text(_ok(df)), _ci_spread(_ok(df)), lines)
 
 
@@ -619,9 +621,10 @@ SECTIONS = [
     Section("The default matrix under its default budget", "`parbench run` with no options on 4 GPUs, three times.",
             [Part("default-matrix-budget-h100-x4", "Three runs of the default matrix", budget_view)]),
     Section("Harness against plain PyTorch loops", "The same configuration run by parbench (*harness*) and by a plain "
-            "PyTorch loop (`tools/baselines/`), alternating on the same GPUs. A round's ratio is the harness median "
-            "over the plain median: above 1 the harness step was slower. *plain spread* is how far the plain loop's "
-            "own rounds moved.",
+            "PyTorch loop (`tools/baselines/`), alternating on the same GPUs. *harness ms* and *plain ms* are medians "
+            "over the rounds of each side's median step. A round's ratio is the harness median over the plain "
+            "median: above 1 the harness step was slower. *plain spread* is how far the plain loop's own rounds "
+            "moved.",
             [Part("harness-vs-plain-h100", "On H100 GPUs", harness_view),
              Part("harness-vs-plain-cpu", "On CPU", harness_view),
              Part("plain-loops-h100-x2", "Plain loops at 2 GPUs", plain_loops_view)]),

@@ -101,3 +101,15 @@ def test_the_documented_commands_parse(name):
 
 def test_ci_runs_the_documented_commands():
     assert "python3 -m tools.doc_commands" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_a_page_runs_in_one_shell_and_the_next_page_starts_afresh(tmp_path, capsys):
+    page_a = dc.parse("```bash\nexport DOC_X=1\ncd sub\nmkdir -p results/20260101-000000-abcd\n"
+                      "test \"$DOC_X\" = 1 && test -d results/<run-id>\n```\n", "a.md")
+    page_b = dc.parse("```bash\ntest -z \"$DOC_X\" && test ! -d sub/sub\ntest -d results/<run-id>\n```\n", "b.md")
+    (tmp_path / "sub").mkdir()
+    assert dc.run_all(page_a + page_b, tmp_path, timeout=60) == 1
+    out = capsys.readouterr().out
+    assert "rc 0" in out and "a.md:5" in out and "b.md:2" in out
+    assert "error       b.md:3: <run-id> needs a run folder" in out
+    assert "5 ran, 0 skipped, 1 failed" in out
