@@ -245,6 +245,10 @@ def _repeats_text(df: pd.DataFrame) -> str:
     """'one run per cell, 15 timed steps a cell' or '5 repeats per cell, 20 timed steps a repeat'."""
     reps = df["repeats_done"].dropna() if "repeats_done" in df.columns else pd.Series(dtype=float)
     once = not len(reps) or reps.max() <= 1
+    if not once and reps.nunique() > 1 and "timed_steps_total" in df.columns:
+        # repeats differ from cell to cell (adaptive repeats): the steps a cell timed in all
+        steps = df["timed_steps_total"].dropna()
+        return f"{_range(reps)} repeats per cell" + (f", {_range(steps)} timed steps a cell in all" if len(steps) else "")
     col = "timed_steps_total" if once and "timed_steps_total" in df.columns else "steps"
     steps = df[col].dropna() if col in df.columns else pd.Series(dtype=float)
     st = f", {_range(steps)} timed steps a {'cell' if once else 'repeat'}" if len(steps) else ""
@@ -579,6 +583,19 @@ def projection_view(ev: Evidence) -> View:
     return View("estimates from the one-run cells of one run", None, md_table(header, rows, fold=False))
 
 
+def fixed_projection_view(ev: Evidence) -> View:
+    df = ev.table
+    rows = [[cell(r.strategy), str(int(r.world_size)), cell(r.variant_fixed),
+             f"{ms(r.pred_fixed_ms / 1e3)} [{ms(r.pred_fixed_lo_ms / 1e3)}, {ms(r.pred_fixed_hi_ms / 1e3)}]",
+             f"{ms(r.measured_ms / 1e3)} [{ms(r.measured_lo_ms / 1e3)}, {ms(r.measured_hi_ms / 1e3)}]",
+             f"{r.err_median_pct:+.1f}% [{r.err_min_pct:+.1f}%, {r.err_max_pct:+.1f}%]", str(int(r.repeats))]
+            for r in df.itertuples()]
+    header = ["strategy", "GPUs", "variant (fixed from 2 GPUs)", "estimate ms [from each 2-GPU repeat]",
+              "measured ms [min, max over repeats]", "error: median [min, max] over repeats", "repeats"]
+    return View("estimates from 1- and 2-GPU cells with 5 repeats, checked against 5 repeats at 4 GPUs", None,
+                md_table(header, rows, fold=False))
+
+
 def generic_view(ev: Evidence) -> View:
     if {"strategy", "world_size", "step_time_median_s", "status"} <= set(ev.table.columns):
         return cells_view(ev)
@@ -657,7 +674,10 @@ SECTIONS = [
 ]
 ESTIMATES = Section("Estimates, not measurements", "These figures are computed by a model from measured cells; they "
                     "are estimates. Where a measured cell exists it stands beside the estimate.",
-                    [Part("projection-h100-x4", "Step time projected from 1 and 2 GPUs", projection_view)])
+                    [Part("projection-fixed-h100-x4", "Step time projected from 1 and 2 GPUs, the model fixed first",
+                          fixed_projection_view),
+                     Part("projection-h100-x4", "Step time projected from 1 and 2 GPUs, one run per cell",
+                          projection_view)])
 OTHER = "Other tables"
 
 
@@ -775,12 +795,14 @@ def readme_block(name: str, where: dict[str, list[str]]) -> str:
              f"{backend}; **{_repeats_text(rows)}**. The interval is the 95% interval of the median over the "
              f"{_basis(rows)}.", ""]
     table = []
+    varied = "repeats_done" in rows.columns and rows["repeats_done"].nunique() > 1
     for _, r in rows.iterrows():
         speed = f"{ref['step_time_median_s'] / r['step_time_median_s']:.2f}x" if ref is not None else "–"
-        table.append([r["strategy"], str(int(r["world_size"])), ms(r["step_time_median_s"]),
+        reps = [str(int(r["repeats_done"])) if present(r.get("repeats_done")) else "–"] if varied else []
+        table.append([r["strategy"], str(int(r["world_size"])), *reps, ms(r["step_time_median_s"]),
                       interval(r["step_time_ci_low_s"], r["step_time_ci_high_s"]), speed])
-    lines += md_table(["strategy", "GPUs", "median step (ms)", "95% interval (ms)", "speedup vs one GPU"], table,
-                      fold=False)
+    lines += md_table(["strategy", "GPUs", *(["repeats"] if varied else []), "median step (ms)", "95% interval (ms)",
+                       "speedup vs one GPU"], table, fold=False)
     if ref is not None:
         faster = [f"{r.strategy} at {int(r.world_size)} GPUs ({ref['step_time_median_s'] / r.step_time_median_s:.2f}x)"
                   for r in rows[rows.world_size > 1].itertuples() if r.step_time_median_s < ref["step_time_median_s"]]

@@ -65,10 +65,12 @@ def _evidence(name: str) -> pd.DataFrame:
     raise AssertionError(f"README cites docs/evidence/{name}, which does not exist")
 
 
-def _rows(body: str) -> list[list[str]]:
+def _rows(body: str) -> list[dict[str, str]]:
     lines = [ln for ln in body.splitlines() if ln.startswith("|")]
-    assert lines[0].startswith("| strategy | GPUs | median step (ms) | 95% interval (ms) | speedup vs one GPU")
-    return [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:]]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert head in (["strategy", "GPUs", "median step (ms)", "95% interval (ms)", "speedup vs one GPU"],
+                    ["strategy", "GPUs", "repeats", "median step (ms)", "95% interval (ms)", "speedup vs one GPU"])
+    return [dict(zip(head, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[2:]]
 
 
 def test_every_number_in_the_result_table_is_in_the_evidence_it_cites(block):
@@ -80,12 +82,16 @@ def test_every_number_in_the_result_table_is_in_the_evidence_it_cites(block):
     rows = _rows(body)
     assert rows, "the README's result table is empty"
     ref = df[(df.strategy == "single") & (df.world_size == 1)].step_time_median_s
-    for strategy, gpus, median, interval, speedup in rows:
+    for row in rows:
+        strategy, gpus, median = row["strategy"], row["GPUs"], row["median step (ms)"]
+        interval, speedup, reps = row["95% interval (ms)"], row["speedup vs one GPU"], row.get("repeats")
         cands = df[(df.strategy == strategy) & (df.world_size == int(gpus))]
         want = [(f"{r.step_time_median_s * 1e3:.1f}",
                  f"[{r.step_time_ci_low_s * 1e3:.1f}, {r.step_time_ci_high_s * 1e3:.1f}]",
-                 {f"{v / r.step_time_median_s:.2f}x" for v in ref}) for r in cands.itertuples()]
-        assert any(m == median and i == interval and speedup in s for m, i, s in want), (
+                 {f"{v / r.step_time_median_s:.2f}x" for v in ref},
+                 str(int(r.repeats_done)) if "repeats_done" in df.columns else None) for r in cands.itertuples()]
+        assert any(m == median and i == interval and speedup in s and (reps is None or n == reps)
+                   for m, i, s, n in want), (
             f"README row {strategy} x{gpus}: {median} {interval} {speedup} is not in docs/evidence/{name}: {want}")
 
 
