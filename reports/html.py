@@ -58,8 +58,10 @@ details.flags li{margin:2px 0}details.flags summary{cursor:pointer}
 {% endfor %}</table>{% endmacro %}
 {% if training %}<h2>Recommendation</h2>
 {% if picks %}{{ pick_table("picks", picks) }}
-<p class="muted">Decided: the intervals the answer rests on come from at least three repeats and nothing blocks
-it (an unstable or contended cell, an efficiency that is not physical); leading: the same answer from one run.
+<p class="muted">Decided: every pair the answer rests on (the fastest against one device, and against the library
+default or the runner-up) is either separated beyond the noise or within 3% of each other, on intervals from at
+least three repeats, and nothing blocks it (a contended cell, an unstable one measured once, an efficiency that is
+not physical); leading, not decided: the answer stands until the repeats it names separate the pair.
 Candidates: cells that ran (status ok, which includes the check that the work was really distributed) and
 matched one device (parity ok); independent models (ensemble) are left out.</p>
 {% elif toys %}<p>Every workload of this run is launch-bound: {{ a.LAUNCH_BOUND_WHY }}. Their picks are under
