@@ -275,6 +275,8 @@ def _render(run_dir: Path, cells: pd.DataFrame, steps: pd.DataFrame, meta: dict,
     """The page, its figures written into ``out`` as it goes. A run of serving cells only has no
     training sections (recommendation, figures, the table of cells): its own answer and tables."""
     loaded = (cells, steps, meta)  # as load_run read them: what `parbench compare` compares
+    # first: a pair with nothing comparable is compare's one-line error, before any figure is drawn
+    comparison = _comparison(run_dir, loaded, baseline, history, out)
     everything = frame(cells, CELL_COLUMNS)  # every core column, empty where a run from another tool lacks it
     serving = everything[everything["mode"] == "serve"] if "mode" in everything else everything.iloc[:0]
     cells = everything.drop(serving.index)  # training cells: figures and the recommendation are about steps
@@ -289,7 +291,7 @@ def _render(run_dir: Path, cells: pd.DataFrame, steps: pd.DataFrame, meta: dict,
         meta={"run_id": run_dir.name, **meta}, gpus=_gpus(meta.get("gpus")), a=answer, training=len(cells) > 0,
         picks=picks, toys=toys, workloads=wls, telemetry=_telemetry(run_dir, cells, out),
         columns=[m.title for m in cols], rows=_cell_rows(cells, cols), not_run=[r for _, r in not_run.iterrows()],
-        comparison=_comparison(run_dir, loaded, baseline, history, out),
+        comparison=comparison,
         serve=serve_section(run_dir, serving, out, _embedded), n_ok=int((everything["status"] == "ok").sum()),
         n_skipped=int((everything["status"] == "skipped").sum()),
         n_bad=int(everything["status"].isin(["failed", "timeout"]).sum()))
