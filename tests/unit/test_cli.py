@@ -13,6 +13,8 @@ from bench.cli.main import main
     (["run", "--config", "/no/such.toml"], "config '/no/such.toml' not found"),
     (["report", "/no/such/run"], "not a parbench run folder"),
     (["compare", "/a", "/b", "--threshold", "x"], "threshold 'x'"),
+    (["report", "/no/such/run", "--threshold", "5%"], "--threshold 5% judges a comparison; add --baseline RUN"),
+    (["report", "/no/such/run", "--baseline", "/no/base", "--threshold", "x"], "threshold 'x'"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle, tmp_path, capsys):
     """In this process (the command's own code path; tests/unit/test_bad_input.py runs a few cases

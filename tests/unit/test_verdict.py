@@ -201,3 +201,20 @@ def test_an_incomparable_pair_is_one_line_naming_the_difference_and_the_fix(make
         assert capsys.readouterr().err.splitlines() == [f"parbench: error: {line}"], argv
     assert not (cur / "report" / "index.html").exists()
 
+
+def test_report_takes_compares_threshold_and_gives_its_verdict(tmp_path):
+    """Five repeats a side, 10% slower: a regression at 5%, the same at 20%, in compare and the report."""
+    rng = np.random.default_rng(6)
+    base = write_run(tmp_path / "base", {"single": 0.1 * np.exp(rng.normal(0, 0.01, (5, 6))),
+                                          "ddp": 0.1 * np.exp(rng.normal(0, 0.01, (5, 6)))})
+    cur = write_run(tmp_path / "cur", {"single": 0.1 * np.exp(rng.normal(0, 0.01, (5, 6))),
+                                        "ddp": 0.11 * np.exp(rng.normal(0, 0.01, (5, 6)))})
+    ddp = "mlp/ddp/gloo/cpu/ws2"
+    for threshold, verdict, code in (("5%", "regression", 1), ("20%", "same", 0)):
+        md, out = tmp_path / f"compare-{threshold}.md", tmp_path / f"report-{threshold}"
+        assert main(["compare", str(base), str(cur), "--threshold", threshold, "--markdown", str(md)]) == code
+        assert main(["report", str(cur), "--baseline", str(base), "--threshold", threshold, "-o", str(out)]) == 0
+        page, cli = page_rows(out / "index.html"), md_rows(md.read_text())
+        assert page[ddp][1] == verdict and cli[ddp][1].endswith(verdict), (threshold, page[ddp], cli[ddp])
+        assert page[ddp][2:] == cli[ddp][2:]
+        assert f"Threshold {threshold[:-1]}.0% on step time" in (out / "index.html").read_text()
