@@ -22,11 +22,13 @@ def install(session: nox.Session, *extras: str) -> None:
 def bench(session: nox.Session) -> None:
     """Run the default matrix for this machine and write its HTML report."""
     install(session)
-    # said first: a run that fails or is interrupted (its message points at `parbench run --resume`)
-    # ends the session before anything after it
-    session.log(f"parbench is installed in this session's virtualenv: "
-                f"source {session.virtualenv.location}/bin/activate")
-    session.run("parbench", "run", "--report", *session.posargs)
+    try:
+        session.run("parbench", "run", "--report", *session.posargs)
+    finally:
+        # said last, after the run's own last lines, also when it fails or is interrupted (nox raises
+        # then): the way to `parbench report`, `compare` or `run --resume` is the last thing on screen
+        session.log(f"parbench is installed in this session's virtualenv: "
+                    f"source {session.virtualenv.location}/bin/activate")
 
 
 @nox.session

@@ -229,10 +229,11 @@ STAGE = ".parbench-report.partial"
 
 
 def build_report(run_dir: Path, out: Path | None = None, *, baseline: Path | None = None,
-                 history: Path | None = None) -> Path:
+                 history: Path | None = None, threshold: float | None = None) -> Path:
     """Write ``index.html`` (self-contained) and its PNG figures into ``out`` (default
     RUN_DIR/report); returns the HTML path. ``baseline`` (a run) or ``history`` (a store) adds the
-    comparison, regressions first. The report is drawn into a hidden folder inside ``out`` and moved
+    comparison, regressions first, judged at ``threshold`` (a fraction; default ``parbench
+    compare``'s). The report is drawn into a hidden folder inside ``out`` and moved
     into place when whole, ``index.html`` last: a report stopped at any moment leaves the previous
     ``index.html`` as it was."""
     run_dir = Path(run_dir)
@@ -250,7 +251,7 @@ def build_report(run_dir: Path, out: Path | None = None, *, baseline: Path | Non
         logging.getLogger("parbench").info("drawing the report of %s in %s", run_dir, stage)
         # Every string on a figure comes from the run: plain text, never mathtext ("$" in a name).
         with matplotlib.rc_context({"text.parse_math": False}):
-            html = _render(run_dir, cells, steps, meta, stage, baseline, history)
+            html = _render(run_dir, cells, steps, meta, stage, baseline, history, threshold)
         (stage / "index.html").write_text(html)
         defer_stops(True)  # a stop while the files move is raised once they are all in place
         _publish(stage, out)
@@ -273,10 +274,12 @@ def _publish(stage: Path, out: Path) -> None:
 
 
 def _render(run_dir: Path, cells: pd.DataFrame, steps: pd.DataFrame, meta: dict, out: Path,
-            baseline: Path | None, history: Path | None) -> str:
+            baseline: Path | None, history: Path | None, threshold: float | None = None) -> str:
     """The page, its figures written into ``out`` as it goes. A run of serving cells only has no
     training sections (recommendation, figures, the table of cells): its own answer and tables."""
     loaded = (cells, steps, meta)  # as load_run read them: what `parbench compare` compares
+    # first: a pair with nothing comparable is compare's one-line error, before any figure is drawn
+    comparison = _comparison(run_dir, loaded, baseline, history, out, threshold)
     everything = frame(cells, CELL_COLUMNS)  # every core column, empty where a run from another tool lacks it
     serving = everything[everything["mode"] == "serve"] if "mode" in everything else everything.iloc[:0]
     cells = everything.drop(serving.index)  # training cells: figures and the recommendation are about steps
@@ -291,7 +294,7 @@ def _render(run_dir: Path, cells: pd.DataFrame, steps: pd.DataFrame, meta: dict,
         meta={"run_id": run_dir.name, **meta}, gpus=_gpus(meta.get("gpus")), a=answer, training=len(cells) > 0,
         picks=picks, toys=toys, workloads=wls, telemetry=_telemetry(run_dir, cells, out),
         columns=[m.title for m in cols], rows=_cell_rows(cells, cols), not_run=[r for _, r in not_run.iterrows()],
-        comparison=_comparison(run_dir, loaded, baseline, history, out),
+        comparison=comparison,
         serve=serve_section(run_dir, serving, out, _embedded), n_ok=int((everything["status"] == "ok").sum()),
         n_skipped=int((everything["status"] == "skipped").sum()),
         n_bad=int(everything["status"].isin(["failed", "timeout"]).sum()))
@@ -327,7 +330,7 @@ def _cell_rows(cells: pd.DataFrame, cols: list) -> list[dict]:
 
 
 def _comparison(run_dir: Path, loaded: tuple, baseline: Path | None, history: Path | None,
-                out: Path) -> dict | None:
+                out: Path, threshold: float | None = None) -> dict | None:
     """The statistical comparison as an HTML table, regressions first, from the same call and
     settings as ``parbench compare`` (:func:`bench.gate.verdict.judge`); with a history, its trend
     figures for the cells that are not 'same'."""
@@ -336,7 +339,7 @@ def _comparison(run_dir: Path, loaded: tuple, baseline: Path | None, history: Pa
     from bench.gate.ciout import SHIFT_LEGEND, verdict_rows
     from bench.gate.verdict import Gate, judge
 
-    gate = Gate()
+    gate = Gate() if threshold is None else Gate(threshold=threshold)
     judged = judge(run_dir, baseline=baseline, history=history, gate=gate, loaded=loaded)
     figs = []
     if history is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -12,9 +13,35 @@ from bench.cli.common import ARGV, Parser, chosen
 from bench.core.errors import UserError
 
 
+def torch_version() -> str:
+    """The installed torch's version, from its package metadata (importing torch takes seconds)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        try:
+            import torch
+        except ImportError:
+            return "not installed"
+        return str(torch.__version__)
+
+
+class VersionAction(argparse.Action):
+    """--version: ``parbench X.Y.Z (torch A.B.C)`` on stdout, exit 0; torch looked up only when asked."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0,
+                         help=help or "print parbench's and torch's versions and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"parbench {__version__} (torch {torch_version()})")
+        parser.exit(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="parbench", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"parbench {__version__}")
+    parser.add_argument("--version", action=VersionAction)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     for command in (run, report, listing, comm, gate, serve, slurm):  # gate: compare, history, export

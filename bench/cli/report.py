@@ -14,6 +14,8 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", help="output folder (default: RUN_DIR/report)")
     p.add_argument("--baseline", help="add the statistical comparison with this run (regressions first)")
     p.add_argument("--history", help="add the comparison with this history store's last stable values")
+    p.add_argument("--threshold", help="with --baseline or --history: step-time slowdown that fails (default 5%%, "
+                                       "as parbench compare)")
     p.set_defaults(func=cmd_report)
 
 
@@ -25,6 +27,13 @@ def cmd_report(args) -> int:
                         "folder name")
     if args.baseline and args.history:
         raise UserError("give --baseline RUN or --history DIR, not both")
+    if args.threshold is not None and not (args.baseline or args.history):
+        raise UserError(f"--threshold {args.threshold} judges a comparison; add --baseline RUN or --history DIR")
+    threshold = None
+    if args.threshold is not None:
+        from bench.gate.compare import parse_threshold
+
+        threshold = parse_threshold(args.threshold)
     for flag, path in (("--baseline", args.baseline), ("--history", args.history)):
         if path and not Path(path).is_dir():
             raise UserError(f"{flag} {path!r} is not a folder; pass a run folder (--baseline) or a history store "
@@ -34,7 +43,7 @@ def cmd_report(args) -> int:
 
     def work() -> int:
         done.append(build_report(Path(args.run_dir), out, baseline=Path(args.baseline) if args.baseline else None,
-                                 history=Path(args.history) if args.history else None))
+                                 history=Path(args.history) if args.history else None, threshold=threshold))
         print(done[0])
         return 0
 

@@ -49,6 +49,15 @@ FAILING = ("regression", "broken")
 COMPARED = ("regression", "improvement", "same", "noisy", "broken", "fixed")
 #: workload dimensions that must match for step times to be comparable
 DIMENSIONS = ("precision", "params", "flops_per_sample", "global_batch", "gpu_name")
+#: what makes each difference go away, after "measure both sides " (the incomparable row's note and
+#: the one-line error of a pair with nothing comparable name the difference, then this)
+FIXES = {
+    "torch": "with one torch", "nccl": "with one NCCL", "GPUs": "on one GPU model", "gpu_name": "on one GPU model",
+    "precision": "with one --precision", "global_batch": "with one global batch (--global-batch)",
+    "params": "with one workload definition (the same --workloads and parbench)",
+    "flops_per_sample": "with one workload definition (the same --workloads and parbench)",
+    "settings": "with the same strategy settings (--option), or keep this pair as a new baseline",
+}
 
 
 @dataclass(frozen=True)
@@ -125,6 +134,16 @@ def run_context(meta: dict[str, Any] | None) -> dict[str, Any]:
     gpus = meta.get("gpus")  # a list; a history entry written by hand may hold anything
     return {"torch": meta.get("torch"), "nccl": meta.get("nccl"),
             "gpus": (", ".join(sorted(set(map(str, gpus)))) if isinstance(gpus, list) else str(gpus)) if gpus else None}
+
+
+def explain(diffs: list[tuple[str, str]], limit: int = 3) -> str:
+    """What differs and how to fix it, in one line: ``diffs`` are (kind, text) pairs, kind a key of
+    FIXES; e.g. 'torch 2.11.0+cu130 vs 2.13.0: measure both sides with one torch'."""
+    texts = list(dict.fromkeys(text for _, text in diffs))
+    shown = "; ".join(texts[:limit]) + (f"; and {len(texts) - limit} more" if len(texts) > limit else "")
+    fixes = list(dict.fromkeys(FIXES.get(kind, "with one setup") for kind, _ in diffs))
+    how = fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + " and " + fixes[-1]
+    return f"{shown}: measure both sides {how}"
 
 
 def _differs(a: Any, b: Any) -> bool:
@@ -218,7 +237,7 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
     bs = base_samples if base_samples is not None else cell_samples(base_steps, min_repeats)
     cs = cell_samples(cur_steps, min_repeats)
     ctx_b, ctx_c = run_context(base_meta), run_context(cur_meta)
-    run_diff = [f"{k} {ctx_b[k]} vs {ctx_c[k]}" for k in ("torch", "nccl") if _differs(ctx_b[k], ctx_c[k])]
+    run_diff = [(k, f"{k} {ctx_b[k]} vs {ctx_c[k]}") for k in ("torch", "nccl") if _differs(ctx_b[k], ctx_c[k])]
     rows = []
     for _, r in m.iterrows():
         row: dict[str, Any] = {k: r[k] for k in key}
@@ -252,16 +271,17 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
     out["median_change"] = _num(out["cur_time_s"]) / _num(out["base_time_s"]) - 1  # beside the shift, not it
     if not out["verdict"].isin(COMPARED).any():
         raise UserError(_nothing_compared(out, key))
-    return out.sort_values(key).reset_index(drop=True)
+    return out.drop(columns="_diffs", errors="ignore").sort_values(key).reset_index(drop=True)
 
 
 def _num(s: pd.Series) -> pd.Series:
     return pd.to_numeric(s, errors="coerce")
 
 
-def _verdict(r: pd.Series, row: dict, bs: dict, cs: dict, run_diff: list[str], ctx_b: dict, ctx_c: dict,
-             threshold: float, alpha: float, test: str) -> tuple[str, str]:
-    """The verdict of one merged row; fills the test's columns into ``row``."""
+def _verdict(r: pd.Series, row: dict, bs: dict, cs: dict, run_diff: list[tuple[str, str]], ctx_b: dict,
+             ctx_c: dict, threshold: float, alpha: float, test: str) -> tuple[str, str]:
+    """The verdict of one merged row; fills the test's columns into ``row`` (an incomparable row's
+    differences, (kind, text) pairs, into ``_diffs``)."""
     if r["_merge"] == "right_only":
         return "new", ""
     if r["_merge"] == "left_only":
@@ -284,12 +304,13 @@ def _verdict(r: pd.Series, row: dict, bs: dict, cs: dict, run_diff: list[str], c
         if f"{dim}_b" not in r:  # part of the key (weak scaling's global batch): equal by construction
             continue
         if _differs(r[f"{dim}_b"], r[f"{dim}_c"]):
-            diffs.append(f"{dim} {r[f'{dim}_b']} vs {r[f'{dim}_c']}")
+            diffs.append((dim, f"{dim} {r[f'{dim}_b']} vs {r[f'{dim}_c']}"))
     if pd.isna(r["gpu_name_b"]) or pd.isna(r["gpu_name_c"]):  # no per-cell model: the run's GPUs
         if _differs(ctx_b["gpus"], ctx_c["gpus"]):
-            diffs.append(f"GPUs {ctx_b['gpus']} vs {ctx_c['gpus']}")
+            diffs.append(("GPUs", f"GPUs {ctx_b['gpus']} vs {ctx_c['gpus']}"))
     if diffs:
-        return "incomparable", "; ".join(diffs)
+        row["_diffs"] = diffs
+        return "incomparable", explain(diffs)
     sb = bs.get(int(r["cell_id_b"])) if pd.notna(r["cell_id_b"]) else None
     sc = cs.get(int(r["cell_id_c"])) if pd.notna(r["cell_id_c"]) else None
     if sb is None or sc is None or len(sb.values) < 2 or len(sc.values) < 2:
@@ -362,13 +383,14 @@ def _pair_changed_settings(out: pd.DataFrame, key: list[str]) -> pd.DataFrame:
         if "global_batch" in extra and str(a["global_batch"]) != str(b["global_batch"]):
             continue  # weak scaling's reference cells of other batches: other cells, not other settings
         changed = [f"{k} {a[k]} -> {b[k]}" for k in extra if str(a[k]) != str(b[k])]
-        row = a.copy()
+        row = a.to_dict()
         for k in extra:
             row[k] = b[k]
         for col in ("cur_status", "cur_tput", "cur_time_s"):
             row[col] = b[col]
         row["change"] = row["cur_tput"] / row["base_tput"] - 1 if row["base_tput"] else np.nan
-        row["verdict"], row["note"] = "incomparable", "settings differ: " + "; ".join(changed)
+        row["_diffs"] = [("settings", "settings differ: " + ", ".join(changed))]
+        row["verdict"], row["note"] = "incomparable", explain(row["_diffs"])
         drop += [miss.index[0], new.index[0]]
         add.append(row)
     if not add:
@@ -383,9 +405,9 @@ def _nothing_compared(out: pd.DataFrame, key: list[str]) -> str:
         return ("the two runs share no cell (same workload, strategy, backend, device, world size); "
                 "compare runs of the same matrix")
     inc = shared[shared["verdict"] == "incomparable"]
-    if not inc.empty:
-        return (f"no cell is comparable: {inc['note'].iloc[0]}; compare runs from the same setup "
-                "or record a new baseline")
+    if not inc.empty:  # every difference of every cell, deduplicated, and what makes them go away
+        diffs = [d for ds in inc.get("_diffs", pd.Series(dtype=object)) if isinstance(ds, list) for d in ds]
+        return "incomparable: " + (explain(diffs) if diffs else str(inc["note"].iloc[0]))
     return "no shared cell ran in both runs (all skipped or failed); fix the runs, then compare"
 
 

@@ -13,6 +13,8 @@ from bench.cli.main import main
     (["run", "--config", "/no/such.toml"], "config '/no/such.toml' not found"),
     (["report", "/no/such/run"], "not a parbench run folder"),
     (["compare", "/a", "/b", "--threshold", "x"], "threshold 'x'"),
+    (["report", "/no/such/run", "--threshold", "5%"], "--threshold 5% judges a comparison; add --baseline RUN"),
+    (["report", "/no/such/run", "--baseline", "/no/base", "--threshold", "x"], "threshold 'x'"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle, tmp_path, capsys):
     """In this process (the command's own code path; tests/unit/test_bad_input.py runs a few cases
@@ -223,3 +225,48 @@ def test_the_budget_line_times_this_invocation_and_never_fails_a_finished_run(tm
         (run / "meta.json").write_text(json.dumps(odd))
         print_budget_use(run)  # no exception; at most a line
     capsys.readouterr()
+
+
+def test_version_names_parbench_and_torch_and_exits_0(capsys):
+    """`parbench --version`: the installed parbench (package metadata) and the torch it runs with."""
+    from importlib.metadata import version
+
+    import torch
+
+    import bench
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert bench.__version__ == version("parbench")
+    assert capsys.readouterr().out == f"parbench {bench.__version__} (torch {torch.__version__})\n"
+
+
+def test_version_of_a_source_tree_that_was_never_installed_is_pyprojects(monkeypatch, tmp_path):
+    import importlib.metadata
+    from pathlib import Path
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    import bench
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    pyproject = Path(bench.__file__).resolve().parents[1] / "pyproject.toml"
+    assert bench.installed_version() == tomllib.loads(pyproject.read_text())["project"]["version"]
+    other = tmp_path / "pyproject.toml"  # the [project] table's version, not another table's
+    other.write_text('[tool.x]\nversion = "9"\n\n[project]\nname = "parbench"\nversion = "1.2.3"\n')
+    assert bench.pyproject_version(other) == "1.2.3"
+    assert bench.pyproject_version(tmp_path / "none.toml") == "unknown"
+
+
+def test_meta_json_records_the_parbench_version():
+    import bench
+    from bench.results.store import machine_meta
+
+    assert machine_meta()["parbench"] == bench.__version__

@@ -94,15 +94,28 @@ def test_incomparable_cells(col, a, b):
     base[0].loc[0, col], cur[0].loc[0, col] = a, b
     t = cmp(base, cur)
     assert t.loc["ddp", "verdict"] == "incomparable" and str(b) in t.loc["ddp", "note"]
+    assert t.loc["ddp", "note"].startswith(f"{col} {a} vs {b}: measure both sides ")  # the difference, the fix
     assert t.loc["x", "verdict"] == "same"
 
 
-@pytest.mark.parametrize("field, a, b", [("torch", "2.11.0", "2.13.0"), ("nccl", "2.27", "2.28"),
-                                         ("gpus", ["NVIDIA H100"], ["NVIDIA H200"])])
-def test_run_level_incomparable_is_an_error(field, a, b):
+@pytest.mark.parametrize("field, a, b, line", [
+    ("torch", "2.11.0", "2.13.0", "torch 2.11.0 vs 2.13.0: measure both sides with one torch"),
+    ("nccl", "2.27", "2.28", "nccl 2.27 vs 2.28: measure both sides with one NCCL"),
+    ("gpus", ["NVIDIA H100"], ["NVIDIA H200"], "GPUs NVIDIA H100 vs NVIDIA H200: measure both sides on one GPU model")])
+def test_run_level_incomparable_is_an_error(field, a, b, line):
     base, cur = make_run({"ddp": 1.0}), make_run({"ddp": 1.0})
-    with pytest.raises(UserError, match="no cell is comparable"):
+    with pytest.raises(UserError) as e:
         cmp(base, cur, base_meta={field: a}, cur_meta={field: b})
+    assert str(e.value) == f"incomparable: {line}"
+
+
+def test_every_difference_of_an_incomparable_pair_in_one_line():
+    base, cur = make_run({"ddp": 1.0, "x": 1.0}), make_run({"ddp": 1.0, "x": 1.0})
+    cur[0]["precision"] = "bf16"
+    with pytest.raises(UserError) as e:
+        cmp(base, cur, base_meta={"torch": "2.11.0", "gpus": ["A"]}, cur_meta={"torch": "2.13.0", "gpus": ["B"]})
+    assert str(e.value) == ("incomparable: torch 2.11.0 vs 2.13.0; precision fp32 vs bf16; GPUs A vs B: measure both "
+                            "sides with one torch, with one --precision and on one GPU model")
 
 
 def test_nothing_compared_is_an_error():
@@ -193,7 +206,9 @@ def test_a_cell_whose_settings_changed_is_one_incomparable_row():
     t = cmp(base, cur)
     assert len(t) == 2 and t.loc["ddp", "verdict"] == "same"
     assert t.loc["fsdp", "verdict"] == "incomparable"
-    assert t.loc["fsdp", "note"] == "settings differ: option_fsdp_mp off -> auto"
+    assert t.loc["fsdp", "note"] == ("settings differ: option_fsdp_mp off -> auto: measure both sides with the same "
+                                     "strategy settings (--option), or keep this pair as a new baseline")
+    assert "_diffs" not in t
     assert t.loc["fsdp", "change"] == pytest.approx(1 / 0.9 - 1)  # both sides kept
     assert not failed(t.reset_index())
 

@@ -161,3 +161,60 @@ def test_against_a_history_too(tmp_path):
     ddp = "mlp/ddp/gloo/cpu/ws2"
     assert page[ddp][1] == "regression" and page[ddp][2:] == cli[ddp][2:]
     assert page[ddp][4] == "mean log ratio: 5 history runs vs 3 repeat median(s)"
+
+
+def edit_meta(run: Path, **fields) -> Path:
+    meta = json.loads((run / "meta.json").read_text())
+    (run / "meta.json").write_text(json.dumps({**meta, **fields}))
+    return run
+
+
+def dims_pair(tmp_path: Path) -> tuple[Path, Path]:
+    """The same cells with the workload's dimensions changed: 1000 parameters, then 2000."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    pair = aa_pair(tmp_path)
+    for run, params in zip(pair, (1000, 2000)):
+        for part in (run / "cells.parquet").glob("part-*.parquet"):
+            pq.write_table(pq.read_table(part).set_column(
+                pq.read_schema(part).get_field_index("params"), "params",
+                [pd.array([params] * pq.read_metadata(part).num_rows, dtype="int64")]), part)
+    return pair
+
+
+@pytest.mark.parametrize("make, line", [
+    (lambda tmp: (edit_meta(aa_pair(tmp)[0], torch="2.11.0+cu130"), edit_meta(tmp / "cur", torch="2.13.0")),
+     "incomparable: torch 2.11.0+cu130 vs 2.13.0: measure both sides with one torch"),
+    (lambda tmp: (edit_meta(aa_pair(tmp)[0], gpus=["NVIDIA H100 80GB HBM3"] * 2),
+                  edit_meta(tmp / "cur", gpus=["NVIDIA H200"] * 2)),
+     "incomparable: GPUs NVIDIA H100 80GB HBM3 vs NVIDIA H200: measure both sides on one GPU model"),
+    (dims_pair, "incomparable: params 1000 vs 2000: measure both sides with one workload definition "
+                "(the same --workloads and parbench)"),
+], ids=["torch", "gpu", "workload-dims"])
+def test_an_incomparable_pair_is_one_line_naming_the_difference_and_the_fix(make, line, tmp_path, capsys):
+    """compare and report --baseline alike: exit 2 (nothing was compared), and no page is drawn."""
+    base, cur = make(tmp_path)
+    capsys.readouterr()
+    for argv in (["compare", str(base), str(cur)], ["report", str(cur), "--baseline", str(base)]):
+        assert main(argv) == 2, argv
+        assert capsys.readouterr().err.splitlines() == [f"parbench: error: {line}"], argv
+    assert not (cur / "report" / "index.html").exists()
+
+
+def test_report_takes_compares_threshold_and_gives_its_verdict(tmp_path):
+    """Five repeats a side, 10% slower: a regression at 5%, the same at 20%, in compare and the report."""
+    rng = np.random.default_rng(6)
+    base = write_run(tmp_path / "base", {"single": 0.1 * np.exp(rng.normal(0, 0.01, (5, 6))),
+                                          "ddp": 0.1 * np.exp(rng.normal(0, 0.01, (5, 6)))})
+    cur = write_run(tmp_path / "cur", {"single": 0.1 * np.exp(rng.normal(0, 0.01, (5, 6))),
+                                        "ddp": 0.11 * np.exp(rng.normal(0, 0.01, (5, 6)))})
+    ddp = "mlp/ddp/gloo/cpu/ws2"
+    for threshold, verdict, code in (("5%", "regression", 1), ("20%", "same", 0)):
+        md, out = tmp_path / f"compare-{threshold}.md", tmp_path / f"report-{threshold}"
+        assert main(["compare", str(base), str(cur), "--threshold", threshold, "--markdown", str(md)]) == code
+        assert main(["report", str(cur), "--baseline", str(base), "--threshold", threshold, "-o", str(out)]) == 0
+        page, cli = page_rows(out / "index.html"), md_rows(md.read_text())
+        assert page[ddp][1] == verdict and cli[ddp][1].endswith(verdict), (threshold, page[ddp], cli[ddp])
+        assert page[ddp][2:] == cli[ddp][2:]
+        assert f"Threshold {threshold[:-1]}.0% on step time" in (out / "index.html").read_text()
