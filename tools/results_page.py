@@ -248,7 +248,8 @@ def _repeats_text(df: pd.DataFrame) -> str:
     if not once and reps.nunique() > 1 and "timed_steps_total" in df.columns:
         # repeats differ from cell to cell (adaptive repeats): the steps a cell timed in all
         steps = df["timed_steps_total"].dropna()
-        return f"{_range(reps)} repeats per cell" + (f", {_range(steps)} timed steps a cell in all" if len(steps) else "")
+        tail = f", {_range(steps)} timed steps a cell in all" if len(steps) else ""
+        return f"{_range(reps)} repeats per cell" + tail
     col = "timed_steps_total" if once and "timed_steps_total" in df.columns else "steps"
     steps = df[col].dropna() if col in df.columns else pd.Series(dtype=float)
     st = f", {_range(steps)} timed steps a {'cell' if once else 'repeat'}" if len(steps) else ""
