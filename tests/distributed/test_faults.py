@@ -1,5 +1,7 @@
 """Faults injected into real torchrun groups (gloo, CPU): each is a row with its status and reason,
-the matrix goes on, no finished cell is lost and no process of the run survives it."""
+the matrix goes on, no finished cell is lost and no process of the run survives it. The run with
+every in-rank fault is the ``faults`` fixture of tests/distributed/conftest.py (test_harness checks
+its misbehaving strategies)."""
 
 from __future__ import annotations
 
@@ -9,22 +11,17 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
 import psutil
 import pytest
 
-from bench.core.config import build_config
 from bench.results.store import load_run, read_table
-from bench.train import launcher as launch
 from tests.procs import saved
 
 pytestmark = pytest.mark.distributed
-
-FAULTS = ("tests.helpers:KillsRank,tests.helpers:HangsInCollective,tests.helpers:OutOfMemory,"
-          "tests.helpers:Raises,tests.helpers:RaisesMidStep,ddp")
-QUICK = {"steps": 2, "warmup": 1, "profile_steps": 0, "sample_hz": 0, "settle": 0, "target_ci": 0}
 
 
 def leftovers(*needles: str) -> list[str]:
@@ -47,18 +44,6 @@ def no_leftovers(*needles: str, within_s: float = 5.0) -> list[str]:
         if not left or time.monotonic() > end:
             return left
         time.sleep(0.2)
-
-
-@pytest.fixture(scope="module")
-def faults(tmp_path_factory) -> tuple[pd.DataFrame, dict, Path]:
-    """One run over every in-rank fault, a broken user workload and a healthy strategy after them."""
-    out = tmp_path_factory.mktemp("faults")
-    cfg = build_config(toml=None, flags={"out": str(out), "device": "cpu", "backends": "gloo", "world_sizes": "2",
-                                         "workloads": "mlp,tests.helpers:broken_batches", "strategies": FAULTS,
-                                         "cell_timeout_s": 8, **QUICK}, gpus=0)
-    run_dir = launch.run(cfg, 0)
-    cells, _, meta = load_run(run_dir)
-    return cells, meta, run_dir
 
 
 def _row(cells: pd.DataFrame, strategy: str, workload: str = "mlp") -> pd.Series:
@@ -145,11 +130,31 @@ def _wait_for_start(tmp_path: Path, strategy_cell: str, timeout: float = 150) ->
     raise AssertionError(f"cell {strategy_cell} never started")
 
 
+@pytest.fixture(scope="module")
+def hanging(tmp_path_factory) -> Iterator[dict[str, tuple[subprocess.Popen, Path]]]:
+    """Two launchers started at once, each with a cell that hangs in prepare: the one the SIGTERM case
+    stops and the one the SIGKILL case kills (on 2 cores their start-ups overlap instead of adding up)."""
+    started: dict[str, tuple[subprocess.Popen, Path]] = {}
+    try:
+        for name in ("SIGTERM", "SIGKILL"):
+            out = tmp_path_factory.mktemp(f"hanging-{name}")
+            started[name] = (_start(out, "tests.helpers:Hangs", "--cell-timeout", "300"), out)
+        yield started
+    finally:
+        for proc, _ in started.values():  # a case that failed before its signal
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+
+
 # SIGHUP takes the same handler as SIGTERM (bench.runtime.signals.STOP_SIGNALS): the fast suite sends SIGTERM
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), pytest.param(signal.SIGHUP, 129, marks=pytest.mark.slow)])
-def test_parent_stop_signal_is_a_clean_interrupt(tmp_path, sig, code):
-    proc = _start(tmp_path, "tests.helpers:Hangs", "--cell-timeout", "300")
-    run_dir = _wait_for_start(tmp_path, "test-hangs")
+def test_parent_stop_signal_is_a_clean_interrupt(request, tmp_path, sig, code):
+    if sig == signal.SIGTERM:
+        proc, out = request.getfixturevalue("hanging")["SIGTERM"]
+    else:
+        proc, out = _start(tmp_path, "tests.helpers:Hangs", "--cell-timeout", "300"), tmp_path
+    run_dir = _wait_for_start(out, "test-hangs")
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)  # a launcher that does not stop fails here
     assert proc.returncode == code, saved("stop-signal", err)
@@ -160,9 +165,9 @@ def test_parent_stop_signal_is_a_clean_interrupt(tmp_path, sig, code):
     assert not no_leftovers(str(run_dir), within_s=5)
 
 
-def test_parent_sigkill_leaves_no_process(tmp_path):
-    proc = _start(tmp_path, "tests.helpers:Hangs", "--cell-timeout", "300")
-    run_dir = _wait_for_start(tmp_path, "test-hangs")
+def test_parent_sigkill_leaves_no_process(hanging):
+    proc, out = hanging["SIGKILL"]
+    run_dir = _wait_for_start(out, "test-hangs")
     proc.kill()
     proc.wait(timeout=10)
     # The agent dies with the launcher and the ranks with the agent (bench.runtime.lifeline); the

@@ -1,5 +1,7 @@
 """Real torchrun groups on gloo/CPU: every strategy matches single device at world sizes 2 and 4,
-and the harness survives failing, hanging and wrong strategies."""
+and the harness survives failing, hanging and wrong strategies. Both runs are fixtures of
+tests/distributed/conftest.py: ``zoo`` (test_profile_pass reads its inline profiles) and
+``faults`` (test_faults checks its in-rank faults)."""
 
 from __future__ import annotations
 
@@ -7,33 +9,17 @@ import pandas as pd
 import pytest
 
 import strategies
-from bench.core.config import build_config
 from bench.results.store import load_run
-from bench.train import launcher as launch
+from tests.distributed.runs import run as run_folder
 
 pytestmark = pytest.mark.distributed
 
-# 6 layers + embedding + head = 8 blocks: enough for 4 ranks x 2 interleaved stages.
-WORKLOAD = "gpt-tiny[n_layer=6]"
 GPU_ONLY = {"dataparallel", "layersplit"}
 HYBRIDS = {"dp-pp", "fsdp-tp"}
-#: No sampler, no settling, no steps past ``steps``: correctness is under test here, not timing.
-QUICK = {"sample_hz": 0, "settle": 0, "target_ci": 0}
 
 
 def run(tmp_path, **flags) -> pd.DataFrame:
-    flags.setdefault("device", "cpu")
-    flags.setdefault("backends", "gloo")
-    cfg = build_config(toml=None, flags={"out": str(tmp_path), **flags}, gpus=0)
-    cells, _, _ = load_run(launch.run(cfg, 0))
-    return cells
-
-
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory) -> pd.DataFrame:
-    """One run of every registered strategy at world sizes 2 and 4 (3 steps after 1 warm-up)."""
-    return run(tmp_path_factory.mktemp("zoo"), workloads=WORKLOAD, strategies="all", world_sizes="2,4",
-               steps=3, warmup=1, **QUICK)
+    return load_run(run_folder(tmp_path, **flags))[0]
 
 
 @pytest.mark.parametrize("name", [n for n in strategies.names() if n not in GPU_ONLY | {"single"}])
@@ -76,12 +62,12 @@ def test_hybrids_report_their_mesh_and_ensemble_its_aggregation(zoo):
 
 
 @pytest.fixture(scope="module")
-def misbehaving(tmp_path_factory) -> pd.DataFrame:
-    """One run at world size 2 on a second workload (mlp): strategies that train the wrong model,
-    distribute nothing, raise or hang, then two healthy data-parallel strategies after them."""
-    return run(tmp_path_factory.mktemp("misbehaving"), workloads="mlp",
-               strategies="tests.helpers:NoAverage,tests.helpers:Inert,tests.helpers:Raises,tests.helpers:Hangs,"
-               "ddp,allreduce-bucketed", world_sizes="2", steps=3, warmup=1, cell_timeout_s=10, **QUICK)
+def misbehaving(faults) -> pd.DataFrame:
+    """The mlp cells of the ``faults`` run (world size 2; a second workload beside the zoo's gpt-tiny):
+    strategies that train the wrong model, distribute nothing, raise or hang, and two healthy
+    data-parallel strategies that run after faults stopped their group."""
+    cells = faults[0]
+    return cells[cells["workload"] == "mlp"]
 
 
 def test_data_parallel_on_a_second_workload(misbehaving):
@@ -112,5 +98,5 @@ def test_wrong_failing_and_hanging_strategies_become_rows(misbehaving):
     assert by.loc["test-raises", "status"] == "failed"
     assert "deliberate failure in prepare" in by.loc["test-raises", "reason"]
     assert by.loc["test-hangs", "status"] == "timeout"
-    # the cells after the hang ran in a relaunched group
+    # the cells after a hang (test-hangs-collective's, before them) ran in a relaunched group
     assert by.loc["ddp", "status"] == "ok" and by.loc["ddp", "parity_ok"]

@@ -25,9 +25,10 @@ def run(tmp_path, **flags):
     return cells, steps, meta
 
 
-def test_repeats_run_in_balanced_rounds_and_every_repeat_is_kept(tmp_path):
-    cells, steps, meta = run(tmp_path, workloads="mlp", strategies="single,ddp,allreduce", world_sizes="1",
-                             steps=3, warmup=1, repeats=3, target_ci=0, sample_hz=0, settle=0)
+def test_repeats_run_in_balanced_rounds_and_every_repeat_is_kept(one_rank_rounds):
+    """single, ddp and allreduce at world size 1, 3 repeats of 3 steps (tests/distributed/conftest.py;
+    test_telemetry checks the same run's samples)."""
+    cells, steps, _ = load_run(one_rank_rounds)
     ok = cells[cells["status"] == "ok"]
     assert len(ok) == 3 and (ok["repeats_done"] == 3).all() and ok["ci_basis"].str.startswith("repeats").all()
     first = steps[steps["phase"] == "timed"].groupby(["repeat", "cell_id"])["t_unix"].min().reset_index()
@@ -42,7 +43,7 @@ def test_repeats_run_in_balanced_rounds_and_every_repeat_is_kept(tmp_path):
     from bench.core import spec
     from bench.train.rounds import rounds
 
-    plan = spec.load(spec.GroupPlan, (tmp_path / meta["run_id"] / "work" / "g0-a1.json").read_text())
+    plan = spec.load(spec.GroupPlan, (one_rank_rounds / "work" / "g0-a1.json").read_text())
     assert orders == [tuple(c.cell_id for c, _ in r) for r in rounds(plan)]
 
 

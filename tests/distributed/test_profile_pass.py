@@ -1,6 +1,7 @@
 """``--profile-at end``: the profiled steps run in a pass after every timed step of the process group
 (no timed step follows a profiler session in its process), and a pass that fails or hangs costs the
-cell its breakdown, never its timing. Real torchrun groups on gloo/CPU."""
+cell its breakdown, never its timing. Real torchrun groups on gloo/CPU; the inline profile the pass
+is compared with is the ``zoo`` run's (tests/distributed/conftest.py: every strategy, profiled inline)."""
 
 from __future__ import annotations
 
@@ -10,20 +11,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.core.config import build_config
 from bench.results.store import load_run
-from bench.train import launcher as launch
+from tests.distributed.runs import QUICK, ZOO_WORKLOAD
+from tests.distributed.runs import run as run_folder
 
 pytestmark = pytest.mark.distributed
 
-#: No sampler, no settling, no steps past ``steps``: the order of passes is under test, not timing.
-QUICK = {"sample_hz": 0, "settle": 0, "target_ci": 0}
-
 
 def run(tmp_path, **flags) -> tuple[pd.DataFrame, Path]:
-    cfg = build_config(toml=None, flags={"out": str(tmp_path), "device": "cpu", "backends": "gloo",
-                                         "workloads": "gpt-tiny", **flags}, gpus=0)
-    path = launch.run(cfg, 0)
+    """A run of gpt-tiny with no sampler and no steps past ``steps``: the order of passes is under
+    test, not timing."""
+    path = run_folder(tmp_path, **{"workloads": "gpt-tiny", "sample_hz": 0, "target_ci": 0, **flags})
     return load_run(path)[0], Path(path)
 
 
@@ -31,18 +29,21 @@ def events(run_dir: Path, group: str) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "work" / f"{group}-a1-r0.jsonl").read_text().splitlines()]
 
 
-def test_profile_pass_comes_after_every_timed_step_and_fills_the_breakdown(tmp_path):
-    end, run_dir = run(tmp_path / "end", strategies="ddp,fsdp", world_sizes="2", steps=3, warmup=1, repeats=2,
-                       profile_at="end")
-    inline, _ = run(tmp_path / "inline", strategies="ddp,fsdp", world_sizes="2", steps=3, warmup=1, repeats=2,
-                    profile_at="inline")
+def test_profile_pass_comes_after_every_timed_step_and_fills_the_breakdown(tmp_path, zoo):
+    # The warm-up settles here (no settle=0): the pass at the end repeats the warm-up the cell's first
+    # repeat needed, and after a single warm-up step ddp's pass records 2 all-reduces a step where
+    # the inline profile, after the timed steps, records 1.
+    end, run_dir = run(tmp_path / "end", workloads=ZOO_WORKLOAD, strategies="ddp,fsdp", world_sizes="2", steps=3,
+                       warmup=1, repeats=2, profile_at="end")
+    # inline (the CPU default): every ok cell of the zoo, every strategy at 2 and 4 on the same workload
+    inline = zoo[zoo["status"] == "ok"]
     for cells in (end, inline):
         assert (cells["status"] == "ok").all(), cells[["strategy", "status", "reason"]]
         assert cells["compute_time_s"].notna().all() and cells["profiled_step_s"].notna().all()
         assert cells["profile_note"].isna().all()
     assert set(end["profile_at"]) == {"end"} and set(inline["profile_at"]) == {"inline"}
     # the same communication evidence either way (what the distribution check reads)
-    by_end, by_inline = end.set_index("strategy"), inline.set_index("strategy")
+    by_end, by_inline = end.set_index("strategy"), inline[inline["world_size"] == 2].set_index("strategy")
     for name in ("ddp", "fsdp"):
         assert by_end.loc[name, "comm_calls_per_step"] == by_inline.loc[name, "comm_calls_per_step"] > 0
     # in the two-rank group, every pass starts after the last timed repeat, one pass per cell

@@ -70,11 +70,10 @@ def test_exposed_comm_serialized_vs_overlapped(known):
 
 
 @pytest.mark.distributed
-def test_samples_are_written_with_the_run(tmp_path):
-    cfg = build_config(toml=None, flags={"out": str(tmp_path), "device": "cpu", "workloads": "mlp",
-                                         "strategies": "single", "world_sizes": "1", "steps": 20, "warmup": 1,
-                                         "sample_hz": 50}, gpus=0)
-    run_dir = launch.run(cfg, 0)
+def test_samples_are_written_with_the_run(one_rank_rounds):
+    """The host sampler at 50 Hz over a run at world size 1 (the run of three cells in rounds that
+    test_noise checks: tests/distributed/conftest.py)."""
+    run_dir = one_rank_rounds
     samples = pd.read_parquet(run_dir / "samples.parquet")
     assert {"host", "device", "t", "metric", "value"} <= set(samples.columns)
     assert set(samples["device"]) == {"host"}  # no GPU here: no GPU row invented
