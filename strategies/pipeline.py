@@ -8,10 +8,17 @@ weight as a transformer block. The embedding lands on the first stage and the he
 in torchtitan's pipeline split. ``micro_batches`` (option, default
 max(4, 2 x stages)) splits each batch.
 
-Bubble: ``bubble_theory`` is (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(v*m+p-1) interleaved.
-``bubble_measured`` is the idle fraction of the busiest rank: 1 - busy / step time, where busy is
-m x (forward+backward of one micro-batch through the rank's stages, timed alone after the run).
-Communication between stages therefore counts as idle, as it does for the pipeline.
+Bubble: ``bubble_theory`` is (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(v*m+p-1) interleaved: the
+bubble of equal stages. ``bubble_measured`` is the idle fraction of the busiest rank: 1 - busy /
+step time, where busy is m x (forward+backward of one micro-batch through the rank's stages, timed
+alone after the run). Communication between stages therefore counts as idle, as it does for the
+pipeline. Stages are rarely equal (the last one carries the head and the loss), so the step the
+schedule should take with the stages as they are is modelled too (one loop per rank): the first
+micro-batch passes every stage, the other m-1 follow at the pace of the slowest,
+``stage_model_step_s`` = sum(t_i) + (m-1) x max(t_i) with t_i a rank's busy time per micro-batch,
+and ``bubble_stages`` = 1 - m x max(t_i) / that step, which is ``bubble_theory`` for equal stages.
+``pipeline_gap`` (timed median / modelled step - 1) says how far the pipeline runs from its own
+schedule: time spent between stages (transfers, waits, the schedule's host work).
 """
 
 from __future__ import annotations
@@ -69,6 +76,22 @@ def _bubble_measured(row) -> float | None:
     return max(0.0, 1.0 - busy / step)
 
 
+def _pipeline_gap(row) -> float | None:
+    """Timed median over the step the stages' own times predict, minus 1."""
+    model, step = row.get("stage_model_step_s"), row.get("step_time_median_s")
+    if model is None or not step or model != model or model <= 0:
+        return None
+    return step / model - 1
+
+
+def stage_model(busy: list[float], m: int) -> tuple[float, float]:
+    """(step, bubble of the busiest rank) a one-loop schedule takes with per-rank busy times ``busy``
+    (each m micro-batches' forward+backward): sum(t) + (m-1) x max(t), t = busy / m."""
+    t = [b / m for b in busy]
+    step = sum(t) + (m - 1) * max(t)
+    return step, 1 - m * max(t) / step
+
+
 PIPELINE_LABELS = (
     Metric(name="schedule", dtype="string", kind="label", doc="pipeline schedule"),
     Metric(name="micro_batches", dtype="Int64", kind="label", doc="micro-batches per step"),
@@ -85,6 +108,15 @@ PIPELINE_METRICS = (
     Metric(name="bubble_measured", dtype="float64", unit="fraction", fmt=".0%", header="bubble",
            shown=frozenset({"report"}), higher_is_better=False, derive=_bubble_measured,
            doc="1 - stage_busy_s / median step time"),
+    Metric(name="stage_model_step_s", dtype="float64", unit="s", over_ranks="rank0",
+           doc="the step the schedule takes with these stages' busy times t_i (per micro-batch): "
+               "sum(t_i) + (m-1) x max(t_i); one loop per rank only"),
+    Metric(name="bubble_stages", dtype="float64", unit="fraction", fmt=".0%", over_ranks="rank0",
+           header="bubble (stages)", shown=frozenset({"report"}),
+           doc="the busiest rank's bubble with these stages: 1 - m x max(t_i) / stage_model_step_s"),
+    Metric(name="pipeline_gap", dtype="float64", unit="fraction", fmt="+.0%", header="vs stages",
+           shown=frozenset({"report"}), higher_is_better=False, derive=_pipeline_gap,
+           doc="median step / stage_model_step_s - 1: time between stages the stage model leaves out"),
 )
 
 
@@ -227,8 +259,18 @@ def pipeline_step(runner: PipelineRunner, wl: Workload, ctx: Context, share, *, 
         return runner.step((x, y), after_backward)
 
     def finish():
-        return {"stage_busy_s": runner.busy_seconds(last_batch["y"]), "bubble_theory": runner.theory(),
-                "stage_blocks": "/".join(map(str, runner.stage_blocks))}
+        busy = runner.busy_seconds(last_batch["y"])
+        out = {"stage_busy_s": busy, "bubble_theory": runner.theory(),
+               "stage_blocks": "/".join(map(str, runner.stage_blocks))}
+        # Every rank's busy time, the slowest data-parallel replica of each pipeline rank.
+        everyone: list = [None] * ctx.world_size
+        dist.all_gather_object(everyone, (runner.ids[0], busy))  # ids[0] is the pipeline rank
+        per_stage: dict[int, float] = {}
+        for pp_rank, b in everyone:
+            per_stage[pp_rank] = max(per_stage.get(pp_rank, 0.0), b)
+        if runner.virtual == 1 and len(per_stage) == runner.pp:
+            out["stage_model_step_s"], out["bubble_stages"] = stage_model(list(per_stage.values()), runner.m)
+        return out
 
     return Step(run=run, loss_weight=(1.0 / dp) if runner.last else 0.0, finish=finish, optimizer=runner.opt)
 

@@ -6,8 +6,10 @@ touches the timed numbers). From the Chrome trace of each rank:
 * **On CUDA** the intervals are GPU kernels: NCCL kernels (name contains ``nccl``) are
   communication, every other kernel, memcpy and memset is compute. A collective's duration is its
   NCCL kernel's duration: it includes the time the kernel waits on the GPU for the slowest peer,
-  and excludes host-side queueing before the kernel starts. Op, bytes and group size come from the
-  ``record_param_comms`` event around the kernel's launch where the trace has one.
+  and excludes host-side queueing before the kernel starts. The kernels come from a pass that
+  records GPU activity only; op, bytes and group size from c10d's ``record_param_comms`` records
+  of a host-only pass over as many steps (or, in a trace that has both, the record around the
+  kernel's launch).
 * **Gloo with CUDA tensors**: compute is the GPU kernels, communication Gloo's annotations.
 * **On CPU with Gloo** communication is Gloo's own ``gloo:<op>`` annotation (on Gloo's worker
   thread for async ops, on the caller's for blocking ones): it starts when Gloo picks the work up,
@@ -123,15 +125,21 @@ def _param_comms(e: dict[str, Any]) -> dict[str, Any]:
             "bytes": float(nelems) * size if (nelems is not None and size) else None}
 
 
-def analyze_trace(trace: dict[str, Any], device_type: str, steps: int,
-                  backend: Backend | str = "nccl") -> tuple[dict[str, float], list[dict]]:
+def analyze_trace(trace: dict[str, Any], device_type: str, steps: int, backend: Backend | str = "nccl", *,
+                  records: dict[str, Any] | None = None) -> tuple[dict[str, float], list[dict]]:
     """(breakdown, collective rows) of one rank's Chrome trace. Timestamps are microseconds. How a
-    backend's communication shows up (GPU kernels or host spans) comes from the backend registry."""
+    backend's communication shows up (GPU kernels or host spans) comes from the backend registry.
+
+    ``records``, when given, is the trace of a host-only pass over as many steps of the same cell
+    (bench.train.profile): the breakdown and the durations come from ``trace``, each collective's op,
+    bytes and group size from ``records`` (for NCCL, the k-th kernel of a kind is the k-th record of
+    that kind; a kind whose counts differ keeps the kernel's name and no bytes)."""
     be = backends.get(backend) if isinstance(backend, str) else backend
-    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    events = _complete(trace)
     us = 1e-6
     iv = lambda es: [(e["ts"] * us, (e["ts"] + e["dur"]) * us) for e in es]
     is_span = lambda e: e["name"].startswith(be.span_prefixes) if be.span_prefixes else False
+    span_rows = lambda: _span_rows([e for e in (_complete(records) if records else events) if is_span(e)])
     if device_type == "cuda" and not be.comm_in_kernels():
         # Host-side backend on CUDA tensors: compute is on the GPU, communication on the backend's
         # host threads (the same clock in the trace).
@@ -142,7 +150,7 @@ def analyze_trace(trace: dict[str, Any], device_type: str, steps: int,
             return {}, []
         everything = gpu + spans + marks
         window = (min(e["ts"] for e in everything) * us, max(e["ts"] + e["dur"] for e in everything) * us)
-        return breakdown(iv(gpu), iv(spans), window, steps), _span_rows(spans)
+        return breakdown(iv(gpu), iv(spans), window, steps), span_rows()
     if device_type == "cuda":
         gpu = [e for e in events if e.get("cat") in GPU_CATS]
         if not gpu:
@@ -152,21 +160,11 @@ def analyze_trace(trace: dict[str, Any], device_type: str, steps: int,
         comp_k = [e for e in gpu if not is_comm(e)]
         window = (min(e["ts"] for e in gpu) * us, max(e["ts"] + e["dur"] for e in gpu) * us)
         bd = breakdown(iv(comp_k), iv(comm_k), window, steps)
-        # Link each communication kernel to its launch, and the launch to the enclosing param-comms record.
-        launches = {e["args"].get("correlation"): e for e in events
-                    if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
-        records = [e for e in events if e.get("name") == "record_param_comms"]
+        metas = _metas_by_order(comm_k, records) if records is not None else _metas_by_launch(comm_k, events)
         rows = []
-        for k in comm_k:
-            meta: dict[str, Any] = {"op": None, "group_size": None, "bytes": None}
-            launch = launches.get(k.get("args", {}).get("correlation"))
-            if launch is not None:
-                enclosing = [r for r in records if r["tid"] == launch["tid"] and r["ts"] <= launch["ts"]
-                             <= r["ts"] + r["dur"]]
-                if enclosing:
-                    meta = _param_comms(max(enclosing, key=lambda r: r["ts"]))
+        for k, meta in zip(comm_k, metas):
             if not meta["op"]:
-                meta["op"] = k["name"].split("(")[0].replace("ncclDevKernel_", "").replace("ncclKernel_", "")
+                meta["op"] = _kernel_op(k["name"])
             rows.append({**meta, "start_s": k["ts"] * us, "duration_s": k["dur"] * us, "kernel": k["name"][:80]})
         return bd, rows
     spans = [e for e in events if is_span(e)]
@@ -183,7 +181,76 @@ def analyze_trace(trace: dict[str, Any], device_type: str, steps: int,
         span = (e["ts"] * us, (e["ts"] + e["dur"]) * us)
         (waits if e["name"].startswith(COMM_CPU_PREFIXES) else compute).append(span)
     compute = subtract(compute, waits)
-    return breakdown(compute, iv(spans), window, steps), _span_rows(spans)
+    return breakdown(compute, iv(spans), window, steps), span_rows()
+
+
+def _complete(trace: dict[str, Any] | None) -> list[dict[str, Any]]:
+    return [e for e in (trace or {}).get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+
+
+def _kernel_op(name: str) -> str:
+    return name.split("(")[0].replace("ncclDevKernel_", "").replace("ncclKernel_", "")
+
+
+# A collective's kind, as c10d names it in record_param_comms and as NCCL names its kernel.
+_KINDS = {"allreduce": "allreduce", "allgather": "allgather", "reducescatter": "reducescatter",
+          "broadcast": "broadcast", "reduce": "reduce", "alltoall": "alltoall", "send": "sendrecv",
+          "recv": "sendrecv", "sendrecv": "sendrecv", "gather": "gather", "scatter": "scatter"}
+
+
+def _kind(name: str) -> str | None:
+    """``allreduce``, ``allgather``... of a record's collective name (``_allgather_base``,
+    ``reduce_scatter_tensor_coalesced``) or a kernel's (``ncclDevKernel_AllGather_RING_LL``)."""
+    key = name.lower().replace("ncclkernel_", "").replace("nccldevkernel_", "").replace("_", "")
+    for suffix in ("tensorcoalesced", "coalesced", "base", "tensor", "into"):
+        key = key.replace(suffix, "")
+    for kind in sorted(_KINDS, key=len, reverse=True):
+        if key.startswith(kind):
+            return _KINDS[kind]
+    return None
+
+
+def _metas_by_order(kernels: list[dict[str, Any]], records: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each kernel's (op, group size, bytes) from the records pass: the k-th kernel of a kind in time
+    order takes the k-th record of that kind, where both passes have as many of that kind."""
+    recs = sorted((e for e in _complete(records) if e.get("name") == "record_param_comms"), key=lambda e: e["ts"])
+    by_kind: dict[str | None, list[dict[str, Any]]] = {}
+    for r in recs:
+        meta = _param_comms(r)
+        if meta["op"] in (None, "barrier", "wait"):
+            continue
+        by_kind.setdefault(_kind(str(meta["op"])), []).append(meta)
+    order = sorted(range(len(kernels)), key=lambda i: kernels[i]["ts"])
+    kinds = [_kind(_kernel_op(kernels[i]["name"])) for i in order]
+    counts = {k: kinds.count(k) for k in set(kinds)}
+    out: list[dict[str, Any]] = [{"op": None, "group_size": None, "bytes": None} for _ in kernels]
+    taken: dict[str | None, int] = {}
+    for i, kind in zip(order, kinds):
+        pool = by_kind.get(kind, [])
+        if kind is None or len(pool) != counts[kind]:
+            continue
+        out[i] = dict(pool[taken.get(kind, 0)])
+        taken[kind] = taken.get(kind, 0) + 1
+    return out
+
+
+def _metas_by_launch(kernels: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each kernel's (op, group size, bytes) from the same trace: the kernel's launch (by correlation
+    id), the ``record_param_comms`` record around that launch."""
+    launches = {e["args"].get("correlation"): e for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    records = [e for e in events if e.get("name") == "record_param_comms"]
+    out = []
+    for k in kernels:
+        meta: dict[str, Any] = {"op": None, "group_size": None, "bytes": None}
+        launch = launches.get(k.get("args", {}).get("correlation"))
+        if launch is not None:
+            enclosing = [r for r in records if r["tid"] == launch["tid"] and r["ts"] <= launch["ts"]
+                         <= r["ts"] + r["dur"]]
+            if enclosing:
+                meta = _param_comms(max(enclosing, key=lambda r: r["ts"]))
+        out.append(meta)
+    return out
 
 
 def comm_volume(trace: dict[str, Any], backend: Backend | str) -> tuple[int, float]:

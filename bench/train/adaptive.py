@@ -102,7 +102,7 @@ def round_cap(wanted: list[Ask], left_s: float, start_s: float, cap_s: float | N
     return max(min(cap_s, fits), MIN_CAP_S)
 
 
-def start_cost(starts: list[dict[str, Any]], device: str) -> float:
+def launch_cost(starts: list[dict[str, Any]], device: str) -> float:
     """What a process group costs to start and stop on this machine: the median of the run's own
     launches so far (start-up and teardown), else the budget model's figure."""
     seen = [s["start_s"] + (s.get("teardown_s") or 0.0) for s in starts
@@ -142,7 +142,7 @@ def decide(cfg: RunConfig, kept: dict[int, Pending], writer: RunWriter, work: Pa
         if not wanted:
             break
         left = deadline - time.time()
-        start_s = start_cost(starts, cfg.device)
+        start_s = launch_cost(starts, cfg.device)
         caps = [p.spec.measure.time_cap_s for p in kept.values() if p.spec.measure.time_cap_s]
         cap = round_cap(wanted, left, start_s, max(caps) if caps else None)
         chosen = fit(wanted, kept, left, start_s, cap)

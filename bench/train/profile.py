@@ -26,14 +26,31 @@ from bench.train.cell import PLACE, build, release
 from bench.train.events import one_line
 
 
+def activities(device: torch.device, backend: backends.Backend, *, timing: bool) -> list[ProfilerActivity]:
+    """What a profiled pass records. The timing pass records the least that still shows the step's
+    communication: GPU activity alone where the backend communicates in kernels (NCCL), since host
+    events cost the launching thread time on every op and a launch-bound step stretches with them
+    (on 4 H100s, DDP steps profiled with host events ran up to 2.3x their timed median); the host
+    side too where communication is host spans (Gloo). The records pass records the host side
+    only: c10d's ``record_param_comms`` (op, bytes, group size) and the backend's spans."""
+    if device.type != "cuda" or not timing:
+        return [ProfilerActivity.CPU]
+    if backend.comm_in_kernels():
+        return [ProfilerActivity.CUDA]
+    return [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+
+
 def profile_steps(step, batches, cell: CellSpec, device: torch.device, trace_path: Path | None, *,
-                  n: int, gpu: bool, shapes: bool = True) -> dict[str, Any]:
-    """Run ``n`` more steps under torch.profiler (GPU activity too when ``gpu``), after one profiled
-    step whose events are discarded, with the ops' input shapes when ``shapes``; returns the Chrome
-    trace of the ``n`` as a dict (the trace file is removed afterwards unless ``trace_path`` keeps it)."""
+                  n: int, acts: list[ProfilerActivity], shapes: bool = False) -> dict[str, Any]:
+    """Run ``n`` steps under torch.profiler recording ``acts`` (with the ops' input shapes when
+    ``shapes``), after one profiled step whose events are discarded; returns the Chrome trace of
+    the ``n`` as a dict (the trace file is removed afterwards unless ``trace_path`` keeps it).
+
+    The ranks enter the ``n`` steps together with the device drained, so the window (first to last
+    GPU kernel) holds those steps and nothing of the step before them."""
     m = cell.measure
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu and device.type == "cuda" else [])
-    if device.type == "cuda":
+    cuda = device.type == "cuda"
+    if cuda:
         torch.cuda.synchronize(device)
     dist.barrier()
     # One step under the profiler first, its events discarded (the schedule's warm-up): the
@@ -44,7 +61,13 @@ def profile_steps(step, batches, cell: CellSpec, device: torch.device, trace_pat
         for k in range(n + 1):
             with record_function("parbench_step"):
                 step.run(batches[(m.warmup + k % m.steps) % len(batches)])
-            if k == n and device.type == "cuda":
+            if k == 0:
+                if cuda:
+                    torch.cuda.synchronize(device)
+                dist.barrier()
+                if cuda:
+                    torch.cuda.synchronize(device)
+            elif k == n and cuda:
                 torch.cuda.synchronize(device)
             prof.step()
     keep = trace_path is not None
@@ -60,18 +83,22 @@ def profile_steps(step, batches, cell: CellSpec, device: torch.device, trace_pat
 def profile_into(out: RankMeasurement, step, batches, cell: CellSpec, plan: GroupPlan, device: torch.device,
                  backend: backends.Backend, *, n: int, full: bool) -> None:
     """``n`` profiled steps into ``out``: the communication per step (the distribution check's
-    evidence) always; with ``full``, GPU activity too, the breakdown and the communication records
-    (and the trace kept under the run's traces when asked)."""
-    trace_path = Path(plan.trace_dir) / f"cell{cell.cell_id}-rank{out.rank}.json" if plan.trace_dir and full else None
-    # Input shapes cost the launching thread time on every op, and a launch-bound step stretches
-    # with it (on 4 H100s such profiled steps ran up to 2.8x their timed median); only a host-side
-    # backend's byte counts need them, a kernel backend's come with its own records
-    # (record_param_comms).
-    shapes = device.type != "cuda" or not backend.comm_in_kernels()
-    trace = profile_steps(step, batches, cell, device, trace_path, n=n, gpu=full, shapes=shapes)
+    evidence) always; with ``full``, a timing pass first (the breakdown and the collectives'
+    durations, see :func:`activities`), then the records pass (kept under the run's traces when
+    asked, the timing pass's trace beside it as ``-gpu.json``)."""
+    base = Path(plan.trace_dir) / f"cell{cell.cell_id}-rank{out.rank}" if plan.trace_dir and full else None
+    # Input shapes cost the launching thread time on every op; only a host-side backend's byte
+    # counts need them, a kernel backend's come with its own records (record_param_comms).
+    shapes = not backend.comm_in_kernels()
+    timing = None
     if full:
-        out.breakdown, out.comm = analyze_trace(trace, device.type, n, backend)
-    calls, nbytes = comm_volume(trace, backend)
+        timing = profile_steps(step, batches, cell, device, base and base.with_name(base.name + "-gpu.json"), n=n,
+                               acts=activities(device, backend, timing=True))
+    records = profile_steps(step, batches, cell, device, base and base.with_suffix(".json"), n=n,
+                            acts=activities(device, backend, timing=False), shapes=shapes)
+    if timing is not None:
+        out.breakdown, out.comm = analyze_trace(timing, device.type, n, backend, records=records)
+    calls, nbytes = comm_volume(records, backend)
     out.comm_calls_per_step, out.comm_bytes_per_step = calls / n, nbytes / n
 
 

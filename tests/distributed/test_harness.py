@@ -52,6 +52,11 @@ def test_pipeline_rows_carry_schedule_and_bubble(zoo):
     m = gpipe4["micro_batches"]
     assert gpipe4["bubble_theory"] == pytest.approx(3 / (m + 3))
     assert p["bubble_measured"].between(0, 1).all()
+    one_loop = p[p["schedule"] != "interleaved-1f1b"]
+    assert one_loop["bubble_stages"].between(0, 1).all()
+    assert one_loop["stage_model_step_s"].gt(0).all() and one_loop["pipeline_gap"].notna().all()
+    # The model's step is at least the busiest rank's busy time: it adds the others' first pass.
+    assert (one_loop["stage_model_step_s"] >= one_loop["stage_busy_s"]).all()
 
 
 def test_hybrids_report_their_mesh_and_ensemble_its_aggregation(zoo):

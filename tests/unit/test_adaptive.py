@@ -11,7 +11,7 @@ from bench.core.spec import CellSpec, Measure, WorkloadFacts
 from bench.decide.recommend import Pick
 from bench.plan.budget import GROUP_START_S
 from bench.results.store import RunWriter, latest_rows, read_table
-from bench.train.adaptive import MIN_CAP_S, ROUND_REPEATS, Ask, asks, fit, round_cap, start_cost
+from bench.train.adaptive import MIN_CAP_S, ROUND_REPEATS, Ask, asks, fit, round_cap, launch_cost
 from bench.train.launcher import adaptive
 from bench.train.pending import Pending
 
@@ -56,8 +56,8 @@ def test_fit_counts_repeats_and_process_starts():
     kept = {0: pending(0, "single", 1), 1: pending(1, "ddp", 2), 2: pending(2, "ddp", 4), 3: pending(3, "ddp", 4)}
     wanted = asks([open_pick((1, 0)), open_pick((2, 3), ws=4)], kept)
     start = GROUP_START_S["cuda"]
-    assert start_cost([], "cuda") == start
-    assert start_cost([{"start_s": 20.0, "teardown_s": 4.0}, {"start_s": 30.0}, {"group": "x"}], "cuda") == 27.0
+    assert launch_cost([], "cuda") == start
+    assert launch_cost([{"start_s": 20.0, "teardown_s": 4.0}, {"start_s": 30.0}, {"group": "x"}], "cuda") == 27.0
     # the first ask: 16 s of repeats and two process groups (1 and 2 ranks), with a 25% margin
     first = 1.25 * (16 + 2 * start)
     assert fit(wanted, kept, 1.25 * (16 + start) - 1, start) == {}

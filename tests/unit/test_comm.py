@@ -67,3 +67,25 @@ def test_a_group_failed_before_any_result_keeps_the_table():
     df = add_reference(pd.DataFrame([{"kind": "sweep", "backend": "gloo", "device": "cpu", "world_size": 2,
                                       "status": "failed", "reason": "group exited timeout"}]))
     assert len(df) == 1 and df["status"].iloc[0] == "failed" and df["vs_reference"].isna().all()
+
+
+def test_cuda_kernels_take_op_and_bytes_from_a_separate_records_pass():
+    """The timing pass has GPU kernels only; the records pass c10d's records. The k-th kernel of a
+    kind takes the k-th record of that kind; a kind whose counts differ keeps its kernel name."""
+    timing = {"traceEvents": [
+        ev("ncclDevKernel_AllGather_RING_LL(x)", 0, 10, tid=0, cat="kernel"),
+        ev("gemm_kernel", 10, 80, tid=0, cat="kernel"),
+        ev("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(x)", 60, 40, tid=0, cat="kernel"),
+        ev("ncclDevKernel_AllGather_RING_LL(x)", 100, 10, tid=0, cat="kernel"),
+        ev("ncclDevKernel_SendRecv(x)", 120, 5, tid=0, cat="kernel"),
+    ]}
+    rec = lambda name, ts, n: ev("record_param_comms", ts, 1, tid=7, **{"Collective name": name, "In msg nelems": n,
+                                                                         "dtype": "Float", "Group size": 4})
+    records = {"traceEvents": [rec("all_gather_into_tensor_coalesced", 0, 10), rec("barrier", 1, 1),
+                               rec("_reduce_scatter_base", 5, 30), rec("all_gather_into_tensor_coalesced", 9, 20)]}
+    bd, rows = analyze_trace(timing, "cuda", steps=1, records=records)
+    assert [(r["op"], r["bytes"]) for r in rows] == [
+        ("all_gather_into_tensor_coalesced", 40.0), ("_reduce_scatter_base", 120.0),
+        ("all_gather_into_tensor_coalesced", 80.0), ("SendRecv", None)]
+    assert bd["profiled_step_s"] == pytest.approx(125e-6)
+    assert bd["exposed_comm_s"] == pytest.approx(35e-6)  # 0..10, 100..110, 120..125; 60..90 hidden by the gemm

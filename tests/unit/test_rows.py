@@ -112,6 +112,19 @@ def test_pipeline_bubble_is_a_strategy_declared_derived_metric():
     assert row["stage_busy_s"] == 0.15 and row["bubble_measured"] == pytest.approx(0.25)
 
 
+def test_the_stage_model_is_the_textbook_bubble_for_equal_stages_and_follows_the_slowest():
+    from strategies.pipeline import stage_model
+
+    step, bubble = stage_model([0.8] * 4, m=8)
+    assert step == pytest.approx(1.1) and bubble == pytest.approx(3 / 11)
+    # A last stage twice as slow: 3 fast stages pass once, the slow one paces the other 7 micro-batches.
+    step, bubble = stage_model([0.8, 0.8, 0.8, 1.6], m=8)
+    assert step == pytest.approx(0.5 + 7 * 0.2) and bubble == pytest.approx(1 - 1.6 / 1.9)
+    ranks = [rank(r, [0.25] * 4, metrics={"stage_busy_s": 0.2, "stage_model_step_s": 0.2}) for r in range(2)]
+    row, _, _ = build_row(spec(strategy="pipeline-gpipe"), [ranks], wall_s=1.0, strategy_metrics=PIPELINE_METRICS)
+    assert row["pipeline_gap"] == pytest.approx(0.25)
+
+
 def test_a_failing_rank_fails_the_cell_with_its_rank_and_reason():
     bad = RankMeasurement(rank=1, status="failed", reason="RuntimeError: boom [/x]")
     row, steps, _ = build_row(spec(labels={"mesh": "pp2"}), [[rank(0, [0.1] * 4), bad]], wall_s=2.0)

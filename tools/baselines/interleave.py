@@ -100,10 +100,8 @@ class Pair:
 
 # ---- the pairs: edit here ------------------------------------------------------------------------
 # Harness options as declared by the strategies (each configured as its documentation does); the plain
-# flags state the
-# same configuration. Pipelines: 8 micro-batches and equal transformer blocks per stage on both sides
-# (harness pp_balance=blocks; its default, time, may cut differently: what that is worth is the
-# device_run.sh ab phase's question, not this one's).
+# flags state the same configuration. Pipelines: 8 micro-batches and equal transformer blocks per stage
+# on both sides (the harness's default pp_balance=blocks).
 PAIRS: dict[str, Pair] = {
     "ddp": Pair("ddp", (), "plain_ddp"),                                       # DDP defaults both sides
     "ddp-tuned": Pair("ddp", ("bucket_mb=100", "ddp_grad_as_bucket_view=true", "ddp_static_graph=true"),

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# On a machine with 4 GPUs: what the default run's decisions rest on, in parts that each fit a
+# 10-minute call. Usage (repository root): OUT=DIR bash tools/device/decide.sh PART
+#   check    gpt-200m and a nanoGPT-style GPT of the same size (tests.foreign_models:fused_gpt:
+#            fused qkv, no biases) under ddp, allreduce-bucketed, fsdp, tensor and both one-loop
+#            pipelines at 4 GPUs and the one-GPU reference, 3 repeats, 2 profiled steps, traces
+#            kept. Tables: each cell's profiled step against its timed median (breakdown_gap), the
+#            pipelines' bubble against the textbook and the stage model, and GPU time per kind of
+#            kernel (tools/kernel_table.py) of both models at 1 and 4 GPUs. ~5 minutes.
+#   gpipe    the harness's GPipe default against the plain GPipe loop, 5 interleaved rounds at 4
+#            GPUs (tools/baselines/interleave.py). ~5 minutes.
+#   default-start  `parbench run --report` exactly as `nox -s bench` runs it, in its own session
+#            (it outlives the call; the device keeps such a process until the machine goes back),
+#            output to /tmp/pb-default; waits up to DS_WAIT seconds (default 570) for it.
+#   default-wait   waits for that run to end, then brings back its tables, report, log and times.
+# Into $OUT, flat: the part's tables (.md, .csv, .parquet), its log; the table last.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+OUT=${OUT:-/tmp/parbench-decide}
+PART=${1:?part: check, gpipe, default-start or default-wait}
+mkdir -p "$OUT"
+FUSED="tests.foreign_models:fused_gpt[vocab=16384,seq_len=1024,d_model=1024,n_head=16,n_layer=16,global_batch=16]"
+D=/tmp/pb-default
+
+env_lines() {
+  nvidia-smi --query-gpu=index,name,driver_version,clocks.max.sm --format=csv
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())"
+}
+
+case "$PART" in
+check)
+  R=/tmp/pb-check; rm -rf "$R"
+  env_lines > "$OUT/check.log" 2>&1
+  t=$SECONDS
+  timeout 480 python3 -m bench run --no-progress --out "$R" --workloads "gpt-200m,$FUSED" \
+    --strategies ddp,allreduce-bucketed,fsdp,tensor,pipeline-gpipe,pipeline-1f1b --backends nccl \
+    --world-sizes 4 --repeats 3 --budget off --profile-steps 2 --trace >> "$OUT/check.log" 2>&1
+  echo "[run: exit $? after $((SECONDS - t)) s]" | tee -a "$OUT/check.log"
+  RUN=$(ls -d "$R"/*/ | tail -n 1); RUN=${RUN%/}
+  python3 - "$RUN" "$OUT" <<'PY' 2>&1 | tee -a "$OUT/check.log"
+import sys
+from pathlib import Path
+import pandas as pd
+from bench.results.store import read_table
+run, out = Path(sys.argv[1]), Path(sys.argv[2])
+c = read_table(run, "cells")
+c.to_parquet(out / "cells.parquet", index=False)
+c["workload"] = c["workload"].str.split("[", regex=False).str[0]
+ok = c[c["status"] == "ok"].copy()
+ok["timed ms"] = 1e3 * ok["step_time_median_s"]
+ok["profiled ms"] = 1e3 * ok["profiled_step_s"]
+ok["gap"] = ok["profiled_step_s"] / ok["step_time_median_s"] - 1
+cols = ["workload", "strategy", "world_size", "repeats_done", "timed ms", "profiled ms", "gap", "idle_frac",
+        "exposed_comm_s"]
+pipe = [k for k in ("bubble_theory", "bubble_stages", "bubble_measured", "pipeline_gap", "stage_blocks") if k in ok]
+t = ok[cols + pipe].sort_values(["workload", "world_size", "strategy"])
+t.to_csv(out / "check.csv", index=False)
+print(t.to_markdown(index=False, floatfmt=".3f"))
+bad = c[c["status"] != "ok"][["workload", "strategy", "world_size", "status", "reason"]]
+if len(bad):
+    print(bad.to_markdown(index=False))
+print(f"cells ok {len(ok)}; |gap| > 10%: {int((ok['gap'].abs() > 0.10).sum())}")
+PY
+  python3 -m tools.kernel_table "$RUN" --cell gpt-200m/single/1 --cell fused-gpt/single/1 --cell gpt-200m/ddp/4 \
+    --cell fused-gpt/ddp/4 --json "$OUT/kernels.json" | tee "$OUT/kernels.md"
+  ;;
+gpipe)
+  t=$SECONDS
+  timeout 580 python3 tools/baselines/interleave.py --families pipeline-gpipe --world-sizes 4 --repeats 5 \
+    --deadline-s 540 > "$OUT/gpipe.log" 2>&1
+  echo "[interleave: exit $? after $((SECONDS - t)) s]" | tee -a "$OUT/gpipe.log"
+  rm -rf "$OUT/interleave-runs"
+  tail -n 25 "$OUT/gpipe.log"
+  ;;
+default-start)
+  rm -rf "$D"; mkdir -p "$D"
+  env_lines > "$D/env.txt" 2>&1
+  # The run outlives this call: its own session, its wall time and exit code written beside it.
+  setsid bash -c "cd '$PWD'; s=\$(date +%s.%N); python3 -m bench run --report --out '$D/results' > '$D/run.log' 2>&1; \
+    echo \$? > '$D/rc'; e=\$(date +%s.%N); echo \"\$s \$e\" > '$D/wall'" < /dev/null > /dev/null 2>&1 &
+  for _ in $(seq "${DS_WAIT:-570}"); do [ -f "$D/rc" ] && break; sleep 1; done
+  tail -n 5 "$D/run.log"
+  [ -f "$D/rc" ] && echo "finished: rc $(cat "$D/rc")" || echo "still running"
+  ;;
+default-wait)
+  for _ in $(seq 560); do [ -f "$D/rc" ] && break; sleep 1; done
+  [ -f "$D/rc" ] || { echo "still running"; tail -n 5 "$D/run.log"; exit 1; }
+  RUN=$(ls -d "$D"/results/*/ | tail -n 1); RUN=${RUN%/}
+  cp "$D/run.log" "$D/env.txt" "$OUT/"
+  cp "$RUN/meta.json" "$OUT/meta.json"
+  cp "$RUN"/report*.html "$OUT/" 2>/dev/null
+  python3 - "$RUN" "$OUT" <<'PY'
+import sys
+from pathlib import Path
+from bench.results.store import read_table
+run, out = Path(sys.argv[1]), Path(sys.argv[2])
+read_table(run, "cells").to_parquet(out / "cells.parquet", index=False)
+PY
+  python3 -c "s, e = map(float, open('$D/wall').read().split()); print(f'wall {e - s:.1f} s, exit', open('$D/rc').read().strip())" \
+    | tee "$OUT/wall.txt"
+  tail -n 60 "$D/run.log"
+  ;;
+*)
+  echo "unknown part $PART: check, gpipe, default-start or default-wait"; exit 2 ;;
+esac
