@@ -107,9 +107,12 @@ def default_config(gpus: int) -> RunConfig:
     sizes = sorted({1, gpus} | {2**k for k in range(1, 4) if 2**k <= gpus})
     # One real model, every strategy, both backends, every power of two up to the GPUs (about 50
     # runnable cells on 4 GPUs), under a 10-minute budget whose last third goes to the decisions
-    # still open. The toy models (mlp, convnet) measure kernel launches more than strategies; they
-    # are in configs/launch-bound.toml.
-    return RunConfig(workloads=["gpt-200m"], strategies=["all"], backends=["nccl", "gloo"],
+    # still open. The global batch, 64 sequences of 1024 tokens (16 a GPU on 4), keeps the steps
+    # bound by the GPUs rather than by launching kernels (at gpt-200m's own 16, 4 a GPU, steps on
+    # 4 H100s were launch-bound, noisy, and stretched by any profiling); the one-GPU reference
+    # holds all 64 in about 50 GB. The toy models (mlp, convnet) measure kernel launches more than
+    # strategies; they are in configs/launch-bound.toml.
+    return RunConfig(workloads=["gpt-200m"], global_batch=64, strategies=["all"], backends=["nccl", "gloo"],
                      world_sizes=sizes, device="cuda", steps=30, warmup=5, budget="10m",
                      backend_strategies={"gloo": ["ddp", "fsdp"]})
 
@@ -199,9 +202,12 @@ def build_config(*, toml: dict[str, Any] | None, flags: dict[str, Any], gpus: in
     given = {k.replace("-", "_") for src in (toml or {}, flags) for k, v in src.items() if v is not None}
     if "device" in given and merged["device"] != base["device"]:
         dev_default = asdict(default_config(0 if merged["device"] == "cpu" else max(gpus, 1)))
-        for key in ("backends", "world_sizes", "workloads", "steps", "warmup", "cell_timeout_s", "budget"):
+        for key in ("backends", "world_sizes", "workloads", "global_batch", "steps", "warmup", "cell_timeout_s",
+                    "budget"):
             if key not in given:
                 merged[key] = dev_default[key]
+    if "workloads" in given and "global_batch" not in given:
+        merged["global_batch"] = None  # the default batch is the default workload's; others bring their own
     if ({"strategies", "backends"} & given) and "backend_strategies" not in given:
         merged["backend_strategies"] = {}  # the user's own matrix: every strategy on every backend
     merged["pinned"] = [k for k in MEASURE_KEYS if k in given]

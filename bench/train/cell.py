@@ -14,7 +14,7 @@ from torch.distributed.tensor import DTensor
 import strategies
 from bench.core.spec import CellSpec, RankMeasurement
 from bench.multinode.netinfo import device_names
-from bench.workloads import resolve
+from bench.workloads import Workload, resolve
 from strategies.base import Context
 
 BATCH_POOL = 64  # distinct global batches staged per cell; step s trains batch s % BATCH_POOL
@@ -33,6 +33,17 @@ def rank_devices(cell: CellSpec, local_rank: int) -> tuple[torch.device, ...]:
     return (torch.device("cuda", cell.devices[local_rank]),)
 
 
+def cell_workload(cell: CellSpec) -> Workload:
+    """The cell's workload, built from its spec, dimensions and the plan's global batch (which
+    stands for a global_batch among the dimensions: the planner resolved the two)."""
+    dims = {k: v for k, v in cell.workload.dims.items() if k != "global_batch"}
+    wl = resolve(cell.workload.spec, seed=cell.measure.seed, global_batch=cell.workload.global_batch, **dims)
+    if wl.global_batch != cell.workload.global_batch:
+        raise ValueError(f"workload {cell.workload.name} built a global batch of {wl.global_batch}, the plan asked "
+                         f"{cell.workload.global_batch}: its factory must accept global_batch")
+    return wl
+
+
 def build(cell: CellSpec, local_rank: int, out: RankMeasurement):
     """A cell's model under its strategy, and its batches staged on the device: (devices, device,
     batches, step, memory each device held before the cell). Fills ``out``'s device facts."""
@@ -42,10 +53,7 @@ def build(cell: CellSpec, local_rank: int, out: RankMeasurement):
     device = devices[0]
     if device.type == "cuda":
         out.device_ids = device_names([d.index for d in devices])
-    wl = resolve(cell.workload.spec, seed=m.seed, global_batch=cell.workload.global_batch, **cell.workload.dims)
-    if wl.global_batch != cell.workload.global_batch:
-        raise ValueError(f"workload {cell.workload.name} built a global batch of {wl.global_batch}, the plan asked "
-                         f"{cell.workload.global_batch}: its factory must accept global_batch")
+    wl = cell_workload(cell)
     strat = strategies.get(cell.strategy_spec)
     ctx = Context(rank=rank, world_size=dist.get_world_size(), local_rank=local_rank, device=device,
                   devices=devices, backend=cell.backend, seed=m.seed, precision=m.precision, lr=m.lr,

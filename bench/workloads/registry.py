@@ -99,7 +99,9 @@ def planned(spec: str, dims: dict[str, int], *, seed: int, global_batch: int | N
     and what it was doing, not a run that waits in silence. (The thread cannot be stopped; it is a
     daemon, so it does not keep the command from exiting.)"""
     if spec in _registry():
-        wl = resolve(spec, seed=seed, global_batch=global_batch, **dims)
+        # --global-batch stands for a global_batch among the dimensions
+        batch = global_batch if global_batch is not None else dims.get("global_batch")
+        wl = resolve(spec, seed=seed, global_batch=batch, **{k: v for k, v in dims.items() if k != "global_batch"})
         return wl, wl.facts(spec, dims)
     kw: dict = dict(seed=seed, **dims)
     if global_batch is not None:

@@ -57,6 +57,21 @@ def test_workload_variants_keep_their_dimensions_in_the_name():
     assert wls["mlp(width=1024)"].params > wls["mlp"].params
 
 
+@pytest.mark.parametrize("flags", [
+    {"workloads": "tests.foreign_models:fused_gpt[global_batch=12]"},
+    {"workloads": "gpt-tiny[global_batch=12]"},
+    {"workloads": "gpt-tiny[global_batch=4]", "global_batch": 12},
+])
+def test_a_global_batch_among_the_dimensions_builds_in_the_ranks(flags):
+    """The ranks build the workload from the cell: its global batch and a global_batch dimension
+    must not both reach the factory (a TypeError in every cell)."""
+    from bench.train.cell import cell_workload
+
+    _, cells, _ = planned({**flags, "strategies": "single", "device": "cpu"}, 0)
+    assert cells[0].spec.workload.global_batch == 12
+    assert cell_workload(cells[0].spec).global_batch == 12
+
+
 def test_options_are_validated_and_resolved_per_strategy():
     by, _, _ = planned({"workloads": "gpt-tiny[n_layer=6]", "strategies": "pipeline-1f1b,ddp,dp-pp",
                         "world_sizes": "2,4", "device": "cpu", "options": {"micro_batches": "4"}}, 0)
@@ -261,7 +276,7 @@ def test_backend_strategies_limit_what_a_backend_runs():
     cfg = build_config(toml=None, flags={}, gpus=4)  # the default GPU matrix
     cells, _, _ = plan(cfg, 4)
     gloo = {p.spec.strategy for p in cells if p.spec.backend == "gloo"}
-    assert gloo == {"ddp", "fsdp"} and {p.spec.workload.name for p in cells} == {"gpt-200m"}
+    assert gloo == {"ddp", "fsdp"} and {p.spec.workload.name for p in cells} == {"gpt-200m(global_batch=64)"}
     assert {"tensor", "pipeline-1f1b", "ddp"} <= {p.spec.strategy for p in cells if p.spec.backend == "nccl"}
     # the user's own strategies: every one on every backend
     mine = build_config(toml=None, flags={"strategies": "ddp,tensor"}, gpus=4)
