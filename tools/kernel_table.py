@@ -4,7 +4,7 @@
     python -m tools.kernel_table RUN_DIR [RUN_DIR...] --cell gpt-200m/ddp/4 --cell fused-gpt/ddp/4
 
 A cell is ``workload/strategy/world_size`` (the workload as the cells table names it, its
-dimensions left out); each is looked up in the given run folders (the first that has it ok), and
+dimensions and global batch left out); each is looked up in the given run folders (the first that has it ok), and
 rank ``--rank``'s GPU trace (``traces/cell<id>-rank<r>-gpu.json``, the profiled steps' device
 activity) is read. Kernels are grouped by name into kinds (matrix products, attention,
 normalisation, communication, ...); the table gives milliseconds and launches per profiled step
@@ -58,7 +58,7 @@ def find_cell(runs: list[Path], key: str) -> tuple[Path, pd.Series]:
     workload, strategy, ws = key.rsplit("/", 2)
     for run in runs:
         cells = pd.read_parquet(run / "cells.parquet")
-        hit = cells[(cells["workload"].str.split("[", regex=False).str[0] == workload)
+        hit = cells[(cells["workload"].str.split(r"[\[(]", regex=True).str[0] == workload)
                     & (cells["strategy"] == strategy) & (cells["world_size"] == int(ws)) & (cells["status"] == "ok")]
         if len(hit):
             return run, hit.iloc[-1]

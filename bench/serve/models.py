@@ -53,7 +53,7 @@ def kv_piece(piece: nn.Module, x: Tensor, start: int, cache: tuple[Tensor, Tenso
     a = piece.attn
     h = piece.ln1(x)
     b, t, _ = h.shape
-    q, k, v = (p(h).view(b, t, -1, a.head_dim).transpose(1, 2) for p in (a.q, a.k, a.v))
+    q, k, v = a.heads(h)
     if cache is not None:
         k = torch.cat([cache[0], k], dim=2)
         v = torch.cat([cache[1], v], dim=2)

@@ -16,7 +16,7 @@ def k(name, ts, dur):
 
 def test_kernel_kinds_per_step_and_the_cell_lookup(tmp_path, capsys):
     (tmp_path / "traces").mkdir()
-    pd.DataFrame([{"cell_id": 3, "workload": "gpt-200m[n_layer=2]", "strategy": "ddp", "world_size": 4,
+    pd.DataFrame([{"cell_id": 3, "workload": "gpt-200m(global_batch=64)", "strategy": "ddp", "world_size": 4,
                    "status": "ok", "step_time_median_s": 0.05, "profiled_step_s": 0.052, "repeats_done": 3}]
                  ).to_parquet(tmp_path / "cells.parquet")
     trace = {"traceEvents": [k("sm90_xmma_gemm_bf16", 0, 3000), k("ncclDevKernel_AllReduce_Sum", 3000, 1000),

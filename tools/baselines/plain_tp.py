@@ -50,9 +50,9 @@ from tools.baselines import _common as c
 
 
 def block_plan(sp: bool) -> dict:
-    """The plan of one GPT ``Block`` (ln1, attn.{q,k,v,o}, ln2, mlp.{up,down})."""
-    plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
-            "mlp.up": ColwiseParallel()}
+    """The plan of one GPT ``Block`` (ln1, attn.{qkv,o}, ln2, mlp.{up,down}); the fused qkv is laid
+    out head by head, so its column-wise shards hold whole heads."""
+    plan = {"attn.qkv": ColwiseParallel(), "mlp.up": ColwiseParallel()}
     if not sp:
         return {**plan, "attn.o": RowwiseParallel(), "mlp.down": RowwiseParallel()}
     gather_seq = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))

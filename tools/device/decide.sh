@@ -4,7 +4,8 @@
 #   check    gpt-200m and a nanoGPT-style GPT of the same size (tests.foreign_models:fused_gpt:
 #            fused qkv, no biases) under ddp, allreduce-bucketed, fsdp, tensor and both one-loop
 #            pipelines at 4 GPUs and the one-GPU reference, 3 repeats, 2 profiled steps, traces
-#            kept, global batch CK_GB (default 64, the default run's). Tables: each cell's profiled step against its timed median (breakdown_gap), the
+#            kept, global batch CK_GB (default 64, the default run's); CK_STRATEGIES and
+#            CK_REPEATS narrow it. Tables: each cell's profiled step against its timed median (breakdown_gap), the
 #            pipelines' bubble against the textbook and the stage model, and GPU time per kind of
 #            kernel (tools/kernel_table.py) of both models at 1 and 4 GPUs. ~5 minutes.
 #   gpipe    the harness's GPipe default against the plain GPipe loop, 5 interleaved rounds at 4
@@ -34,8 +35,8 @@ check)
   env_lines > "$OUT/check.log" 2>&1
   t=$SECONDS
   timeout 480 python3 -m bench run --no-progress --out "$R" --workloads "gpt-200m,$FUSED" \
-    --strategies ddp,allreduce-bucketed,fsdp,tensor,pipeline-gpipe,pipeline-1f1b --backends nccl \
-    --world-sizes 4 --global-batch "${CK_GB:-64}" --repeats 3 --budget off --profile-steps 2 --trace \
+    --strategies "${CK_STRATEGIES:-ddp,allreduce-bucketed,fsdp,tensor,pipeline-gpipe,pipeline-1f1b}" --backends nccl \
+    --world-sizes 4 --global-batch "${CK_GB:-64}" --repeats "${CK_REPEATS:-3}" --budget off --profile-steps 2 --trace \
     >> "$OUT/check.log" 2>&1
   echo "[run: exit $? after $((SECONDS - t)) s]" | tee -a "$OUT/check.log"
   RUN=$(ls -d "$R"/*/ | tail -n 1); RUN=${RUN%/}
