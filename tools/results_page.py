@@ -597,6 +597,52 @@ def fixed_projection_view(ev: Evidence) -> View:
                 md_table(header, rows, fold=False))
 
 
+def breakdown_view(ev: Evidence) -> View:
+    """Each cell's profiled step (the steps its breakdown comes from) against its timed median, and
+    the pipelines' bubble against the textbook and the stage model."""
+    df = _ok(ev.table)
+    pipe = [c for c in ("bubble_theory", "bubble_stages", "bubble_measured", "pipeline_gap") if c in df.columns]
+    header = ["run", "workload", "strategy", "GPUs", "timed ms", "profiled ms", "profiled / timed - 1",
+              "bubble: textbook", "stage model", "measured", "step vs stage model"][:7 + len(pipe)]
+    rows = []
+    for _, r in df.sort_values(["experiment", "workload", "world_size", "strategy"], kind="stable").iterrows():
+        gap = r["profiled_step_s"] / r["step_time_median_s"] - 1 if present(r.get("profiled_step_s")) else None
+        row = [cell(r["experiment"]), cell(str(r["workload"]).split("(")[0]), cell(r["strategy"]),
+               str(int(r["world_size"])), ms(r["step_time_median_s"]), ms(r.get("profiled_step_s")),
+               pct(gap) if gap is not None else "–"]
+        row += [pct(r[c], 0) if present(r[c]) else "–" for c in pipe]
+        rows.append(row)
+    return View(_repeats_text(df) + "; 2 profiled steps a cell", None, md_table(header, rows, group=True))
+
+
+def cells_and_breakdown_view(ev: Evidence) -> View:
+    cells, bd = cells_view(ev), breakdown_view(ev)
+    return View(bd.repeats, cells.spread, cells.body + ["", "Profiled steps and pipeline bubbles:", ""] + bd.body)
+
+
+def kernel_view(ev: Evidence) -> View:
+    df = ev.table
+    kinds = df[df.launches_per_step.notna()]
+    facts = df[df.launches_per_step.isna()]
+    cells = list(dict.fromkeys(df["cell"]))
+    rows = []
+    for kind in dict.fromkeys(kinds.sort_values("ms_per_step", ascending=False, kind="stable")["kind"]):
+        got = kinds[kinds.kind == kind].set_index("cell")
+        rows.append([kind] + [f"{got.loc[c, 'ms_per_step']:.2f} ({got.loc[c, 'launches_per_step']:.0f})"
+                              if c in got.index else "–" for c in cells])
+    for fact in dict.fromkeys(facts["kind"]):
+        got = facts[facts.kind == fact].set_index("cell")
+        rows.append([fact] + [f"{got.loc[c, 'ms_per_step']:.2f}" if c in got.index else "–" for c in cells])
+    return View("one cell each, its 2 profiled steps", None,
+                md_table(["kind of kernel: ms a step (launches)", *cells], rows, fold=False))
+
+
+def default_run_view(ev: Evidence) -> View:
+    body = printed_view(ev).body + ["", "Run end:", "", *[f"- {line}" for line in ev.meta.get("run_end", [])],
+                                    "", "First screen:", "", "```text", ev.meta.get("first_screen", ""), "```"]
+    return View("one run; the reference and three candidates measured 3 times, the other cells once", None, body)
+
+
 def generic_view(ev: Evidence) -> View:
     if {"strategy", "world_size", "step_time_median_s", "status"} <= set(ev.table.columns):
         return cells_view(ev)
@@ -636,8 +682,16 @@ SECTIONS = [
             "command sets (`fsdp_mp=off`, `pp_balance=params`, `tp_plan=megatron`). Tensor parallel now defaults "
             "to the Megatron plan.",
             [Part("defaults-new-vs-old-h100-x4", "FSDP, 1F1B and tensor parallel at 4 GPUs", defaults_view)]),
-    Section("The default matrix under its default budget", "`parbench run` with no options on 4 GPUs, three times.",
-            [Part("default-matrix-budget-h100-x4", "Three runs of the default matrix", budget_view)]),
+    Section("The default matrix under its default budget", "`parbench run` with no options on 4 GPUs.",
+            [Part("default-run-gb64-h100-x4", "The default GPU run at global batch 64, 8-minute budget",
+                  default_run_view),
+             Part("default-matrix-budget-h100-x4", "Three runs of an earlier default matrix", budget_view)]),
+    Section("gpt-200m against a nanoGPT-style GPT", "The built-in gpt-200m and a GPT written as nanoGPT writes "
+            "it, of the same size, under the same strategies in the same call; before and after gpt-200m took "
+            "nanoGPT's fused q/k/v layout.",
+            [Part("gpt200m-vs-nanogpt-h100-x4", "Step times; profiled steps against timed steps; pipeline bubbles",
+                  cells_and_breakdown_view),
+             Part("gpt200m-kernels-h100-x4", "GPU time by kind of kernel", kernel_view)]),
     Section("Harness against plain PyTorch loops", "The same configuration run by parbench (*harness*) and by a plain "
             "PyTorch loop (`tools/baselines/`), alternating on the same GPUs. *harness ms* and *plain ms* are medians "
             "over the rounds of each side's median step. A round's ratio is the harness median over the plain "
@@ -795,6 +849,8 @@ def readme_block(name: str, where: dict[str, list[str]]) -> str:
              f"{first['workload']}{params}, {first.get('precision', '?')}, global batch {int(first['global_batch'])}, "
              f"{backend}; **{_repeats_text(rows)}**. The interval is the 95% interval of the median over the "
              f"{_basis(rows)}.", ""]
+    if ev.meta.get("readme_note"):
+        lines += [ev.meta["readme_note"], ""]
     table = []
     varied = "repeats_done" in rows.columns and rows["repeats_done"].nunique() > 1
     for _, r in rows.iterrows():

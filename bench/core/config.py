@@ -104,10 +104,11 @@ def default_config(gpus: int) -> RunConfig:
     if gpus == 0:
         return RunConfig(workloads=["mlp", "gpt-tiny", "convnet"], strategies=["all"], backends=["gloo"],
                          world_sizes=[1, 2], device="cpu", steps=20, warmup=3, cell_timeout_s=120.0)
-    sizes = sorted({1, gpus} | {2**k for k in range(1, 4) if 2**k <= gpus})
-    # One real model, every strategy, both backends, every power of two up to the GPUs (about 50
-    # runnable cells on 4 GPUs), under a 10-minute budget whose last third goes to the decisions
-    # still open. The global batch, 64 sequences of 1024 tokens (16 a GPU on 4), keeps the steps
+    # Every power of two from 2 up to the GPUs, and all of them; one GPU runs only the single-device
+    # reference every workload gets (a strategy on one GPU decides nothing about parallelising).
+    sizes = sorted({gpus} | {2**k for k in range(1, 4) if 2**k <= gpus}) if gpus > 1 else [1]
+    # One real model, every strategy, both backends (about 35 runnable cells on 4 GPUs), under a
+    # 10-minute budget whose last third goes to the decisions still open. The global batch, 64 sequences of 1024 tokens (16 a GPU on 4), keeps the steps
     # bound by the GPUs rather than by launching kernels (at gpt-200m's own 16, 4 a GPU, steps on
     # 4 H100s were launch-bound, noisy, and stretched by any profiling); the one-GPU reference
     # holds all 64 in about 50 GB. The toy models (mlp, convnet) measure kernel launches more than

@@ -9,9 +9,13 @@ def test_default_matrix_adapts_to_the_machine():
     assert (cpu.device, cpu.backends, cpu.world_sizes) == ("cpu", ["gloo"], [1, 2])
     assert cpu.effective_precision() == "fp32"
     gpu = build_config(toml=None, flags={}, gpus=2)
-    assert (gpu.device, gpu.backends, gpu.world_sizes) == ("cuda", ["nccl", "gloo"], [1, 2])
-    assert "gpt-200m" in gpu.workloads and gpu.effective_precision() == "bf16"
-    assert build_config(toml=None, flags={}, gpus=8).world_sizes == [1, 2, 4, 8]
+    # one GPU runs the reference only (the planner adds it), unless it is all there is
+    assert (gpu.device, gpu.backends, gpu.world_sizes) == ("cuda", ["nccl", "gloo"], [2])
+    assert "gpt-200m" in gpu.workloads and gpu.effective_precision() == "bf16" and gpu.global_batch == 64
+    assert build_config(toml=None, flags={}, gpus=8).world_sizes == [2, 4, 8]
+    assert build_config(toml=None, flags={}, gpus=1).world_sizes == [1]
+    # the default batch is the default workload's: another workload brings its own
+    assert build_config(toml=None, flags={"workloads": "gpt-small"}, gpus=2).global_batch is None
 
 
 def test_flags_override_toml_and_lists_parse():
