@@ -12,7 +12,7 @@ from bench.results.store import load_run, read_table
 from bench.train import adaptive
 from bench.train import launcher as launch
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.long]
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +40,14 @@ def test_open_decision_is_measured_again(adaptive_run):
     cells, steps, _ = load_run(adaptive_run)
     ok = cells[cells["status"] == "ok"]
     assert len(cells) == 3 and len(ok) == 3, cells[["strategy", "status", "reason"]]
+    # the cells the open decision rests on: the leader and the candidates not yet separated from it
+    # (which of the three depends on this machine's noise), at least a pair
     again = {int(c) for c in rounds[0]["cells"]}
-    assert again == set(ok["cell_id"])  # the one-run pair of each decision: all three
+    assert len(again) >= 2 and again <= set(ok["cell_id"]), (again, ok[["cell_id", "strategy"]])
     # every cell measured again has its repeats in its row, and an interval from them
-    assert ok["repeats_done"].ge(3).all(), ok[["strategy", "repeats_done"]]
-    assert ok["ci_basis"].str.startswith("repeats").all()
+    redone = ok[ok["cell_id"].isin(again)]
+    assert redone["repeats_done"].ge(3).all(), redone[["strategy", "repeats_done"]]
+    assert redone["ci_basis"].str.startswith("repeats").all()
     # its steps: each repeat once, never written twice
     for cid, n in zip(ok["cell_id"], ok["repeats_done"]):
         mine = steps[steps["cell_id"] == cid]
