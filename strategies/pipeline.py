@@ -259,16 +259,26 @@ def pipeline_step(runner: PipelineRunner, wl: Workload, ctx: Context, share, *, 
         return runner.step((x, y), after_backward)
 
     def finish():
-        busy = runner.busy_seconds(last_batch["y"])
-        out = {"stage_busy_s": busy, "bubble_theory": runner.theory(),
-               "stage_blocks": "/".join(map(str, runner.stage_blocks))}
-        # Every rank's busy time, the slowest data-parallel replica of each pipeline rank.
+        # Every rank takes part in the gather below, also one whose busy timing failed (it sends
+        # None, then raises): a rank left out would hold the others in the collective until the
+        # group's timeout.
+        busy, error = None, None
+        try:
+            busy = runner.busy_seconds(last_batch["y"])
+        except Exception as e:  # noqa: BLE001 - raised again after the gather
+            error = e
         everyone: list = [None] * ctx.world_size
         dist.all_gather_object(everyone, (runner.ids[0], busy))  # ids[0] is the pipeline rank
+        if error is not None:
+            raise error
+        out = {"stage_busy_s": busy, "bubble_theory": runner.theory(),
+               "stage_blocks": "/".join(map(str, runner.stage_blocks))}
+        # The slowest data-parallel replica of each pipeline rank.
         per_stage: dict[int, float] = {}
         for pp_rank, b in everyone:
-            per_stage[pp_rank] = max(per_stage.get(pp_rank, 0.0), b)
-        if runner.virtual == 1 and len(per_stage) == runner.pp:
+            if b is not None:
+                per_stage[pp_rank] = max(per_stage.get(pp_rank, 0.0), b)
+        if runner.virtual == 1 and len(per_stage) == runner.pp and all(b is not None for _, b in everyone):
             out["stage_model_step_s"], out["bubble_stages"] = stage_model(list(per_stage.values()), runner.m)
         return out
 

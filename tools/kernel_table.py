@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.results.store import read_table
+
 # The first pattern a kernel's name matches (case-insensitive) names its kind.
 KINDS = (
     ("communication", r"nccl"),
@@ -57,7 +59,7 @@ def kernel_kinds(trace: dict, steps: int) -> pd.DataFrame:
 def find_cell(runs: list[Path], key: str) -> tuple[Path, pd.Series]:
     workload, strategy, ws = key.rsplit("/", 2)
     for run in runs:
-        cells = pd.read_parquet(run / "cells.parquet")
+        cells = read_table(run, "cells")
         hit = cells[(cells["workload"].str.split(r"[\[(]", regex=True).str[0] == workload)
                     & (cells["strategy"] == strategy) & (cells["world_size"] == int(ws)) & (cells["status"] == "ok")]
         if len(hit):
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--cell", action="append", required=True, help="workload/strategy/world_size (repeatable)")
     ap.add_argument("--rank", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=2, help="profiled steps the run took a cell (--profile-steps)")
+    ap.add_argument("--steps", type=int, default=2, help="profiled steps a cell (the run's --profile-steps; 2 unless it was given)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     cols, facts = {}, {}

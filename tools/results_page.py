@@ -601,9 +601,11 @@ def breakdown_view(ev: Evidence) -> View:
     """Each cell's profiled step (the steps its breakdown comes from) against its timed median, and
     the pipelines' bubble against the textbook and the stage model."""
     df = _ok(ev.table)
-    pipe = [c for c in ("bubble_theory", "bubble_stages", "bubble_measured", "pipeline_gap") if c in df.columns]
+    labels = {"bubble_theory": "bubble: textbook", "bubble_stages": "stage model", "bubble_measured": "measured",
+              "pipeline_gap": "step vs stage model"}
+    pipe = [c for c in labels if c in df.columns]
     header = ["run", "workload", "strategy", "GPUs", "timed ms", "profiled ms", "profiled / timed - 1",
-              "bubble: textbook", "stage model", "measured", "step vs stage model"][:7 + len(pipe)]
+              *(labels[c] for c in pipe)]
     rows = []
     for _, r in df.sort_values(["experiment", "workload", "world_size", "strategy"], kind="stable").iterrows():
         gap = r["profiled_step_s"] / r["step_time_median_s"] - 1 if present(r.get("profiled_step_s")) else None
@@ -688,7 +690,7 @@ SECTIONS = [
              Part("default-matrix-budget-h100-x4", "Three runs of an earlier default matrix", budget_view)]),
     Section("gpt-200m against a nanoGPT-style GPT", "The built-in gpt-200m and a GPT written as nanoGPT writes "
             "it, of the same size, under the same strategies in the same call; before and after gpt-200m took "
-            "nanoGPT's fused q/k/v layout.",
+            "a fused q/k/v projection without biases, as nanoGPT has.",
             [Part("gpt200m-vs-nanogpt-h100-x4", "Step times; profiled steps against timed steps; pipeline bubbles",
                   cells_and_breakdown_view),
              Part("gpt200m-kernels-h100-x4", "GPU time by kind of kernel", kernel_view)]),

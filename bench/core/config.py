@@ -111,7 +111,8 @@ def default_config(gpus: int) -> RunConfig:
     # 10-minute budget whose last third goes to the decisions still open. The global batch, 64 sequences of 1024 tokens (16 a GPU on 4), keeps the steps
     # bound by the GPUs rather than by launching kernels (at gpt-200m's own 16, 4 a GPU, steps on
     # 4 H100s were launch-bound, noisy, and stretched by any profiling); the one-GPU reference
-    # holds all 64 in about 50 GB. The toy models (mlp, convnet) measure kernel launches more than
+    # holds all 64 in about 50 GB (on a smaller GPU it runs out of memory, and the recommendation
+    # names the fastest strategy that fits, with its headroom). The toy models (mlp, convnet) measure kernel launches more than
     # strategies; they are in configs/launch-bound.toml.
     return RunConfig(workloads=["gpt-200m"], global_batch=64, strategies=["all"], backends=["nccl", "gloo"],
                      world_sizes=sizes, device="cuda", steps=30, warmup=5, budget="10m",

@@ -132,14 +132,16 @@ def analyze_trace(trace: dict[str, Any], device_type: str, steps: int, backend: 
 
     ``records``, when given, is the trace of a host-only pass over as many steps of the same cell
     (bench.train.profile): the breakdown and the durations come from ``trace``, each collective's op,
-    bytes and group size from ``records`` (for NCCL, the k-th kernel of a kind is the k-th record of
-    that kind; a kind whose counts differ keeps the kernel's name and no bytes)."""
+    bytes and group size from ``records`` (for NCCL, the k-th kernel of a kind in launch order is the
+    k-th record of that kind; a kind whose counts differ keeps the kernel's name and no bytes; for
+    Gloo, the k-th span of a name takes the bytes of the k-th span of that name)."""
     be = backends.get(backend) if isinstance(backend, str) else backend
     events = _complete(trace)
     us = 1e-6
     iv = lambda es: [(e["ts"] * us, (e["ts"] + e["dur"]) * us) for e in es]
     is_span = lambda e: e["name"].startswith(be.span_prefixes) if be.span_prefixes else False
-    span_rows = lambda: _span_rows([e for e in (_complete(records) if records else events) if is_span(e)])
+    span_rows = lambda: _span_rows([e for e in events if is_span(e)],
+                                   [e for e in _complete(records) if is_span(e)] if records else None)
     if device_type == "cuda" and not be.comm_in_kernels():
         # Host-side backend on CUDA tensors: compute is on the GPU, communication on the backend's
         # host threads (the same clock in the trace).
@@ -184,6 +186,11 @@ def analyze_trace(trace: dict[str, Any], device_type: str, steps: int, backend: 
     return breakdown(compute, iv(spans), window, steps), span_rows()
 
 
+def has_gpu_events(trace: dict[str, Any]) -> bool:
+    """The trace holds device activity (kernels, copies, sets)."""
+    return any(e.get("cat") in GPU_CATS for e in trace.get("traceEvents", []))
+
+
 def _complete(trace: dict[str, Any] | None) -> list[dict[str, Any]]:
     return [e for e in (trace or {}).get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
 
@@ -211,25 +218,36 @@ def _kind(name: str) -> str | None:
 
 
 def _metas_by_order(kernels: list[dict[str, Any]], records: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each kernel's (op, group size, bytes) from the records pass: the k-th kernel of a kind in time
-    order takes the k-th record of that kind, where both passes have as many of that kind."""
+    """Each kernel's (op, group size, bytes) from the records pass: the k-th kernel of a kind in launch
+    order takes the k-th record of that kind, where both passes have as many of that kind; kernels of
+    no known kind, when there are as many kernels as records, take the records in order."""
     recs = sorted((e for e in _complete(records) if e.get("name") == "record_param_comms"), key=lambda e: e["ts"])
     by_kind: dict[str | None, list[dict[str, Any]]] = {}
     for r in recs:
         meta = _param_comms(r)
         if meta["op"] in (None, "barrier", "wait"):
             continue
-        by_kind.setdefault(_kind(str(meta["op"])), []).append(meta)
-    order = sorted(range(len(kernels)), key=lambda i: kernels[i]["ts"])
+        by_kind.setdefault(_kind(str(meta["op"])), []).append({**meta, "_ts": r["ts"]})
+    # Launch order (the correlation id), which is the order the host issued the records in; start
+    # times can interleave two groups' kernels differently.
+    order = sorted(range(len(kernels)), key=lambda i: (kernels[i].get("args", {}).get("correlation", math.inf),
+                                                       kernels[i]["ts"]))
     kinds = [_kind(_kernel_op(kernels[i]["name"])) for i in order]
-    counts = {k: kinds.count(k) for k in set(kinds)}
     out: list[dict[str, Any]] = [{"op": None, "group_size": None, "bytes": None} for _ in kernels]
+    every = [m for metas in by_kind.values() for m in metas]
+    if None in kinds and len(every) == len(kernels):
+        # A kernel of no known kind (NCCL's generic kernels): as many kernels as records, in order.
+        every = sorted(every, key=lambda m: m["_ts"])
+        for i, meta in zip(order, every):
+            out[i] = {k: v for k, v in meta.items() if k != "_ts"}
+        return out
+    counts = {k: kinds.count(k) for k in set(kinds)}
     taken: dict[str | None, int] = {}
     for i, kind in zip(order, kinds):
         pool = by_kind.get(kind, [])
         if kind is None or len(pool) != counts[kind]:
             continue
-        out[i] = dict(pool[taken.get(kind, 0)])
+        out[i] = {k: v for k, v in pool[taken.get(kind, 0)].items() if k != "_ts"}
         taken[kind] = taken.get(kind, 0) + 1
     return out
 
@@ -268,6 +286,19 @@ def comm_volume(trace: dict[str, Any], backend: Backend | str) -> tuple[int, flo
     return len(spans), float(sum(_dims_bytes(e.get("args", {})) or 0.0 for e in spans))
 
 
-def _span_rows(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"op": e["name"].split(":", 1)[-1], "group_size": None, "bytes": _dims_bytes(e.get("args", {})),
-             "start_s": e["ts"] * 1e-6, "duration_s": e["dur"] * 1e-6} for e in spans]
+def _span_rows(spans: list[dict[str, Any]], shaped: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """A row per host span: its times, and its bytes from its own input shapes or, given ``shaped``
+    (the records pass's spans), from the k-th span of the same name there."""
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for e in sorted(shaped or [], key=lambda e: e["ts"]):
+        by_name.setdefault(e["name"], []).append(e)
+    seen: dict[str, int] = {}
+    rows = []
+    for e in sorted(spans, key=lambda e: e["ts"]):
+        k = seen.get(e["name"], 0)
+        seen[e["name"]] = k + 1
+        twin = by_name.get(e["name"], [])
+        args = (twin[k] if k < len(twin) else {}).get("args", {}) if shaped is not None else e.get("args", {})
+        rows.append({"op": e["name"].split(":", 1)[-1], "group_size": None, "bytes": _dims_bytes(args),
+                     "start_s": e["ts"] * 1e-6, "duration_s": e["dur"] * 1e-6})
+    return rows

@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from bench.core import backends
 from bench.core.spec import CellSpec, GroupPlan, RankMeasurement
-from bench.measure.trace import analyze_trace, comm_volume
+from bench.measure.trace import analyze_trace, comm_volume, has_gpu_events
 from bench.train.cell import PLACE, build, release
 from bench.train.events import one_line
 
@@ -92,8 +92,13 @@ def profile_into(out: RankMeasurement, step, batches, cell: CellSpec, plan: Grou
     shapes = not backend.comm_in_kernels()
     timing = None
     if full:
-        timing = profile_steps(step, batches, cell, device, base and base.with_name(base.name + "-gpu.json"), n=n,
-                               acts=activities(device, backend, timing=True))
+        gpu_path = base and base.with_name(base.name + "-gpu.json")
+        acts = activities(device, backend, timing=True)
+        timing = profile_steps(step, batches, cell, device, gpu_path, n=n, acts=acts)
+        if acts == [ProfilerActivity.CUDA] and not has_gpu_events(timing):
+            # Some builds record no kernels in a GPU-only session: the host side as well, then.
+            timing = profile_steps(step, batches, cell, device, gpu_path, n=n,
+                                   acts=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
     records = profile_steps(step, batches, cell, device, base and base.with_suffix(".json"), n=n,
                             acts=activities(device, backend, timing=False), shapes=shapes)
     if timing is not None:

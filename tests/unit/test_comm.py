@@ -89,3 +89,30 @@ def test_cuda_kernels_take_op_and_bytes_from_a_separate_records_pass():
         ("all_gather_into_tensor_coalesced", 80.0), ("SendRecv", None)]
     assert bd["profiled_step_s"] == pytest.approx(125e-6)
     assert bd["exposed_comm_s"] == pytest.approx(35e-6)  # 0..10, 100..110, 120..125; 60..90 hidden by the gemm
+
+
+def test_two_groups_kernels_take_records_in_launch_order_and_generic_kernels_in_order():
+    """Two groups' all-gathers start on the GPU in the other order than they were launched: the
+    correlation id (launch order) pairs them with the records. Kernels of no known kind take the
+    records in order when there are as many of each."""
+    rec = lambda ts, n, g: ev("record_param_comms", ts, 1, tid=7, **{"Collective name": "_allgather_base",
+                                                                     "In msg nelems": n, "dtype": "Float", "Group size": g})
+    records = {"traceEvents": [rec(0, 10, 2), rec(5, 20, 4)]}
+    timing = {"traceEvents": [ev("ncclDevKernel_AllGather_RING_LL(x)", 50, 10, tid=0, cat="kernel", correlation=12),
+                              ev("ncclDevKernel_AllGather_RING_LL(x)", 40, 10, tid=0, cat="kernel", correlation=11)]}
+    _, rows = analyze_trace(timing, "cuda", steps=1, records=records)
+    assert [(r["group_size"], r["bytes"]) for r in rows] == [(4, 80.0), (2, 40.0)]  # the later-launched starts last
+    generic = {"traceEvents": [ev("ncclDevKernel_Generic(x)", 40, 10, tid=0, cat="kernel", correlation=11),
+                               ev("ncclDevKernel_Generic(x)", 60, 10, tid=0, cat="kernel", correlation=12)]}
+    _, rows = analyze_trace(generic, "cuda", steps=1, records=records)
+    assert [(r["op"], r["bytes"]) for r in rows] == [("_allgather_base", 40.0), ("_allgather_base", 80.0)]
+
+
+def test_gloo_spans_keep_the_timing_pass_times_and_take_the_records_pass_bytes():
+    timing = {"traceEvents": [ev("parbench_step", 0, 1000, cat="user_annotation"), ev("aten::mm", 0, 600),
+                              ev("gloo:all_reduce", 100, 300, tid=2, cat="user_annotation")]}
+    records = {"traceEvents": [ev("gloo:all_reduce", 150, 900, tid=2, cat="user_annotation",
+                                  **{"Input Dims": [[256]], "Input type": ["float"]})]}
+    _, rows = analyze_trace(timing, "cpu", steps=1, backend="gloo", records=records)
+    assert rows == [{"op": "all_reduce", "group_size": None, "bytes": 1024.0, "start_s": pytest.approx(100e-6),
+                     "duration_s": pytest.approx(300e-6)}]

@@ -6,8 +6,9 @@
 Plan (``parallelize_module`` on each transformer block), as torchtitan's llama ``apply_tp``
 (torchtitan/models/llama3/parallelize.py, 2025) and the PyTorch TP tutorial:
 
-- q, k, v and the MLP's up projection ``ColwiseParallel``; the attention output and the MLP's down
-  projection ``RowwiseParallel``. The built-in GPT attention reads the head count off the
+- the fused q/k/v projection and the MLP's up projection ``ColwiseParallel`` (the fused output is
+  laid out head by head, so a column shard holds whole heads); the attention output and the MLP's
+  down projection ``RowwiseParallel``. The built-in GPT attention reads the head count off the
   projection width, so each rank runs its local heads unchanged.
 - Without ``--sequence-parallel`` (the Megatron plan): norms, embedding and head replicated; each
   row-wise projection ends in an all-reduce; activations between blocks are whole on every rank.
