@@ -68,20 +68,24 @@ def default_micro_batches(pp: int) -> int:
     return max(4, 2 * pp)
 
 
+def _pair(row, num: str, den: str) -> tuple[float, float] | None:
+    """The row's ``num`` and ``den`` where both are numbers and ``den`` is positive."""
+    a, b = row.get(num), row.get(den)
+    if a is None or b is None or a != a or b != b or b <= 0:
+        return None
+    return a, b
+
+
 def _bubble_measured(row) -> float | None:
     """Idle fraction of the busiest rank: 1 - busy / median step."""
-    busy, step = row.get("stage_busy_s"), row.get("step_time_median_s")
-    if busy is None or not step or busy != busy:
-        return None
-    return max(0.0, 1.0 - busy / step)
+    pair = _pair(row, "stage_busy_s", "step_time_median_s")
+    return None if pair is None else max(0.0, 1.0 - pair[0] / pair[1])
 
 
 def _pipeline_gap(row) -> float | None:
     """Timed median over the step the stages' own times predict, minus 1."""
-    model, step = row.get("stage_model_step_s"), row.get("step_time_median_s")
-    if model is None or not step or model != model or model <= 0:
-        return None
-    return step / model - 1
+    pair = _pair(row, "step_time_median_s", "stage_model_step_s")
+    return None if pair is None else pair[0] / pair[1] - 1
 
 
 def stage_model(busy: list[float], m: int) -> tuple[float, float]:

@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--cell", action="append", required=True, help="workload/strategy/world_size (repeatable)")
     ap.add_argument("--rank", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=2, help="profiled steps a cell (the run's --profile-steps; 2 unless it was given)")
+    ap.add_argument("--steps", type=int, default=2,
+                    help="profiled steps a cell (the run's --profile-steps; 2 unless it was given)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     cols, facts = {}, {}
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         t = kernel_kinds(json.loads(path.read_text()), a.steps)
         cols[key] = t
         facts[key] = {"busy ms": t["ms"].sum(), "profiled step ms": 1e3 * float(row.get("profiled_step_s") or "nan"),
-                      "timed median ms": 1e3 * float(row["step_time_median_s"]), "repeats": int(row.get("repeats_done") or 1)}
+                      "timed median ms": 1e3 * float(row["step_time_median_s"]),
+                      "repeats": int(row.get("repeats_done") or 1)}
     kinds = sorted(set().union(*(c.index for c in cols.values())), key=lambda k: -max(
         c["ms"].get(k, 0.0) for c in cols.values()))
     lines = ["| kind | " + " | ".join(f"{k} ms (launches)" for k in cols) + " |",

@@ -608,10 +608,9 @@ def breakdown_view(ev: Evidence) -> View:
               *(labels[c] for c in pipe)]
     rows = []
     for _, r in df.sort_values(["experiment", "workload", "world_size", "strategy"], kind="stable").iterrows():
-        gap = r["profiled_step_s"] / r["step_time_median_s"] - 1 if present(r.get("profiled_step_s")) else None
         row = [cell(r["experiment"]), cell(str(r["workload"]).split("(")[0]), cell(r["strategy"]),
                str(int(r["world_size"])), ms(r["step_time_median_s"]), ms(r.get("profiled_step_s")),
-               pct(gap) if gap is not None else "–"]
+               pct(r["breakdown_gap"]) if present(r.get("breakdown_gap")) else "–"]
         row += [pct(r[c], 0) if present(r[c]) else "–" for c in pipe]
         rows.append(row)
     return View(_repeats_text(df) + "; 2 profiled steps a cell", None, md_table(header, rows, group=True))

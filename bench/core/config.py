@@ -108,11 +108,12 @@ def default_config(gpus: int) -> RunConfig:
     # reference every workload gets (a strategy on one GPU decides nothing about parallelising).
     sizes = sorted({gpus} | {2**k for k in range(1, 4) if 2**k <= gpus}) if gpus > 1 else [1]
     # One real model, every strategy, both backends (about 35 runnable cells on 4 GPUs), under a
-    # 10-minute budget whose last third goes to the decisions still open. The global batch, 64 sequences of 1024 tokens (16 a GPU on 4), keeps the steps
-    # bound by the GPUs rather than by launching kernels (at gpt-200m's own 16, 4 a GPU, steps on
-    # 4 H100s were launch-bound, noisy, and stretched by any profiling); the one-GPU reference
-    # holds all 64 in about 50 GB (on a smaller GPU it runs out of memory, and the recommendation
-    # names the fastest strategy that fits, with its headroom). The toy models (mlp, convnet) measure kernel launches more than
+    # 10-minute budget whose last third goes to the decisions still open. The global batch, 64
+    # sequences of 1024 tokens (16 a GPU on 4), keeps the steps bound by the GPUs rather than by
+    # launching kernels (at gpt-200m's own 16, 4 a GPU, steps on 4 H100s were launch-bound, noisy,
+    # and stretched by any profiling); the one-GPU reference holds all 64 in about 50 GB (on a
+    # smaller GPU it runs out of memory, and the recommendation names the fastest strategy that
+    # fits, with its headroom). The toy models (mlp, convnet) measure kernel launches more than
     # strategies; they are in configs/launch-bound.toml.
     return RunConfig(workloads=["gpt-200m"], global_batch=64, strategies=["all"], backends=["nccl", "gloo"],
                      world_sizes=sizes, device="cuda", steps=30, warmup=5, budget="10m",

@@ -222,32 +222,28 @@ def _metas_by_order(kernels: list[dict[str, Any]], records: dict[str, Any]) -> l
     order takes the k-th record of that kind, where both passes have as many of that kind; kernels of
     no known kind, when there are as many kernels as records, take the records in order."""
     recs = sorted((e for e in _complete(records) if e.get("name") == "record_param_comms"), key=lambda e: e["ts"])
-    by_kind: dict[str | None, list[dict[str, Any]]] = {}
-    for r in recs:
-        meta = _param_comms(r)
-        if meta["op"] in (None, "barrier", "wait"):
-            continue
-        by_kind.setdefault(_kind(str(meta["op"])), []).append({**meta, "_ts": r["ts"]})
+    metas = [m for m in map(_param_comms, recs) if m["op"] not in (None, "barrier", "wait")]  # issue order
     # Launch order (the correlation id), which is the order the host issued the records in; start
     # times can interleave two groups' kernels differently.
     order = sorted(range(len(kernels)), key=lambda i: (kernels[i].get("args", {}).get("correlation", math.inf),
                                                        kernels[i]["ts"]))
     kinds = [_kind(_kernel_op(kernels[i]["name"])) for i in order]
     out: list[dict[str, Any]] = [{"op": None, "group_size": None, "bytes": None} for _ in kernels]
-    every = [m for metas in by_kind.values() for m in metas]
-    if None in kinds and len(every) == len(kernels):
+    if None in kinds and len(metas) == len(kernels):
         # A kernel of no known kind (NCCL's generic kernels): as many kernels as records, in order.
-        every = sorted(every, key=lambda m: m["_ts"])
-        for i, meta in zip(order, every):
-            out[i] = {k: v for k, v in meta.items() if k != "_ts"}
+        for i, meta in zip(order, metas):
+            out[i] = dict(meta)
         return out
+    by_kind: dict[str | None, list[dict[str, Any]]] = {}
+    for meta in metas:
+        by_kind.setdefault(_kind(str(meta["op"])), []).append(meta)
     counts = {k: kinds.count(k) for k in set(kinds)}
     taken: dict[str | None, int] = {}
     for i, kind in zip(order, kinds):
         pool = by_kind.get(kind, [])
         if kind is None or len(pool) != counts[kind]:
             continue
-        out[i] = {k: v for k, v in pool[taken.get(kind, 0)].items() if k != "_ts"}
+        out[i] = dict(pool[taken.get(kind, 0)])
         taken[kind] = taken.get(kind, 0) + 1
     return out
 

@@ -123,9 +123,9 @@ def tensor_parallel(model: nn.Module, mesh, *, plan: str = "sp", **_options):
     parallel), or None.
 
     ``plan="megatron"``: Megatron-style blocks: the fused q/k/v and the MLP's up projection
-    column-wise (each rank owns whole heads, their q, k and v, and some hidden units), the attention output and the MLP's down projection
-    row-wise: one all-reduce per sub-layer in forward and one in backward; embedding, norms and head
-    replicated.
+    column-wise (each rank owns whole heads, their q, k and v, and some hidden units), the attention
+    output and the MLP's down projection row-wise: one all-reduce per sub-layer in forward and one
+    in backward; embedding, norms and head replicated.
 
     ``plan="sp"`` (default), as torchtitan's llama plan: the same column/row split, with sequence
     parallelism between the sub-layers (norms and the residual stream sharded along the sequence:

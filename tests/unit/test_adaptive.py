@@ -11,7 +11,7 @@ from bench.core.spec import CellSpec, Measure, WorkloadFacts
 from bench.decide.recommend import Pick
 from bench.plan.budget import GROUP_START_S
 from bench.results.store import RunWriter, latest_rows, read_table
-from bench.train.adaptive import MIN_CAP_S, ROUND_REPEATS, Ask, asks, fit, round_cap, launch_cost
+from bench.train.adaptive import MIN_CAP_S, ROUND_REPEATS, Ask, asks, fit, launch_cost, round_cap
 from bench.train.launcher import adaptive
 from bench.train.pending import Pending
 

@@ -95,8 +95,8 @@ def test_two_groups_kernels_take_records_in_launch_order_and_generic_kernels_in_
     """Two groups' all-gathers start on the GPU in the other order than they were launched: the
     correlation id (launch order) pairs them with the records. Kernels of no known kind take the
     records in order when there are as many of each."""
-    rec = lambda ts, n, g: ev("record_param_comms", ts, 1, tid=7, **{"Collective name": "_allgather_base",
-                                                                     "In msg nelems": n, "dtype": "Float", "Group size": g})
+    rec = lambda ts, n, g: ev("record_param_comms", ts, 1, tid=7, **{
+        "Collective name": "_allgather_base", "In msg nelems": n, "dtype": "Float", "Group size": g})
     records = {"traceEvents": [rec(0, 10, 2), rec(5, 20, 4)]}
     timing = {"traceEvents": [ev("ncclDevKernel_AllGather_RING_LL(x)", 50, 10, tid=0, cat="kernel", correlation=12),
                               ev("ncclDevKernel_AllGather_RING_LL(x)", 40, 10, tid=0, cat="kernel", correlation=11)]}

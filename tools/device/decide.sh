@@ -52,8 +52,7 @@ c["workload"] = c["workload"].str.split("[", regex=False).str[0]
 ok = c[c["status"] == "ok"].copy()
 ok["timed ms"] = 1e3 * ok["step_time_median_s"]
 ok["profiled ms"] = 1e3 * ok["profiled_step_s"]
-ok["gap"] = ok["profiled_step_s"] / ok["step_time_median_s"] - 1
-cols = ["workload", "strategy", "world_size", "repeats_done", "timed ms", "profiled ms", "gap", "idle_frac",
+cols = ["workload", "strategy", "world_size", "repeats_done", "timed ms", "profiled ms", "breakdown_gap", "idle_frac",
         "exposed_comm_s"]
 pipe = [k for k in ("bubble_theory", "bubble_stages", "bubble_measured", "pipeline_gap", "stage_blocks") if k in ok]
 t = ok[cols + pipe].sort_values(["workload", "world_size", "strategy"])
@@ -62,7 +61,7 @@ print(t.to_markdown(index=False, floatfmt=".3f"))
 bad = c[c["status"] != "ok"][["workload", "strategy", "world_size", "status", "reason"]]
 if len(bad):
     print(bad.to_markdown(index=False))
-print(f"cells ok {len(ok)}; |gap| > 10%: {int((ok['gap'].abs() > 0.10).sum())}")
+print(f"cells ok {len(ok)}; |breakdown_gap| > 10%: {int((ok['breakdown_gap'].abs() > 0.10).sum())}")
 PY
   python3 -m tools.kernel_table "$RUN" --cell gpt-200m/single/1 --cell fused-gpt/single/1 --cell gpt-200m/ddp/4 \
     --cell fused-gpt/ddp/4 --json "$OUT/kernels.json" | tee "$OUT/kernels.md"
