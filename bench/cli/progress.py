@@ -50,7 +50,9 @@ class MatrixProgress:
             self.progress.update(self.task, total=p.n)
             self.progress.__enter__()
             self._live = True
-        elif p.kind == "note":
+        elif p.kind in ("note", "more"):
+            if p.kind == "more":
+                self.progress.update(self.task, total=(self.progress.tasks[0].total or 0) + p.n)
             self.progress.console.print(escape(p.text), highlight=False)
         elif p.kind == "group":
             self._group = p.group
@@ -68,7 +70,8 @@ class MatrixProgress:
         if p.kind == "plan":
             self._total, self._t0 = p.n, time.monotonic()
             text = f"parbench: {p.n} cells to run"
-        elif p.kind == "note":
+        elif p.kind in ("note", "more"):
+            self._total += p.n if p.kind == "more" else 0
             text = p.text
         elif p.kind == "group":
             text = f"{self._stamp()} {p.group}: starting torchrun ({p.n} cells)"
@@ -80,7 +83,8 @@ class MatrixProgress:
         self.console.print(Text(text), soft_wrap=True)
 
     def _stamp(self) -> str:
-        """'[ 12/99  3:04]': cells finished of those planned, minutes:seconds since the plan."""
+        """'[ 12/99  3:04]': cell runs finished of those planned (adaptive rounds add theirs),
+        minutes:seconds since the plan."""
         m, s = divmod(int(time.monotonic() - self._t0), 60)
         width = len(str(self._total or self._done))
         return f"[{self._done:>{width}}/{self._total} {m:>2}:{s:02d}]"
