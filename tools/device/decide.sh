@@ -10,6 +10,9 @@
 #            kernel (tools/kernel_table.py) of both models at 1 and 4 GPUs. ~5 minutes.
 #   gpipe    the harness's GPipe default against the plain GPipe loop, 5 interleaved rounds at 4
 #            GPUs (tools/baselines/interleave.py). ~5 minutes.
+#   profile  FSDP and DDP at 4 GPUs (global batch CK_GB, default 64), 2 repeats, CK_PROFILE (default
+#            8) profiled steps, traces kept: how the profiled step compares with the timed one when
+#            the window holds more steps; rank 0's timing-pass traces come back (cell<id>-gpu.json).
 #   default-start  `parbench run --report` exactly as `nox -s bench` runs it, in its own session
 #            (it outlives the call; the device keeps such a process until the machine goes back),
 #            output to /tmp/pb-default; waits up to DS_WAIT seconds (default 570) for it.
@@ -19,7 +22,7 @@ set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/parbench-decide}
-PART=${1:?part: check, gpipe, default-start or default-wait}
+PART=${1:?part: check, profile, gpipe, default-start or default-wait}
 mkdir -p "$OUT"
 FUSED="tests.foreign_models:fused_gpt[vocab=16384,seq_len=1024,d_model=1024,n_head=16,n_layer=16]"
 D=/tmp/pb-default
@@ -65,6 +68,29 @@ print(f"cells ok {len(ok)}; |breakdown_gap| > 10%: {int((ok['breakdown_gap'].abs
 PY
   python3 -m tools.kernel_table "$RUN" --cell gpt-200m/single/1 --cell fused-gpt/single/1 --cell gpt-200m/ddp/4 \
     --cell fused-gpt/ddp/4 --json "$OUT/kernels.json" | tee "$OUT/kernels.md"
+  ;;
+profile)
+  R=/tmp/pb-profile; rm -rf "$R"
+  t=$SECONDS
+  timeout 300 python3 -m bench run --no-progress --out "$R" --workloads gpt-200m --strategies fsdp,ddp \
+    --backends nccl --world-sizes 4 --global-batch "${CK_GB:-64}" --repeats 2 --budget off \
+    --profile-steps "${CK_PROFILE:-8}" --trace > "$OUT/profile.log" 2>&1
+  echo "[run: exit $? after $((SECONDS - t)) s]" | tee -a "$OUT/profile.log"
+  RUN=$(ls -d "$R"/*/ | tail -n 1); RUN=${RUN%/}
+  for f in $(find "$RUN" -name 'cell*-rank0-gpu.json'); do cp "$f" "$OUT/"; done
+  python3 - "$RUN" "$OUT" <<'PY' 2>&1 | tee -a "$OUT/profile.log"
+import sys
+from pathlib import Path
+from bench.results.store import read_table
+run, out = Path(sys.argv[1]), Path(sys.argv[2])
+c = read_table(run, "cells")
+c.to_parquet(out / "cells.parquet", index=False)
+read_table(run, "steps").to_parquet(out / "steps.parquet", index=False)
+ok = c[c["status"] == "ok"]
+cols = ["cell_id", "strategy", "world_size", "step_time_median_s", "step_time_cv", "profiled_step_s", "breakdown_gap",
+        "idle_frac", "exposed_comm_s"]
+print(ok[cols].to_markdown(index=False, floatfmt=".4f"))
+PY
   ;;
 gpipe)
   t=$SECONDS

@@ -10,6 +10,7 @@
 #   PJ_WS: the run's world sizes (default 2,4; the single-GPU reference cell is always planned at 1
 #          GPU, and the projection reads no other 1-GPU cell; 1,2,4 adds DDP, FSDP and TP at 1 GPU,
 #          about a minute more)
+#   PJ_GB: the global batch (default: the workload's own, 16; the default GPU matrix runs 64)
 # Into $OUT, flat (8 files): projection_check.{md,csv,json}, cells.parquet and steps.parquet (the
 # run's, one file each, if < 2 MB), collectives.parquet (the sweep), inputs.tgz (the run and sweep
 # folders without telemetry samples: rerun the check from them), projection.log. Each step's exit
@@ -100,7 +101,7 @@ SWEEP=$(ls "$R"/sweep/*/collectives.parquet 2>/dev/null | tail -n 1 || true)
 #    rounds, 2 profiled steps per cell (the profile pass records comm.parquet and the compute split).
 step run timeout 400 python3 -m bench run --no-progress --out "$R/run" --workloads gpt-200m \
   --strategies ddp,fsdp,tensor --backends nccl --world-sizes "$WS" --repeats 5 --steps 20 --warmup 5 \
-  --warmup-max 0 --steps-max 0 --budget off --profile-steps 2 || run_rc=$?
+  --warmup-max 0 --steps-max 0 --budget off --profile-steps 2 ${PJ_GB:+--global-batch "$PJ_GB"} || run_rc=$?
 RUN=$(ls -d "$R"/run/*/ 2>/dev/null | tail -n 1 || true)
 RUN=${RUN%/}
 
