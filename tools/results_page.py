@@ -604,16 +604,26 @@ def breakdown_view(ev: Evidence) -> View:
     labels = {"bubble_theory": "bubble: textbook", "bubble_stages": "stage model", "bubble_measured": "measured",
               "pipeline_gap": "step vs stage model"}
     pipe = [c for c in labels if c in df.columns]
-    header = ["run", "workload", "strategy", "GPUs", "timed ms", "profiled ms", "profiled / timed - 1",
-              *(labels[c] for c in pipe)]
+    runs = "experiment" in df.columns
+    backends = df["backend"].nunique() > 1
+    header = [*(["run"] if runs else []), "workload", "strategy", *(["backend"] if backends else []), "GPUs",
+              "timed ms", "profiled ms", "profiled / timed - 1", *(labels[c] for c in pipe)]
+    order = [c for c in ("experiment", "workload", "backend", "world_size", "strategy") if c in df.columns]
     rows = []
-    for _, r in df.sort_values(["experiment", "workload", "world_size", "strategy"], kind="stable").iterrows():
-        row = [cell(r["experiment"]), cell(str(r["workload"]).split("(")[0]), cell(r["strategy"]),
-               str(int(r["world_size"])), ms(r["step_time_median_s"]), ms(r.get("profiled_step_s")),
-               pct(r["breakdown_gap"]) if present(r.get("breakdown_gap")) else "–"]
+    for _, r in df.sort_values(order, kind="stable").iterrows():
+        row = [cell(r["experiment"])] if runs else []
+        row += [cell(str(r["workload"]).split("(")[0]), cell(r["strategy"])]
+        row += [cell(r["backend"])] if backends else []
+        row += [str(int(r["world_size"])), ms(r["step_time_median_s"]), ms(r.get("profiled_step_s")),
+                pct(r["breakdown_gap"]) if present(r.get("breakdown_gap")) else "–"]
         row += [pct(r[c], 0) if present(r[c]) else "–" for c in pipe]
         rows.append(row)
-    return View(_repeats_text(df) + "; 2 profiled steps a cell", None, md_table(header, rows, group=True))
+    off = df["breakdown_gap"].abs() > 0.10 if "breakdown_gap" in df.columns else pd.Series(False, index=df.index)
+    tail = ["", f"{int(off.sum())} of {int(df['breakdown_gap'].notna().sum())} profiled cells are more than 10% off "
+            "their timed median; the report draws their breakdown with that warning and leaves it out of the "
+            "recommendation's reasons."] if "breakdown_gap" in df.columns else []
+    return View(_repeats_text(df) + "; 2 profiled steps a cell", None,
+                md_table(header, rows, group=runs) + tail)
 
 
 def cells_and_breakdown_view(ev: Evidence) -> View:
@@ -642,6 +652,25 @@ def default_run_view(ev: Evidence) -> View:
     body = printed_view(ev).body + ["", "Run end:", "", *[f"- {line}" for line in ev.meta.get("run_end", [])],
                                     "", "First screen:", "", "```text", ev.meta.get("first_screen", ""), "```"]
     return View("one run; the reference and three candidates measured 3 times, the other cells once", None, body)
+
+
+def default_cells_view(ev: Evidence) -> View:
+    """A default run kept as its cells table: its first screen and end, every cell, the breakdown check."""
+    cells, bd = cells_view(ev), breakdown_view(ev)
+    body = ["First screen (the run's last lines on the terminal):", "", "```text", ev.meta.get("first_screen", ""),
+            "```", "", "Run end:", "", *[f"- {line}" for line in ev.meta.get("run_end", [])], "", "Every cell:", "",
+            *cells.body, "", "Profiled steps against timed steps:", "", *bd.body]
+    return View(cells.repeats, cells.spread, body)
+
+
+def profile_steps_view(ev: Evidence) -> View:
+    df = ev.table
+    rows = [[cell(r.strategy), str(int(r.world_size)), str(int(r.repeats)), f"{r.timed_ms:.1f}", pct(r.timed_cv, 1),
+             str(int(r.profile_steps)), f"{r.profiled_ms:.1f}", pct(r.breakdown_gap), cell(r.rank0_step_to_step_ms)]
+            for r in df.itertuples()]
+    header = ["strategy", "GPUs", "repeats", "timed median ms", "timed cv", "profiled steps", "profiled ms",
+              "profiled / timed - 1", "rank 0, loss kernel to loss kernel (ms)"]
+    return View("2 repeats a cell, 8 profiled steps", None, md_table(header, rows, fold=False))
 
 
 def generic_view(ev: Evidence) -> View:
@@ -684,7 +713,9 @@ SECTIONS = [
             "to the Megatron plan.",
             [Part("defaults-new-vs-old-h100-x4", "FSDP, 1F1B and tensor parallel at 4 GPUs", defaults_view)]),
     Section("The default matrix under its default budget", "`parbench run` with no options on 4 GPUs.",
-            [Part("default-run-gb64-h100-x4", "The default GPU run at global batch 64, 8-minute budget",
+            [Part("default-run-h200-x4", "The default GPU run on 4 H200s, 10-minute budget", default_cells_view),
+             Part("fsdp-profile-steps-h200-x4", "FSDP's profiled steps, 8 a cell", profile_steps_view),
+             Part("default-run-gb64-h100-x4", "The default GPU run at global batch 64, 8-minute budget",
                   default_run_view),
              Part("default-matrix-budget-h100-x4", "Three runs of an earlier default matrix", budget_view)]),
     Section("gpt-200m against a nanoGPT-style GPT", "The built-in gpt-200m and a GPT written as nanoGPT writes "
@@ -700,6 +731,7 @@ SECTIONS = [
             "moved.",
             [Part("harness-vs-plain-h100", "On H100 GPUs", harness_view),
              Part("harness-vs-plain-cpu", "On CPU", harness_view),
+             Part("harness-vs-plain-gpipe-h200-x4", "GPipe's default stages on H200 GPUs", harness_view),
              Part("plain-loops-h100-x2", "Plain loops at 2 GPUs", plain_loops_view)]),
     Section("Regression gate", "Runs A1 and A2 have the same configuration; run B makes DDP 5% slower "
             "(`tests.regress_helpers:DDPSlowed`). `parbench compare` judged each pair of runs.",
@@ -730,7 +762,9 @@ SECTIONS = [
 ]
 ESTIMATES = Section("Estimates, not measurements", "These figures are computed by a model from measured cells; they "
                     "are estimates. Where a measured cell exists it stands beside the estimate.",
-                    [Part("projection-fixed-h100-x4", "Step time projected from 1 and 2 GPUs, the model fixed first",
+                    [Part("projection-fixed-gb64-h200-x4", "Step time projected from 1 and 2 GPUs at global batch 64, "
+                          "the model fixed first", fixed_projection_view),
+                     Part("projection-fixed-h100-x4", "Step time projected from 1 and 2 GPUs, the model fixed first",
                           fixed_projection_view),
                      Part("projection-h100-x4", "Step time projected from 1 and 2 GPUs, one run per cell",
                           projection_view)])
@@ -837,17 +871,36 @@ def _basis(rows: pd.DataFrame) -> str:
         "cell's timed steps, or its repeats' medians where it ran three or more times"
 
 
+def said_for(screen: str, backend: str, ws: int) -> str:
+    """What a printed recommendation list says to do for one backend and world size, on one line
+    ('' if it has no such pick): the pick's line and its continuations, not the fine print under it."""
+    picks: list[str] = []
+    own = False  # on the pick's own lines (indented 6), not yet on its fine print (indented 4)
+    for line in screen.splitlines():
+        indent = len(line) - len(line.lstrip(" "))
+        if indent == 2:
+            picks.append(line.strip())
+            own = True
+        elif picks and own and indent == 6:
+            picks[-1] += " " + line.strip()
+        else:
+            own = False
+    head = f", {backend} x{ws}: "
+    return next((p.split(head, 1)[1] for p in picks if head in p), "")
+
+
 def readme_block(name: str, where: dict[str, list[str]]) -> str:
     ev = load(name)
     rows, ref = readme_rows(ev, where)
     src = _readme_source(ev, rows)
     first = rows.iloc[0]
     params = f" ({first['params'] / 1e6:.1f}M parameters)" if present(first.get("params")) else ""
+    workload = str(first["workload"]).split("(")[0]
     backend = ", ".join(sorted(rows[rows.world_size > 1].backend.unique()))
     date = src.get("date") or (src.get("created_utc") or "")[:10]
     lines = [f"Measured on {src.get('gpus', 'not recorded')} (driver {src.get('driver', '?')}), "
              f"torch {src.get('torch', '?')}, CUDA {src.get('cuda', '?')}, NCCL {src.get('nccl', '?')}, on {date}:",
-             f"{first['workload']}{params}, {first.get('precision', '?')}, global batch {int(first['global_batch'])}, "
+             f"{workload}{params}, {first.get('precision', '?')}, global batch {int(first['global_batch'])}, "
              f"{backend}; **{_repeats_text(rows)}**. The interval is the 95% interval of the median over the "
              f"{_basis(rows)}.", ""]
     if ev.meta.get("readme_note"):
@@ -865,6 +918,9 @@ def readme_block(name: str, where: dict[str, list[str]]) -> str:
         faster = [f"{r.strategy} at {int(r.world_size)} GPUs ({ref['step_time_median_s'] / r.step_time_median_s:.2f}x)"
                   for r in rows[rows.world_size > 1].itertuples() if r.step_time_median_s < ref["step_time_median_s"]]
         lines += ["", "Faster than one GPU at this batch: " + ("; ".join(faster) if faster else "none") + "."]
+    said = said_for(ev.meta.get("first_screen", ""), backend, int(rows.world_size.max()))
+    if said:
+        lines += ["", f"The run's recommendation at {int(rows.world_size.max())} GPUs: *{said}*."]
     rel = ev.path.relative_to(ROOT).as_posix()
     lines += ["", f"![Median step time per strategy and GPU count, from {rel}]({FIGURE.relative_to(ROOT).as_posix()})",
               "", f"Command: `{command(src.get('command', 'not recorded'))}`. Table: [{rel}]({rel}); "
