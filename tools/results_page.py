@@ -915,9 +915,17 @@ def readme_block(name: str, where: dict[str, list[str]]) -> str:
     lines += md_table(["strategy", "GPUs", *(["repeats"] if varied else []), "median step (ms)", "95% interval (ms)",
                        "speedup vs one GPU"], table, fold=False)
     if ref is not None:
+        multi = rows[rows.world_size > 1]
+        slower = [f"{r.strategy} at {int(r.world_size)} GPUs ({ref['step_time_median_s'] / r.step_time_median_s:.2f}x)"
+                  for r in multi.itertuples() if r.step_time_median_s >= ref["step_time_median_s"]]
         faster = [f"{r.strategy} at {int(r.world_size)} GPUs ({ref['step_time_median_s'] / r.step_time_median_s:.2f}x)"
-                  for r in rows[rows.world_size > 1].itertuples() if r.step_time_median_s < ref["step_time_median_s"]]
-        lines += ["", "Faster than one GPU at this batch: " + ("; ".join(faster) if faster else "none") + "."]
+                  for r in multi.itertuples() if r.step_time_median_s < ref["step_time_median_s"]]
+        if not slower:
+            lines += ["", "Every strategy shown steps faster than one GPU at this batch."]
+        elif len(faster) <= len(slower):
+            lines += ["", "Faster than one GPU at this batch: " + ("; ".join(faster) if faster else "none") + "."]
+        else:
+            lines += ["", "Slower than one GPU at this batch: " + "; ".join(slower) + "."]
     said = said_for(ev.meta.get("first_screen", ""), backend, int(rows.world_size.max()))
     if said:
         lines += ["", f"The run's recommendation at {int(rows.world_size.max())} GPUs: *{said}*."]
