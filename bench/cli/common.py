@@ -12,6 +12,19 @@ from bench.core.errors import UserError
 from bench.runtime.signals import STOP_SIGNALS, install_stop_handlers, restore_stop_handlers  # noqa: F401 - the commands' import point
 
 
+def table_console(width: int = 160):
+    """A console for a wide table on stdout: the terminal's width on a terminal; elsewhere (a log,
+    a pipe) COLUMNS when set, else ``width``."""
+    import os
+
+    from rich.console import Console
+
+    if Console().is_terminal:
+        return Console()
+    cols = os.environ.get("COLUMNS", "")
+    return Console(width=int(cols) if cols.isdigit() and int(cols) > 0 else width)
+
+
 def add_run_args(p) -> None:
     """The matrix and measurement flags of `run` (`slurm` takes them too and passes them on)."""
     p.add_argument("--config", help="TOML file with any of the settings below (flags win)")

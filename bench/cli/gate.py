@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from bench.cli.common import install_stop_handlers, restore_stop_handlers
+from bench.cli.common import install_stop_handlers, restore_stop_handlers, table_console
 from bench.core.errors import UserError
 from bench.runtime.signals import check_stop, clear_stop
 
@@ -157,7 +157,7 @@ def _history_show(args: argparse.Namespace) -> int:
     for _, r in table.iterrows():
         t.add_row(Text(r["cell"]), str(r["commits"]), f"{r['last_s'] * 1e3:.2f}", f"{r['stable_s'] * 1e3:.2f}",
                   Text(str(r["stable_since"])[:10]), Text(r["changes"] or "none"))
-    console = Console(width=None if Console().is_terminal else 160)
+    console = table_console()
     console.print(t)
     if args.plots:
         console.print(Text(f"trend figures: {args.plots}"))
@@ -198,7 +198,7 @@ def print_compare(table: pd.DataFrame, threshold: float, console: Console | None
     The texts are :mod:`bench.gate.ciout`'s, as in the report and CI's files."""
     from bench.gate.ciout import SHIFT_LEGEND, basis_text, medians_text, shift_text
 
-    console = console or Console(width=None if Console().is_terminal else 160)
+    console = console or table_console()
     t = Table(title=f"parbench compare (threshold {threshold:.1%} on step time)")
     for col in ("workload", "strategy", "backend", "ws", "median ms base → current", "shift [interval]", "shift of",
                 "noise floor", "verdict", "note"):

@@ -18,6 +18,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 
+def cells(n: int) -> str:
+    return f"{n} cell" if n == 1 else f"{n} cells"
+
+
 class MatrixProgress:
     """Takes the launcher's progress events; ``console`` (default: stderr) decides bar or lines."""
 
@@ -56,7 +60,7 @@ class MatrixProgress:
             self.progress.console.print(escape(p.text), highlight=False)
         elif p.kind == "group":
             self._group = p.group
-            self.progress.update(self.task, description=escape(f"{p.group}: starting torchrun ({p.n} cells)"))
+            self.progress.update(self.task, description=escape(f"{p.group}: starting torchrun ({cells(p.n)})"))
         elif p.kind == "start":
             c = p.cell
             self.progress.update(self.task, description=escape(f"{self._group}: {c.strategy} {c.workload.name} "
@@ -74,7 +78,7 @@ class MatrixProgress:
             self._total += p.n if p.kind == "more" else 0
             text = p.text
         elif p.kind == "group":
-            text = f"{self._stamp()} {p.group}: starting torchrun ({p.n} cells)"
+            text = f"{self._stamp()} {p.group}: starting torchrun ({cells(p.n)})"
         elif p.kind == "done":
             self._done += 1
             text = f"{self._stamp()} {p.cell.title}: {p.status}"

@@ -104,6 +104,14 @@ def breakdown(compute: list[Interval], comm: list[Interval], window: Interval, s
             "profiled_step_s": span / n}
 
 
+def alone(b: dict[str, float]) -> dict[str, float]:
+    """A one-rank step's breakdown: its collectives move nothing (a copy at most), so the time they
+    showed up as is the step's own work: exposed communication joins compute, none is left."""
+    exposed = b.get("exposed_comm_s") or 0.0
+    return {**b, "compute_time_s": b.get("compute_time_s", 0.0) + exposed, "comm_time_s": 0.0,
+            "exposed_comm_s": 0.0, "overlap_frac": math.nan}
+
+
 def _dims_bytes(args: dict[str, Any]) -> float | None:
     dims, types = args.get("Input Dims"), args.get("Input type")
     if not dims or not types:

@@ -151,7 +151,8 @@ def decide(cfg: RunConfig, kept: dict[int, Pending], writer: RunWriter, work: Pa
                                                         f"({max(left, 0):.0f}s) fits no more repeats"))
             break
         n_open = sum(1 for a in wanted if set(a.targets) <= set(chosen))
-        text = f"decisions open: {len(wanted)}; round {k} measures {len(chosen)} cells again for {n_open} of them"
+        many = "cells" if len(chosen) != 1 else "cell"
+        text = f"decisions open: {len(wanted)}; round {k} measures {len(chosen)} {many} again for {n_open} of them"
         report(Progress(kind="more", group="", n=len(chosen), text=text))
         t0 = time.time()
         again = {cid: kept[cid].again(target, time_cap_s=cap) for cid, target in chosen.items()}

@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from bench.core import backends
 from bench.core.spec import CellSpec, GroupPlan, RankMeasurement
-from bench.measure.trace import analyze_trace, comm_volume, has_gpu_events
+from bench.measure.trace import alone, analyze_trace, comm_volume, has_gpu_events
 from bench.train.cell import PLACE, build, release
 from bench.train.events import one_line
 
@@ -104,6 +104,11 @@ def profile_into(out: RankMeasurement, step, batches, cell: CellSpec, plan: Grou
     if timing is not None:
         out.breakdown, out.comm = analyze_trace(timing, device.type, n, backend, records=records)
     calls, nbytes = comm_volume(records, backend)
+    if dist.get_world_size() == 1:
+        # A collective over one rank moves nothing (DDP still calls all_reduce): no communication.
+        out.comm, calls, nbytes = [], 0, 0.0
+        if out.breakdown:
+            out.breakdown = alone(out.breakdown)
     out.comm_calls_per_step, out.comm_bytes_per_step = calls / n, nbytes / n
 
 

@@ -94,3 +94,18 @@ def test_a_hang_in_a_timed_repeat_or_in_a_pass_costs_only_that_cell(faulty):
     measured = [json.loads(x) for f in (run_dir / "work").glob("g1-a*-r0.jsonl")
                 for x in f.read_text().splitlines() if '"measured"' in x]
     assert sorted(m["cell_id"] for m in measured) == sorted(set(m["cell_id"] for m in measured))
+
+
+def test_a_one_rank_cell_records_no_communication(tmp_path):
+    # DDP over one rank still calls all_reduce (a no-op): the cell has no calls, bytes or comm rows,
+    # and the time those calls took counts as the step's compute; its two-rank twin keeps its calls.
+    cells, run_dir = run(tmp_path, strategies="ddp", world_sizes="1,2", steps=3, warmup=1)
+    ddp = cells[cells["strategy"] == "ddp"].set_index("world_size")
+    assert (ddp["status"] == "ok").all(), ddp[["status", "reason"]]
+    assert ddp.loc[1, "comm_calls_per_step"] == 0 and ddp.loc[1, "comm_bytes_per_step"] == 0
+    assert ddp.loc[1, "comm_time_s"] == 0 and ddp.loc[1, "exposed_comm_s"] == 0
+    assert ddp.loc[1, "compute_time_s"] > 0
+    assert ddp.loc[2, "comm_calls_per_step"] > 0 and ddp.loc[2, "comm_time_s"] > 0
+    comm = pd.read_parquet(run_dir / "comm.parquet")
+    assert int(ddp.loc[1, "cell_id"]) not in set(comm["cell_id"])
+    assert int(ddp.loc[2, "cell_id"]) in set(comm["cell_id"])

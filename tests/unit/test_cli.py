@@ -270,3 +270,14 @@ def test_meta_json_records_the_parbench_version():
     from bench.results.store import machine_meta
 
     assert machine_meta()["parbench"] == bench.__version__
+
+
+def test_a_wide_table_outside_a_terminal_takes_columns_when_set(monkeypatch):
+    from bench.cli.common import table_console
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert table_console().width == 160  # pytest captures stdout: not a terminal
+    monkeypatch.setenv("COLUMNS", "100")
+    assert table_console().width == 100
+    monkeypatch.setenv("COLUMNS", "wide")
+    assert table_console(120).width == 120
