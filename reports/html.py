@@ -44,7 +44,7 @@ img{max-width:100%;border:1px solid #eee;margin:4px 0;display:block}code{backgro
 .wide{overflow-x:auto;max-width:100%}#cells td{white-space:nowrap}#cells td.reason{white-space:normal;min-width:30em}details.flags{font-size:13px;background:#fff4d6;padding:3px 8px;margin:6px 0}
 details.flags li{margin:2px 0}details.flags summary{cursor:pointer}
 </style></head><body>
-<h1>parbench run <code>{{ meta.run_id }}</code></h1>
+<h1>parbench {{ 'serve' if meta.mode == 'serve' else 'run' }} <code>{{ meta.run_id }}</code></h1>
 <p class="muted">{{ meta.created_utc }} &middot; host <code>{{ meta.host }}</code> &middot; torch {{ meta.torch }}
 {% if meta.nccl %}&middot; NCCL {{ meta.nccl }}{% endif %}{% if gpus %} &middot; {{ gpus }}{% endif %}
 {% if meta.git_commit %}&middot; commit <code>{{ meta.git_commit }}</code>{% endif %} &middot; {{ n_ok }} cells ok, {{ n_bad }} failed or timed out,

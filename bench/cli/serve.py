@@ -157,7 +157,9 @@ def _report(run_dir: Any, rows: list[dict[str, Any]]) -> int:
     print(f"run folder: {run_dir}")
     sweep = load_meta(run_dir).get("serve_sweep") or {}
     for key, found in sweep.items():
-        print(f"sweep {key}: highest rate meeting p99 <= {found['slo_p99_s'] * 1e3:g} ms: {found['max_rate_rps']}")
+        best = found["max_rate_rps"]
+        print(f"sweep {key}: highest offered rate meeting p99 <= {found['slo_p99_s'] * 1e3:g} ms: "
+              + (f"{best:g} req/s" if best is not None else f"none ({found.get('note') or 'no rate met it'})"))
     bad = [r for r in rows if r["status"] not in ("ok", "skipped")]
     tol = PARITY_TOL.get(rows[0]["precision"], 1e-5) if rows else 1e-5
     broken = [r for r in rows if r.get("parity_rel_err") is not None and not r["parity_rel_err"] <= tol]

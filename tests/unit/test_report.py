@@ -73,6 +73,7 @@ def test_report_is_self_contained_and_figures_fit(tmp_path):
     from PIL import Image
 
     html = build_report(fake_run(tmp_path)).read_text()
+    assert "<h1>parbench run <code>" in html
     assert "http://" not in html and "https://" not in html and "<link" not in html
     assert re.search(r"<script[^>]+src=", html) is None
     imgs = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
@@ -334,6 +335,7 @@ def test_the_report_of_a_serve_run_is_about_serving(tmp_path):
     """Its tables are HTML tables, the training sections are gone, and its answer is the placement
     and policy with the highest rate that met the p99 target."""
     page = build_report(serve_run(tmp_path)).read_text()
+    assert "<h1>parbench serve <code>" in page
     assert "<pre>" not in page and "| placement |" not in page
     assert "<h2>Recommendation</h2>" not in page and "<h2>All cells</h2>" not in page
     assert "No strategy on more than one device passed" not in page

@@ -128,3 +128,15 @@ def test_nan_answers_are_not_parity():
     assert parity_err(ref, {0: [torch.ones(3)]}) == 0.0
     assert parity_err(ref, {0: [torch.full((3,), float("nan"))]}) == float("inf")
     assert parity_err([torch.full((3,), float("nan"))], {0: [torch.ones(3)]}) == float("inf")
+
+
+@pytest.mark.parametrize("best, said", [(960.0, "960 req/s"), (None, "none (no rate tried met the target)")])
+def test_the_sweep_line_names_the_offered_rate_or_none(monkeypatch, capsys, best, said):
+    import bench.results.store as store
+    from bench.cli import serve as cli_serve
+
+    found = {"slo_p99_s": 0.05, "max_rate_rps": best, "note": None if best else "no rate tried met the target"}
+    monkeypatch.setattr(store, "load_meta", lambda run_dir: {"serve_sweep": {"replicas/jsq": found}})
+    assert cli_serve._report("RUN", []) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == \
+        f"sweep replicas/jsq: highest offered rate meeting p99 <= 50 ms: {said}"
