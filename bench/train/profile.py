@@ -104,8 +104,10 @@ def profile_into(out: RankMeasurement, step, batches, cell: CellSpec, plan: Grou
     if timing is not None:
         out.breakdown, out.comm = analyze_trace(timing, device.type, n, backend, records=records)
     calls, nbytes = comm_volume(records, backend)
-    if dist.get_world_size() == 1:
-        # A collective over one rank moves nothing (DDP still calls all_reduce): no communication.
+    if cell.n_devices == 1:
+        # A collective over one rank on one device moves nothing (DDP still calls all_reduce): no
+        # communication. One process over several devices (DataParallel, a layer split) does move
+        # data between them, and keeps it.
         out.comm, calls, nbytes = [], 0, 0.0
         if out.breakdown:
             out.breakdown = alone(out.breakdown)
