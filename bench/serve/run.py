@@ -434,22 +434,22 @@ def _start(sr: ServeRun, placement: str, world: int, base: dict[str, Any], loads
 
 
 def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """One line per cell for the terminal."""
+    """Each cell for the terminal, within 100 columns: what it was and what it reached, then an
+    indented line with the request count, parity and any noise flag (a failed cell: its reason)."""
     out = []
     for r in rows:
+        head = f"{r['strategy']:<15} ws{r['world_size']} {r['serve_policy']:<8} {r['serve_load']:<16}"
         if r["status"] != "ok":
-            out.append(f"{r['strategy']:<19} ws{r['world_size']} {r['serve_policy']:<12} {r['serve_load']:<22} "
-                       f"{r['status']}: {r.get('reason')}")
+            out.append(f"{head} {r['status']}\n    {r.get('reason')}")
             continue
 
         def ms(k):
             v = r.get(k)
-            return "  -  " if v is None or v != v else f"{v * 1e3:7.2f}"
+            return "    -  " if v is None or v != v else f"{v * 1e3:7.2f}"
 
-        out.append(f"{r['strategy']:<19} ws{r['world_size']} {r['serve_policy']:<12} {r['serve_load']:<22} "
-                   f"{r.get('serve_achieved_rps') or 0:8.1f} req/s  p50 {ms('latency_p50_s')} ms  "
-                   f"p99 {ms('latency_p99_s')} ms  n={r.get('latency_n')}  parity "
-                   f"{'-' if r.get('parity_rel_err') is None else format(r['parity_rel_err'], '.1e')}"
+        parity = "-" if r.get("parity_rel_err") is None else format(r["parity_rel_err"], ".1e")
+        out.append(f"{head} {r.get('serve_achieved_rps') or 0:8.1f} req/s  p50 {ms('latency_p50_s')} ms  "
+                   f"p99 {ms('latency_p99_s')} ms\n    n={r.get('latency_n')}  parity {parity}"
                    + (f"  (!) {r['noise']}" if r.get("noise") else ""))
     return out
 

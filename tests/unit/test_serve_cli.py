@@ -140,3 +140,17 @@ def test_the_sweep_line_names_the_offered_rate_or_none(monkeypatch, capsys, best
     assert cli_serve._report("RUN", []) == 0
     assert capsys.readouterr().out.splitlines()[-1] == \
         f"sweep replicas/jsq: highest offered rate meeting p99 <= 50 ms: {said}"
+
+
+def test_a_serve_cell_prints_within_100_columns():
+    from bench.serve.run import summary_lines
+
+    ok = dict(status="ok", strategy="pinned-tenants", world_size=4, serve_policy="jsq", serve_load="poisson@1000/s",
+              serve_achieved_rps=957.25, latency_p50_s=0.01234, latency_p99_s=0.03111, latency_n=700,
+              parity_rel_err=1.2e-6, noise="p99 from few requests (n=700 < 1000)")
+    bad = dict(ok, status="failed", reason="RuntimeError: pool did not start")
+    (a, b) = summary_lines([ok, bad])
+    lines = a.splitlines() + b.splitlines()
+    assert max(map(len, lines)) <= 100, lines
+    assert "957.2 req/s  p50   12.34 ms  p99   31.11 ms" in lines[0] and "n=700  parity 1.2e-06  (!)" in lines[1]
+    assert lines[2].endswith(" failed") and lines[3] == "    RuntimeError: pool did not start"
