@@ -871,7 +871,7 @@ def _basis(rows: pd.DataFrame) -> str:
         "cell's timed steps, or its repeats' medians where it ran three or more times"
 
 
-def said_for(screen: str, backend: str, ws: int) -> str:
+def said_for(screen: str, workload: str, backend: str, ws: int) -> str:
     """What a printed recommendation list says to do for one backend and world size, on one line
     ('' if it has no such pick): the pick's line and its continuations, not the fine print under it."""
     picks: list[str] = []
@@ -885,8 +885,8 @@ def said_for(screen: str, backend: str, ws: int) -> str:
             picks[-1] += " " + line.strip()
         else:
             own = False
-    head = f", {backend} x{ws}: "
-    return next((p.split(head, 1)[1] for p in picks if head in p), "")
+    head = f"{workload}, {backend} x{ws}: "
+    return next((p[len(head):] for p in picks if p.startswith(head)), "")
 
 
 def readme_block(name: str, where: dict[str, list[str]]) -> str:
@@ -920,13 +920,15 @@ def readme_block(name: str, where: dict[str, list[str]]) -> str:
                   for r in multi.itertuples() if r.step_time_median_s >= ref["step_time_median_s"]]
         faster = [f"{r.strategy} at {int(r.world_size)} GPUs ({ref['step_time_median_s'] / r.step_time_median_s:.2f}x)"
                   for r in multi.itertuples() if r.step_time_median_s < ref["step_time_median_s"]]
-        if not slower:
+        if multi.empty:
+            pass
+        elif not slower:
             lines += ["", "Every strategy shown steps faster than one GPU at this batch."]
         elif len(faster) <= len(slower):
             lines += ["", "Faster than one GPU at this batch: " + ("; ".join(faster) if faster else "none") + "."]
         else:
             lines += ["", "Slower than one GPU at this batch: " + "; ".join(slower) + "."]
-    said = said_for(ev.meta.get("first_screen", ""), backend, int(rows.world_size.max()))
+    said = said_for(ev.meta.get("first_screen", ""), str(first["workload"]), backend, int(rows.world_size.max()))
     if said:
         lines += ["", f"The run's recommendation at {int(rows.world_size.max())} GPUs: *{said}*."]
     rel = ev.path.relative_to(ROOT).as_posix()

@@ -19,7 +19,7 @@ def table_console(width: int = 160):
 
     from rich.console import Console
 
-    if Console().is_terminal:
+    if sys.stdout.isatty():
         return Console()
     cols = os.environ.get("COLUMNS", "")
     return Console(width=int(cols) if cols.isdigit() and int(cols) > 0 else width)

@@ -54,9 +54,9 @@ class MatrixProgress:
             self.progress.update(self.task, total=p.n)
             self.progress.__enter__()
             self._live = True
-        elif p.kind in ("note", "more"):
-            if p.kind == "more":
-                self.progress.update(self.task, total=(self.progress.tasks[0].total or 0) + p.n)
+        elif p.kind == "more":
+            self.progress.update(self.task, total=(self.progress.tasks[0].total or 0) + p.n)
+        elif p.kind == "note":
             self.progress.console.print(escape(p.text), highlight=False)
         elif p.kind == "group":
             self._group = p.group
@@ -74,8 +74,10 @@ class MatrixProgress:
         if p.kind == "plan":
             self._total, self._t0 = p.n, time.monotonic()
             text = f"parbench: {p.n} cells to run"
-        elif p.kind in ("note", "more"):
-            self._total += p.n if p.kind == "more" else 0
+        elif p.kind == "more":
+            self._total += p.n
+            return
+        elif p.kind == "note":
             text = p.text
         elif p.kind == "group":
             text = f"{self._stamp()} {p.group}: starting torchrun ({cells(p.n)})"

@@ -230,12 +230,14 @@ def faster_because(win: pd.Series, other: pd.Series) -> str:
     ms = 1e3
     # FSDP's MixedPrecisionPolicy keeps bf16 copies of the parameters for the step; autocast (the
     # other strategies' bf16) casts fp32 parameters at every use: less compute for the same model.
-    if text(win.get("fsdp_param_dtype")) == "bf16" and text(other.get("fsdp_param_dtype")) != "bf16":
-        a, b = num(win.get("compute_time_s")), num(other.get("compute_time_s"))
+    a, b = num(win.get("compute_time_s")), num(other.get("compute_time_s"))
+    cast = (text(win.get("fsdp_param_dtype")) == "bf16" and text(other.get("fsdp_param_dtype")) != "bf16"
+            and not off and a is not None and b is not None and a < b)
+    if cast:  # the compute it saves says so; "less compute" would repeat the numbers
         parts.append(f"its parameters are bf16 (FSDP's MixedPrecisionPolicy) where {text(other.get('strategy'))} "
-                     "casts fp32 ones under autocast" + (f" (compute {a * ms:.1f} vs {b * ms:.1f} ms a step)"
-                                                          if a is not None and b and not off else ""))
-    timed = [("exposed_comm_s", "exposed communication"), ("compute_time_s", "compute")] if not off else []
+                     f"casts fp32 ones under autocast (compute {a * ms:.1f} vs {b * ms:.1f} ms a step)")
+    timed = [("exposed_comm_s", "exposed communication")] + ([] if cast else [("compute_time_s", "compute")])
+    timed = timed if not off else []
     for col, what in timed:
         a, b = num(win.get(col)), num(other.get(col))
         if a is not None and b and (b - a) / b >= EXPLAINS:

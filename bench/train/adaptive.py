@@ -153,13 +153,14 @@ def decide(cfg: RunConfig, kept: dict[int, Pending], writer: RunWriter, work: Pa
         n_open = sum(1 for a in wanted if set(a.targets) <= set(chosen))
         many = "cells" if len(chosen) != 1 else "cell"
         text = f"decisions open: {len(wanted)}; round {k} measures {len(chosen)} {many} again for {n_open} of them"
-        report(Progress(kind="more", group="", n=len(chosen), text=text))
+        report(Progress(kind="note", group="", text=text))
         t0 = time.time()
         again = {cid: kept[cid].again(target, time_cap_s=cap) for cid, target in chosen.items()}
         planned = [Planned(spec=p.spec, reason=None) for p in again.values()]
         for i, g in enumerate(group(planned)):
             if time.time() + start_s > deadline:
                 break
+            report(Progress(kind="more", group=g.label, n=len(g.cells)))  # counted as each group starts
             report(Progress(kind="group", group=g.label, n=len(g.cells)))
             run_group(g, f"d{k}.{i}", cfg, writer, work, telemetry, report, trace_dir, deadline, survivors,
                       starts=starts, kept=kept, again=again)

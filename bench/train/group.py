@@ -47,7 +47,7 @@ ERROR_GRACE_S = 5.0
 @dataclass(frozen=True, kw_only=True)
 class Progress:
     """What the launcher tells its caller: the plan (``n`` runnable cells), ``n`` more cell runs
-    planned (an adaptive round, ``text`` says why), a note, a group starts (``n`` cells), a cell
+    about to start (a group of an adaptive round), a note, a group starts (``n`` cells), a cell
     starts or is done."""
 
     kind: Literal["plan", "more", "note", "group", "start", "done"]

@@ -80,6 +80,7 @@ def test_a_new_cells_table_joins_the_training_section(tmp_path, monkeypatch):
 def test_the_readme_quotes_the_pick_for_its_backend_and_largest_world_size():
     screen = "\n".join([
         "recommendation:",
+        "  mlp, nccl x4: use ddp: launch-bound",
         "  gpt, gloo x4: use one device: every candidate is slower than one device: the",
         "      best, ddp, reaches 0.32x",
         "    fastest: ddp 736.8 ms/step, 0.32x one device",
@@ -87,7 +88,8 @@ def test_the_readme_quotes_the_pick_for_its_backend_and_largest_world_size():
         "      beyond the noise",
         "    fastest: ddp 65.9 ms/step, 3.54x one device; +3% ahead of allreduce-bucketed (beyond the noise);",
         "        compute-bound (MFU 38%)"])
-    assert rp.said_for(screen, "nccl", 4) == "use ddp: the library default, +3% ahead of allreduce-bucketed beyond " \
-                                             "the noise"
-    assert rp.said_for(screen, "gloo", 4).endswith("the best, ddp, reaches 0.32x")
-    assert rp.said_for(screen, "nccl", 2) == ""
+    said = rp.said_for(screen, "gpt", "nccl", 4)
+    assert said == "use ddp: the library default, +3% ahead of allreduce-bucketed beyond the noise"
+    assert rp.said_for(screen, "gpt", "gloo", 4).endswith("the best, ddp, reaches 0.32x")
+    assert rp.said_for(screen, "gpt", "nccl", 2) == ""
+    assert rp.said_for(screen, "mlp", "nccl", 4) == "use ddp: launch-bound"

@@ -275,6 +275,7 @@ def test_meta_json_records_the_parbench_version():
 def test_a_wide_table_outside_a_terminal_takes_columns_when_set(monkeypatch):
     from bench.cli.common import table_console
 
+    monkeypatch.setattr("sys.stdout.isatty", lambda: False)
     monkeypatch.delenv("COLUMNS", raising=False)
     assert table_console().width == 160  # pytest captures stdout: not a terminal
     monkeypatch.setenv("COLUMNS", "100")

@@ -124,6 +124,10 @@ def test_fsdp_faster_than_ddp_names_its_bf16_parameters():
     assert p.use == "fsdp-noreshard" and p.decision == "faster"
     assert ("beyond the noise: its parameters are bf16 (FSDP's MixedPrecisionPolicy) where ddp casts fp32 ones "
             "under autocast (compute 109.9 vs 120.2 ms a step)") in p.because
+    assert "less compute" not in p.because  # the same numbers, said once
+    # more compute than DDP, or no breakdown: the precision is not offered as the reason
+    for kw in ({"compute_time_s": 0.1250}, {"compute_time_s": None}):
+        assert "bf16" not in pick(rows[:2] + [{**rows[2], **kw}]).because
     # both under the same policy: no precision reason, and nothing else explains the lead
     rows[1] = {**rows[1], "strategy": "fsdp", "fsdp_param_dtype": "bf16"}
     assert "bf16" not in pick(rows).because

@@ -140,9 +140,10 @@ def test_an_adaptive_round_adds_its_cells_to_the_count():
     buf = io.StringIO()
     cell = NS(title="ddp mlp gloo x2", strategy="ddp", workload=NS(name="mlp"), n_devices=2)
     with MatrixProgress(console=Console(file=buf, force_terminal=False, width=100)) as bar:
-        for e in _events(2) + [NS(kind="more", group="", n=1, text="decisions open: 1; round 1 measures 1 cell again"),
-                               NS(kind="group", group="gloo x2", n=1), NS(kind="done", group="gloo x2", cell=cell,
-                                                                          status="ok")]:
+        more = [NS(kind="note", group="", text="decisions open: 1; round 1 measures 1 cell again"),
+                NS(kind="more", group="gloo x2", n=1), NS(kind="group", group="gloo x2", n=1),
+                NS(kind="done", group="gloo x2", cell=cell, status="ok")]
+        for e in _events(2) + more:
             bar(e)
     assert buf.getvalue().splitlines()[-3:] == ["decisions open: 1; round 1 measures 1 cell again",
                                                 "[2/3  0:00] gloo x2: starting torchrun (1 cell)",

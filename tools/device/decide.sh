@@ -12,7 +12,7 @@
 #            GPUs (tools/baselines/interleave.py). ~5 minutes.
 #   profile  FSDP and DDP at 4 GPUs (global batch CK_GB, default 64), 2 repeats, CK_PROFILE (default
 #            8) profiled steps, traces kept: how the profiled step compares with the timed one when
-#            the window holds more steps; rank 0's timing-pass traces come back (cell<id>-gpu.json).
+#            the window holds more steps; rank 0's timing-pass traces come back (cell<id>-rank0-gpu.json).
 #   default-start  `parbench run --report` exactly as `nox -s bench` runs it, in its own session
 #            (it outlives the call; the device keeps such a process until the machine goes back),
 #            output to /tmp/pb-default; waits up to DS_WAIT seconds (default 570) for it.
