@@ -673,6 +673,15 @@ def profile_steps_view(ev: Evidence) -> View:
     return View("2 repeats a cell, 8 profiled steps", None, md_table(header, rows, fold=False))
 
 
+def marker_windows_view(ev: Evidence) -> View:
+    rows = [[cell(r.strategy), str(int(r.world_size)), f"{r.timed_ms:.1f}", f"{r.profiled_ms_between_markers:.1f}",
+             pct(r.breakdown_gap), pct(r.idle_frac), f"{r.profiled_ms_first_to_last_kernel:.1f}"]
+            for r in ev.table.itertuples()]
+    header = ["strategy", "GPUs", "timed median ms", "profiled ms, between markers", "profiled / timed - 1",
+              "idle in the profiled step", "first to last kernel, ms"]
+    return View("2 repeats a cell, 2 profiled steps", None, md_table(header, rows, fold=False))
+
+
 def generic_view(ev: Evidence) -> View:
     if {"strategy", "world_size", "step_time_median_s", "status"} <= set(ev.table.columns):
         return cells_view(ev)
@@ -714,6 +723,7 @@ SECTIONS = [
             [Part("defaults-new-vs-old-h100-x4", "FSDP, 1F1B and tensor parallel at 4 GPUs", defaults_view)]),
     Section("The default matrix under its default budget", "`parbench run` with no options on 4 GPUs.",
             [Part("default-run-h200-x4", "The default GPU run on 4 H200s, 10-minute budget", default_cells_view),
+             Part("breakdown-markers-h200-x2", "Profiled steps between their markers, 2 GPUs", marker_windows_view),
              Part("fsdp-profile-steps-h200-x4", "FSDP's profiled steps, 8 a cell", profile_steps_view),
              Part("default-run-gb64-h100-x4", "The default GPU run at global batch 64, 8-minute budget",
                   default_run_view),

@@ -18,6 +18,14 @@ touches the timed numbers). From the Chrome trace of each rank:
   waiting for communication). Bytes come from the recorded input shapes; the trace does not say
   which process group an op used, so ``group_size`` is empty there.
 
+**The step's window.** On CUDA each profiled step is bracketed by a marker kernel
+(:data:`MARKER`, launched on the step's stream at its start and at its end): the window of a step
+is the span between its two markers, the step as its stream runs it, which is what the timed steps'
+CUDA events bracket. Kernels of the step before that still run inside it count, as they do in a
+timed step; the gap between one step's end and the next step's start does not. A collective row
+belongs to the profiled steps when it was launched between their first and last markers. A trace
+without markers falls back to one window, first to last GPU event.
+
 Breakdown per step (all seconds, averaged over the profiled steps): ``compute_time_s``,
 ``comm_time_s`` (union of communication intervals), ``overlap_frac`` (|comm & compute| / comm),
 ``exposed_comm_s`` (comm not hidden behind compute), ``idle_frac`` (time in neither, over the
@@ -33,6 +41,10 @@ from bench.core import backends
 from bench.core.backends import Backend
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+#: The marker kernel bench.train.profile launches at the start and the end of each profiled step
+#: (``torch.cuda._sleep(0)``, "at::cuda::(anonymous namespace)::spin_kernel(long)": it returns at
+#: once, and no model launches it).
+MARKER = "::spin_kernel("
 Interval = tuple[float, float]
 
 DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4,
@@ -90,11 +102,13 @@ def subtract(x: list[Interval], y: list[Interval]) -> list[Interval]:
     return out
 
 
-def breakdown(compute: list[Interval], comm: list[Interval], window: Interval, steps: int) -> dict[str, float]:
-    """The per-step breakdown from interval sets (seconds in, seconds out)."""
-    win = [window]
+def breakdown(compute: list[Interval], comm: list[Interval], window: Interval | list[Interval],
+              steps: int) -> dict[str, float]:
+    """The per-step breakdown from interval sets (seconds in, seconds out) inside ``window``: one
+    interval over all ``steps``, or one interval a step."""
+    win = [window] if isinstance(window, tuple) else list(window)
     compute, comm = intersect(compute, win), intersect(comm, win)
-    span = max(window[1] - window[0], 1e-12)
+    span = max(length(win), 1e-12)
     t_comm, t_comp = length(comm), length(compute)
     both = length(intersect(comm, compute))
     busy = length(compute + comm)
@@ -102,6 +116,21 @@ def breakdown(compute: list[Interval], comm: list[Interval], window: Interval, s
     return {"compute_time_s": t_comp / n, "comm_time_s": t_comm / n, "exposed_comm_s": (t_comm - both) / n,
             "overlap_frac": both / t_comm if t_comm > 0 else math.nan, "idle_frac": max(0.0, span - busy) / span,
             "profiled_step_s": span / n}
+
+
+def step_windows(gpu: list[dict[str, Any]], steps: int) -> tuple[list[Interval], tuple[float, float]] | None:
+    """From a trace's GPU events: each profiled step's window (the last ``2 * steps`` markers, in
+    start/end pairs; earlier ones belong to the profiler's warm-up step) and the range of
+    correlation ids (launch order) between the first and the last of them; None without enough
+    markers."""
+    marks = sorted((e for e in gpu if MARKER in e["name"]), key=lambda e: e["ts"])
+    if len(marks) < 2 * steps or steps < 1:
+        return None
+    marks = marks[-2 * steps:]
+    us = 1e-6
+    windows = [((a["ts"] + a["dur"]) * us, b["ts"] * us) for a, b in zip(marks[::2], marks[1::2])]
+    corr = lambda e: e.get("args", {}).get("correlation", math.nan)
+    return windows, (corr(marks[0]), corr(marks[-1]))
 
 
 def alone(b: dict[str, float]) -> dict[str, float]:
@@ -150,26 +179,35 @@ def analyze_trace(trace: dict[str, Any], device_type: str, steps: int, backend: 
     is_span = lambda e: e["name"].startswith(be.span_prefixes) if be.span_prefixes else False
     span_rows = lambda: _span_rows([e for e in events if is_span(e)],
                                    [e for e in _complete(records) if is_span(e)] if records else None)
+    gpu_all = [e for e in events if e.get("cat") in GPU_CATS]
+    marked = step_windows(gpu_all, steps) if device_type == "cuda" else None
+    gpu = [e for e in gpu_all if MARKER not in e["name"]]
     if device_type == "cuda" and not be.comm_in_kernels():
         # Host-side backend on CUDA tensors: compute is on the GPU, communication on the backend's
         # host threads (the same clock in the trace).
-        gpu = [e for e in events if e.get("cat") in GPU_CATS]
         spans = [e for e in events if is_span(e)]
         marks = [e for e in events if e["name"] == "parbench_step"]
         if not marks:
             return {}, []
         everything = gpu + spans + marks
-        window = (min(e["ts"] for e in everything) * us, max(e["ts"] + e["dur"] for e in everything) * us)
+        window = marked[0] if marked else (min(e["ts"] for e in everything) * us,
+                                           max(e["ts"] + e["dur"] for e in everything) * us)
         return breakdown(iv(gpu), iv(spans), window, steps), span_rows()
     if device_type == "cuda":
-        gpu = [e for e in events if e.get("cat") in GPU_CATS]
         if not gpu:
             return {}, []
         is_comm = lambda e: any(k in e["name"].lower() for k in be.kernel_markers)
         comm_k = [e for e in gpu if is_comm(e)]
         comp_k = [e for e in gpu if not is_comm(e)]
-        window = (min(e["ts"] for e in gpu) * us, max(e["ts"] + e["dur"] for e in gpu) * us)
+        window = marked[0] if marked else (min(e["ts"] for e in gpu) * us,
+                                           max(e["ts"] + e["dur"] for e in gpu) * us)
         bd = breakdown(iv(comp_k), iv(comm_k), window, steps)
+        if marked:
+            # The rows are the profiled steps' own collectives: launched between their markers.
+            lo, hi = marked[1]
+            corr = lambda e: e.get("args", {}).get("correlation")
+            if all(corr(e) is not None for e in comm_k) and lo == lo and hi == hi:
+                comm_k = [e for e in comm_k if lo < corr(e) < hi]
         metas = _metas_by_order(comm_k, records) if records is not None else _metas_by_launch(comm_k, events)
         rows = []
         for k, meta in zip(comm_k, metas):

@@ -46,10 +46,15 @@ def profile_steps(step, batches, cell: CellSpec, device: torch.device, trace_pat
     ``shapes``), after one profiled step whose events are discarded; returns the Chrome trace of
     the ``n`` as a dict (the trace file is removed afterwards unless ``trace_path`` keeps it).
 
-    The ranks enter the ``n`` steps together with the device drained, so the window (first to last
-    GPU kernel) holds those steps and nothing of the step before them."""
+    On CUDA a marker kernel (bench.measure.trace.MARKER) brackets each step on the step's stream,
+    where the timed steps' CUDA events go: the breakdown describes the steps between their markers.
+    A pass that records GPU activity only runs its steps back to back after the warm-up step, as
+    timed steps do; any other pass enters its ``n`` steps with the ranks together and the device
+    drained, so that its window (first to last event) holds those steps and nothing before."""
     m = cell.measure
     cuda = device.type == "cuda"
+    mark = (lambda: torch.cuda._sleep(0)) if cuda else (lambda: None)
+    drain = not (cuda and acts == [ProfilerActivity.CUDA])
     if cuda:
         torch.cuda.synchronize(device)
     dist.barrier()
@@ -60,8 +65,10 @@ def profile_steps(step, batches, cell: CellSpec, device: torch.device, trace_pat
     with profile(activities=acts, record_shapes=shapes, schedule=plan) as prof:
         for k in range(n + 1):
             with record_function("parbench_step"):
+                mark()
                 step.run(batches[(m.warmup + k % m.steps) % len(batches)])
-            if k == 0:
+                mark()
+            if k == 0 and drain:
                 if cuda:
                     torch.cuda.synchronize(device)
                 dist.barrier()

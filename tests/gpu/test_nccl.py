@@ -76,13 +76,15 @@ def test_nccl_telemetry_energy_and_comm_records(tmp_path):
 @pytest.mark.skipif(gpu_count() < 2, reason="needs 2 GPUs")
 def test_profile_pass_on_cuda_fills_the_breakdown_after_every_timed_step(tmp_path):
     """--profile-at auto is "end" on CUDA: each cell's GPU-profiled steps run in a pass after every
-    timed step of its process group; the rows carry the breakdown, the NCCL records, no note."""
+    timed step of its process group; the rows carry the breakdown, the NCCL records, no note. Each
+    profiled step is bracketed by its markers, and the breakdown spans the steps between them."""
     import json
     from pathlib import Path
 
     cfg = build_config(toml=None, flags={"out": str(tmp_path), "device": "cuda", "workloads": "gpt-small",
                                          "strategies": "ddp,fsdp", "backends": "nccl", "world_sizes": "2",
-                                         "steps": 5, "warmup": 2, "repeats": 2}, gpus=gpu_count())
+                                         "steps": 5, "warmup": 2, "repeats": 2, "trace": True},
+                       gpus=gpu_count())
     path = Path(launch.run(cfg, gpu_count()))
     cells, _, _ = load_run(path)
     assert (cells["status"] == "ok").all(), cells[["strategy", "status", "reason"]]
@@ -95,3 +97,13 @@ def test_profile_pass_on_cuda_fills_the_breakdown_after_every_timed_step(tmp_pat
         passes = [i for i, (k, r) in enumerate(kinds) if k == "start" and r == -1]
         timed = [i for i, (k, _) in enumerate(kinds) if k == "measured"]
         assert passes and timed and min(passes) > max(timed), (f.name, kinds)
+    from bench.measure.trace import GPU_CATS, MARKER, analyze_trace, step_windows
+
+    for row in multi.itertuples():
+        trace = json.loads((path / "traces" / f"cell{row.cell_id}-rank0-gpu.json").read_text())
+        gpu = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") in GPU_CATS]
+        n = cfg.profile_steps
+        assert sum(MARKER in e["name"] for e in gpu) >= 2 * n, row.strategy
+        windows, _ = step_windows(gpu, n)
+        bd, _ = analyze_trace(trace, "cuda", n)
+        assert bd["profiled_step_s"] == pytest.approx(sum(b - a for a, b in windows) / n)

@@ -116,3 +116,32 @@ def test_gloo_spans_keep_the_timing_pass_times_and_take_the_records_pass_bytes()
     _, rows = analyze_trace(timing, "cpu", steps=1, backend="gloo", records=records)
     assert rows == [{"op": "all_reduce", "group_size": None, "bytes": 1024.0, "start_s": pytest.approx(100e-6),
                      "duration_s": pytest.approx(300e-6)}]
+
+
+SPIN = "at::cuda::(anonymous namespace)::spin_kernel(long)"  # torch.cuda._sleep's kernel, as a trace names it
+
+
+def test_cuda_breakdown_spans_the_steps_between_their_markers():
+    """A rank that waits at the start of its step (a later stage of a chain): its kernels span 60 of
+    a 100 us step. The window is marker to marker, as the timed CUDA events bracket the step: the
+    wait is idle time in it, not missing from it. The warm-up step's end marker and its collective,
+    still running when the profiled steps began, are no row of theirs."""
+    k = lambda name, ts, dur, c: ev(name, ts, dur, tid=0, cat="kernel", correlation=c)
+    timing = {"traceEvents": [
+        k(SPIN, 0, 1, 9),  # the warm-up step's end marker
+        k("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", 0, 20, 8),
+        k(SPIN, 1, 1, 10), k("gemm", 42, 50, 11),
+        k("ncclDevKernel_SendRecv(x)", 92, 10, 12), k(SPIN, 102, 1, 13),
+        k(SPIN, 103, 1, 14), k("gemm", 144, 50, 15),
+        k("ncclDevKernel_SendRecv(x)", 194, 10, 16), k(SPIN, 204, 1, 17),
+    ]}
+    bd, rows = analyze_trace(timing, "cuda", steps=2)
+    assert bd["profiled_step_s"] == pytest.approx(100e-6)
+    # The warm-up's all-reduce runs 18 us into the first step: it is that step's time, as in a timed one.
+    assert bd["compute_time_s"] == pytest.approx(50e-6) and bd["exposed_comm_s"] == pytest.approx(19e-6)
+    assert bd["idle_frac"] == pytest.approx(1 - 138 / 200)
+    assert [r["op"] for r in rows] == ["SendRecv", "SendRecv"]
+    # Without markers: first to last GPU event (the warm-up's all-reduce included).
+    plain = {"traceEvents": [e for e in timing["traceEvents"] if e["name"] != SPIN]}
+    bd, rows = analyze_trace(plain, "cuda", steps=2)
+    assert bd["profiled_step_s"] == pytest.approx(102e-6) and len(rows) == 3

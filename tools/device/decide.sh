@@ -5,7 +5,8 @@
 #            fused qkv, no biases) under ddp, allreduce-bucketed, fsdp, tensor and both one-loop
 #            pipelines at 4 GPUs and the one-GPU reference, 3 repeats, 2 profiled steps, traces
 #            kept, global batch CK_GB (default 64, the default run's); CK_STRATEGIES and
-#            CK_REPEATS narrow it. Tables: each cell's profiled step against its timed median (breakdown_gap), the
+#            CK_REPEATS narrow it, CK_WORKLOADS (gpt-200m alone skips the kernel table) and CK_WS
+#            (world sizes, default 4) move it. Tables: each cell's profiled step against its timed median (breakdown_gap), the
 #            pipelines' bubble against the textbook and the stage model, and GPU time per kind of
 #            kernel (tools/kernel_table.py) of both models at 1 and 4 GPUs. ~5 minutes.
 #   gpipe    the harness's GPipe default against the plain GPipe loop, 5 interleaved rounds at 4
@@ -37,9 +38,9 @@ check)
   R=/tmp/pb-check; rm -rf "$R"
   env_lines > "$OUT/check.log" 2>&1
   t=$SECONDS
-  timeout 480 python3 -m bench run --no-progress --out "$R" --workloads "gpt-200m,$FUSED" \
+  timeout 480 python3 -m bench run --no-progress --out "$R" --workloads "${CK_WORKLOADS:-gpt-200m,$FUSED}" \
     --strategies "${CK_STRATEGIES:-ddp,allreduce-bucketed,fsdp,tensor,pipeline-gpipe,pipeline-1f1b}" --backends nccl \
-    --world-sizes 4 --global-batch "${CK_GB:-64}" --repeats "${CK_REPEATS:-3}" --budget off --profile-steps 2 --trace \
+    --world-sizes "${CK_WS:-4}" --global-batch "${CK_GB:-64}" --repeats "${CK_REPEATS:-3}" --budget off --profile-steps 2 --trace \
     >> "$OUT/check.log" 2>&1
   echo "[run: exit $? after $((SECONDS - t)) s]" | tee -a "$OUT/check.log"
   RUN=$(ls -d "$R"/*/ | tail -n 1); RUN=${RUN%/}
@@ -66,7 +67,7 @@ if len(bad):
     print(bad.to_markdown(index=False))
 print(f"cells ok {len(ok)}; |breakdown_gap| > 10%: {int((ok['breakdown_gap'].abs() > 0.10).sum())}")
 PY
-  python3 -m tools.kernel_table "$RUN" --cell gpt-200m/single/1 --cell fused-gpt/single/1 --cell gpt-200m/ddp/4 \
+  [ -n "${CK_WORKLOADS:-}" ] || python3 -m tools.kernel_table "$RUN" --cell gpt-200m/single/1 --cell fused-gpt/single/1 --cell gpt-200m/ddp/4 \
     --cell fused-gpt/ddp/4 --json "$OUT/kernels.json" | tee "$OUT/kernels.md"
   ;;
 profile)
