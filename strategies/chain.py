@@ -15,7 +15,7 @@ from torch import nn
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies.base import MESH, Context, OneProcessMultiGPU, Step, Strategy, common_check
-from strategies.common import P2P, make_optimizer, stage_modules
+from strategies.common import P2P, build_for_sharding, make_optimizer, materialize, stage_modules
 
 
 class Chain(Strategy):
@@ -40,7 +40,10 @@ class Chain(Strategy):
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         r, w = ctx.rank, ctx.world_size
-        mine = self.stages(wl, wl.build(ctx.device), w)[r]
+        model = build_for_sharding(wl, ctx)
+        mine = self.stages(wl, model, w)[r]
+        materialize(wl, model, [(mine, ctx.device)])  # this rank's blocks only
+        del model
         opt = make_optimizer(mine.parameters(), ctx)
         p2p = P2P(ctx)
         first, last = r == 0, r == w - 1
@@ -112,9 +115,12 @@ class LayerSplit(OneProcessMultiGPU):
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         devices = list(ctx.devices)
-        parts = stage_modules(wl, wl.build(ctx.device), len(devices))
+        whole = build_for_sharding(wl, ctx)
+        parts = stage_modules(wl, whole, len(devices))
+        materialize(wl, whole, list(zip(parts, devices)))  # each part straight onto its device
         for part, dev in zip(parts, devices):
             part.to(dev)
+        del whole
         model = nn.ModuleList(parts)
         opt = make_optimizer(model.parameters(), ctx)
 

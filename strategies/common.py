@@ -32,6 +32,26 @@ def make_optimizer(params, ctx: Context) -> torch.optim.Optimizer:
     return torch.optim.SGD([{"params": g} for g in groups], lr=ctx.lr)
 
 
+def build_for_sharding(wl: Workload, ctx: Context) -> nn.Module:
+    """The model a sharding strategy cuts: on the meta device (shapes only) when the workload can
+    give a shard its values (``wl.init``), to be placed with :func:`materialize` once cut, so that
+    each rank allocates only its part; on the device otherwise."""
+    return wl.build(torch.device("meta") if wl.init is not None else ctx.device)
+
+
+def materialize(wl: Workload, model: nn.Module, placed: list[tuple[nn.Module, torch.device]]) -> None:
+    """Allocate each (part of ``model``, device) in ``placed`` that is still on the meta device and
+    give it its values (``wl.init`` over the whole model: names, hence values, are the whole
+    model's). Parts a strategy does not place stay on the meta device and take no memory; a model
+    built on the device passes through untouched."""
+    if wl.init is None:
+        return
+    for part, device in placed:
+        if any(p.device.type == "meta" for p in part.parameters()):
+            part.to_empty(device=device)
+    wl.init(model)
+
+
 def local_share(batch: Batch, ctx: Context, *, rank: int | None = None, world: int | None = None) -> Batch:
     """This rank's contiguous share of the global batch, moved to its device."""
 

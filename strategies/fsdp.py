@@ -38,7 +38,7 @@ from bench.core.metrics import Metric
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies.base import Context, Option, Step, Strategy
-from strategies.common import local_share, make_optimizer, param_count, train_step
+from strategies.common import build_for_sharding, local_share, make_optimizer, materialize, param_count, train_step
 from strategies.ddp import data_parallel_check
 
 RESHARD = Metric(name="reshard_after_forward", dtype="boolean", kind="label",
@@ -111,10 +111,11 @@ class FSDP(Strategy):
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-        model = wl.build(ctx.device)
+        model = build_for_sharding(wl, ctx)
         mp = mixed_precision(ctx.options, ctx.precision)
         units = shard_model(wl, model, mesh, reshard=self.reshard, mp=mp,
                             reshard_last=ctx.options["fsdp_reshard_last"], units=ctx.options["fsdp_units"])
+        materialize(wl, model, [(model, ctx.device)])  # this rank's shards only
         opt = make_optimizer(model.parameters(), ctx)
         # Under the policy FSDP casts parameters itself; autocast on top would push norms back to fp32.
         return Step(run=lambda b: train_step(model, wl, ctx, opt, local_share(b, ctx), autocast=mp is None),

@@ -10,9 +10,11 @@ from strategies.common import (
     MESH_OPTION,
     PLACEMENT,
     PLACEMENT_OPTION,
+    build_for_sharding,
     hybrid_mesh,
     local_share,
     make_optimizer,
+    materialize,
     mesh_check,
     placement_check,
     placement_label,
@@ -48,10 +50,11 @@ class FSDPxTP(Strategy):
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         dp, tp = parse_mesh(ctx.options["mesh"], ctx.world_size)
         mesh = hybrid_mesh(ctx.device.type, dp, tp, ctx.options["placement"], ("dp", "tp"))
-        model = wl.build(ctx.device)
+        model = build_for_sharding(wl, ctx)
         loss_ctx = apply_tp(wl, model, mesh["tp"], ctx)
         mp = mixed_precision(ctx.options, ctx.precision)
         units = shard_model(wl, model, mesh["dp"], reshard=True, mp=mp, units=ctx.options["fsdp_units"])
+        materialize(wl, model, [(model, ctx.device)])
         opt = make_optimizer(model.parameters(), ctx)
         dp_rank = mesh.get_local_rank("dp")
         return Step(run=lambda b: train_step(model, wl, ctx, opt, local_share(b, ctx, rank=dp_rank, world=dp),

@@ -42,9 +42,11 @@ from strategies.common import (
     PLACEMENT,
     PLACEMENT_OPTION,
     block_costs,
+    build_for_sharding,
     hybrid_mesh,
     local_share,
     make_optimizer,
+    materialize,
     mesh_check,
     placement_check,
     placement_label,
@@ -147,9 +149,11 @@ class PipelineRunner:
                  group: dist.ProcessGroup | None, virtual: int = 1, dp: int = 1):
         self.wl, self.ctx, self.m, self.pp = wl, ctx, m, pp
         n_stages = pp * virtual
-        model = wl.build(ctx.device)
-        costs = None
         balance = ctx.options.get("pp_balance", "blocks")
+        # Timing the blocks needs the whole model on the device; the other cuts build it on the meta
+        # device where the workload allows, and this rank allocates its stages only.
+        model = wl.build(ctx.device) if balance == "time" else build_for_sharding(wl, ctx)
+        costs = None
         if balance == "time":
             x, y = wl.batch(0)
             rows = x.shape[0] // (dp * m)
@@ -161,7 +165,8 @@ class PipelineRunner:
         self.stage_blocks = [len(p) for p in parts]
         self.ids = [pp_rank + i * pp for i in range(virtual)]  # looped assignment
         self.mods: list[nn.Module] = [parts[i] for i in self.ids]
-        del parts
+        materialize(wl, model, [(mod, ctx.device) for mod in self.mods])
+        del parts, model
         stages = [PipelineStage(self.mods[k], sid, n_stages, ctx.device, group=group)
                   for k, sid in enumerate(self.ids)]
         cls = SCHEDULES[schedule]

@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from bench.core.spec import CellSpec, WorkloadFacts
 from bench.workloads import Workload
 from strategies.base import MESH, Context, Option, Step, Strategy, common_check
-from strategies.common import make_optimizer, train_step
+from strategies.common import build_for_sharding, make_optimizer, materialize, train_step
 
 
 def tp_check(wl: WorkloadFacts, tp: int) -> str | None:
@@ -68,8 +68,9 @@ class TensorParallel(Strategy):
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-        model = wl.build(ctx.device)
+        model = build_for_sharding(wl, ctx)
         loss_ctx = apply_tp(wl, model, mesh, ctx)
+        materialize(wl, model, [(model, ctx.device)])
         opt = make_optimizer(model.parameters(), ctx)
         # Every rank computes the same whole-batch loss.
         return Step(run=lambda b: train_step(model, wl, ctx, opt, ctx.to_device(b), loss_context=loss_ctx),

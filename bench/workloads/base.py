@@ -42,6 +42,13 @@ class Workload:
     n_heads: int | None = None  # attention heads, for tensor-parallel divisibility
     params: int | None = None
     description: str = ""
+    # How to give parameters their values after the model was built on the meta device and placed
+    # with ``to_empty``: ``init(model)`` sets every parameter of ``model`` that is off the meta
+    # device to the value ``build`` gives it, whatever its sharding (a DTensor's local shard takes
+    # its part of the full value). With it, a sharding strategy builds the model on the meta device,
+    # shards it, and allocates only this rank's part: a model larger than one device fits. None:
+    # every strategy builds the whole model on the device first.
+    init: Callable[[nn.Module], None] | None = None
     # How this model is tensor-parallel: ``tp_plan(model, mesh, **options)`` parallelizes the model
     # in place (torchtitan keeps each model's parallelize function with the model, since the plan
     # depends on its module names). None: the tensor-parallel strategies skip this workload.

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bench.workloads.base import Workload, build_on, display_name, seeded
+from bench.workloads.base import Workload, display_name, seeded
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,14 +109,49 @@ class Head(nn.Module):
 
 
 class GPT(nn.Sequential):
-    """Embed, n_layer blocks, head: a sequence, so pipeline strategies can cut it anywhere."""
+    """Embed, n_layer blocks, head: a sequence, so pipeline strategies can cut it anywhere. Its
+    parameters get their values from :func:`init_params`."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__(Embed(cfg), *[Block(cfg) for _ in range(cfg.n_layer)], Head(cfg))
-        for name, p in self.named_parameters():
+
+
+def init_params(model: nn.Module, seed: int, n_layer: int) -> None:
+    """Give every parameter of ``model`` off the meta device its value: matrices (embeddings
+    included) normal with std 0.02, the residual projections' (attention output, MLP down)
+    0.02/sqrt(2 n_layer), as GPT-2 has it; norm weights 1. Each parameter draws from its own
+    generator, seeded from ``seed`` and its name in the whole model, on the device it lives on: its
+    value does not depend on how the model is cut or sharded, so a shard (a DTensor's local part) or
+    a pipeline stage gets exactly its part of what one device would hold."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.device.type == "meta":
+                continue
+            local = p.to_local() if isinstance(p, DTensor) else p
+            full = torch.empty(p.shape, dtype=local.dtype, device=local.device)
             if p.dim() >= 2:
-                std = 0.02 / math.sqrt(2 * cfg.n_layer) if name.endswith(("o.weight", "down.weight")) else 0.02
-                nn.init.normal_(p, 0.0, std)
+                g = torch.Generator(device=local.device)
+                g.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+                std = 0.02 / math.sqrt(2 * n_layer) if name.endswith(("o.weight", "down.weight")) else 0.02
+                full.normal_(0.0, std, generator=g)
+            else:
+                full.fill_(1.0)
+            if isinstance(p, DTensor):
+                # Every rank holds the same full value: each keeps its part, nothing is sent.
+                full = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
+            local.copy_(full)
+
+
+def build_gpt(cfg: GPTConfig, seed: int, device: torch.device) -> GPT:
+    """The model on ``device`` with its values (on the meta device: shapes only)."""
+    with torch.device("meta"):
+        model = GPT(cfg)
+    if device.type != "meta":
+        model.to_empty(device=device)
+        init_params(model, seed, cfg.n_layer)
+    return model
 
 
 def tensor_parallel(model: nn.Module, mesh, *, plan: str = "sp", **_options):
@@ -216,7 +252,8 @@ def make(*, size: str = "gpt-tiny", seed: int = 0, **dims: int) -> Workload:
                 + cfg.n_layer * 2 * cfg.d_model + cfg.d_model)
     return Workload(
         name=display_name(size, dims),
-        build=lambda device: build_on(device, seed, lambda: GPT(cfg)),
+        build=lambda device: build_gpt(cfg, seed, device),
+        init=lambda model: init_params(model, seed, cfg.n_layer),
         batch=batch,
         loss=loss,
         global_batch=cfg.global_batch,
