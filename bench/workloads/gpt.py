@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 from dataclasses import dataclass
@@ -34,6 +35,11 @@ SIZES: dict[str, GPTConfig] = {
     # 16 layers of d=1024: 201.4M in blocks, 236M with embeddings and head.
     "gpt-200m": GPTConfig(vocab=16384, seq_len=1024, d_model=1024, n_layer=16, n_head=16,
                           global_batch=16),
+    # 44 layers of d=6144: 20.3B parameters, whose fp32 values and gradients (what training with
+    # the strategies' SGD holds, 8 bytes a parameter) take 162 GB: more than one H100 or H200 holds.
+    # Only the strategies that cut the model (FSDP, tensor parallel, the pipelines) run it, each rank
+    # allocating its part; n_layer scales it to the machine (layers_beyond).
+    "gpt-20b": GPTConfig(vocab=32768, seq_len=1024, d_model=6144, n_layer=44, n_head=48, global_batch=8),
 }
 
 
@@ -213,6 +219,22 @@ def tensor_parallel(model: nn.Module, mesh, *, plan: str = "sp", **_options):
     return loss_parallel
 
 
+def n_params(cfg: GPTConfig) -> int:
+    """Every parameter: the matrices, token and position embeddings, two norm weights a block and
+    the head's norm."""
+    return (matmul_params(cfg) + cfg.vocab * cfg.d_model + cfg.seq_len * cfg.d_model
+            + cfg.n_layer * 2 * cfg.d_model + cfg.d_model)
+
+
+def layers_beyond(device_bytes: int, size: str = "gpt-20b", margin: float = 1.15) -> int:
+    """The fewest layers of ``size`` whose fp32 parameters and gradients (8 bytes a parameter)
+    take ``margin`` times ``device_bytes`` or more: a model that cannot train on one such device
+    whatever its batch, and fits, cut in parts, on a few."""
+    rest = n_params(dataclasses.replace(SIZES[size], n_layer=0))
+    per_layer = n_params(dataclasses.replace(SIZES[size], n_layer=1)) - rest
+    return max(1, math.ceil((margin * device_bytes / 8 - rest) / per_layer))
+
+
 def matmul_params(cfg: GPTConfig) -> int:
     """Parameters that take part in matrix products (all Linear weights, the head included)."""
     d, f = cfg.d_model, cfg.d_ff
@@ -247,9 +269,7 @@ def make(*, size: str = "gpt-tiny", seed: int = 0, **dims: int) -> Workload:
     def loss(logits: Tensor, target: Tensor) -> Tensor:
         return F.cross_entropy(logits.float().flatten(0, 1), target.flatten())
 
-    # matrices, token and position embeddings, two LayerNorm weights a block and the head's
-    n_params = (matmul_params(cfg) + cfg.vocab * cfg.d_model + cfg.seq_len * cfg.d_model
-                + cfg.n_layer * 2 * cfg.d_model + cfg.d_model)
+    params = n_params(cfg)
     return Workload(
         name=display_name(size, dims),
         build=lambda device: build_gpt(cfg, seed, device),
@@ -260,8 +280,8 @@ def make(*, size: str = "gpt-tiny", seed: int = 0, **dims: int) -> Workload:
         flops_per_sample=flops_per_sample(cfg),
         n_blocks=cfg.n_layer + 2,
         n_heads=cfg.n_head,
-        params=n_params,
+        params=params,
         tp_plan=tensor_parallel,
         description=f"decoder transformer d={cfg.d_model} L={cfg.n_layer} H={cfg.n_head} T={cfg.seq_len} "
-                    f"V={cfg.vocab}, {n_params / 1e6:.1f}M params",
+                    f"V={cfg.vocab}, {params / 1e6:.1f}M params",
     )

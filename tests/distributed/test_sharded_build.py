@@ -15,7 +15,6 @@ import torch.multiprocessing as mp
 from bench.runtime.process import free_port
 
 
-
 def _context(rank: int, world: int, **options):
     from strategies.base import Context
 

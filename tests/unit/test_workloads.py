@@ -49,6 +49,37 @@ def test_gpt_200m_has_at_least_200m_parameters():
     assert sum(p.numel() for p in m.parameters()) == wl.params >= 200_000_000
 
 
+def test_gpt_20b_does_not_fit_one_device_and_scales_to_the_machine():
+    from bench.workloads.gpt import layers_beyond
+
+    wl = resolve("gpt-20b")
+    m = wl.build(torch.device("meta"))  # shapes only: 81 GB of fp32 values are never allocated
+    assert sum(p.numel() for p in m.parameters()) == wl.params > 20e9
+    assert 8 * wl.params > 141 * 2**30  # values and gradients exceed an H200
+    for gib in (24, 80, 141):
+        n = layers_beyond(gib * 2**30)
+        fits, beyond = resolve("gpt-20b", n_layer=n - 1).params, resolve("gpt-20b", n_layer=n).params
+        assert 8 * fits < 1.15 * gib * 2**30 <= 8 * beyond
+
+
+def test_gpt_init_gives_a_part_what_the_whole_model_has():
+    """The same parameter drawn alone (as a shard or a stage would be) equals the whole model's."""
+    from bench.workloads.gpt import init_params
+
+    wl = resolve("gpt-tiny", n_layer=3)
+    whole = dict(wl.build(torch.device("cpu")).named_parameters())
+    meta = wl.build(torch.device("meta"))
+    stage = meta[2]  # the second block alone on the device, the rest left on the meta device
+    stage.to_empty(device="cpu")
+    init_params(meta, 0, 3)
+    for name, p in meta.named_parameters():
+        if name.startswith("2."):
+            assert torch.equal(p, whole[name]), name
+        else:
+            assert p.device.type == "meta"
+    assert not torch.equal(whole["1.attn.qkv.weight"], whole["2.attn.qkv.weight"])  # each its own draw
+
+
 def test_dimensions_are_settable_and_checked():
     wl = resolve("gpt-tiny", d_model=128, n_layer=3)
     assert wl.n_blocks == 5 and "d=128" in wl.description
