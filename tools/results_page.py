@@ -573,6 +573,13 @@ def printed_view(ev: Evidence) -> View:
     return View("one run per cell; the table as the run printed it", None, md_table(list(df.columns), rows))
 
 
+def launch_cost_view(ev: Evidence) -> View:
+    rows = [[cell(r.phase), f"{r.us_per_launch_median:.2f}", f"[{r.us_per_launch_min:.2f}, {r.us_per_launch_max:.2f}]",
+             f"{r.added_us:+.2f}"] for r in ev.table.itertuples()]
+    return View("5 interleaved blocks of 20,000 launches a phase", None,
+                md_table(["phase", "us a launch, median", "[min, max] over blocks", "added us"], rows, fold=False))
+
+
 def projection_view(ev: Evidence) -> View:
     df = ev.table
     rows = [[cell(r.strategy), str(int(r.world_size)), str(int(r.nodes)), ms(r.pred_step_s),
@@ -724,6 +731,7 @@ SECTIONS = [
     Section("The default matrix under its default budget", "`parbench run` with no options on 4 GPUs.",
             [Part("default-run-h200-x4", "The default GPU run on 4 H200s, 10-minute budget", default_cells_view),
              Part("breakdown-markers-h200-x2", "Profiled steps between their markers, 2 GPUs", marker_windows_view),
+             Part("profiler-launch-cost-h200", "What recording GPU activity costs a launch", launch_cost_view),
              Part("fsdp-profile-steps-h200-x4", "FSDP's profiled steps, 8 a cell", profile_steps_view),
              Part("default-run-gb64-h100-x4", "The default GPU run at global batch 64, 8-minute budget",
                   default_run_view),

@@ -14,6 +14,11 @@
 #   profile  FSDP and DDP at 4 GPUs (global batch CK_GB, default 64), 2 repeats, CK_PROFILE (default
 #            8) profiled steps, traces kept: how the profiled step compares with the timed one when
 #            the window holds more steps; rank 0's timing-pass traces come back (cell<id>-rank0-gpu.json).
+#   beyond   a model no single GPU holds: gpt-20b (BY_LAYERS layers, default 44: 20.3B parameters)
+#            under single, ddp, fsdp, tensor and pipeline-1f1b at BY_WS GPUs (default 2), global
+#            batch BY_GB (default 8), BY_REPEATS repeats (default 2) of 10 steps after 3 warm-up:
+#            which cells ran out of memory, each cell's peak memory and step time, and the
+#            recommendation. ~5 minutes.
 #   default-start  `parbench run --report` exactly as `nox -s bench` runs it, in its own session
 #            (it outlives the call; the device keeps such a process until the machine goes back),
 #            output to /tmp/pb-default; waits up to DS_WAIT seconds (default 570) for it.
@@ -23,7 +28,7 @@ set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/parbench-decide}
-PART=${1:?part: check, profile, gpipe, default-start or default-wait}
+PART=${1:?part: check, profile, gpipe, beyond, default-start or default-wait}
 mkdir -p "$OUT"
 FUSED="tests.foreign_models:fused_gpt[vocab=16384,seq_len=1024,d_model=1024,n_head=16,n_layer=16]"
 D=/tmp/pb-default
@@ -101,6 +106,31 @@ gpipe)
   rm -rf "$OUT/interleave-runs"
   tail -n 25 "$OUT/gpipe.log"
   ;;
+beyond)
+  R=/tmp/pb-beyond; rm -rf "$R"
+  env_lines > "$OUT/beyond.log" 2>&1
+  t=$SECONDS
+  timeout 540 python3 -m bench run --no-progress --out "$R" --workloads "gpt-20b[n_layer=${BY_LAYERS:-44}]" \
+    --strategies single,ddp,fsdp,tensor,pipeline-1f1b --backends nccl --world-sizes "${BY_WS:-2}" \
+    --global-batch "${BY_GB:-8}" --repeats "${BY_REPEATS:-2}" --steps 10 --warmup 3 --budget off \
+    >> "$OUT/beyond.log" 2>&1
+  echo "[run: exit $? after $((SECONDS - t)) s]" | tee -a "$OUT/beyond.log"
+  RUN=$(ls -d "$R"/*/ | tail -n 1); RUN=${RUN%/}
+  python3 - "$RUN" "$OUT" <<'PY' 2>&1 | tee -a "$OUT/beyond.log"
+import sys
+from pathlib import Path
+from bench.results.store import read_table
+run, out = Path(sys.argv[1]), Path(sys.argv[2])
+c = read_table(run, "cells")
+c.to_parquet(out / "cells.parquet", index=False)
+c["ms"] = 1e3 * c["step_time_median_s"]
+c["peak GiB"] = c["peak_mem_bytes"] / 2**30
+c["reason"] = c["reason"].fillna("").str.slice(0, 60)
+cols = ["strategy", "world_size", "status", "repeats_done", "ms", "step_time_cv", "peak GiB", "breakdown_gap", "reason"]
+print(c[[k for k in cols if k in c]].to_markdown(index=False, floatfmt=".3f"))
+PY
+  sed -n '/^recommendation/,$p' "$OUT/beyond.log" | head -n 20
+  ;;
 default-start)
   rm -rf "$D"; mkdir -p "$D"
   env_lines > "$D/env.txt" 2>&1
@@ -130,5 +160,5 @@ PY
   tail -n 60 "$D/run.log"
   ;;
 *)
-  echo "unknown part $PART: check, gpipe, default-start or default-wait"; exit 2 ;;
+  echo "unknown part $PART: check, profile, gpipe, beyond, default-start or default-wait"; exit 2 ;;
 esac
