@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.decide.rules import BREAKDOWN_GAP_MAX
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 EVIDENCE = DOCS / "evidence"
@@ -612,7 +614,7 @@ def breakdown_view(ev: Evidence) -> View:
               "pipeline_gap": "step vs stage model"}
     pipe = [c for c in labels if c in df.columns]
     runs = "experiment" in df.columns
-    backends = df["backend"].nunique() > 1
+    backends = "backend" in df.columns and df["backend"].nunique() > 1
     header = [*(["run"] if runs else []), "workload", "strategy", *(["backend"] if backends else []), "GPUs",
               "timed ms", "profiled ms", "profiled / timed - 1", *(labels[c] for c in pipe)]
     order = [c for c in ("experiment", "workload", "backend", "world_size", "strategy") if c in df.columns]
@@ -625,8 +627,10 @@ def breakdown_view(ev: Evidence) -> View:
                 pct(r["breakdown_gap"]) if present(r.get("breakdown_gap")) else "–"]
         row += [pct(r[c], 0) if present(r[c]) else "–" for c in pipe]
         rows.append(row)
-    off = df["breakdown_gap"].abs() > 0.10 if "breakdown_gap" in df.columns else pd.Series(False, index=df.index)
-    tail = ["", f"{int(off.sum())} of {int(df['breakdown_gap'].notna().sum())} profiled cells are more than 10% off "
+    gaps = df["breakdown_gap"] if "breakdown_gap" in df.columns else pd.Series(float("nan"), index=df.index)
+    off = gaps.abs() > BREAKDOWN_GAP_MAX
+    tail = ["", f"{int(off.sum())} of {int(df['breakdown_gap'].notna().sum())} profiled cells are more than "
+            f"{BREAKDOWN_GAP_MAX:.0%} off "
             "their timed median; the report draws their breakdown with that warning and leaves it out of the "
             "recommendation's reasons."] if "breakdown_gap" in df.columns else []
     return View(_repeats_text(df) + "; 2 profiled steps a cell", None,

@@ -17,9 +17,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-
-def cells(n: int) -> str:
-    return f"{n} cell" if n == 1 else f"{n} cells"
+from bench.core.text import counted
 
 
 class MatrixProgress:
@@ -60,7 +58,8 @@ class MatrixProgress:
             self.progress.console.print(escape(p.text), highlight=False)
         elif p.kind == "group":
             self._group = p.group
-            self.progress.update(self.task, description=escape(f"{p.group}: starting torchrun ({cells(p.n)})"))
+            text = f"{p.group}: starting torchrun ({counted(p.n, 'cell')})"
+            self.progress.update(self.task, description=escape(text))
         elif p.kind == "start":
             c = p.cell
             self.progress.update(self.task, description=escape(f"{self._group}: {c.strategy} {c.workload.name} "
@@ -80,7 +79,7 @@ class MatrixProgress:
         elif p.kind == "note":
             text = p.text
         elif p.kind == "group":
-            text = f"{self._stamp()} {p.group}: starting torchrun ({cells(p.n)})"
+            text = f"{self._stamp()} {p.group}: starting torchrun ({counted(p.n, 'cell')})"
         elif p.kind == "done":
             self._done += 1
             text = f"{self._stamp()} {p.cell.title}: {p.status}"

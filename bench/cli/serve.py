@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from bench.core.errors import UserError
+from bench.core.text import counted
 
 
 def _floats(text: str | None, flag: str) -> list[float]:
@@ -133,7 +134,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(serve_run.summary_lines([row])[0], flush=True)
 
     def on_pool(placement: str, world: int) -> None:
-        print(f"{placement} ws{world}: starting {world} device{'s' if world > 1 else ''}", flush=True)
+        print(f"{placement} ws{world}: starting {counted(world, 'device')}", flush=True)
 
     run_dir = None
     install_stop_handlers()  # Ctrl-C, SIGTERM, SIGHUP: the pools are stopped and what finished is kept

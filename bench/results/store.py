@@ -421,11 +421,20 @@ def machine_meta() -> dict[str, Any]:
     return meta
 
 
+def command_line(argv: list[str] | None = None) -> list[str]:
+    """The command as a user would type it again: ``parbench ...`` whether it ran as the
+    ``parbench`` script or as ``python -m bench`` (whose argv[0] is bench/__main__.py)."""
+    argv = list(sys.argv if argv is None else argv)
+    if argv and (Path(argv[0]).name == "parbench" or Path(argv[0]).as_posix().endswith("bench/__main__.py")):
+        argv[0] = "parbench"
+    return argv
+
+
 def write_meta(run_dir: Path, config: dict[str, Any], **more: Any) -> dict[str, Any]:
     meta = {
         "schema_version": SCHEMA_VERSION, "run_id": run_dir.name,
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": _git_commit(), "command_line": sys.argv, "config": config,
+        "git_commit": _git_commit(), "command_line": command_line(), "config": config,
         **machine_meta(), **more,
     }
     old = run_dir / "meta.json"

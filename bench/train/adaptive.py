@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.config import RunConfig
+from bench.core.text import counted
 from bench.decide.recommend import Pick, recommend
 from bench.decide.rules import MAX_REPEATS
 from bench.plan.budget import GROUP_START_S
@@ -151,8 +152,8 @@ def decide(cfg: RunConfig, kept: dict[int, Pending], writer: RunWriter, work: Pa
                                                         f"({max(left, 0):.0f}s) fits no more repeats"))
             break
         n_open = sum(1 for a in wanted if set(a.targets) <= set(chosen))
-        many = "cells" if len(chosen) != 1 else "cell"
-        text = f"decisions open: {len(wanted)}; round {k} measures {len(chosen)} {many} again for {n_open} of them"
+        text = (f"decisions open: {len(wanted)}; round {k} measures {counted(len(chosen), 'cell')} again for "
+                f"{n_open} of them")
         report(Progress(kind="note", group="", text=text))
         t0 = time.time()
         again = {cid: kept[cid].again(target, time_cap_s=cap) for cid, target in chosen.items()}

@@ -282,3 +282,11 @@ def test_a_wide_table_outside_a_terminal_takes_columns_when_set(monkeypatch):
     assert table_console().width == 100
     monkeypatch.setenv("COLUMNS", "wide")
     assert table_console(120).width == 120
+
+
+def test_the_recorded_command_reads_as_parbench_however_it_was_started():
+    from bench.results.store import command_line
+
+    assert command_line(["/x/venv/bin/parbench", "run", "--repeats", "3"]) == ["parbench", "run", "--repeats", "3"]
+    assert command_line(["/work/main/bench/__main__.py", "compare", "a", "b"]) == ["parbench", "compare", "a", "b"]
+    assert command_line(["tools/run_thing.py", "x"]) == ["tools/run_thing.py", "x"]
