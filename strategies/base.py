@@ -176,6 +176,13 @@ class Strategy:
         """None if the cell can run, else a one-line reason."""
         return common_check(cell, gpus=gpus, min_world=self.min_world)
 
+    def min_share(self, cell: CellSpec) -> float:
+        """The least share of the model's parameters that the fullest device of ``cell`` holds: 1
+        for a strategy that keeps a whole copy on every device (the default); 1/k for one that cuts
+        the model into k parts. The planner skips a cell whose parameters cannot fit even so
+        (bench.plan.memory)."""
+        return 1.0
+
     def label_values(self, cell: CellSpec) -> dict[str, Any]:
         """Values of the declared labels for a runnable cell."""
         return {}

@@ -102,6 +102,9 @@ class FSDP(Strategy):
     metrics = (UNITS_BUILT,)
     distributes = ("comm", "sharded")
 
+    def min_share(self, cell: CellSpec) -> float:
+        return 1 / cell.n_devices  # the model cut in as many parts as devices
+
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         return data_parallel_check(cell, gpus=gpus)
 

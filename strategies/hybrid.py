@@ -34,6 +34,9 @@ class FSDPxTP(Strategy):
     metrics = (UNITS_BUILT,)
     distributes = ("comm", "split")
 
+    def min_share(self, cell: CellSpec) -> float:
+        return 1 / cell.n_devices  # the model cut in as many parts as devices
+
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         r = common_check(cell, gpus=gpus) or mesh_check(cell) or placement_check(cell, "tp")
         if r:

@@ -232,6 +232,10 @@ class Pipeline(Strategy):
     # The evidence is the activations and gradients crossing stages every step.
     distributes = ("comm",)
 
+    def min_share(self, cell: CellSpec) -> float:
+        _, pp = self.degrees(cell.n_devices, cell.options)
+        return 1 / pp  # the model cut into pp stages (each replicated dp times)
+
     def degrees(self, n: int, options: dict) -> tuple[int, int]:
         """(data-parallel, pipeline) degrees."""
         return 1, n

@@ -148,9 +148,10 @@ def is_oom(reason) -> bool:
 
 
 def ran_out(cells: pd.DataFrame) -> pd.Series:
-    """Which cells failed for lack of memory."""
+    """Which cells failed for lack of memory, or were skipped because they could not fit
+    (bench.plan.memory)."""
     reasons = cells["reason"] if "reason" in cells else pd.Series("", index=cells.index)
-    return (cells["status"] == "failed") & reasons.map(is_oom).astype(bool)
+    return cells["status"].isin(["failed", "skipped"]) & reasons.map(is_oom).astype(bool)
 
 
 def capacity_from(reason) -> float | None:

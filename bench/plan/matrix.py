@@ -18,6 +18,7 @@ from bench.core.errors import UserError
 from bench.core.metrics import Metric, registry
 from bench.core.spec import ONE_RANK_SKIP, CellSpec, Measure, WorkloadFacts
 from bench.measure.hardware import cpu_threads
+from bench.plan.memory import device_memory, memory_reason
 from bench.workloads import Workload, planned
 
 
@@ -122,6 +123,7 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
         unknown = [n for n in names if n not in strategies.names()]
         if unknown:
             raise UserError(f"backend_strategies.{be}: unknown strategy {unknown[0]!r}; see `parbench list`")
+    memory: int | None = None  # the device's bytes, read once when a cell needs it
     for wl, base in parsed:
         for sp, strat in strats:
             for backend in cfg.backends if not strat.one_process else [one_proc_backend]:
@@ -157,6 +159,9 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
                                   f"{one_proc_backend} one, which is measured")
                     if reason is None and cfg.device == "cpu" and n // nodes > cpu_threads() * 4:
                         reason = f"{n // nodes} ranks per node > 4 x {cpu_threads()} CPU threads"
+                    if reason is None and facts.params and memory is None:
+                        memory = device_memory(cfg.device) or 0
+                    reason = reason or memory_reason(cell, strat.min_share(cell), memory)
                     if reason is None:
                         cell = dataclasses.replace(cell, labels=strat.label_values(cell))
                     cells.append(Planned(spec=cell, reason=reason))

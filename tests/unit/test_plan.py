@@ -287,3 +287,33 @@ def test_backend_strategies_limit_what_a_backend_runs():
         build_config(toml={"backend_strategies": {"mpi": ["ddp"]}}, flags={}, gpus=4)
     with pytest.raises(UserError, match="backend_strategies.gloo: unknown strategy 'dpp'"):
         plan(build_config(toml={"backend_strategies": {"gloo": ["dpp"]}}, flags={}, gpus=4), 4)
+
+
+def test_cells_whose_parameters_cannot_fit_are_skipped_as_out_of_memory(monkeypatch):
+    """gpt-20b (20.3B parameters, 151.6 GiB of fp32 values and gradients) on 80 GiB GPUs: a whole copy
+    per device cannot fit; cut in 4 it can (38 GiB a GPU before activations); cut in 2 (76 GiB) is
+    not ruled out, since this is a lower bound."""
+    import bench.plan.matrix as matrix
+    from bench.decide.rules import capacity_from, is_oom
+
+    monkeypatch.setattr(matrix, "device_memory", lambda device: 80 * 2**30)
+    by, _, _ = planned({"workloads": "gpt-20b", "strategies": "ddp,dataparallel,fsdp,tensor,pipeline-1f1b",
+                        "backends": "nccl", "world_sizes": "2,4"}, 4)
+    for key in [("single", "nccl", 1), ("ddp", "nccl", 2), ("ddp", "nccl", 4), ("dataparallel", "nccl", 4)]:
+        reason = by[key].reason
+        assert reason.startswith("out of memory before it starts: 20.3B parameters, a whole copy on each device, "
+                                 "need 151.6 GiB on one GPU"), (key, reason)
+        assert is_oom(reason) and capacity_from(reason) == 80 * 2**30  # the recommendation reads it so
+    for key in [("fsdp", "nccl", 2), ("fsdp", "nccl", 4), ("tensor", "nccl", 4), ("pipeline-1f1b", "nccl", 4)]:
+        assert by[key].reason is None, (key, by[key].reason)
+    # On a CPU host of 24 GiB even the cut model's parameters, all ranks together, cannot fit.
+    monkeypatch.setattr(matrix, "device_memory", lambda device: 24 * 2**30)
+    by, _, _ = planned({"workloads": "gpt-20b", "strategies": "fsdp", "world_sizes": "2", "device": "cpu"}, 0)
+    assert "151.6 GiB in this host's memory" in by[("fsdp", "gloo", 2)].reason
+    assert by[("single", "gloo", 1)].reason.startswith("out of memory before it starts")
+    # Small models are never touched, and an unknown memory skips nothing.
+    by, _, _ = planned({"workloads": "gpt-tiny", "strategies": "fsdp", "world_sizes": "2", "device": "cpu"}, 0)
+    assert by[("fsdp", "gloo", 2)].reason is None
+    monkeypatch.setattr(matrix, "device_memory", lambda device: None)
+    by, _, _ = planned({"workloads": "gpt-20b", "strategies": "ddp", "world_sizes": "2", "device": "cpu"}, 0)
+    assert by[("ddp", "gloo", 2)].reason is None

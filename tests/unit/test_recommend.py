@@ -154,6 +154,26 @@ def test_a_model_that_does_not_fit_one_device_gets_what_fits_with_its_headroom()
     assert pick(rows, gpu_mem=80 * GIB).headroom == pytest.approx(0.25)  # the caller's size wins
 
 
+def test_cells_skipped_before_they_start_for_memory_count_as_out_of_memory():
+    """The planner skips a cell whose parameters alone exceed the device (bench.plan.memory): its
+    skipped row reads as running out of memory, and the device size comes from its reason."""
+    from bench.plan.memory import memory_reason
+
+    class Facts:
+        params = 20_000_000_000
+
+    class Cell:
+        workload, device, nnodes, n_devices = Facts(), "cuda", 1, 1
+
+    reason = memory_reason(Cell(), 1.0, 80 * GIB)
+    skipped = lambda s, ws: {**failed(s, ws, reason=reason), "status": "skipped"}
+    rows = [skipped("single", 1), skipped("ddp", 2), cell("fsdp", 2, 0.100, peak_mem_bytes=60 * GIB),
+            cell("pipeline-1f1b", 2, 0.120, peak_mem_bytes=50 * GIB)]
+    p = pick(rows)
+    assert p.use == "fsdp" and p.fits_one_device is False and p.headroom == pytest.approx(0.25)
+    assert "does not fit one device (single: out of memory); peak 60.0 of 80.0 GiB, 25% headroom" in p.because
+
+
 def test_without_fsdp_the_fastest_strategy_that_fits_is_used():
     rows = [failed("single", 1), failed("ddp", 2), cell("tensor", 2, 0.150, peak_mem_bytes=40 * GIB),
             cell("pipeline-1f1b", 2, 0.120, peak_mem_bytes=50 * GIB)]
