@@ -35,8 +35,15 @@ def make_optimizer(params, ctx: Context) -> torch.optim.Optimizer:
 def build_for_sharding(wl: Workload, ctx: Context) -> nn.Module:
     """The model a sharding strategy cuts: on the meta device (shapes only) when the workload can
     give a shard its values (``wl.init``), to be placed with :func:`materialize` once cut, so that
-    each rank allocates only its part; on the device otherwise."""
-    return wl.build(torch.device("meta") if wl.init is not None else ctx.device)
+    each rank allocates only its part; on the device otherwise, and for a model with tied
+    parameters (``to_empty`` would untie them, training another model)."""
+    if wl.init is None:
+        return wl.build(ctx.device)
+    model = wl.build(torch.device("meta"))
+    if len({id(p) for _, p in model.named_parameters(remove_duplicate=False)}) < sum(
+            1 for _ in model.named_parameters(remove_duplicate=False)):
+        return wl.build(ctx.device)
+    return model
 
 
 def materialize(wl: Workload, model: nn.Module, placed: list[tuple[nn.Module, torch.device]]) -> None:

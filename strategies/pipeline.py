@@ -150,9 +150,11 @@ class PipelineRunner:
         self.wl, self.ctx, self.m, self.pp = wl, ctx, m, pp
         n_stages = pp * virtual
         balance = ctx.options.get("pp_balance", "blocks")
-        # Timing the blocks needs the whole model on the device; the other cuts build it on the meta
-        # device where the workload allows, and this rank allocates its stages only.
-        model = wl.build(ctx.device) if balance == "time" else build_for_sharding(wl, ctx)
+        # Timing the blocks needs the whole model on the device of the rank that times them (global
+        # rank 0, block_costs); the other ranks, and the other cuts, build it on the meta device where
+        # the workload allows, and allocate their stages only.
+        timer = balance == "time" and dist.get_rank() == 0
+        model = wl.build(ctx.device) if timer else build_for_sharding(wl, ctx)
         costs = None
         if balance == "time":
             x, y = wl.batch(0)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.measure.trace import MARKER, in_steps, step_windows
 from bench.results.store import read_table
 
 # The first pattern a kernel's name matches (case-insensitive) names its kind.
@@ -45,8 +46,12 @@ def kind(name: str) -> str:
 
 
 def kernel_kinds(trace: dict, steps: int) -> pd.DataFrame:
-    """Per kind: ms and launches per step, from a trace's device events."""
+    """Per kind: ms and launches per step, from a trace's device events: those the profiled steps
+    launched when the trace has their markers (not the warm-up step's, nor the markers), else all."""
     ev = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") in GPU_CATS]
+    marked = step_windows(ev, steps)
+    if marked:
+        ev = in_steps([e for e in ev if MARKER not in e["name"]], marked)
     df = pd.DataFrame({"kind": [kind(e["name"]) for e in ev], "us": [float(e["dur"]) for e in ev]})
     if df.empty:
         return pd.DataFrame(columns=["ms", "launches"])

@@ -185,9 +185,11 @@ CORE: tuple[Metric, ...] = (
     Metric(name="param_share", dtype="float64", unit="fraction", header="params/rank", fmt=".0%", shown=R,
            over_ranks="max", doc="parameters the fullest rank holds, as a fraction of the model's"),
     Metric(name="profiled_step_s", **_ms(header="profiled ms", over_ranks="mean",
-                                         doc="a profiled step (compute + exposed comm + idle add up to it)")),
+                                         doc="a profiled step, marker to marker (compute + exposed comm + idle "
+                                             "add up to it)")),
     Metric(name="breakdown_gap", dtype="float64", unit="fraction", fmt="+.0%",
-           doc="profiled step / timed median - 1: how far the breakdown's step is from the measured one"),
+           doc="the slowest rank's profiled step / timed median - 1: how far the breakdown's step is from the "
+               "measured one"),
     Metric(name="timed_start_unix", dtype="float64", unit="s"),
     Metric(name="timed_end_unix", dtype="float64", unit="s"),
     Metric(name="energy_j", dtype="float64", unit="J", over_ranks="sum"),

@@ -120,17 +120,37 @@ def breakdown(compute: list[Interval], comm: list[Interval], window: Interval | 
 
 def step_windows(gpu: list[dict[str, Any]], steps: int) -> tuple[list[Interval], tuple[float, float]] | None:
     """From a trace's GPU events: each profiled step's window (the last ``2 * steps`` markers, in
-    start/end pairs; earlier ones belong to the profiler's warm-up step) and the range of
-    correlation ids (launch order) between the first and the last of them; None without enough
-    markers."""
+    start/end pairs; one more, the warm-up step's end marker, may precede them) and the range of
+    correlation ids (launch order) between the first and the last of them. None unless the trace
+    holds exactly those markers in that order: a trace that lost one would pair a step's end with
+    the next one's start."""
     marks = sorted((e for e in gpu if MARKER in e["name"]), key=lambda e: e["ts"])
-    if len(marks) < 2 * steps or steps < 1:
+    if steps < 1 or len(marks) not in (2 * steps, 2 * steps + 1):
         return None
     marks = marks[-2 * steps:]
+    corr = [e.get("args", {}).get("correlation") for e in marks]
+    if None not in corr and corr != sorted(corr):
+        return None
     us = 1e-6
     windows = [((a["ts"] + a["dur"]) * us, b["ts"] * us) for a, b in zip(marks[::2], marks[1::2])]
-    corr = lambda e: e.get("args", {}).get("correlation", math.nan)
-    return windows, (corr(marks[0]), corr(marks[-1]))
+    if any(b <= a for a, b in windows):
+        return None
+    return windows, (corr[0] if corr[0] is not None else math.nan, corr[-1] if corr[-1] is not None else math.nan)
+
+
+def in_steps(kernels: list[dict[str, Any]], marked: tuple[list[Interval], tuple[float, float]]) -> list[dict[str, Any]]:
+    """The kernels the profiled steps launched: correlation id between the first and the last
+    marker's; a kernel without one, when it starts inside a step's window."""
+    windows, (lo, hi) = marked
+    us = 1e-6
+
+    def mine(e: dict[str, Any]) -> bool:
+        c = e.get("args", {}).get("correlation")
+        if c is not None and lo == lo and hi == hi:
+            return lo < c < hi
+        return any(a <= e["ts"] * us < b for a, b in windows)
+
+    return [e for e in kernels if mine(e)]
 
 
 def alone(b: dict[str, float]) -> dict[str, float]:
@@ -203,11 +223,7 @@ def analyze_trace(trace: dict[str, Any], device_type: str, steps: int, backend: 
                                            max(e["ts"] + e["dur"] for e in gpu) * us)
         bd = breakdown(iv(comp_k), iv(comm_k), window, steps)
         if marked:
-            # The rows are the profiled steps' own collectives: launched between their markers.
-            lo, hi = marked[1]
-            corr = lambda e: e.get("args", {}).get("correlation")
-            if all(corr(e) is not None for e in comm_k) and lo == lo and hi == hi:
-                comm_k = [e for e in comm_k if lo < corr(e) < hi]
+            comm_k = in_steps(comm_k, marked)  # the rows: the profiled steps' own collectives
         metas = _metas_by_order(comm_k, records) if records is not None else _metas_by_launch(comm_k, events)
         rows = []
         for k, meta in zip(comm_k, metas):
@@ -230,6 +246,11 @@ def analyze_trace(trace: dict[str, Any], device_type: str, steps: int, backend: 
         (waits if e["name"].startswith(COMM_CPU_PREFIXES) else compute).append(span)
     compute = subtract(compute, waits)
     return breakdown(compute, iv(spans), window, steps), span_rows()
+
+
+def has_markers(trace: dict[str, Any], steps: int) -> bool:
+    """The trace's GPU events hold the markers of ``steps`` profiled steps (:func:`step_windows`)."""
+    return step_windows([e for e in _complete(trace) if e.get("cat") in GPU_CATS], steps) is not None
 
 
 def has_gpu_events(trace: dict[str, Any]) -> bool:

@@ -277,10 +277,12 @@ def _breakdown_columns(row: dict[str, Any], ranks: Sequence[RankMeasurement]) ->
         if vals:
             row[key] = sum(vals) / len(vals)
     median = row["step_time_median_s"]
-    if row.get("profiled_step_s") and median > 0:
-        # compute + exposed comm + idle add up to the profiled step by construction; how far that is
-        # from the timed median says how much the profiler itself moved the step.
-        row["breakdown_gap"] = row["profiled_step_s"] / median - 1
+    spans = [b["profiled_step_s"] for b in bds if b.get("profiled_step_s")]
+    if spans and median > 0:
+        # compute + exposed comm + idle add up to each rank's profiled step by construction; how far
+        # the slowest rank's is from the timed median (itself the slowest rank's step) says how much
+        # the profiler itself moved the step.
+        row["breakdown_gap"] = max(spans) / median - 1
 
 
 def placement_columns(ranks: Sequence[RankMeasurement], backend: str | None = None) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from bench.core import backends
 from bench.core.spec import CellSpec, GroupPlan, RankMeasurement
-from bench.measure.trace import alone, analyze_trace, comm_volume, has_gpu_events
+from bench.measure.trace import alone, analyze_trace, comm_volume, has_gpu_events, has_markers
 from bench.train.cell import PLACE, build, release
 from bench.train.events import one_line
 
@@ -41,7 +41,8 @@ def activities(device: torch.device, backend: backends.Backend, *, timing: bool)
 
 
 def profile_steps(step, batches, cell: CellSpec, device: torch.device, trace_path: Path | None, *,
-                  n: int, acts: list[ProfilerActivity], shapes: bool = False) -> dict[str, Any]:
+                  n: int, acts: list[ProfilerActivity], shapes: bool = False,
+                  drain: bool | None = None) -> dict[str, Any]:
     """Run ``n`` steps under torch.profiler recording ``acts`` (with the ops' input shapes when
     ``shapes``), after one profiled step whose events are discarded; returns the Chrome trace of
     the ``n`` as a dict (the trace file is removed afterwards unless ``trace_path`` keeps it).
@@ -49,12 +50,14 @@ def profile_steps(step, batches, cell: CellSpec, device: torch.device, trace_pat
     On CUDA a marker kernel (bench.measure.trace.MARKER) brackets each step on the step's stream,
     where the timed steps' CUDA events go: the breakdown describes the steps between their markers.
     A pass that records GPU activity only runs its steps back to back after the warm-up step, as
-    timed steps do; any other pass enters its ``n`` steps with the ranks together and the device
-    drained, so that its window (first to last event) holds those steps and nothing before."""
+    timed steps do; any other pass (or one told ``drain``) enters its ``n`` steps with the ranks
+    together and the device drained, so that its window (first to last event) holds those steps
+    and nothing before."""
     m = cell.measure
     cuda = device.type == "cuda"
     mark = (lambda: torch.cuda._sleep(0)) if cuda else (lambda: None)
-    drain = not (cuda and acts == [ProfilerActivity.CUDA])
+    if drain is None:
+        drain = not (cuda and acts == [ProfilerActivity.CUDA])
     if cuda:
         torch.cuda.synchronize(device)
     dist.barrier()
@@ -106,6 +109,10 @@ def profile_into(out: RankMeasurement, step, batches, cell: CellSpec, plan: Grou
             # Some builds record no kernels in a GPU-only session: the host side as well, then.
             timing = profile_steps(step, batches, cell, device, gpu_path, n=n,
                                    acts=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        elif acts == [ProfilerActivity.CUDA] and not has_markers(timing, n):
+            # Without its step markers a back-to-back trace has no steps to cut (the warm-up's last
+            # kernels run into the first): again from a drained device, read first to last kernel.
+            timing = profile_steps(step, batches, cell, device, gpu_path, n=n, acts=acts, drain=True)
     records = profile_steps(step, batches, cell, device, base and base.with_suffix(".json"), n=n,
                             acts=activities(device, backend, timing=False), shapes=shapes)
     if timing is not None:

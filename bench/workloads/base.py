@@ -43,9 +43,9 @@ class Workload:
     params: int | None = None
     description: str = ""
     # How to give parameters their values after the model was built on the meta device and placed
-    # with ``to_empty``: ``init(model)`` sets every parameter of ``model`` that is off the meta
-    # device to the value ``build`` gives it, whatever its sharding (a DTensor's local shard takes
-    # its part of the full value). With it, a sharding strategy builds the model on the meta device,
+    # with ``to_empty``: ``init(model)`` sets every parameter and buffer of ``model`` that is off
+    # the meta device to the value ``build`` gives it, whatever its sharding (a DTensor's local shard
+    # takes its part of the full value). With it, a sharding strategy builds the model on the meta device,
     # shards it, and allocates only this rank's part: a model larger than one device fits. None:
     # every strategy builds the whole model on the device first.
     init: Callable[[nn.Module], None] | None = None

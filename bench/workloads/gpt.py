@@ -128,7 +128,9 @@ def init_params(model: nn.Module, seed: int, n_layer: int) -> None:
     0.02/sqrt(2 n_layer), as GPT-2 has it; norm weights 1. Each parameter draws from its own
     generator, seeded from ``seed`` and its name in the whole model, on the device it lives on: its
     value does not depend on how the model is cut or sharded, so a shard (a DTensor's local part) or
-    a pipeline stage gets exactly its part of what one device would hold."""
+    a pipeline stage gets exactly its part of what one device would hold. (CUDA draws depend on the
+    GPU model, whose size sets the generator's launch grid: ranks and the one-device reference agree
+    on GPUs of one model, as on one machine.)"""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     with torch.no_grad():

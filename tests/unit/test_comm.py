@@ -145,3 +145,20 @@ def test_cuda_breakdown_spans_the_steps_between_their_markers():
     plain = {"traceEvents": [e for e in timing["traceEvents"] if e["name"] != SPIN]}
     bd, rows = analyze_trace(plain, "cuda", steps=2)
     assert bd["profiled_step_s"] == pytest.approx(102e-6) and len(rows) == 3
+
+
+def test_markers_that_do_not_pair_up_give_no_windows():
+    """A trace that lost one of its markers would pair a step's end with the next step's start: no
+    windows then (the profile pass measures again from a drained device), never shifted ones. A
+    collective with no correlation id belongs to the steps when it starts inside one of them."""
+    from bench.measure.trace import has_markers, in_steps, step_windows
+
+    k = lambda name, ts, dur, c=None: ev(name, ts, dur, tid=0, cat="kernel", **({"correlation": c} if c else {}))
+    marks = [k(SPIN, 0, 1, 10), k(SPIN, 100, 1, 20), k(SPIN, 101, 1, 21), k(SPIN, 200, 1, 30)]
+    assert step_windows(marks, 2) is not None and has_markers({"traceEvents": marks}, 2)
+    assert step_windows([k(SPIN, -5, 1, 9)] + marks, 2) is not None  # the warm-up's end marker ahead
+    assert step_windows(marks[:1] + marks[2:], 2) is None  # one lost
+    assert step_windows(marks, 3) is None and not has_markers({"traceEvents": marks[:3]}, 2)
+    marked = step_windows(marks, 2)
+    kernels = [k("nccl_a", 50, 5, 15), k("nccl_b", 150, 5), k("nccl_c", 100.5, 0.2), k("nccl_d", 250, 5, 40)]
+    assert [e["name"] for e in in_steps(kernels, marked)] == ["nccl_a", "nccl_b"]

@@ -218,3 +218,17 @@ def test_every_mode_starts_its_row_in_one_place():
     assert row["serve_policy"] == "rr"
     train = base_row(spec())
     assert train["mode"] == "train" and "status" not in train and train["world_size"] == spec().n_devices
+
+
+def test_the_breakdown_gap_is_the_slowest_ranks_profiled_step_against_the_timed_median():
+    """The timed median is each step's slowest rank; the gap compares that rank's profiled step,
+    while the parts shown are the ranks' mean."""
+    from bench.core.spec import RankMeasurement
+    from bench.results.rows import _breakdown_columns
+
+    bd = lambda step: {"compute_time_s": 0.08, "comm_time_s": 0.01, "exposed_comm_s": 0.01, "overlap_frac": 0.0,
+                       "idle_frac": 0.1, "profiled_step_s": step}
+    ranks = [RankMeasurement(rank=0, breakdown=bd(0.100)), RankMeasurement(rank=1, breakdown=bd(0.120))]
+    row = {"step_time_median_s": 0.100}
+    _breakdown_columns(row, ranks)
+    assert row["profiled_step_s"] == pytest.approx(0.110) and row["breakdown_gap"] == pytest.approx(0.20)

@@ -112,3 +112,24 @@ def test_user_workloads_load_or_fail_in_one_line():
         resolve("no_such_pkg.mod:f")
     with pytest.raises(UserError, match="unknown workload"):
         resolve("resnet")
+
+
+def test_a_tied_model_is_not_built_on_the_meta_device_for_sharding():
+    """to_empty gives each module its own tensor: a tied embedding and head would come apart."""
+    import dataclasses
+
+    from strategies.base import Context
+    from strategies.common import build_for_sharding
+
+    wl = resolve("gpt-tiny")
+
+    def tied(device):
+        m = wl.build(device)
+        m[-1].out.weight = m[0].tok.weight
+        return m
+
+    ctx = Context(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), devices=(torch.device("cpu"),),
+                  backend="gloo", seed=0, precision="fp32", lr=0.1)
+    assert next(build_for_sharding(wl, ctx).parameters()).device.type == "meta"
+    m = build_for_sharding(dataclasses.replace(wl, build=tied), ctx)
+    assert next(m.parameters()).device.type == "cpu" and m[-1].out.weight is m[0].tok.weight
