@@ -148,7 +148,8 @@ def breakdown_bars(cells: pd.DataFrame, workload: str, ax=None):
     # Runs written before profiled_step_s: the profiled step from its parts (busy / (1 - idle)).
     span = (d["compute_time_s"] + d["exposed_comm_s"]) / (1 - d["idle_frac"].clip(upper=0.99))
     d["profiled_step_s"] = d["profiled_step_s"].fillna(span) if "profiled_step_s" in d else span
-    d["breakdown_gap"] = d["profiled_step_s"] / d["step_time_median_s"] - 1
+    mean_gap = d["profiled_step_s"] / d["step_time_median_s"] - 1  # runs written before breakdown_gap
+    d["breakdown_gap"] = d["breakdown_gap"].fillna(mean_gap) if "breakdown_gap" in d else mean_gap
     d = d.sort_values("step_time_median_s").head(MAX_BARS)
     ax = _ax(ax, (WIDTH_IN, BASE_IN + BAR_IN * 1.6 * len(d)))
     if d.empty:

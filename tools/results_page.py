@@ -684,6 +684,29 @@ def profile_steps_view(ev: Evidence) -> View:
     return View("2 repeats a cell, 8 profiled steps", None, md_table(header, rows, fold=False))
 
 
+def settled_view(ev: Evidence) -> View:
+    rows = [[cell(r.strategy), str(int(r.world_size)), str(int(r.repeats)), f"{r.timed_ms:.1f}", pct(r.timed_cv, 1),
+             f"{r.unprofiled_ms:.1f}", f"{r.profiled_ms:.1f}", pct(r.breakdown_gap, 1), pct(r.idle_frac, 1)]
+            for r in ev.table.itertuples()]
+    header = ["strategy", "GPUs", "repeats", "timed median ms", "timed cv", "the pass's unprofiled steps, ms",
+              "profiled ms (slowest rank)", "profiled / timed - 1", "idle in the profiled step"]
+    return View("2 repeats a cell, 2 unprofiled then 2 profiled steps", None, md_table(header, rows, fold=False))
+
+
+def beyond_view(ev: Evidence) -> View:
+    rows = []
+    for r in ev.table.itertuples():
+        ok = r.status == "ok"
+        rows.append([cell(r.strategy), str(int(r.world_size)), cell(r.status),
+                     ms(r.step_time_median_s) if ok else "–",
+                     f"[{ms(r.step_time_ci_low_s)}, {ms(r.step_time_ci_high_s)}]" if ok else "–",
+                     f"{r.peak_mem_bytes / 2**30:.1f}" if ok else "–", pct(r.breakdown_gap, 1) if ok else "–",
+                     "" if ok else cell(str(r.reason).split(";")[0])])
+    header = ["strategy", "GPUs", "status", "ms/step", "95% interval", "peak GiB", "profiled / timed - 1",
+              "why not run"]
+    return View("2 repeats of 10 steps a cell", None, md_table(header, rows, fold=False))
+
+
 def marker_windows_view(ev: Evidence) -> View:
     rows = [[cell(r.strategy), str(int(r.world_size)), f"{r.timed_ms:.1f}", f"{r.profiled_ms_between_markers:.1f}",
              pct(r.breakdown_gap), pct(r.idle_frac), f"{r.profiled_ms_first_to_last_kernel:.1f}"]
@@ -734,12 +757,16 @@ SECTIONS = [
             [Part("defaults-new-vs-old-h100-x4", "FSDP, 1F1B and tensor parallel at 4 GPUs", defaults_view)]),
     Section("The default matrix under its default budget", "`parbench run` with no options on 4 GPUs.",
             [Part("default-run-h200-x4", "The default GPU run on 4 H200s, 10-minute budget", default_cells_view),
+             Part("breakdown-settled-h200-x2", "Profiled steps after the pass settles, 2 GPUs", settled_view),
              Part("breakdown-markers-h200-x2", "Profiled steps between their markers, 2 GPUs", marker_windows_view),
              Part("profiler-launch-cost-h200", "What recording GPU activity costs a launch", launch_cost_view),
              Part("fsdp-profile-steps-h200-x4", "FSDP's profiled steps, 8 a cell", profile_steps_view),
              Part("default-run-gb64-h100-x4", "The default GPU run at global batch 64, 8-minute budget",
                   default_run_view),
              Part("default-matrix-budget-h100-x4", "Three runs of an earlier default matrix", budget_view)]),
+    Section("A model no single GPU holds", "`parbench run --config configs/beyond-one-device.toml`: the strategies "
+            "that cut the model build it on the meta device and allocate their part on each GPU.",
+            [Part("beyond-one-device-h200-x2", "gpt-20b on 2 H200s", beyond_view)]),
     Section("gpt-200m against a nanoGPT-style GPT", "The built-in gpt-200m and a GPT written as nanoGPT writes "
             "it, of the same size, under the same strategies in the same call; before and after gpt-200m took "
             "a fused q/k/v projection without biases, as nanoGPT has.",

@@ -187,6 +187,10 @@ CORE: tuple[Metric, ...] = (
     Metric(name="profiled_step_s", **_ms(header="profiled ms", over_ranks="mean",
                                          doc="a profiled step, marker to marker (compute + exposed comm + idle "
                                              "add up to it)")),
+    Metric(name="unprofiled_step_s", **_ms(header="unprofiled ms", over_ranks="mean",
+                                           doc="the profile pass's steps just before its profiled ones, without the "
+                                               "profiler, timed as the timed steps are: far from the timed median, "
+                                               "the pass was still settling when they ran")),
     Metric(name="breakdown_gap", dtype="float64", unit="fraction", fmt="+.0%",
            doc="the slowest rank's profiled step / timed median - 1: how far the breakdown's step is from the "
                "measured one"),

@@ -125,9 +125,25 @@ def candidates(cells: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
     if "parity_ok" in ok:
         par = ok["parity_ok"]
         why[(why == "") & (par == False)] = "parity failed"  # noqa: E712 - pandas boolean
-        # Never checked is not passed: no reference, or no losses to compare (one device is its own).
-        why[(why == "") & par.isna() & (ok["world_size"] > 1)] = "parity not checked (no single-device reference)"
+        # Never checked is not passed: no reference, or no losses to compare (one device is its own),
+        # unless no device could hold the model: then nothing can check it, and the cells that fit
+        # are the answer.
+        unchecked = (why == "") & par.isna() & (ok["world_size"] > 1) & ~_beyond_one_device(cells, ok)
+        why[unchecked] = "parity not checked (no single-device reference)"
     return ok[why == ""], why[why != ""]
+
+
+def _beyond_one_device(cells: pd.DataFrame, ok: pd.DataFrame) -> pd.Series:
+    """Which of ``ok`` train a workload (at its global batch) whose single-device reference ran out
+    of memory or could not fit."""
+    ref = cells["strategy"] == "single"
+    if "role" in cells:
+        ref |= cells["role"] == "reference"
+    refs = cells[ref & (cells["world_size"] == 1)]
+    refs = refs[ran_out(refs)]
+    keys = ["workload", "global_batch"] if "global_batch" in cells else ["workload"]
+    gone = set(map(tuple, refs[keys].astype(str).to_numpy()))
+    return pd.Series([tuple(k) in gone for k in ok[keys].astype(str).to_numpy()], index=ok.index, dtype=bool)
 
 
 def reason(r: pd.Series, gpu_mem: float | None = None) -> str:

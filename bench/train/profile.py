@@ -21,6 +21,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from bench.core import backends
 from bench.core.spec import CellSpec, GroupPlan, RankMeasurement
+from bench.measure.timing import StepTimer
 from bench.measure.trace import alone, analyze_trace, comm_volume, has_gpu_events, has_markers
 from bench.train.cell import PLACE, build, release
 from bench.train.events import one_line
@@ -90,6 +91,22 @@ def profile_steps(step, batches, cell: CellSpec, device: torch.device, trace_pat
             path.unlink(missing_ok=True)
 
 
+def unprofiled_steps(step, batches, cell: CellSpec, device: torch.device, n: int) -> float:
+    """The median of ``n`` steps run as the profiled ones are (the same batches, back to back after
+    the ranks meet) but without the profiler, timed as the timed steps are (CUDA events on the
+    step's stream; the host clock on CPU): against it, the profiled step shows what the profiler
+    itself costs, apart from how this pass differs from the timed repeats."""
+    m = cell.measure
+    timer = StepTimer(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dist.barrier()
+    for k in range(n):
+        timer.time(lambda k=k: step.run(batches[(m.warmup + (k + 1) % m.steps) % len(batches)]))
+    times = sorted(timer.times())
+    return times[len(times) // 2] if len(times) % 2 else (times[len(times) // 2 - 1] + times[len(times) // 2]) / 2
+
+
 def profile_into(out: RankMeasurement, step, batches, cell: CellSpec, plan: GroupPlan, device: torch.device,
                  backend: backends.Backend, *, n: int, full: bool) -> None:
     """``n`` profiled steps into ``out``: the communication per step (the distribution check's
@@ -101,7 +118,9 @@ def profile_into(out: RankMeasurement, step, batches, cell: CellSpec, plan: Grou
     # counts need them, a kernel backend's come with its own records (record_param_comms).
     shapes = not backend.comm_in_kernels()
     timing = None
+    plain = None
     if full:
+        plain = unprofiled_steps(step, batches, cell, device, n)
         gpu_path = base and base.with_name(base.name + "-gpu.json")
         acts = activities(device, backend, timing=True)
         timing = profile_steps(step, batches, cell, device, gpu_path, n=n, acts=acts)
@@ -117,6 +136,8 @@ def profile_into(out: RankMeasurement, step, batches, cell: CellSpec, plan: Grou
                             acts=activities(device, backend, timing=False), shapes=shapes)
     if timing is not None:
         out.breakdown, out.comm = analyze_trace(timing, device.type, n, backend, records=records)
+        if out.breakdown:
+            out.breakdown["unprofiled_step_s"] = plain
     calls, nbytes = comm_volume(records, backend)
     if cell.n_devices == 1:
         # A collective over one rank on one device moves nothing (DDP still calls all_reduce): no

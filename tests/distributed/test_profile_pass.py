@@ -41,6 +41,8 @@ def test_profile_pass_comes_after_every_timed_step_and_fills_the_breakdown(tmp_p
         assert (cells["status"] == "ok").all(), cells[["strategy", "status", "reason"]]
         assert cells["compute_time_s"].notna().all() and cells["profiled_step_s"].notna().all()
         assert cells["profile_note"].isna().all()
+        # beside each profiled step, the same pass's steps just before it, without the profiler
+        assert cells["unprofiled_step_s"].gt(0).all()
     assert set(end["profile_at"]) == {"end"} and set(inline["profile_at"]) == {"inline"}
     # the same communication evidence either way (what the distribution check reads)
     by_end, by_inline = end.set_index("strategy"), inline[inline["world_size"] == 2].set_index("strategy")

@@ -354,3 +354,21 @@ def test_recorded_repeats_decide_when_nothing_blocks():
     # its efficiency of 1.09 is explained by bf16 parameters; without that the run calls it not physical
     (p,) = recommend(steady.assign(fsdp_param_dtype=pd.NA))
     assert p.use is None and p.because.startswith("efficiency not physical: fsdp (efficiency 1.09 > 1.05")
+
+
+def test_recorded_model_beyond_one_device_gets_what_fits_with_its_headroom():
+    """gpt-20b on 2 H200s (2 repeats a cell): the reference and DDP skipped before they started (their
+    parameters alone exceed a GPU); FSDP, tensor parallel and 1F1B ran. No parity can be checked
+    without a device that holds the model: the cells that fit are still the candidates (they were
+    all excluded as "parity not checked" when the run's parity column was present and empty)."""
+    cells = recorded("beyond-one-device-h200-x2.csv").assign(parity_ok=pd.Series(pd.NA, dtype="boolean"))
+    p = by_key(cells)[("gpt-20b(global_batch=8,n_layer=44)", "nccl", 2)]
+    assert p.use == "fsdp" and p.winner == "tensor" and p.candidates == 3 and p.fits_one_device is False
+    assert p.headroom == pytest.approx(1 - 8.6085e10 / (140.4 * GIB), abs=1e-3)
+    assert p.because.startswith("does not fit one device (single: out of memory); peak 80.2 of 140.4 GiB, 43% "
+                                "headroom; tensor leads it by +0%")
+    assert not p.resolved and p.repeats_needed == 3  # 2 repeats a cell decide nothing yet
+    # A workload whose reference ran and was not compared stays excluded.
+    ran = cells.copy()
+    ran.loc[ran["strategy"] == "single", ["status", "reason", "step_time_median_s"]] = ["ok", "", 2.0]
+    assert not by_key(ran)

@@ -61,8 +61,10 @@ c["workload"] = c["workload"].str.split("[", regex=False).str[0]
 ok = c[c["status"] == "ok"].copy()
 ok["timed ms"] = 1e3 * ok["step_time_median_s"]
 ok["profiled ms"] = 1e3 * ok["profiled_step_s"]
-cols = ["workload", "strategy", "world_size", "repeats_done", "timed ms", "profiled ms", "breakdown_gap", "idle_frac",
-        "exposed_comm_s"]
+ok["unprofiled ms"] = 1e3 * ok["unprofiled_step_s"] if "unprofiled_step_s" in ok else float("nan")
+cols = ["workload", "strategy", "world_size", "repeats_done", "timed ms", "unprofiled ms", "profiled ms",
+        "breakdown_gap", "idle_frac", "exposed_comm_s"]
+cols = [k for k in cols if k in ok]
 pipe = [k for k in ("bubble_theory", "bubble_stages", "bubble_measured", "pipeline_gap", "stage_blocks") if k in ok]
 t = ok[cols + pipe].sort_values(["workload", "world_size", "strategy"])
 t.to_csv(out / "check.csv", index=False)
