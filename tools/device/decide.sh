@@ -38,17 +38,23 @@ env_lines() {
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())"
 }
 
+# run_into LOG DIR LIMIT ARGS...: `parbench run ARGS` into DIR (emptied first), its output after the
+# machine's lines in $OUT/LOG, stopped after LIMIT seconds; RUN is then its run folder.
+run_into() {
+  local log=$1 dir=$2 limit=$3 t=$SECONDS
+  shift 3
+  rm -rf "$dir"
+  env_lines > "$OUT/$log" 2>&1
+  timeout "$limit" python3 -m bench run --no-progress --out "$dir" "$@" >> "$OUT/$log" 2>&1
+  echo "[run: exit $? after $((SECONDS - t)) s]" | tee -a "$OUT/$log"
+  RUN=$(ls -d "$dir"/*/ | tail -n 1); RUN=${RUN%/}
+}
+
 case "$PART" in
 check)
-  R=/tmp/pb-check; rm -rf "$R"
-  env_lines > "$OUT/check.log" 2>&1
-  t=$SECONDS
-  timeout 480 python3 -m bench run --no-progress --out "$R" --workloads "${CK_WORKLOADS:-gpt-200m,$FUSED}" \
+  run_into check.log /tmp/pb-check 480 --workloads "${CK_WORKLOADS:-gpt-200m,$FUSED}" \
     --strategies "${CK_STRATEGIES:-ddp,allreduce-bucketed,fsdp,tensor,pipeline-gpipe,pipeline-1f1b}" --backends nccl \
-    --world-sizes "${CK_WS:-4}" --global-batch "${CK_GB:-64}" --repeats "${CK_REPEATS:-3}" --budget off --profile-steps 2 --trace \
-    >> "$OUT/check.log" 2>&1
-  echo "[run: exit $? after $((SECONDS - t)) s]" | tee -a "$OUT/check.log"
-  RUN=$(ls -d "$R"/*/ | tail -n 1); RUN=${RUN%/}
+    --world-sizes "${CK_WS:-4}" --global-batch "${CK_GB:-64}" --repeats "${CK_REPEATS:-3}" --budget off --profile-steps 2 --trace
   python3 - "$RUN" "$OUT" <<'PY' 2>&1 | tee -a "$OUT/check.log"
 import sys
 from pathlib import Path
@@ -109,15 +115,9 @@ gpipe)
   tail -n 25 "$OUT/gpipe.log"
   ;;
 beyond)
-  R=/tmp/pb-beyond; rm -rf "$R"
-  env_lines > "$OUT/beyond.log" 2>&1
-  t=$SECONDS
-  timeout 540 python3 -m bench run --no-progress --out "$R" --workloads "gpt-20b[n_layer=${BY_LAYERS:-44}]" \
+  run_into beyond.log /tmp/pb-beyond 540 --workloads "gpt-20b[n_layer=${BY_LAYERS:-44}]" \
     --strategies single,ddp,fsdp,tensor,pipeline-1f1b --backends nccl --world-sizes "${BY_WS:-2}" \
-    --global-batch "${BY_GB:-8}" --repeats "${BY_REPEATS:-2}" --steps 10 --warmup 3 --budget off \
-    >> "$OUT/beyond.log" 2>&1
-  echo "[run: exit $? after $((SECONDS - t)) s]" | tee -a "$OUT/beyond.log"
-  RUN=$(ls -d "$R"/*/ | tail -n 1); RUN=${RUN%/}
+    --global-batch "${BY_GB:-8}" --repeats "${BY_REPEATS:-2}" --steps 10 --warmup 3 --budget off
   python3 - "$RUN" "$OUT" <<'PY' 2>&1 | tee -a "$OUT/beyond.log"
 import sys
 from pathlib import Path
