@@ -689,7 +689,7 @@ def settled_view(ev: Evidence) -> View:
              f"{r.unprofiled_ms:.1f}", f"{r.profiled_ms:.1f}", pct(r.breakdown_gap, 1), pct(r.idle_frac, 1)]
             for r in ev.table.itertuples()]
     header = ["strategy", "GPUs", "repeats", "timed median ms", "timed cv", "the pass's unprofiled steps, ms",
-              "profiled ms (slowest rank)", "profiled / timed - 1", "idle in the profiled step"]
+              "profiled ms (mean of ranks)", "slowest rank's profiled / timed - 1", "idle in the profiled step"]
     return View("2 repeats a cell, 2 unprofiled then 2 profiled steps", None, md_table(header, rows, fold=False))
 
 

@@ -75,6 +75,9 @@ class WorkloadFacts:
     n_heads: int | None
     has_tp_plan: bool
     description: str
+    # Bytes of the parameters and their gradients (a frozen parameter counts once), as the model
+    # builds them; None when it cannot be built on the meta device.
+    train_bytes: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -293,9 +293,13 @@ class Group:
         if vs_ref is not None and vs_ref.state == "open":  # using it at all rests on beating one device
             out = _with_open(out, [self.best, self.ref], vs_ref)
         if self.oom is not None:
-            free, words = headroom(self.g.loc[self.g["strategy"] == out["use"]].iloc[0], self.gpu_mem)
+            used = self.g.loc[self.g["strategy"] == out["use"]].iloc[0]
+            free, words = headroom(used, self.gpu_mem)
+            # No device ran the whole model, so nothing checked the strategy's losses against it.
+            unchecked = "; parity not checked (no device ran the whole model)" if pd.isna(used.get("parity_ok")) else ""
             out.update(fits_one_device=False, headroom=free,
-                       because=f"does not fit one device (single: out of memory); {words}; {out['because']}")
+                       because=f"does not fit one device (single: out of memory); {words}{unchecked}; "
+                               f"{out['because']}")
         return out
 
     def _one_device(self, s: float, v: PairVerdict) -> dict:

@@ -159,9 +159,12 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
                                   f"{one_proc_backend} one, which is measured")
                     if reason is None and cfg.device == "cpu" and n // nodes > cpu_threads() * 4:
                         reason = f"{n // nodes} ranks per node > 4 x {cpu_threads()} CPU threads"
-                    if reason is None and facts.params and memory is None:
+                    # Every node plans the same matrix (bench.multinode.plan_digest): a run over
+                    # several nodes, whose memories may differ, skips nothing for memory.
+                    if reason is None and cfg.nnodes == 1 and facts.train_bytes and memory is None:
                         memory = device_memory(cfg.device) or 0
-                    reason = reason or memory_reason(cell, strat.min_share(cell), memory)
+                    if reason is None and cfg.nnodes == 1:
+                        reason = memory_reason(cell, strat.min_share(cell), memory)
                     if reason is None:
                         cell = dataclasses.replace(cell, labels=strat.label_values(cell))
                     cells.append(Planned(spec=cell, reason=reason))

@@ -1,9 +1,11 @@
 """Cells that cannot fit, known before anything starts.
 
-Training holds at least each parameter's fp32 value and its gradient (8 bytes; the strategies'
-SGD keeps no optimizer state, bf16 autocast keeps fp32 parameters). A strategy that keeps a whole
-copy of the model on every device needs 8 bytes a parameter on each; one that cuts the model in n
-parts needs at least 1/n of that on its fullest device. Activations, buffers and the CUDA context
+Training holds at least each parameter and its gradient, in the dtype the model builds them in (a
+frozen parameter has no gradient): ``train_bytes``, counted on the meta device when the run is
+planned (the strategies' SGD keeps no optimizer state; bf16 autocast and FSDP's mixed precision keep
+the parameters and gradients they shard in fp32). A strategy that keeps a whole copy of the model
+on every device needs all of it on each; one that cuts the model in n parts needs at least 1/n of
+it on its fullest device. Activations, buffers and the CUDA context
 come on top, so this lower bound never skips a cell that could run: it only spares the budget the
 cells that would certainly run out of memory (a 20B-parameter model on one 80 GB GPU), and says
 why in words the recommendation reads as running out of memory.
@@ -11,22 +13,35 @@ why in words the recommendation reads as running out of memory.
 
 from __future__ import annotations
 
-from bench.core.spec import CellSpec
+import os
 
-BYTES_PER_PARAM = 8  # fp32 value + fp32 gradient
+from bench.core.spec import CellSpec
 
 
 def device_memory(device: str) -> int | None:
-    """Bytes a cell's device holds: the largest visible GPU's (NVML), or the host's memory on CPU
-    (shared by the ranks of a node); None when unknown."""
+    """Bytes a cell's device holds: the largest GPU that CUDA_VISIBLE_DEVICES shows (NVML, matched by
+    index or UUID; None for MIG slices), or the host's memory on CPU (shared by the ranks of a node);
+    None when unknown."""
     try:
         if device == "cuda":
             import pynvml as nv
 
             nv.nvmlInit()
             try:
-                return max(nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(i)).total
-                           for i in range(nv.nvmlDeviceGetCount()))
+                handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+                shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+                if shown is not None:
+                    uuid = lambda h: (lambda u: u.decode() if isinstance(u, bytes) else u)(nv.nvmlDeviceGetUUID(h))
+                    picked = []
+                    for token in (t.strip() for t in shown.split(",") if t.strip()):
+                        if token.isdigit() and int(token) < len(handles):
+                            picked.append(handles[int(token)])
+                        elif token.startswith("GPU-"):
+                            picked += [h for h in handles if uuid(h).startswith(token)]
+                        else:
+                            return None  # a MIG slice or a name NVML does not list: unknown
+                    handles = picked
+                return max((nv.nvmlDeviceGetMemoryInfo(h).total for h in handles), default=None)
             finally:
                 nv.nvmlShutdown()
         import psutil
@@ -39,10 +54,10 @@ def device_memory(device: str) -> int | None:
 def memory_reason(cell: CellSpec, share: float, memory: int | None) -> str | None:
     """Why ``cell`` cannot fit, or None: its parameters and gradients at ``share`` of the model on
     its fullest device (on CPU, the node's ranks together) against ``memory``."""
-    params = cell.workload.params
-    if not params or not memory or cell.nnodes > 1:
+    params, total = cell.workload.params, cell.workload.train_bytes
+    if not params or not total or not memory or cell.nnodes > 1:
         return None
-    per_device = BYTES_PER_PARAM * params * share
+    per_device = total * share
     if cell.device == "cuda":
         need, where = per_device, "on one GPU"
     else:
@@ -51,5 +66,5 @@ def memory_reason(cell: CellSpec, share: float, memory: int | None) -> str | Non
         return None
     held = "a whole copy on each device" if share >= 1 else f"at least 1/{round(1 / share)} of it on a device"
     return (f"out of memory before it starts: {params / 1e9:.1f}B parameters, {held}, need "
-            f"{need / 2**30:.1f} GiB {where} for their fp32 values and gradients alone, more than the total "
+            f"{need / 2**30:.1f} GiB {where} for their values and gradients alone, more than the total "
             f"capacity of {memory / 2**30:.1f} GiB; cut the model (fsdp, tensor, a pipeline) or use more devices")

@@ -133,3 +133,23 @@ def test_a_tied_model_is_not_built_on_the_meta_device_for_sharding():
     assert next(build_for_sharding(wl, ctx).parameters()).device.type == "meta"
     m = build_for_sharding(dataclasses.replace(wl, build=tied), ctx)
     assert next(m.parameters()).device.type == "cpu" and m[-1].out.weight is m[0].tok.weight
+
+
+def test_the_bytes_training_holds_come_from_the_model_as_it_is_built():
+    """fp32 parameters with gradients hold 8 bytes each; bf16 ones 4; a frozen one only its value.
+    Counted on the meta device: gpt-20b's 163 GB are never allocated."""
+    import dataclasses
+
+    wl = resolve("gpt-tiny")
+    assert wl.facts("gpt-tiny", {}).train_bytes == 8 * wl.params
+    half = dataclasses.replace(wl, build=lambda d: wl.build(d).to(torch.bfloat16))
+    assert half.facts("x", {}).train_bytes == 4 * wl.params
+
+    def frozen_embedding(d):
+        m = wl.build(d)
+        m[0].tok.weight.requires_grad_(False)
+        return m
+
+    tok = SIZES["gpt-tiny"].vocab * SIZES["gpt-tiny"].d_model
+    assert dataclasses.replace(wl, build=frozen_embedding).facts("x", {}).train_bytes == 8 * wl.params - 4 * tok
+    assert resolve("gpt-20b").facts("gpt-20b", {}).train_bytes == 8 * resolve("gpt-20b").params
