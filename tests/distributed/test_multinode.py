@@ -85,6 +85,7 @@ def test_hybrid_placement_keeps_the_chosen_dimension_inside_a_node(tmp_path):
     assert not leftovers(str(tmp_path))
 
 
+@pytest.mark.long
 def test_a_mismatched_plan_is_refused_on_both_nodes(tmp_path):
     (n0, n1), out = two_nodes(tmp_path, [*SMALL, "--strategies", "ddp", "--world-sizes", "2"],
                               args1=[*SMALL, "--strategies", "ddp", "--world-sizes", "2", "--steps", "4"],

@@ -98,6 +98,7 @@ def test_a_hang_in_a_timed_repeat_or_in_a_pass_costs_only_that_cell(faulty):
     assert sorted(m["cell_id"] for m in measured) == sorted(set(m["cell_id"] for m in measured))
 
 
+@pytest.mark.long
 def test_a_one_rank_cell_records_no_communication(tmp_path):
     # DDP over one rank still calls all_reduce (a no-op): the cell has no calls, bytes or comm rows,
     # and the time those calls took counts as the step's compute; its two-rank twin keeps its calls.

@@ -140,6 +140,7 @@ def test_an_overloaded_generating_pipeline_bounds_its_work_in_flight(tmp_path):
         assert stage0["inflight_max"] == MAX_INFLIGHT and "backlog grew" in r["noise"], (stage0, r["noise"])
 
 
+@pytest.mark.long
 def test_a_generating_pipeline_answers_a_probe_with_no_requests():
     """Nothing goes round the stages, so stage 0 answers itself (waiting for the last stage to
     answer would hold the launcher until its timeout)."""

@@ -89,7 +89,7 @@ def _check(rank: int, world: int, port: int) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.long)])
 def test_sharding_strategies_allocate_only_their_part(world):
     port = free_port()
     ctx = mp.get_context("spawn")
