@@ -360,8 +360,9 @@ def test_recorded_repeats_decide_when_nothing_blocks():
 def test_recorded_model_beyond_one_device_gets_what_fits_with_its_headroom():
     """gpt-20b on 2 H200s (2 repeats a cell): the reference and DDP skipped before they started (their
     parameters alone exceed a GPU); FSDP, tensor parallel and 1F1B ran. No parity can be checked
-    without a device that holds the model: the cells that fit are still the candidates (they were
-    all excluded as "parity not checked" when the run's parity column was present and empty)."""
+    without a device that holds the model: the cells that fit are still the candidates, with the
+    run's parity column present and empty as a run writes it, and the answer says parity was not
+    checked."""
     cells = recorded("beyond-one-device-h200-x2.csv").assign(parity_ok=pd.Series(pd.NA, dtype="boolean"))
     p = by_key(cells)[("gpt-20b(global_batch=8,n_layer=44)", "nccl", 2)]
     assert p.use == "fsdp" and p.winner == "tensor" and p.candidates == 3 and p.fits_one_device is False
