@@ -149,6 +149,9 @@ class Strategy:
     # parameters), "split" (no rank holds the whole model), "devices" (every planned GPU holds
     # memory: one-process multi-GPU). A cell that does not show it fails with the reason.
     distributes: ClassVar[tuple[str, ...]] = ("comm",)
+    # The model is cut into as many parts as devices (sharded, split by layers or tensors), never
+    # held whole on one (min_share).
+    cuts: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -178,10 +181,10 @@ class Strategy:
 
     def min_share(self, cell: CellSpec) -> float:
         """The least share of the model's parameters that the fullest device of ``cell`` holds: 1
-        for a strategy that keeps a whole copy on every device (the default); 1/k for one that cuts
-        the model into k parts. The planner skips a cell whose parameters cannot fit even so
+        for a strategy that keeps a whole copy on every device; 1/n for one that ``cuts`` the model
+        into as many parts as devices. The planner skips a cell whose parameters cannot fit even so
         (bench.plan.memory)."""
-        return 1.0
+        return 1 / cell.n_devices if self.cuts else 1.0
 
     def label_values(self, cell: CellSpec) -> dict[str, Any]:
         """Values of the declared labels for a runnable cell."""

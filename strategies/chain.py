@@ -25,9 +25,7 @@ class Chain(Strategy):
     min_world = 2
     labels = (MESH,)
     distributes = ("comm",)  # activations and gradients cross ranks every step (see pipeline.py)
-
-    def min_share(self, cell: CellSpec) -> float:
-        return 1 / cell.n_devices  # the model cut in as many parts as devices
+    cuts = True
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         r = common_check(cell, gpus=gpus, min_world=self.min_world)
@@ -106,9 +104,7 @@ class LayerSplit(OneProcessMultiGPU):
     needs = "CUDA; world size (GPUs used) <= visible GPUs and <= blocks; one process"
     cpu_reason = "layer split places blocks on several GPUs; on CPU there is one device"
     labels = (MESH,)
-
-    def min_share(self, cell: CellSpec) -> float:
-        return 1 / cell.n_devices  # the model cut in as many parts as devices
+    cuts = True
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         reason = super().check(cell, gpus=gpus)

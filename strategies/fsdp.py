@@ -101,9 +101,7 @@ class FSDP(Strategy):
     labels = (RESHARD, PARAM_DTYPE)
     metrics = (UNITS_BUILT,)
     distributes = ("comm", "sharded")
-
-    def min_share(self, cell: CellSpec) -> float:
-        return 1 / cell.n_devices  # the model cut in as many parts as devices
+    cuts = True
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         return data_parallel_check(cell, gpus=gpus)

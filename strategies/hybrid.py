@@ -33,9 +33,7 @@ class FSDPxTP(Strategy):
     labels = (MESH, PARAM_DTYPE, PLACEMENT)
     metrics = (UNITS_BUILT,)
     distributes = ("comm", "split")
-
-    def min_share(self, cell: CellSpec) -> float:
-        return 1 / cell.n_devices  # the model cut in as many parts as devices
+    cuts = True
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         r = common_check(cell, gpus=gpus) or mesh_check(cell) or placement_check(cell, "tp")

@@ -235,8 +235,7 @@ class Pipeline(Strategy):
     distributes = ("comm",)
 
     def min_share(self, cell: CellSpec) -> float:
-        _, pp = self.degrees(cell.n_devices, cell.options)
-        return 1 / pp  # the model cut into pp stages (each replicated dp times)
+        return 1 / self.degrees(cell.n_devices, cell.options)[1]  # pp stages, each replicated dp times
 
     def degrees(self, n: int, options: dict) -> tuple[int, int]:
         """(data-parallel, pipeline) degrees."""

@@ -59,9 +59,7 @@ class TensorParallel(Strategy):
     labels = (MESH,)
     options = (TP_PLAN,)
     distributes = ("comm", "split")
-
-    def min_share(self, cell: CellSpec) -> float:
-        return 1 / cell.n_devices  # the model cut in as many parts as devices
+    cuts = True
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         return common_check(cell, gpus=gpus) or tp_check(cell.workload, cell.n_devices)

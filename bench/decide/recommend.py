@@ -133,13 +133,16 @@ def candidates(cells: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
     return ok[why == ""], why[why != ""]
 
 
+def is_reference(cells: pd.DataFrame) -> pd.Series:
+    """The single-device reference cells (strategy single, or a cell in the reference role)."""
+    ref = cells["strategy"] == "single"
+    return ref | (cells["role"] == "reference") if "role" in cells else ref
+
+
 def _beyond_one_device(cells: pd.DataFrame, ok: pd.DataFrame) -> pd.Series:
     """Which of ``ok`` train a workload (at its global batch) whose single-device reference ran out
     of memory or could not fit."""
-    ref = cells["strategy"] == "single"
-    if "role" in cells:
-        ref |= cells["role"] == "reference"
-    refs = cells[ref & (cells["world_size"] == 1)]
+    refs = cells[is_reference(cells) & (cells["world_size"] == 1)]
     refs = refs[ran_out(refs)]
     keys = ["workload", "global_batch"] if "global_batch" in cells else ["workload"]
     gone = set(map(tuple, refs[keys].astype(str).to_numpy()))
@@ -241,10 +244,7 @@ class Group:
         """(the single-device cell that ran, or the one that ran out of memory) of the same workload
         and batch: the same global batch (strong scaling) or batch per device (weak)."""
         c = self.cells
-        is_ref = c["strategy"] == "single"
-        if "role" in c:
-            is_ref |= c["role"] == "reference"
-        same = c[is_ref & (c["workload"] == self.wl) & (c["world_size"] == 1)]
+        same = c[is_reference(c) & (c["workload"] == self.wl) & (c["world_size"] == 1)]
         gb = num(self.best.get("global_batch"))
         if gb is not None and "global_batch" in c:
             weak = text(self.best.get("scaling")) == "weak"

@@ -118,7 +118,10 @@ def breakdown(compute: list[Interval], comm: list[Interval], window: Interval | 
             "profiled_step_s": span / n}
 
 
-def step_windows(gpu: list[dict[str, Any]], steps: int) -> tuple[list[Interval], tuple[float, float]] | None:
+Marked = tuple[list[Interval], tuple[int | None, int | None]]
+
+
+def step_windows(gpu: list[dict[str, Any]], steps: int) -> Marked | None:
     """From a trace's GPU events: each profiled step's window (the last ``2 * steps`` markers, in
     start/end pairs; one more, the warm-up step's end marker, may precede them) and the range of
     correlation ids (launch order) between the first and the last of them. None unless the trace
@@ -135,10 +138,10 @@ def step_windows(gpu: list[dict[str, Any]], steps: int) -> tuple[list[Interval],
     windows = [((a["ts"] + a["dur"]) * us, b["ts"] * us) for a, b in zip(marks[::2], marks[1::2])]
     if any(b <= a for a, b in windows):
         return None
-    return windows, (corr[0] if corr[0] is not None else math.nan, corr[-1] if corr[-1] is not None else math.nan)
+    return windows, (corr[0], corr[-1])
 
 
-def in_steps(kernels: list[dict[str, Any]], marked: tuple[list[Interval], tuple[float, float]]) -> list[dict[str, Any]]:
+def in_steps(kernels: list[dict[str, Any]], marked: Marked) -> list[dict[str, Any]]:
     """The kernels the profiled steps launched: correlation id between the first and the last
     marker's; a kernel without one, when it starts inside a step's window."""
     windows, (lo, hi) = marked
@@ -146,7 +149,7 @@ def in_steps(kernels: list[dict[str, Any]], marked: tuple[list[Interval], tuple[
 
     def mine(e: dict[str, Any]) -> bool:
         c = e.get("args", {}).get("correlation")
-        if c is not None and lo == lo and hi == hi:
+        if c is not None and lo is not None and hi is not None:
             return lo < c < hi
         return any(a <= e["ts"] * us < b for a, b in windows)
 

@@ -161,9 +161,9 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
                         reason = f"{n // nodes} ranks per node > 4 x {cpu_threads()} CPU threads"
                     # Every node plans the same matrix (bench.multinode.plan_digest): a run over
                     # several nodes, whose memories may differ, skips nothing for memory.
-                    if reason is None and cfg.nnodes == 1 and facts.train_bytes and memory is None:
-                        memory = device_memory(cfg.device) or 0
                     if reason is None and cfg.nnodes == 1:
+                        if memory is None and facts.train_bytes:
+                            memory = device_memory(cfg.device) or 0
                         reason = memory_reason(cell, strat.min_share(cell), memory)
                     if reason is None:
                         cell = dataclasses.replace(cell, labels=strat.label_values(cell))

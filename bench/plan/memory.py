@@ -53,9 +53,10 @@ def device_memory(device: str) -> int | None:
 
 def memory_reason(cell: CellSpec, share: float, memory: int | None) -> str | None:
     """Why ``cell`` cannot fit, or None: its parameters and gradients at ``share`` of the model on
-    its fullest device (on CPU, the node's ranks together) against ``memory``."""
+    its fullest device (on CPU, the node's ranks together) against ``memory``. The planner asks it of
+    runs on one node only (every node of a run plans the same matrix)."""
     params, total = cell.workload.params, cell.workload.train_bytes
-    if not params or not total or not memory or cell.nnodes > 1:
+    if not params or not total or not memory:
         return None
     per_device = total * share
     if cell.device == "cuda":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
 import time
 import traceback
@@ -94,8 +95,8 @@ def profile_steps(step, batches, cell: CellSpec, device: torch.device, trace_pat
 def unprofiled_steps(step, batches, cell: CellSpec, device: torch.device, n: int) -> float:
     """The median of ``n`` steps run as the profiled ones are (the same batches, back to back after
     the ranks meet) but without the profiler, timed as the timed steps are (CUDA events on the
-    step's stream; the host clock on CPU): against it, the profiled step shows what the profiler
-    itself costs, apart from how this pass differs from the timed repeats."""
+    step's stream; the host clock on CPU). They settle the rebuilt cell further before anything is
+    profiled; far from the timed median, the pass was still settling when they ran."""
     m = cell.measure
     timer = StepTimer(device)
     if device.type == "cuda":
@@ -103,8 +104,7 @@ def unprofiled_steps(step, batches, cell: CellSpec, device: torch.device, n: int
     dist.barrier()
     for k in range(n):
         timer.time(lambda k=k: step.run(batches[(m.warmup + (k + 1) % m.steps) % len(batches)]))
-    times = sorted(timer.times())
-    return times[len(times) // 2] if len(times) % 2 else (times[len(times) // 2 - 1] + times[len(times) // 2]) / 2
+    return statistics.median(timer.times())
 
 
 def profile_into(out: RankMeasurement, step, batches, cell: CellSpec, plan: GroupPlan, device: torch.device,
