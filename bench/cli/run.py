@@ -86,7 +86,9 @@ def cmd_run(args) -> int:
         toml = load_toml(args.config) if args.config else {}
         if args.option:
             flags["options"] = {**toml.get("options", {}), **parse_options(args.option)}
-        cfg = build_config(toml=toml, flags=flags, gpus=gpus)
+        from bench.plan.memory import beyond_one_device
+
+        cfg = build_config(toml=toml, flags=flags, gpus=gpus, beyond=beyond_one_device() if gpus > 1 else None)
     check_gpus(cfg, gpus)
     from bench.cli.progress import MatrixProgress
 
@@ -148,7 +150,7 @@ def print_budget_use(run_dir: Path) -> None:
     import json
     from datetime import datetime
 
-    from bench.core.config import parse_duration
+    from bench.core.values import parse_duration
     from bench.results.store import load_run
 
     try:

@@ -6,7 +6,6 @@ small workloads; with GPUs, NCCL and Gloo over every visible GPU.
 
 from __future__ import annotations
 
-import math
 import re
 import sys
 from dataclasses import asdict, dataclass, field, replace
@@ -14,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.errors import UserError
+from bench.core.rendezvous import validate_nodes
+from bench.core.values import as_float, as_int, int_list, parse_duration
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -63,6 +64,12 @@ class RunConfig:
     # a backend not named runs every strategy of the run. The default GPU matrix asks Gloo only
     # what it answers: how the data-parallel strategies fare without NCCL.
     backend_strategies: dict[str, list[str]] = field(default_factory=dict)
+    # Per workload (as written in ``workloads``), the strategies, backends and world sizes it runs,
+    # narrower than the run's (TOML: [workload_matrix."gpt-20b"] strategies = ["fsdp"]); the
+    # single-device reference is planned for every workload all the same. The default GPU matrix
+    # narrows its model that no single GPU holds to the strategies that cut a model, on NCCL, over
+    # every GPU.
+    workload_matrix: dict[str, dict[str, list]] = field(default_factory=dict)
     # Noise (bench/stats/steps.py): each cell measured ``repeats`` times in rounds (their orders a balanced
     # Latin square, bench.train.rounds.rounds); warm-up
     # continues past ``warmup`` until the step time settles (up to ``warmup_max``, default 4 x
@@ -99,25 +106,37 @@ class RunConfig:
         return asdict(self)
 
 
-def default_config(gpus: int) -> RunConfig:
-    """The matrix `parbench run` with no arguments runs on a machine with ``gpus`` GPUs."""
+#: What the default GPU matrix runs its model that no single GPU holds on: the strategies that cut a
+#: model (DDP too, which the plan skips as out of memory, so that the report says why), on NCCL.
+BEYOND_STRATEGIES = ("ddp", "fsdp", "tensor", "pipeline-1f1b")
+
+
+def default_config(gpus: int, beyond: str | None = None) -> RunConfig:
+    """The matrix `parbench run` with no arguments runs on a machine with ``gpus`` GPUs; ``beyond``
+    is a workload that no single one of them holds (:func:`bench.plan.memory.beyond_one_device`),
+    run on several GPUs only."""
     if gpus == 0:
         return RunConfig(workloads=["mlp", "gpt-tiny", "convnet"], strategies=["all"], backends=["gloo"],
                          world_sizes=[1, 2], device="cpu", steps=20, warmup=3, cell_timeout_s=120.0)
     # Every power of two from 2 up to the GPUs, and all of them; one GPU runs only the single-device
     # reference every workload gets (a strategy on one GPU decides nothing about parallelising).
     sizes = sorted({gpus} | {2**k for k in range(1, 4) if 2**k <= gpus}) if gpus > 1 else [1]
-    # One real model, every strategy, both backends (about 35 runnable cells on 4 GPUs), under a
-    # 10-minute budget whose last third goes to the decisions still open. The global batch, 64
-    # sequences of 1024 tokens (16 a GPU on 4), keeps the steps bound by the GPUs rather than by
-    # launching kernels (at gpt-200m's own 16, 4 a GPU, steps on 4 H100s were launch-bound, noisy,
-    # and stretched by any profiling); the one-GPU reference holds all 64 in about 50 GB (on a
-    # smaller GPU it runs out of memory, and the recommendation names the fastest strategy that
-    # fits, with its headroom). The toy models (mlp, convnet) measure kernel launches more than
-    # strategies; they are in configs/launch-bound.toml.
-    return RunConfig(workloads=["gpt-200m"], global_batch=64, strategies=["all"], backends=["nccl", "gloo"],
+    # Two real models under a 10-minute budget whose last third goes to the decisions still open.
+    # gpt-200m fits one GPU: every strategy, NCCL, and DDP on Gloo (is NCCL worth it?), against the
+    # one-GPU reference. Its global batch, 64 sequences of 1024 tokens (16 a GPU on 4), keeps the
+    # steps bound by the GPUs rather than by launching kernels (at gpt-200m's own 16, 4 a GPU, steps
+    # on 4 H100s were launch-bound, noisy, and stretched by any profiling). The second model is
+    # sized so that its parameters and gradients alone exceed one GPU: the reason sharding,
+    # pipelining and tensor parallelism exist; the recommendation names the fastest strategy that
+    # fits, with its memory headroom. The toy models (mlp, convnet) measure kernel launches more
+    # than strategies; they are in configs/launch-bound.toml.
+    workloads, matrix = ["gpt-200m[global_batch=64]"], {}
+    if beyond and gpus > 1:
+        workloads.append(beyond)
+        matrix = {beyond: {"strategies": list(BEYOND_STRATEGIES), "backends": ["nccl"], "world_sizes": [gpus]}}
+    return RunConfig(workloads=workloads, strategies=["all"], backends=["nccl", "gloo"],
                      world_sizes=sizes, device="cuda", steps=30, warmup=5, budget="10m",
-                     backend_strategies={"gloo": ["ddp", "fsdp"]})
+                     backend_strategies={"gloo": ["ddp"]}, workload_matrix=matrix)
 
 
 #: When the profiled steps run (RunConfig.profile_at)
@@ -164,20 +183,6 @@ def parse_workload(spec: str) -> tuple[str, dict[str, int]]:
     return m["name"].strip(), dims
 
 
-def _int_list(values: list[Any] | str, what: str) -> list[int]:
-    items = split_list(values) if isinstance(values, str) else list(values)
-    out = []
-    for v in items:
-        try:
-            n = int(v)
-        except (TypeError, ValueError):
-            raise UserError(f"{what}: {v!r} is not an integer; e.g. --world-sizes 1,2") from None
-        if n < 1:
-            raise UserError(f"{what}: {n} must be >= 1")
-        out.append(n)
-    return out
-
-
 def load_toml(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
@@ -189,9 +194,11 @@ def load_toml(path: str) -> dict[str, Any]:
     return data
 
 
-def build_config(*, toml: dict[str, Any] | None, flags: dict[str, Any], gpus: int) -> RunConfig:
-    """Defaults for this machine, then the TOML file, then the flags; validated."""
-    base = asdict(default_config(gpus))
+def build_config(*, toml: dict[str, Any] | None, flags: dict[str, Any], gpus: int,
+                 beyond: str | None = None) -> RunConfig:
+    """Defaults for this machine (``beyond``: see :func:`default_config`), then the TOML file, then
+    the flags; validated."""
+    base = asdict(default_config(gpus, beyond))
     known = set(base)
     merged: dict[str, Any] = dict(base)
     for source, values in (("config file", toml or {}), ("flags", flags)):
@@ -206,20 +213,23 @@ def build_config(*, toml: dict[str, Any] | None, flags: dict[str, Any], gpus: in
     if "device" in given and merged["device"] != base["device"]:
         dev_default = asdict(default_config(0 if merged["device"] == "cpu" else max(gpus, 1)))
         for key in ("backends", "world_sizes", "workloads", "global_batch", "steps", "warmup", "cell_timeout_s",
-                    "budget"):
+                    "budget", "workload_matrix"):
             if key not in given:
                 merged[key] = dev_default[key]
-    if "workloads" in given and "global_batch" not in given:
-        merged["global_batch"] = None  # the default batch is the default workload's; others bring their own
     if ({"strategies", "backends"} & given) and "backend_strategies" not in given:
         merged["backend_strategies"] = {}  # the user's own matrix: every strategy on every backend
+    if ({"workloads", "strategies", "backends", "world_sizes"} & given) and "workload_matrix" not in given:
+        # The user's own matrix: the default's model sized beyond one device belongs to the default.
+        merged["workload_matrix"] = {}
+        if "workloads" not in given:
+            merged["workloads"] = [w for w in merged["workloads"] if w not in base["workload_matrix"]]
     merged["pinned"] = [k for k in MEASURE_KEYS if k in given]
     if merged["pinned"] and "budget" not in given:
         merged["budget"] = None  # the user chose how to measure: no default budget rewrites it
     for key in ("workloads", "strategies", "backends"):
         if isinstance(merged[key], str):
             merged[key] = split_list(merged[key])
-    merged["world_sizes"] = _int_list(merged["world_sizes"], "world sizes")
+    merged["world_sizes"] = int_list(merged["world_sizes"], "world sizes")
     nnodes = merged["nnodes"]
     if "world_sizes" not in given and isinstance(nnodes, int) and not isinstance(nnodes, bool) and nnodes > 1:
         # The machine's defaults are per node: n nodes run n times each (and the one-device reference).
@@ -231,29 +241,6 @@ def build_config(*, toml: dict[str, Any] | None, flags: dict[str, Any], gpus: in
 COUNT_MAX = 1_000_000  # the most steps, warm-up steps, repeats or profiled steps a run may ask for
 
 
-def _as_int(name: str, v: Any, example: str) -> int:
-    """An integer setting: ints and integral strings only (True, 2.7 and "five" are refused)."""
-    if isinstance(v, bool) or isinstance(v, float) or not isinstance(v, int | str):
-        raise UserError(f"{name}={v!r} must be an integer; e.g. {example}")
-    try:
-        return int(v)
-    except ValueError:
-        raise UserError(f"{name}={v!r} must be an integer; e.g. {example}") from None
-
-
-def _as_float(name: str, v: Any, example: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float | str):
-        raise UserError(f"{name}={v!r} must be a number; e.g. {example}")
-    try:
-        x = float(v)
-    except ValueError:
-        raise UserError(f"{name}={v!r} must be a number; e.g. {example}") from None
-    if not math.isfinite(x):
-        what = f"{example.split()[0]} {v}" if example.startswith("--") else f"{name}={v!r}"
-        raise UserError(f"{what} must be a finite number; e.g. {example}")
-    return x
-
-
 def validate(cfg: RunConfig) -> RunConfig:
     """Every setting checked by type and range, before anything launches."""
     _check_choices(cfg)
@@ -263,13 +250,14 @@ def validate(cfg: RunConfig) -> RunConfig:
     if isinstance(cfg.budget, str) and not cfg.budget.strip():
         raise UserError("--budget '' is empty: give a duration (e.g. --budget 10m) or --budget off")
     budget = None if cfg.budget in (None, "off", "none") else parse_duration(cfg.budget)
-    global_batch = None if cfg.global_batch is None else _as_int("global_batch", cfg.global_batch,
+    global_batch = None if cfg.global_batch is None else as_int("global_batch", cfg.global_batch,
                                                                   "--global-batch 16")
     if global_batch is not None and global_batch < 1:
         raise UserError(f"global batch {cfg.global_batch} must be >= 1")
     if not isinstance(cfg.options, dict):
         raise UserError("options must be a TOML table, e.g. [options] bucket_mb = 25")
     _check_backend_strategies(cfg)
+    _check_workload_matrix(cfg)
     nnodes, node_rank, endpoint, rdzv_timeout_s = validate_nodes(cfg)
     _check_mesh(cfg)
     return replace(cfg, **counts, global_batch=global_batch, budget=None if budget is None else f"{budget:.15g}s",
@@ -286,6 +274,34 @@ def _check_backend_strategies(cfg: RunConfig) -> None:
             raise UserError(f"backend_strategies: unknown backend {be!r}; use one of {', '.join(BACKENDS)}")
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise UserError(f"backend_strategies.{be} must be a list of strategy names, e.g. [\"ddp\", \"fsdp\"]")
+
+
+#: what a [workload_matrix] entry may narrow
+WORKLOAD_MATRIX_KEYS = ("strategies", "backends", "world_sizes")
+
+
+def _check_workload_matrix(cfg: RunConfig) -> None:
+    """[workload_matrix]: workloads of the run, each narrowed by known keys to lists."""
+    wm = cfg.workload_matrix
+    if not isinstance(wm, dict):
+        raise UserError('workload_matrix must be a TOML table, e.g. [workload_matrix."gpt-20b"] strategies = ["fsdp"]')
+    for wl, limits in wm.items():
+        if wl not in cfg.workloads:
+            raise UserError(f"workload_matrix: {wl!r} is not a workload of the run; "
+                            f"use one of {', '.join(map(repr, cfg.workloads))} as written there")
+        if not isinstance(limits, dict):
+            raise UserError(f'workload_matrix.{wl} must be a table, e.g. strategies = ["fsdp"]')
+        for key, vals in limits.items():
+            if key not in WORKLOAD_MATRIX_KEYS:
+                raise UserError(f"workload_matrix.{wl}: unknown key {key!r}; use {', '.join(WORKLOAD_MATRIX_KEYS)}")
+            if key == "world_sizes":
+                int_list(vals, f"workload_matrix.{wl}.world_sizes")
+            elif not isinstance(vals, list) or not all(isinstance(v, str) for v in vals):
+                raise UserError(f'workload_matrix.{wl}.{key} must be a list of names, e.g. ["fsdp"]')
+            elif key == "backends" and any(b not in BACKENDS for b in vals):
+                bad = next(b for b in vals if b not in BACKENDS)
+                raise UserError(f"workload_matrix.{wl}.backends: unknown backend {bad!r}; "
+                                f"use {' and/or '.join(BACKENDS)}")
 
 
 def _check_choices(cfg: RunConfig) -> None:
@@ -325,15 +341,15 @@ def _check_choices(cfg: RunConfig) -> None:
 def _counts(cfg: RunConfig) -> dict[str, Any]:
     """The numeric settings as numbers, each in its range; the caps' defaults (3 x steps, 4 x
     warmup) filled in."""
-    steps = _as_int("steps", cfg.steps, "--steps 20")
-    warmup = _as_int("warmup", cfg.warmup, "--warmup 3")
-    seed = _as_int("seed", cfg.seed, "--seed 0")
-    profile_steps = _as_int("profile_steps", cfg.profile_steps, "--profile-steps 2")
-    cell_timeout_s = _as_float("cell_timeout_s", cfg.cell_timeout_s, "--cell-timeout 300")
-    startup_timeout_s = _as_float("startup_timeout_s", cfg.startup_timeout_s, "--startup-timeout 300")
-    workload_timeout_s = _as_float("workload_timeout_s", cfg.workload_timeout_s, "--workload-timeout 120")
-    sample_hz = _as_float("sample_hz", cfg.sample_hz, "--sample-hz 20")
-    lr = _as_float("lr", cfg.lr, "lr = 0.01")
+    steps = as_int("steps", cfg.steps, "--steps 20")
+    warmup = as_int("warmup", cfg.warmup, "--warmup 3")
+    seed = as_int("seed", cfg.seed, "--seed 0")
+    profile_steps = as_int("profile_steps", cfg.profile_steps, "--profile-steps 2")
+    cell_timeout_s = as_float("cell_timeout_s", cfg.cell_timeout_s, "--cell-timeout 300")
+    startup_timeout_s = as_float("startup_timeout_s", cfg.startup_timeout_s, "--startup-timeout 300")
+    workload_timeout_s = as_float("workload_timeout_s", cfg.workload_timeout_s, "--workload-timeout 120")
+    sample_hz = as_float("sample_hz", cfg.sample_hz, "--sample-hz 20")
+    lr = as_float("lr", cfg.lr, "lr = 0.01")
     if steps < 1:
         raise UserError(f"steps={steps} must be >= 1; e.g. --steps 20")
     if warmup < 0:
@@ -348,7 +364,7 @@ def _counts(cfg: RunConfig) -> dict[str, Any]:
         raise UserError(f"sample rate {cfg.sample_hz} Hz must be between 0 (off) and 1000")
     if profile_steps < 0:
         raise UserError(f"profile_steps={cfg.profile_steps} must be >= 0 (0: no breakdown)")
-    repeats = _as_int("repeats", cfg.repeats, "--repeats 3")
+    repeats = as_int("repeats", cfg.repeats, "--repeats 3")
     if repeats < 1:
         raise UserError(f"repeats={repeats} must be >= 1; e.g. --repeats 3")
     if not -(2**63) <= seed < 2**63:
@@ -356,13 +372,13 @@ def _counts(cfg: RunConfig) -> dict[str, Any]:
     return dict(steps=steps, warmup=warmup, seed=seed, lr=lr, sample_hz=sample_hz, profile_steps=profile_steps,
                 cell_timeout_s=cell_timeout_s, startup_timeout_s=startup_timeout_s,
                 workload_timeout_s=workload_timeout_s, repeats=repeats,
-                warmup_max=warmup * 4 if cfg.warmup_max is None else _as_int("warmup_max", cfg.warmup_max,
+                warmup_max=warmup * 4 if cfg.warmup_max is None else as_int("warmup_max", cfg.warmup_max,
                                                                              "--warmup-max 20"),
-                steps_max=steps * 3 if cfg.steps_max is None else _as_int("steps_max", cfg.steps_max,
+                steps_max=steps * 3 if cfg.steps_max is None else as_int("steps_max", cfg.steps_max,
                                                                           "--steps-max 100"),
-                settle=_as_float("settle", cfg.settle, "settle = 0.01"),
-                target_ci=_as_float("target_ci", cfg.target_ci, "--target-ci 0.02"),
-                time_cap_s=_as_float("time_cap_s", cfg.time_cap_s, "--time-cap 20"))
+                settle=as_float("settle", cfg.settle, "settle = 0.01"),
+                target_ci=as_float("target_ci", cfg.target_ci, "--target-ci 0.02"),
+                time_cap_s=as_float("time_cap_s", cfg.time_cap_s, "--time-cap 20"))
 
 
 def _check_profiling(cfg: RunConfig, profile_steps: int) -> None:
@@ -427,74 +443,3 @@ def _check_mesh(cfg: RunConfig) -> None:
                         f"{cfg.world_sizes}; add {dp * mp} to --world-sizes or change the mesh")
 
 
-#: torchrun's default c10d port; the rendezvous endpoint when --nnodes > 1 comes without one
-RDZV_DEFAULT = "127.0.0.1:29400"
-
-
-def parse_endpoint(text: Any) -> tuple[str, int]:
-    """'10.0.0.1:29400', 'node-a:29400', '[fe80::1]:29400' -> (host, port); a one-line UserError
-    naming the value and the fix otherwise."""
-    t = str(text).strip()
-    m = re.fullmatch(r"\[(?P<v6>[0-9A-Fa-f:.%a-z]+)\]:(?P<port>[^:]*)|(?P<host>[A-Za-z0-9_.-]+):(?P<port2>[^:]*)", t)
-    if not m:
-        raise UserError(f"--rdzv-endpoint {text!r} must be HOST:PORT, e.g. --rdzv-endpoint 10.0.0.1:29400 "
-                        "(an IPv6 address in brackets: [fe80::1]:29400)")
-    host, port = m["v6"] or m["host"], m["port"] if m["v6"] else m["port2"]
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise UserError(f"--rdzv-endpoint {text!r}: port {port!r} must be a number from 1 to 65535, "
-                        f"e.g. {host}:29400")
-    # a numeric address is checked here (256.1.1.1 waited out the store's 60 s connect timeout before
-    # failing); a host name is resolved by the nodes themselves (a Slurm script names one not yet known)
-    if m["v6"] or re.fullmatch(r"[0-9.]+", host):
-        import ipaddress
-
-        try:
-            ipaddress.ip_address(host.split("%")[0])
-        except ValueError:
-            raise UserError(f"--rdzv-endpoint {text!r}: {host!r} is not an IP address; e.g. "
-                            f"--rdzv-endpoint 10.0.0.1:{port} or a host name") from None
-    return host, int(port)
-
-
-def validate_nodes(cfg: RunConfig) -> tuple[int, int, str | None, float]:
-    """(nnodes, node_rank, endpoint, rendezvous timeout) checked: the node rank below the node count,
-    an endpoint only for several nodes (loopback by default), every world size above 1 split evenly
-    over the nodes."""
-    nnodes = _as_int("nnodes", cfg.nnodes, "--nnodes 2")
-    node_rank = _as_int("node_rank", cfg.node_rank, "--node-rank 0")
-    timeout = _as_float("rdzv_timeout_s", cfg.rdzv_timeout_s, "--rdzv-timeout 300")
-    if nnodes < 1:
-        raise UserError(f"--nnodes {nnodes} must be >= 1 (the number of machines, each running parbench run)")
-    if not 0 <= node_rank < nnodes:
-        raise UserError(f"--node-rank {node_rank} must be from 0 to {nnodes - 1} (below --nnodes {nnodes}); "
-                        "give each node its own rank, node 0 first")
-    if not math.isfinite(timeout) or timeout <= 0:
-        raise UserError(f"--rdzv-timeout {cfg.rdzv_timeout_s} must be a finite number of seconds > 0, "
-                        "e.g. --rdzv-timeout 300")
-    if nnodes == 1:
-        if cfg.rdzv_endpoint not in (None, ""):
-            raise UserError(f"--rdzv-endpoint {cfg.rdzv_endpoint!r} is for runs on several nodes; add --nnodes N "
-                            "(N >= 2) or drop it")
-        return 1, 0, None, timeout
-    if isinstance(cfg.rdzv_endpoint, str) and not cfg.rdzv_endpoint.strip():
-        raise UserError("--rdzv-endpoint '' is empty: give node 0's HOST:PORT, e.g. --rdzv-endpoint 10.0.0.1:29400 "
-                        "(or leave it out for loopback, every node on this host)")
-    host, port = parse_endpoint(cfg.rdzv_endpoint or RDZV_DEFAULT)
-    endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    bad = [w for w in cfg.world_sizes if w > 1 and w % nnodes]
-    if bad:
-        raise UserError(f"world size {bad[0]} is not divisible by --nnodes {nnodes}: every node runs the same number "
-                        f"of ranks; use multiples of {nnodes}, e.g. --world-sizes {nnodes},{2 * nnodes}")
-    return nnodes, node_rank, endpoint, timeout
-
-
-def parse_duration(text: Any) -> float:
-    """'10m', '90s', '1h', '600' (seconds) -> seconds; a one-line UserError otherwise."""
-    t = str(text).strip().lower()
-    m = re.fullmatch(r"(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*(s|m|min|h)?", t)
-    if not m:
-        raise UserError(f"budget {text!r} is not a duration; e.g. --budget 10m, 90s or 1h")
-    value = float(m[1]) * {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m[2]]
-    if value <= 0 or not math.isfinite(value):
-        raise UserError(f"budget {text!r} must be longer than 0 s and finite")
-    return value

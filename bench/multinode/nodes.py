@@ -38,8 +38,8 @@ from typing import Any
 
 from bench import __version__
 from bench.core import backends, spec
-from bench.core.config import parse_endpoint
 from bench.core.errors import UserError
+from bench.core.rendezvous import parse_endpoint
 from bench.multinode import NodeLost
 from bench.multinode.binding import refuse_wildcard, serve
 from bench.multinode.netinfo import configured_iface, iface_addr, route

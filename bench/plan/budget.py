@@ -9,7 +9,7 @@ import dataclasses
 from bench.core import backends
 from bench.core.config import RunConfig
 from bench.core.errors import UserError
-from bench.core.spec import CellSpec, deferred
+from bench.core.spec import CellSpec, WorkloadFacts, deferred
 from bench.plan.matrix import Group, Planned
 
 #: What a budget plan assumes a torchrun group costs beyond its cells (start-up, the once-per-process
@@ -30,16 +30,37 @@ GROUP_START_S = {"cpu": 4.0, "cuda": 23.0}
 #: The device's own figure covers a backend without a cost of its own; the backends' figures are
 #: registry fields (bench.core.backends).
 CELL_OVERHEAD_S = {"cpu": 1.0, "cuda": 0.6}
+#: The seconds-per-billion-parameters terms scale with a step's work, not with the parameters alone:
+#: a cell's overhead is mostly whole steps (the first, slow one, the warm-up, the profile pass's
+#: unprofiled and profiled steps), and the build, per parameter, is cheap next to them. They were
+#: fitted at gpt-200m's 419,370 FLOPs a parameter a step (64 sequences of 1024 tokens); a workload
+#: counts as its parameters times its own FLOPs a parameter a step over that. gpt-20b's shape at
+#: global batch 8 does 50,000: on 2 H200s its 20.3B parameters count as 2.4B, 32 s a cell with the
+#: profile pass, against 35-40 s measured (23 s around 10 warm-up steps, 21-25 s of profile pass);
+#: the parameters alone would give 260 s.
+FITTED_FLOPS_PER_PARAM = 419_370.0
+
+
+def step_work(w: WorkloadFacts) -> float | None:
+    """A workload's step, in billions of parameters at the fitted FLOPs per parameter and step
+    (:data:`FITTED_FLOPS_PER_PARAM`); its parameters when its FLOPs are unknown; None when both are."""
+    if not w.params:
+        return None
+    if not w.flops_per_sample:
+        return w.params / 1e9
+    return w.flops_per_sample * w.global_batch / FITTED_FLOPS_PER_PARAM / 1e9
 #: one-process multi-GPU cells (DataParallel, layer splits): seconds a cell, per billion parameters
 MULTI_GPU_CELL_S, MULTI_GPU_PER_BPARAM_S = 0.7, 10.0
 
 
 def cell_overhead(device: str, backend: str, one_process_gpus: int = 1, params: int | None = None,
-                  ranks: int = 1) -> float:
+                  ranks: int = 1, work: float | None = None) -> float:
     """What a budget plan assumes one cell costs beyond its timed steps (``one_process_gpus``: the
     GPUs a one-process cell drives, as DataParallel and layer splits do; ``params``: the workload's
-    parameter count, None when unknown; ``ranks``: the cell's processes)."""
-    base, per_rank, per_b = CELL_OVERHEAD_S[device], 0.0, 0.0
+    parameter count, None when unknown; ``ranks``: the cell's processes; ``work``: its step in
+    billions of parameters at the fitted step (:func:`step_work`), by default its parameters). Gloo's
+    ring term stays with the parameters: it moves the gradients."""
+    base, per_rank, per_b, ring = CELL_OVERHEAD_S[device], 0.0, 0.0, 0.0
     if device == "cuda" and one_process_gpus > 1:
         base, per_b = MULTI_GPU_CELL_S, MULTI_GPU_PER_BPARAM_S
     elif device == "cuda" and backend in backends.REGISTRY:
@@ -47,8 +68,9 @@ def cell_overhead(device: str, backend: str, one_process_gpus: int = 1, params: 
         base = b.cuda_cell_s if b.cuda_cell_s is not None else base
         per_rank, per_b = b.cuda_per_rank_s, b.cuda_per_bparam_s
         if ranks > 1:
-            per_b += b.cuda_ring_per_bparam_s * 2 * (ranks - 1) / ranks
-    return base + per_rank * (ranks - 1) + per_b * (params or 0) / 1e9
+            ring = b.cuda_ring_per_bparam_s * 2 * (ranks - 1) / ranks
+    bparams = (params or 0) / 1e9
+    return base + per_rank * (ranks - 1) + per_b * (bparams if work is None else work) + ring * bparams
 
 
 
@@ -66,7 +88,7 @@ PROFILE_PASS_FACTOR = 1.5
 def _overhead(cfg, c: CellSpec) -> float:
     """What the budget assumes cell ``c`` costs beyond its timed steps, its profile pass included."""
     base = cell_overhead(cfg.device, c.backend, c.n_devices if c.n_procs == 1 else 1, c.workload.params,
-                         ranks=c.n_procs)
+                         ranks=c.n_procs, work=step_work(c.workload))
     return base * (PROFILE_PASS_FACTOR if deferred(c) else 1.0)
 
 

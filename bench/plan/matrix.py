@@ -91,13 +91,23 @@ def profile_when(cfg: RunConfig) -> str:
     return cfg.profile_at
 
 
+def check_strategy_names(cfg: RunConfig) -> None:
+    """The strategies [backend_strategies] and [workload_matrix] name are strategies."""
+    lists = [(f"backend_strategies.{be}", names) for be, names in (cfg.backend_strategies or {}).items()]
+    lists += [(f"workload_matrix.{wl}", n.get("strategies", [])) for wl, n in (cfg.workload_matrix or {}).items()]
+    for where, names in lists:
+        unknown = [n for n in names if n not in strategies.names()]
+        if unknown:
+            raise UserError(f"{where}: unknown strategy {unknown[0]!r}; see `parbench list`")
+
+
 def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload], list[Metric]]:
     """Every cell of the matrix, each runnable or skipped with its reason; the workloads by name;
     the run's column registry. A single-device reference cell is added for every workload: parity
     and scaling efficiency need it. A user's workload gets ``cfg.workload_timeout_s`` to import,
     build and describe itself (:func:`bench.workloads.planned`)."""
     wls: dict[str, Workload] = {}
-    parsed: list[tuple[Workload, WorkloadFacts]] = []
+    parsed: list[tuple[Workload, WorkloadFacts, dict[str, list]]] = []
     for text in cfg.workloads:
         name, dims = parse_workload(text)
         wl, facts = planned(name, dims, seed=cfg.seed, global_batch=cfg.global_batch,
@@ -105,7 +115,7 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
         if wl.name in wls:
             continue
         wls[wl.name] = wl
-        parsed.append((wl, facts))
+        parsed.append((wl, facts, (cfg.workload_matrix or {}).get(text, {})))
     strats = expand_strategies(cfg.strategies)
     if not any(s.name == "single" for _, s in strats):
         strats.insert(0, ("single", strategies.get("single")))
@@ -119,20 +129,21 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
     seen: set[tuple] = set()
     weak = cfg.scaling == "weak"
     only = cfg.backend_strategies or {}
-    for be, names in only.items():
-        unknown = [n for n in names if n not in strategies.names()]
-        if unknown:
-            raise UserError(f"backend_strategies.{be}: unknown strategy {unknown[0]!r}; see `parbench list`")
+    check_strategy_names(cfg)
     memory: int | None = None  # the device's bytes, read once when a cell needs it
-    for wl, base in parsed:
+    for wl, base, narrow in parsed:
         for sp, strat in strats:
+            if "strategies" in narrow and strat.name not in narrow["strategies"] and strat.name != "single":
+                continue  # not asked of this workload (RunConfig.workload_matrix)
             for backend in cfg.backends if not strat.one_process else [one_proc_backend]:
                 if backend in only and strat.name not in only[backend] and strat.name != "single":
                     continue  # not asked of this backend (RunConfig.backend_strategies)
+                if "backends" in narrow and backend not in narrow["backends"] and not strat.one_process:
+                    continue
                 # Weak scaling: the single-device reference runs every global batch a cell trains,
                 # so that each cell has a parity reference of its own batch.
-                sizes = (cfg.world_sizes if strat.name != "single"
-                         else ([1] if not weak else sorted(set(cfg.world_sizes))))
+                asked = [int(n) for n in narrow.get("world_sizes", cfg.world_sizes)]
+                sizes = (asked if strat.name != "single" else ([1] if not weak else sorted(set(asked))))
                 for n in sizes:
                     scale = n if weak else 1
                     facts = dataclasses.replace(base, global_batch=base.global_batch * scale)

@@ -69,3 +69,21 @@ def memory_reason(cell: CellSpec, share: float, memory: int | None) -> str | Non
     return (f"out of memory before it starts: {params / 1e9:.1f}B parameters, {held}, need "
             f"{need / 2**30:.1f} GiB {where} for their values and gradients alone, more than the total "
             f"capacity of {memory / 2**30:.1f} GiB; cut the model (fsdp, tensor, a pipeline) or use more devices")
+
+
+#: How far beyond one device the default matrix's large model reaches: its parameters and gradients
+#: alone take this many times one GPU's memory, so the plan skips the one-device reference and DDP
+#: by arithmetic, and cut in two it still leaves room for activations.
+BEYOND_MARGIN = 1.05
+
+
+def beyond_one_device(device: str = "cuda") -> str | None:
+    """The default matrix's model that no single visible GPU holds: gpt-20b's shape with as many
+    layers as take :data:`BEYOND_MARGIN` times the largest visible GPU's memory (43 layers, 19.9B
+    parameters, on an H200 of 140 GiB; 24 layers, 11.3B, on an 80 GB H100); None when unknown."""
+    memory = device_memory(device) if device == "cuda" else None
+    if not memory:
+        return None
+    from bench.workloads.gpt import layers_beyond
+
+    return f"gpt-20b[n_layer={layers_beyond(memory, margin=BEYOND_MARGIN)}]"

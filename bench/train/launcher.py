@@ -30,8 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.core.config import RunConfig, parse_duration
+from bench.core.config import RunConfig
 from bench.core.errors import UserError
+from bench.core.values import parse_duration
 from bench.measure.telemetry import start_samplers
 from bench.multinode import plan_digest
 from bench.multinode.follow import follow

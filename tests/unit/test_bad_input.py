@@ -385,7 +385,8 @@ def test_a_budget_plan_with_no_time_cap_says_so():
 def test_a_long_budget_is_a_budget():
     """`--budget 99999h` was refused as "budget '3.59996e+08s' is not a duration": the checked budget
     was stored in scientific notation and parsed again."""
-    from bench.core.config import build_config, parse_duration
+    from bench.core.config import build_config
+    from bench.core.values import parse_duration
 
     assert parse_duration("99999h") == 99999 * 3600
     cfg = build_config(toml=None, flags={"workloads": "mlp", "budget": "99999h", "device": "cpu"}, gpus=0)

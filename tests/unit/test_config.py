@@ -11,11 +11,41 @@ def test_default_matrix_adapts_to_the_machine():
     gpu = build_config(toml=None, flags={}, gpus=2)
     # one GPU runs the reference only (the planner adds it), unless it is all there is
     assert (gpu.device, gpu.backends, gpu.world_sizes) == ("cuda", ["nccl", "gloo"], [2])
-    assert "gpt-200m" in gpu.workloads and gpu.effective_precision() == "bf16" and gpu.global_batch == 64
+    assert gpu.workloads == ["gpt-200m[global_batch=64]"] and gpu.effective_precision() == "bf16"
+    assert gpu.global_batch is None  # each workload brings its own batch
     assert build_config(toml=None, flags={}, gpus=8).world_sizes == [2, 4, 8]
     assert build_config(toml=None, flags={}, gpus=1).world_sizes == [1]
-    # the default batch is the default workload's: another workload brings its own
-    assert build_config(toml=None, flags={"workloads": "gpt-small"}, gpus=2).global_batch is None
+
+
+def test_default_gpu_matrix_adds_a_model_beyond_one_device_on_several_gpus():
+    big = "gpt-20b[n_layer=43]"
+    cfg = build_config(toml=None, flags={}, gpus=4, beyond=big)
+    assert cfg.workloads == ["gpt-200m[global_batch=64]", big]
+    assert cfg.workload_matrix == {big: {"strategies": ["ddp", "fsdp", "tensor", "pipeline-1f1b"],
+                                         "backends": ["nccl"], "world_sizes": [4]}}
+    assert build_config(toml=None, flags={}, gpus=1, beyond=big).workloads == ["gpt-200m[global_batch=64]"]
+    # settings of how to measure keep it; choosing the matrix (or the CPU) leaves it out
+    assert build_config(toml=None, flags={"repeats": 3}, gpus=4, beyond=big).workloads[-1] == big
+    for flags in ({"strategies": "ddp"}, {"backends": "nccl"}, {"world_sizes": "2"}, {"device": "cpu"}):
+        cfg = build_config(toml=None, flags=flags, gpus=4, beyond=big)
+        assert big not in cfg.workloads and cfg.workload_matrix == {}, flags
+    assert build_config(toml=None, flags={"workloads": "gpt-20b"}, gpus=4, beyond=big).workloads == ["gpt-20b"]
+
+
+@pytest.mark.parametrize("matrix, msg", [
+    ({"gpt-small": {"strategies": ["fsdp"]}},
+     "workload_matrix: 'gpt-small' is not a workload of the run; use one of 'mlp'"),
+    ({"mlp": ["fsdp"]}, "workload_matrix.mlp must be a table"),
+    ({"mlp": {"strategy": ["fsdp"]}},
+     "workload_matrix.mlp: unknown key 'strategy'; use strategies, backends, world_sizes"),
+    ({"mlp": {"strategies": "fsdp"}}, "workload_matrix.mlp.strategies must be a list of names"),
+    ({"mlp": {"backends": ["mpi"]}}, "workload_matrix.mlp.backends: unknown backend 'mpi'"),
+    ({"mlp": {"world_sizes": [0]}}, "workload_matrix.mlp.world_sizes: 0 must be >= 1"),
+    ("fsdp", "workload_matrix must be a TOML table"),
+])
+def test_workload_matrix_is_checked_before_anything_runs(matrix, msg):
+    with pytest.raises(UserError, match=msg):
+        build_config(toml={"workloads": ["mlp"], "workload_matrix": matrix}, flags={}, gpus=0)
 
 
 def test_flags_override_toml_and_lists_parse():

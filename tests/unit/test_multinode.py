@@ -13,8 +13,9 @@ import psutil
 import pytest
 
 from bench.core import spec
-from bench.core.config import build_config, parse_endpoint
+from bench.core.config import build_config
 from bench.core.errors import UserError
+from bench.core.rendezvous import parse_endpoint
 from bench.core.spec import RankMeasurement
 from bench.multinode import plan_digest
 from bench.plan.matrix import group, plan

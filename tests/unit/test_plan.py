@@ -127,11 +127,12 @@ def test_a_cells_earliest_rank_error_is_its_reason_whatever_order_they_are_read_
 def test_a_budget_plan_charges_gloo_and_one_process_multi_gpu_cells_more_on_gpus():
     """The cost model fitted on 4x H100: a group 23 s; a cell 0.5 s (NCCL) / 0.6 s (Gloo) / 0.7 s (one
     process on several GPUs), plus 0.1 / 0.15 s per extra rank, plus 8.5 / 6 / 10 s per billion
-    parameters, and for Gloo 21 s per billion at two ranks (its ring's 2(n-1)/n). A small GPU plan by hand: the
+    parameters at gpt-200m's FLOPs per parameter and step (a workload counts as its parameters scaled by
+    its own), and for Gloo 21 s per billion parameters at two ranks (its ring's 2(n-1)/n). A small GPU plan by hand: the
     reference (nccl), ddp x2 (nccl, gloo), dataparallel x2 (nccl, one process on 2 GPUs), in 3
     process groups, mlp (927,760 parameters)."""
     from bench.core.config import build_config
-    from bench.plan.budget import budget_plan, cell_overhead
+    from bench.plan.budget import budget_plan, cell_overhead, step_work
 
     cfg = build_config(toml=None, flags={"device": "cuda", "workloads": "mlp", "strategies": "ddp,dataparallel",
                                          "backends": "nccl,gloo", "world_sizes": "2"}, gpus=2)
@@ -139,18 +140,26 @@ def test_a_budget_plan_charges_gloo_and_one_process_multi_gpu_cells_more_on_gpus
     run = sorted((c.spec.strategy, c.spec.backend) for c in cells if c.reason is None)
     assert run == [("dataparallel", "nccl"), ("ddp", "gloo"), ("ddp", "nccl"), ("single", "nccl")], run
     assert len(group(cells)) == 3  # 1 process nccl (single, dataparallel), 2 nccl, 2 gloo
-    # 3 starts x 23 s; single on nccl 0.5 + 8.5e-9 s a parameter, ddp x2 on nccl 0.5 + 0.1 + 8.5e-9;
-    # dataparallel (one process, 2 GPUs) 0.7 + 10e-9; ddp gloo x2 0.6 + 0.15 + (6 + 21) e-9
+    # 3 starts x 23 s; single on nccl 0.5 + 8.5e-9 s a parameter-equivalent, ddp x2 on nccl 0.5 + 0.1
+    # + 8.5e-9; dataparallel (one process, 2 GPUs) 0.7 + 10e-9; ddp gloo x2 0.6 + 0.15 + 6e-9 a
+    # parameter-equivalent + 21e-9 a parameter. mlp does 5.55 MFLOPs a sample, 64 samples a step:
+    # 383 FLOPs a parameter, so its 927,760 parameters count as 848.
     p = 927_760
     assert cells[0].spec.workload.params == p
+    w = step_work(cells[0].spec.workload) * 1e9
+    assert round(w) == 848
     # each cell's overhead x 1.5: on CUDA its profiled steps run in the group's profile pass (a rebuild)
-    fixed = 3 * 23.0 + 1.5 * ((0.5 + 8.5e-9 * p) + (0.6 + 8.5e-9 * p) + (0.7 + 10e-9 * p) + (0.75 + 27e-9 * p))
+    fixed = 3 * 23.0 + 1.5 * ((0.5 + 8.5e-9 * w) + (0.6 + 8.5e-9 * w) + (0.7 + 10e-9 * w)
+                              + (0.75 + 6e-9 * w + 21e-9 * p))
     out, text = budget_plan(cfg, cells, 120.0)
     caps = {round(c.spec.measure.time_cap_s, 9) for c in out if c.reason is None}
     assert caps == {round((0.8 * 120 - fixed) / 4, 9)}, (caps, text)
     assert cell_overhead("cpu", "gloo") == 1.0 and cell_overhead("cpu", "gloo", 2) == 1.0
     assert cell_overhead("cpu", "gloo", params=10**9) == 1.0  # not fitted on CPU: no size term
     assert abs(cell_overhead("cuda", "gloo", params=236_144_640) - (0.6 + 6 * 0.23614464)) < 1e-9
+    # a step of twice the fitted work per parameter: the per-billion term doubles, the ring's does not
+    assert abs(cell_overhead("cuda", "gloo", params=236_144_640, ranks=2, work=2 * 0.23614464)
+               - (0.6 + 0.15 + 6 * 2 * 0.23614464 + 21 * 0.23614464)) < 1e-9
     # Gloo at 4 ranks: 3 extra ranks, and its ring moves 2 * 3/4 of the gradients
     assert abs(cell_overhead("cuda", "gloo", params=236_144_640, ranks=4)
                - (0.6 + 3 * 0.15 + (6 + 21 * 1.5) * 0.23614464)) < 1e-9
@@ -276,7 +285,7 @@ def test_backend_strategies_limit_what_a_backend_runs():
     cfg = build_config(toml=None, flags={}, gpus=4)  # the default GPU matrix
     cells, _, _ = plan(cfg, 4)
     gloo = {p.spec.strategy for p in cells if p.spec.backend == "gloo"}
-    assert gloo == {"ddp", "fsdp"} and {p.spec.workload.name for p in cells} == {"gpt-200m(global_batch=64)"}
+    assert gloo == {"ddp"} and {p.spec.workload.name for p in cells} == {"gpt-200m(global_batch=64)"}
     assert {"tensor", "pipeline-1f1b", "ddp"} <= {p.spec.strategy for p in cells if p.spec.backend == "nccl"}
     # the user's own strategies: every one on every backend
     mine = build_config(toml=None, flags={"strategies": "ddp,tensor"}, gpus=4)
@@ -287,6 +296,33 @@ def test_backend_strategies_limit_what_a_backend_runs():
         build_config(toml={"backend_strategies": {"mpi": ["ddp"]}}, flags={}, gpus=4)
     with pytest.raises(UserError, match="backend_strategies.gloo: unknown strategy 'dpp'"):
         plan(build_config(toml={"backend_strategies": {"gloo": ["dpp"]}}, flags={}, gpus=4), 4)
+
+
+def test_workload_matrix_narrows_one_workload_and_keeps_its_reference(monkeypatch):
+    """The default GPU matrix on 4 GPUs of 80 GiB with its model beyond one device (24 layers of
+    gpt-20b's shape, 11.3B parameters): that model runs the strategies that cut it on NCCL x4 only;
+    its reference and DDP are planned and skipped as out of memory; gpt-200m keeps the full matrix."""
+    import bench.plan.matrix as matrix
+    from bench.core.config import build_config
+    from bench.core.errors import UserError
+
+    monkeypatch.setattr(matrix, "device_memory", lambda device: 80 * 2**30)
+    cfg = build_config(toml=None, flags={}, gpus=4, beyond="gpt-20b[n_layer=24]")
+    cells, _, _ = plan(cfg, 4)
+    big = {(p.spec.strategy, p.spec.backend, p.spec.n_devices): p.reason for p in cells
+           if p.spec.workload.name == "gpt-20b(n_layer=24)"}
+    assert set(big) == {("single", "nccl", 1), ("ddp", "nccl", 4), ("fsdp", "nccl", 4), ("tensor", "nccl", 4),
+                        ("pipeline-1f1b", "nccl", 4)}
+    assert big[("single", "nccl", 1)].startswith("out of memory before it starts: 11.3B parameters")
+    assert big[("ddp", "nccl", 4)].startswith("out of memory before it starts")
+    assert {k for k, r in big.items() if r is None} == {("fsdp", "nccl", 4), ("tensor", "nccl", 4),
+                                                       ("pipeline-1f1b", "nccl", 4)}
+    small = {(p.spec.strategy, p.spec.backend, p.spec.n_devices) for p in cells
+             if p.spec.workload.name == "gpt-200m(global_batch=64)" and p.reason is None}
+    assert {("ddp", "gloo", 2), ("ddp", "gloo", 4), ("tensor", "nccl", 2), ("fsdp-tp", "nccl", 4)} <= small
+    with pytest.raises(UserError, match="workload_matrix.mlp: unknown strategy 'fsdpp'"):
+        plan(build_config(toml={"workloads": ["mlp"], "workload_matrix": {"mlp": {"strategies": ["fsdpp"]}}},
+                          flags={}, gpus=0), 0)
 
 
 def test_cells_whose_parameters_cannot_fit_are_skipped_as_out_of_memory(monkeypatch):
