@@ -6,6 +6,7 @@ what was measured, and what to try next; launch-bound (toy) workloads apart from
 from __future__ import annotations
 
 from bench.decide.recommend import Pick, first_screen
+from bench.decide.rules import EQUIVALENT
 
 #: why a launch-bound workload's pick is kept off the first screen
 LAUNCH_BOUND_WHY = ("the single-device step is under 10 ms or mostly idle: it measures kernel launches and "
@@ -36,6 +37,8 @@ def noise_text(p: Pick) -> str:
     """Whether the fastest is ahead of the runner-up beyond the noise."""
     if p.significant is None:
         return "one run: not judged"
+    if p.significant and p.same_speed:
+        return f"beyond the noise, within {EQUIVALENT:.0%}: the same speed"
     return "beyond the noise" if p.significant else "within the noise"
 
 

@@ -68,6 +68,7 @@ class Pick:
     runner_up: str | None
     margin: float | None  # runner-up step / winner step - 1
     significant: bool | None  # winner vs runner-up beyond the noise (None: not judged)
+    same_speed: bool = False  # winner and runner-up within EQUIVALENT of each other (judge_pair)
     why: str  # what bounds the winner's step
     candidates: int
     excluded: str  # what was left out and why
@@ -360,19 +361,21 @@ def recommend(cells: pd.DataFrame, gpu_mem: float | None = None) -> list[Pick]:
     out = []
     for gr in groups:
         win = gr.best
-        runner, margin, sig = None, None, None
+        runner, margin, sig, same = None, None, None, False
         if len(gr.g) > 1:
             second = gr.g.iloc[1]
             margin = float(second["step_time_median_s"] / win["step_time_median_s"] - 1)
             ov = overlap(win, second)
             judged = from_repeats(win) and from_repeats(second)
             runner, sig = str(second["strategy"]), (None if (ov is None or not judged) else not ov)
+            same = judge_pair(win, second).state == "same"
         speed = gr.speedup(win)
         elsewhere = {(be, ws): s for (wl, be, ws), s in best_speed.items() if wl == gr.wl and s is not None}
         out.append(Pick(
             workload=str(gr.wl), backend=str(gr.be), world_size=gr.ws, winner=str(win["strategy"]),
             step_ms=float(win["step_time_median_s"]) * 1e3, runner_up=runner, margin=margin, significant=sig,
-            why=reason(win, gr.gpu_mem), candidates=len(gr.g), excluded=gr.excluded(excluded), speedup=speed,
+            same_speed=same, why=reason(win, gr.gpu_mem), candidates=len(gr.g), excluded=gr.excluded(excluded),
+            speedup=speed,
             next_step=next_step(win, backend=str(gr.be), ws=gr.ws, speedup=speed, elsewhere=elsewhere),
             launch_bound=launch_bound(gr.ref if gr.ref is not None else win), **_priced(cells, gr.decide())))
     return out

@@ -374,3 +374,22 @@ def test_recorded_model_beyond_one_device_gets_what_fits_with_its_headroom():
     ran = cells.copy()
     ran.loc[ran["strategy"] == "single", ["status", "reason", "step_time_median_s"]] = ["ok", "", 2.0]
     assert not by_key(ran)
+
+
+def test_recorded_default_run_on_two_gpus_decides_every_workload():
+    """The default GPU matrix on 2 H200s (gpt-200m at global batch 64, and gpt-20b's shape at 43
+    layers, which no single GPU holds): every decision resolved within the run's 10-minute budget,
+    none of them a strategy slower than one device, and the model beyond one device answered by the
+    library strategy that fits, the faster tensor-parallel cell being within 3% of it."""
+    picks = by_key(recorded("default-run-h200-x2.csv"))
+    assert all(p.resolved for p in picks.values())
+    gloo = picks[("gpt-200m(global_batch=64)", "gloo", 2)]
+    assert gloo.use == "single" and gloo.speedup < 1
+    nccl = picks[("gpt-200m(global_batch=64)", "nccl", 2)]
+    assert (nccl.use, nccl.decision) == ("fsdp-noreshard", "faster") and "bf16" in nccl.because
+    big = picks[("gpt-20b(n_layer=43)", "nccl", 2)]
+    assert (big.use, big.winner, big.fits_one_device) == ("fsdp", "tensor", False)
+    assert big.significant and big.same_speed and big.headroom == pytest.approx(0.441, abs=1e-3)
+    from reports.answer import measured_text
+
+    assert "+1% ahead of fsdp (beyond the noise, within 3%: the same speed)" in measured_text(big)
