@@ -782,7 +782,8 @@ SECTIONS = [
             "moved.",
             [Part("harness-vs-plain-h100", "On H100 GPUs", harness_view),
              Part("harness-vs-plain-cpu", "On CPU", harness_view),
-             Part("harness-vs-plain-gpipe-h200-x4", "GPipe's default stages on H200 GPUs", harness_view),
+             Part("harness-vs-plain-gpipe-h200-x4", "GPipe's default stages on 4 H200 GPUs", harness_view),
+             Part("harness-vs-plain-gpipe-h200-x2", "GPipe's default stages on 2 H200 GPUs", harness_view),
              Part("plain-loops-h100-x2", "Plain loops at 2 GPUs", plain_loops_view)]),
     Section("Regression gate", "Runs A1 and A2 have the same configuration; run B makes DDP 5% slower "
             "(`tests.regress_helpers:DDPSlowed`). `parbench compare` judged each pair of runs.",
