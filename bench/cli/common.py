@@ -38,7 +38,8 @@ def add_run_args(p) -> None:
     p.add_argument("--warmup", type=int, help="untimed warm-up steps per cell")
     p.add_argument("--seed", type=int)
     p.add_argument("--precision", help="auto (bf16 on cuda, fp32 on cpu), fp32 or bf16")
-    p.add_argument("--global-batch", type=int, help="override every workload's global batch")
+    p.add_argument("--global-batch", type=int, help="override every workload's global batch (the default "
+                                                    "matrix's model sized beyond one GPU then stays out)")
     p.add_argument("--scaling", help="strong (default: the same global batch at every world size) or weak "
                                      "(the same batch per device: n devices train n x the global batch)")
     p.add_argument("--cell-timeout", dest="cell_timeout_s", type=float,

@@ -62,10 +62,10 @@ class RunConfig:
     options: dict[str, Any] = field(default_factory=dict)
     # Per backend, the only strategies it runs (TOML: [backend_strategies] gloo = ["ddp", "fsdp"]);
     # a backend not named runs every strategy of the run. The default GPU matrix asks Gloo only
-    # what it answers: how the data-parallel strategies fare without NCCL.
+    # what it answers: how DDP fares without NCCL.
     backend_strategies: dict[str, list[str]] = field(default_factory=dict)
-    # Per workload (as written in ``workloads``), the strategies, backends and world sizes it runs,
-    # narrower than the run's (TOML: [workload_matrix."gpt-20b"] strategies = ["fsdp"]); the
+    # Per workload (as written in ``workloads``), the part of the run's strategies, backends and
+    # world sizes it runs (TOML: [workload_matrix."gpt-20b"] strategies = ["fsdp"]); the
     # single-device reference is planned for every workload all the same. The default GPU matrix
     # narrows its model that no single GPU holds to the strategies that cut a model, on NCCL, over
     # every GPU.
@@ -121,15 +121,16 @@ def default_config(gpus: int, beyond: str | None = None) -> RunConfig:
     # Every power of two from 2 up to the GPUs, and all of them; one GPU runs only the single-device
     # reference every workload gets (a strategy on one GPU decides nothing about parallelising).
     sizes = sorted({gpus} | {2**k for k in range(1, 4) if 2**k <= gpus}) if gpus > 1 else [1]
-    # Two real models under a 10-minute budget whose last third goes to the decisions still open.
+    # Real models under a 10-minute budget whose last third goes to the decisions still open.
     # gpt-200m fits one GPU: every strategy, NCCL, and DDP on Gloo (is NCCL worth it?), against the
     # one-GPU reference. Its global batch, 64 sequences of 1024 tokens (16 a GPU on 4), keeps the
     # steps bound by the GPUs rather than by launching kernels (at gpt-200m's own 16, 4 a GPU, steps
     # on 4 H100s were launch-bound, noisy, and stretched by any profiling). The second model is
     # sized so that its parameters and gradients alone exceed one GPU: the reason sharding,
     # pipelining and tensor parallelism exist; the recommendation names the fastest strategy that
-    # fits, with its memory headroom. The toy models (mlp, convnet) measure kernel launches more
-    # than strategies; they are in configs/launch-bound.toml.
+    # fits, with its memory headroom; it runs on two GPUs or more, when their memory is known. The
+    # toy models (mlp, convnet) measure kernel launches more than strategies; they are in
+    # configs/launch-bound.toml.
     workloads, matrix = ["gpt-200m[global_batch=64]"], {}
     if beyond and gpus > 1:
         workloads.append(beyond)
@@ -218,17 +219,13 @@ def build_config(*, toml: dict[str, Any] | None, flags: dict[str, Any], gpus: in
                 merged[key] = dev_default[key]
     if ({"strategies", "backends"} & given) and "backend_strategies" not in given:
         merged["backend_strategies"] = {}  # the user's own matrix: every strategy on every backend
-    if ({"workloads", "strategies", "backends", "world_sizes"} & given) and "workload_matrix" not in given:
-        # The user's own matrix: the default's model sized beyond one device belongs to the default.
-        merged["workload_matrix"] = {}
-        if "workloads" not in given:
-            merged["workloads"] = [w for w in merged["workloads"] if w not in base["workload_matrix"]]
     merged["pinned"] = [k for k in MEASURE_KEYS if k in given]
     if merged["pinned"] and "budget" not in given:
         merged["budget"] = None  # the user chose how to measure: no default budget rewrites it
     for key in ("workloads", "strategies", "backends"):
         if isinstance(merged[key], str):
             merged[key] = split_list(merged[key])
+    _keep_or_drop_sized(merged, base, given)
     merged["world_sizes"] = int_list(merged["world_sizes"], "world sizes")
     nnodes = merged["nnodes"]
     if "world_sizes" not in given and isinstance(nnodes, int) and not isinstance(nnodes, bool) and nnodes > 1:
@@ -236,6 +233,28 @@ def build_config(*, toml: dict[str, Any] | None, flags: dict[str, Any], gpus: in
         merged["world_sizes"] = sorted({1} | {w * nnodes for w in merged["world_sizes"]})
     cfg = RunConfig(**merged)
     return validate(cfg)
+
+
+#: Settings that make the matrix the user's own: the default's model sized beyond one GPU then stays out.
+MATRIX_KEYS = frozenset({"workloads", "strategies", "backends", "world_sizes", "global_batch", "scaling"})
+
+
+def _keep_or_drop_sized(merged: dict[str, Any], base: dict[str, Any], given: set[str]) -> None:
+    """The default GPU matrix's model sized beyond one GPU (its [workload_matrix] entry) runs only in
+    that matrix: a run that chooses its own workloads, strategies, backends, world sizes, batch or
+    scaling, or spans several nodes (whose memories the plan does not read), leaves it out. A user's
+    own [workload_matrix] entries join the default's."""
+    listed = merged["workloads"] if isinstance(merged["workloads"], list) else []
+    sized = [w for w in base["workload_matrix"] if w in listed]
+    mine = merged["workload_matrix"] if "workload_matrix" in given else {}
+    nnodes = merged["nnodes"]
+    several = isinstance(nnodes, int) and not isinstance(nnodes, bool) and nnodes > 1
+    if (MATRIX_KEYS & given) or several:
+        if "workloads" not in given:
+            merged["workloads"] = [w for w in listed if w not in base["workload_matrix"]]
+        merged["workload_matrix"] = mine
+    elif base["workload_matrix"] and isinstance(mine, dict):  # else validate() says what it must be
+        merged["workload_matrix"] = {**{w: base["workload_matrix"][w] for w in sized}, **mine}
 
 
 COUNT_MAX = 1_000_000  # the most steps, warm-up steps, repeats or profiled steps a run may ask for
@@ -257,11 +276,12 @@ def validate(cfg: RunConfig) -> RunConfig:
     if not isinstance(cfg.options, dict):
         raise UserError("options must be a TOML table, e.g. [options] bucket_mb = 25")
     _check_backend_strategies(cfg)
-    _check_workload_matrix(cfg)
+    workload_matrix = _check_workload_matrix(cfg)
     nnodes, node_rank, endpoint, rdzv_timeout_s = validate_nodes(cfg)
     _check_mesh(cfg)
-    return replace(cfg, **counts, global_batch=global_batch, budget=None if budget is None else f"{budget:.15g}s",
-                   nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=endpoint, rdzv_timeout_s=rdzv_timeout_s)
+    return replace(cfg, **counts, global_batch=global_batch, workload_matrix=workload_matrix,
+                   budget=None if budget is None else f"{budget:.15g}s", nnodes=nnodes, node_rank=node_rank,
+                   rdzv_endpoint=endpoint, rdzv_timeout_s=rdzv_timeout_s)
 
 
 def _check_backend_strategies(cfg: RunConfig) -> None:
@@ -280,28 +300,42 @@ def _check_backend_strategies(cfg: RunConfig) -> None:
 WORKLOAD_MATRIX_KEYS = ("strategies", "backends", "world_sizes")
 
 
-def _check_workload_matrix(cfg: RunConfig) -> None:
-    """[workload_matrix]: workloads of the run, each narrowed by known keys to lists."""
+def _check_workload_matrix(cfg: RunConfig) -> dict[str, dict[str, list]]:
+    """[workload_matrix]: workloads of the run, each narrowed to a non-empty part of the run's
+    backends and world sizes (strategies: see bench.plan.matrix.check_strategy_names); returned
+    with its world sizes as integers."""
     wm = cfg.workload_matrix
     if not isinstance(wm, dict):
         raise UserError('workload_matrix must be a TOML table, e.g. [workload_matrix."gpt-20b"] strategies = ["fsdp"]')
+    out: dict[str, dict[str, list]] = {}
     for wl, limits in wm.items():
+        where = f'[workload_matrix."{wl}"]'
         if wl not in cfg.workloads:
-            raise UserError(f"workload_matrix: {wl!r} is not a workload of the run; "
-                            f"use one of {', '.join(map(repr, cfg.workloads))} as written there")
+            raise UserError(f"{where}: {wl!r} is not a workload of the run; name one of "
+                            f"{', '.join(map(repr, cfg.workloads))} as written there, or drop the entry")
         if not isinstance(limits, dict):
-            raise UserError(f'workload_matrix.{wl} must be a table, e.g. strategies = ["fsdp"]')
+            raise UserError(f'{where} must be a table, e.g. strategies = ["fsdp"]')
+        out[wl] = {}
         for key, vals in limits.items():
             if key not in WORKLOAD_MATRIX_KEYS:
-                raise UserError(f"workload_matrix.{wl}: unknown key {key!r}; use {', '.join(WORKLOAD_MATRIX_KEYS)}")
+                raise UserError(f"{where}: unknown key {key!r}; use {', '.join(WORKLOAD_MATRIX_KEYS)}")
             if key == "world_sizes":
-                int_list(vals, f"workload_matrix.{wl}.world_sizes")
+                vals = int_list(vals, f"{where} world_sizes", example=f"world_sizes = {cfg.world_sizes}")
             elif not isinstance(vals, list) or not all(isinstance(v, str) for v in vals):
-                raise UserError(f'workload_matrix.{wl}.{key} must be a list of names, e.g. ["fsdp"]')
-            elif key == "backends" and any(b not in BACKENDS for b in vals):
-                bad = next(b for b in vals if b not in BACKENDS)
-                raise UserError(f"workload_matrix.{wl}.backends: unknown backend {bad!r}; "
-                                f"use {' and/or '.join(BACKENDS)}")
+                raise UserError(f'{where} {key} must be a list of names, e.g. {key} = ["{_example(key)}"]')
+            if not vals:
+                raise UserError(f"{where} {key} is empty: name at least one, or drop the key for all of the run's")
+            run = cfg.world_sizes if key == "world_sizes" else cfg.backends if key == "backends" else None
+            outside = [v for v in vals if run is not None and v not in run]
+            if outside:
+                raise UserError(f"{where} {key}: {outside[0]!r} is not among the run's {key} ({run}); add it to "
+                                f"the run's or drop it here")
+            out[wl][key] = list(vals)
+    return out
+
+
+def _example(key: str) -> str:
+    return "nccl" if key == "backends" else "fsdp"
 
 
 def _check_choices(cfg: RunConfig) -> None:

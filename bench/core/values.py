@@ -10,16 +10,25 @@ from typing import Any
 from bench.core.errors import UserError
 
 
-def int_list(values: list[Any] | str, what: str) -> list[int]:
-    items = _split(values) if isinstance(values, str) else list(values)
+def int_list(values: Any, what: str, example: str = "--world-sizes 1,2") -> list[int]:
+    """A list of integers >= 1 from a list or a comma list ("1,2"); a one-line UserError naming the
+    value and ``example`` otherwise (a bare number, 2.7, True and "two" are refused)."""
+    if isinstance(values, str):
+        items: list[Any] = _split(values)
+    elif isinstance(values, list | tuple):
+        items = list(values)
+    else:
+        raise UserError(f"{what}: {values!r} must be a list of integers; e.g. {example}")
     out = []
     for v in items:
+        if isinstance(v, bool) or isinstance(v, float) or not isinstance(v, int | str):
+            raise UserError(f"{what}: {v!r} is not an integer; e.g. {example}")
         try:
             n = int(v)
-        except (TypeError, ValueError):
-            raise UserError(f"{what}: {v!r} is not an integer; e.g. --world-sizes 1,2") from None
+        except ValueError:
+            raise UserError(f"{what}: {v!r} is not an integer; e.g. {example}") from None
         if n < 1:
-            raise UserError(f"{what}: {n} must be >= 1")
+            raise UserError(f"{what}: {n} must be >= 1; e.g. {example}")
         out.append(n)
     return out
 

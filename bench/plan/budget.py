@@ -49,6 +49,8 @@ def step_work(w: WorkloadFacts) -> float | None:
     if not w.flops_per_sample:
         return w.params / 1e9
     return w.flops_per_sample * w.global_batch / FITTED_FLOPS_PER_PARAM / 1e9
+
+
 #: one-process multi-GPU cells (DataParallel, layer splits): seconds a cell, per billion parameters
 MULTI_GPU_CELL_S, MULTI_GPU_PER_BPARAM_S = 0.7, 10.0
 
@@ -87,8 +89,11 @@ PROFILE_PASS_FACTOR = 1.5
 
 def _overhead(cfg, c: CellSpec) -> float:
     """What the budget assumes cell ``c`` costs beyond its timed steps, its profile pass included."""
+    work = step_work(c.workload)
+    if work is not None and c.scaling == "weak":
+        work /= c.n_devices  # n devices each train one device's share of the n-times batch
     base = cell_overhead(cfg.device, c.backend, c.n_devices if c.n_procs == 1 else 1, c.workload.params,
-                         ranks=c.n_procs, work=step_work(c.workload))
+                         ranks=c.n_procs, work=work)
     return base * (PROFILE_PASS_FACTOR if deferred(c) else 1.0)
 
 

@@ -91,14 +91,36 @@ def profile_when(cfg: RunConfig) -> str:
     return cfg.profile_at
 
 
-def check_strategy_names(cfg: RunConfig) -> None:
-    """The strategies [backend_strategies] and [workload_matrix] name are strategies."""
-    lists = [(f"backend_strategies.{be}", names) for be, names in (cfg.backend_strategies or {}).items()]
-    lists += [(f"workload_matrix.{wl}", n.get("strategies", [])) for wl, n in (cfg.workload_matrix or {}).items()]
-    for where, names in lists:
+def check_strategy_names(cfg: RunConfig, run: set[str]) -> None:
+    """The strategies [backend_strategies] names are strategies; those [workload_matrix] names are
+    strategies of the run (``run``: their names)."""
+    lists = [(f"backend_strategies.{be}", names, None) for be, names in (cfg.backend_strategies or {}).items()]
+    lists += [(f'[workload_matrix."{wl}"] strategies', n.get("strategies", []), run)
+              for wl, n in (cfg.workload_matrix or {}).items()]
+    for where, names, within in lists:
         unknown = [n for n in names if n not in strategies.names()]
         if unknown:
             raise UserError(f"{where}: unknown strategy {unknown[0]!r}; see `parbench list`")
+        outside = [n for n in names if within is not None and n not in within]
+        if outside:
+            raise UserError(f"{where}: {outside[0]!r} is not among the run's strategies; add it to the run's "
+                            "or drop it here")
+
+
+def planned_workloads(cfg: RunConfig) -> tuple[dict[str, Workload],
+                                                list[tuple[Workload, WorkloadFacts, dict[str, list]]]]:
+    """The run's workloads by name, and each one (duplicates dropped) with its facts and its
+    [workload_matrix] narrowing."""
+    wls: dict[str, Workload] = {}
+    parsed: list[tuple[Workload, WorkloadFacts, dict[str, list]]] = []
+    for text in cfg.workloads:
+        name, dims = parse_workload(text)
+        wl, facts = planned(name, dims, seed=cfg.seed, global_batch=cfg.global_batch,
+                            timeout_s=cfg.workload_timeout_s)
+        if wl.name not in wls:
+            wls[wl.name] = wl
+            parsed.append((wl, facts, (cfg.workload_matrix or {}).get(text, {})))
+    return wls, parsed
 
 
 def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload], list[Metric]]:
@@ -106,17 +128,9 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
     the run's column registry. A single-device reference cell is added for every workload: parity
     and scaling efficiency need it. A user's workload gets ``cfg.workload_timeout_s`` to import,
     build and describe itself (:func:`bench.workloads.planned`)."""
-    wls: dict[str, Workload] = {}
-    parsed: list[tuple[Workload, WorkloadFacts, dict[str, list]]] = []
-    for text in cfg.workloads:
-        name, dims = parse_workload(text)
-        wl, facts = planned(name, dims, seed=cfg.seed, global_batch=cfg.global_batch,
-                            timeout_s=cfg.workload_timeout_s)
-        if wl.name in wls:
-            continue
-        wls[wl.name] = wl
-        parsed.append((wl, facts, (cfg.workload_matrix or {}).get(text, {})))
+    wls, parsed = planned_workloads(cfg)
     strats = expand_strategies(cfg.strategies)
+    check_strategy_names(cfg, {s.name for _, s in strats})
     if not any(s.name == "single" for _, s in strats):
         strats.insert(0, ("single", strategies.get("single")))
     validate_options(cfg.options, [s for _, s in strats])
@@ -129,20 +143,20 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
     seen: set[tuple] = set()
     weak = cfg.scaling == "weak"
     only = cfg.backend_strategies or {}
-    check_strategy_names(cfg)
     memory: int | None = None  # the device's bytes, read once when a cell needs it
     for wl, base, narrow in parsed:
         for sp, strat in strats:
             if "strategies" in narrow and strat.name not in narrow["strategies"] and strat.name != "single":
                 continue  # not asked of this workload (RunConfig.workload_matrix)
+            here = narrow.get("backends", cfg.backends)  # this workload's backends
             for backend in cfg.backends if not strat.one_process else [one_proc_backend]:
                 if backend in only and strat.name not in only[backend] and strat.name != "single":
                     continue  # not asked of this backend (RunConfig.backend_strategies)
-                if "backends" in narrow and backend not in narrow["backends"] and not strat.one_process:
-                    continue
+                if backend not in here and strat.name != "single":
+                    continue  # not asked of this workload (RunConfig.workload_matrix)
                 # Weak scaling: the single-device reference runs every global batch a cell trains,
                 # so that each cell has a parity reference of its own batch.
-                asked = [int(n) for n in narrow.get("world_sizes", cfg.world_sizes)]
+                asked = [n for n in cfg.world_sizes if n in narrow.get("world_sizes", cfg.world_sizes)]
                 sizes = (asked if strat.name != "single" else ([1] if not weak else sorted(set(asked))))
                 for n in sizes:
                     scale = n if weak else 1
@@ -165,7 +179,7 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
                                     role=strat.role, measure=measure, scaling=cfg.scaling, nnodes=nodes)
                     reason = reason or strat.check(cell, gpus=gpus)
                     if reason is None and strat.procs(n) == 1 and backend != one_proc_backend \
-                            and one_proc_backend in cfg.backends:
+                            and one_proc_backend in here:
                         reason = (f"{ONE_RANK_SKIP}: its {backend} cell would repeat the "
                                   f"{one_proc_backend} one, which is measured")
                     if reason is None and cfg.device == "cpu" and n // nodes > cpu_threads() * 4:

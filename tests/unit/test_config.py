@@ -30,22 +30,40 @@ def test_default_gpu_matrix_adds_a_model_beyond_one_device_on_several_gpus():
         cfg = build_config(toml=None, flags=flags, gpus=4, beyond=big)
         assert big not in cfg.workloads and cfg.workload_matrix == {}, flags
     assert build_config(toml=None, flags={"workloads": "gpt-20b"}, gpus=4, beyond=big).workloads == ["gpt-20b"]
+    # a batch or scaling of the user's, or several nodes (whose memories the plan does not read)
+    for flags in ({"global_batch": 32}, {"scaling": "weak"}, {"nnodes": 2}):
+        assert big not in build_config(toml=None, flags=flags, gpus=4, beyond=big).workloads, flags
+    # the user's own [workload_matrix] entries join the default's narrowing, they do not undo it
+    mine = {"gpt-200m[global_batch=64]": {"strategies": ["ddp", "fsdp"]}}
+    cfg = build_config(toml={"workload_matrix": mine}, flags={}, gpus=4, beyond=big)
+    assert cfg.workload_matrix[big]["strategies"] == ["ddp", "fsdp", "tensor", "pipeline-1f1b"]
+    assert cfg.workload_matrix["gpt-200m[global_batch=64]"] == {"strategies": ["ddp", "fsdp"]}
 
 
 @pytest.mark.parametrize("matrix, msg", [
     ({"gpt-small": {"strategies": ["fsdp"]}},
-     "workload_matrix: 'gpt-small' is not a workload of the run; use one of 'mlp'"),
-    ({"mlp": ["fsdp"]}, "workload_matrix.mlp must be a table"),
-    ({"mlp": {"strategy": ["fsdp"]}},
-     "workload_matrix.mlp: unknown key 'strategy'; use strategies, backends, world_sizes"),
-    ({"mlp": {"strategies": "fsdp"}}, "workload_matrix.mlp.strategies must be a list of names"),
-    ({"mlp": {"backends": ["mpi"]}}, "workload_matrix.mlp.backends: unknown backend 'mpi'"),
-    ({"mlp": {"world_sizes": [0]}}, "workload_matrix.mlp.world_sizes: 0 must be >= 1"),
+     r"\[workload_matrix.\"gpt-small\"\]: 'gpt-small' is not a workload of the run; name one of 'mlp'"),
+    ({"mlp": ["fsdp"]}, r"\[workload_matrix.\"mlp\"\] must be a table"),
+    ({"mlp": {"strategy": ["fsdp"]}}, "unknown key 'strategy'; use strategies, backends, world_sizes"),
+    ({"mlp": {"strategies": "fsdp"}}, "strategies must be a list of names"),
+    ({"mlp": {"strategies": []}}, "strategies is empty: name at least one"),
+    ({"mlp": {"backends": ["nccl"]}}, r"backends: 'nccl' is not among the run's backends \(\['gloo'\]\)"),
+    ({"mlp": {"world_sizes": [0]}}, "world_sizes: 0 must be >= 1; e.g. world_sizes = \\[1, 2\\]"),
+    ({"mlp": {"world_sizes": [4]}}, "world_sizes: 4 is not among the run's world_sizes"),
+    ({"mlp": {"world_sizes": 2}}, "world_sizes: 2 must be a list of integers"),
+    ({"mlp": {"world_sizes": [2.7]}}, "world_sizes: 2.7 is not an integer"),
     ("fsdp", "workload_matrix must be a TOML table"),
 ])
 def test_workload_matrix_is_checked_before_anything_runs(matrix, msg):
     with pytest.raises(UserError, match=msg):
         build_config(toml={"workloads": ["mlp"], "workload_matrix": matrix}, flags={}, gpus=0)
+
+
+def test_workload_matrix_world_sizes_come_back_as_integers():
+    cfg = build_config(toml={"workloads": ["mlp"], "workload_matrix": {"mlp": {"world_sizes": "2"}}}, flags={}, gpus=0)
+    assert cfg.workload_matrix == {"mlp": {"world_sizes": [2]}}
+    with pytest.raises(UserError, match="world sizes: 2 must be a list of integers"):
+        build_config(toml={"world_sizes": 2}, flags={}, gpus=0)
 
 
 def test_flags_override_toml_and_lists_parse():

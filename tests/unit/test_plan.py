@@ -170,6 +170,34 @@ def test_a_budget_plan_charges_gloo_and_one_process_multi_gpu_cells_more_on_gpus
     assert text4.startswith("budget 600s: ") and "cells x 1 repeat(s)" in text4
 
 
+def test_a_budget_counts_a_weak_scaling_cell_by_its_per_device_step():
+    """Under weak scaling a cell of n devices trains n times the batch, n devices each doing one
+    device's share: its overhead is that of one device's step, not of the whole batch on one."""
+    from bench.core.config import build_config
+    from bench.plan.budget import _overhead
+
+    flags = {"device": "cuda", "workloads": "gpt-200m", "strategies": "ddp", "backends": "nccl",
+             "world_sizes": "1,4", "global_batch": 64}
+    strong = {p.spec.n_devices: p.spec for p in plan(build_config(toml=None, flags=flags, gpus=4), 4)[0]}
+    weak = {(p.spec.strategy, p.spec.n_devices, p.spec.workload.global_batch): p.spec
+            for p in plan(build_config(toml=None, flags={**flags, "scaling": "weak"}, gpus=4), 4)[0]}
+    cfg = build_config(toml=None, flags=flags, gpus=4)
+    assert _overhead(cfg, weak[("ddp", 4, 256)]) == pytest.approx(_overhead(cfg, strong[4]))
+    assert _overhead(cfg, weak[("single", 1, 256)]) > 3 * _overhead(cfg, strong[1])
+
+
+def test_the_model_beyond_one_device_is_sized_from_the_visible_gpus(monkeypatch):
+    import bench.plan.memory as memory
+
+    monkeypatch.setattr(memory, "device_memory", lambda device: 80 * 2**30)
+    assert memory.beyond_one_device() == "gpt-20b[n_layer=24]"
+    monkeypatch.setattr(memory, "device_memory", lambda device: 143771 * 2**20)  # an H200 as NVML reports it
+    assert memory.beyond_one_device() == "gpt-20b[n_layer=43]"
+    monkeypatch.setattr(memory, "device_memory", lambda device: None)  # a MIG slice, no NVML
+    assert memory.beyond_one_device() is None
+    assert memory.beyond_one_device("cpu") is None
+
+
 def test_the_pacer_shares_the_time_left_among_the_cells_left_at_the_pace_so_far():
     """Fixed costs above the plan's model (a 4-GPU matrix can take 576 s of a 10-minute budget planned
     with 400 s) do not overrun the budget: before each group the cap is drawn again from the time left."""
@@ -320,9 +348,25 @@ def test_workload_matrix_narrows_one_workload_and_keeps_its_reference(monkeypatc
     small = {(p.spec.strategy, p.spec.backend, p.spec.n_devices) for p in cells
              if p.spec.workload.name == "gpt-200m(global_batch=64)" and p.reason is None}
     assert {("ddp", "gloo", 2), ("ddp", "gloo", 4), ("tensor", "nccl", 2), ("fsdp-tp", "nccl", 4)} <= small
-    with pytest.raises(UserError, match="workload_matrix.mlp: unknown strategy 'fsdpp'"):
-        plan(build_config(toml={"workloads": ["mlp"], "workload_matrix": {"mlp": {"strategies": ["fsdpp"]}}},
-                          flags={}, gpus=0), 0)
+    def narrowed(strats, matrix, **toml):
+        return plan(build_config(toml={"workloads": ["mlp"], "strategies": strats, "workload_matrix": {"mlp": matrix},
+                                       **toml}, flags={}, gpus=0), 0)[0]
+
+    with pytest.raises(UserError, match="unknown strategy 'fsdpp'; see `parbench list`"):
+        narrowed(["all"], {"strategies": ["fsdpp"]})
+    with pytest.raises(UserError, match="'fsdp' is not among the run's strategies; add it to the run's or drop it"):
+        narrowed(["ddp"], {"strategies": ["fsdp"]})
+    # One-process strategies follow the backends narrowing too; the reference is always planned.
+    gpu = plan(build_config(toml={"workloads": ["mlp"], "strategies": ["ddp", "dataparallel"], "device": "cuda",
+                                  "backends": ["nccl", "gloo"], "world_sizes": [1, 2],
+                                  "workload_matrix": {"mlp": {"backends": ["gloo"]}}}, flags={}, gpus=2), 2)[0]
+    got = {(p.spec.strategy, p.spec.backend, p.spec.n_devices): p.reason for p in gpu}
+    assert set(got) == {("single", "nccl", 1), ("ddp", "gloo", 1), ("ddp", "gloo", 2)}
+    assert got[("ddp", "gloo", 1)] is None  # its nccl twin is not in this workload's matrix: measured here
+    # World sizes narrow the run's; under weak scaling the reference runs each narrowed batch.
+    weak = narrowed(["ddp"], {"world_sizes": [2]}, world_sizes=[1, 2, 4], scaling="weak")
+    assert sorted((p.spec.strategy, p.spec.n_devices, p.spec.workload.global_batch) for p in weak) == [
+        ("ddp", 2, 128), ("single", 1, 128)]
 
 
 def test_cells_whose_parameters_cannot_fit_are_skipped_as_out_of_memory(monkeypatch):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.decide.recommend import first_screen, recommend
+from bench.decide.recommend import Pick, first_screen, recommend
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "recommend"
 GB = 16
@@ -393,3 +393,14 @@ def test_recorded_default_run_on_two_gpus_decides_every_workload():
     from reports.answer import measured_text
 
     assert "+1% ahead of fsdp (beyond the noise, within 3%: the same speed)" in measured_text(big)
+
+
+@pytest.mark.parametrize("significant, same, text", [
+    (None, False, "one run: not judged"), (None, True, "one run: not judged"), (False, True, "within the noise"),
+    (True, False, "beyond the noise"), (True, True, "beyond the noise, within 3%: the same speed")])
+def test_the_lead_is_read_against_the_noise_and_the_equivalence_band(significant, same, text):
+    from reports.answer import noise_text
+
+    p = Pick(workload="w", backend="nccl", world_size=2, winner="a", step_ms=1.0, runner_up="b", margin=0.01,
+             significant=significant, same_speed=same, why="", candidates=2, excluded="")
+    assert noise_text(p) == text
