@@ -63,12 +63,12 @@ def resumed_config(run_dir: str, gpus: int):
                         "run it again instead") from None
 
 
-def cmd_run(args) -> int:
+def run_config(args, gpus: int):
+    """The run's configuration from ``args`` on a machine with ``gpus`` GPUs: the resumed run's own,
+    or this machine's defaults (with its model sized beyond one GPU, on two or more), then the
+    config file, then the flags."""
     from bench.core.config import build_config, load_toml
-    from bench.measure.hardware import gpu_count
-    from bench.train import launcher as launch
 
-    gpus = gpu_count()
     flags = {k: getattr(args, k) for k in ("workloads", "strategies", "backends", "world_sizes", "device",
                                            "steps", "warmup", "seed", "precision", "global_batch",
                                            "cell_timeout_s", "startup_timeout_s", "workload_timeout_s", "out",
@@ -81,14 +81,21 @@ def cmd_run(args) -> int:
             + (["config"] if args.config else [])
         if given:
             raise UserError(f"--resume takes the run's own settings; drop --{given[0].replace('_', '-')}")
-        cfg = resumed_config(args.resume, gpus)
-    else:
-        toml = load_toml(args.config) if args.config else {}
-        if args.option:
-            flags["options"] = {**toml.get("options", {}), **parse_options(args.option)}
-        from bench.plan.memory import beyond_one_device
+        return resumed_config(args.resume, gpus)
+    toml = load_toml(args.config) if args.config else {}
+    if args.option:
+        flags["options"] = {**toml.get("options", {}), **parse_options(args.option)}
+    from bench.plan import memory
 
-        cfg = build_config(toml=toml, flags=flags, gpus=gpus, beyond=beyond_one_device() if gpus > 1 else None)
+    return build_config(toml=toml, flags=flags, gpus=gpus, beyond=memory.beyond_one_device() if gpus > 1 else None)
+
+
+def cmd_run(args) -> int:
+    from bench.measure.hardware import gpu_count
+    from bench.train import launcher as launch
+
+    gpus = gpu_count()
+    cfg = run_config(args, gpus)
     check_gpus(cfg, gpus)
     from bench.cli.progress import MatrixProgress
 

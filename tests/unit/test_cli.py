@@ -290,3 +290,19 @@ def test_the_recorded_command_reads_as_parbench_however_it_was_started():
     assert command_line(["/x/venv/bin/parbench", "run", "--repeats", "3"]) == ["parbench", "run", "--repeats", "3"]
     assert command_line(["/work/main/bench/__main__.py", "compare", "a", "b"]) == ["parbench", "compare", "a", "b"]
     assert command_line(["tools/run_thing.py", "x"]) == ["tools/run_thing.py", "x"]
+
+
+def test_the_run_command_adds_the_model_sized_beyond_one_gpu_on_several_gpus_only(monkeypatch):
+    from bench.cli import run
+    from bench.cli.common import Parser
+    from bench.plan import memory
+
+    parser = Parser(prog="parbench")
+    run.register(parser.add_subparsers(dest="cmd"))
+    monkeypatch.setattr(memory, "beyond_one_device", lambda device="cuda": "gpt-20b[n_layer=24]")
+    default = parser.parse_args(["run"])
+    assert run.run_config(default, 4).workloads == ["gpt-200m[global_batch=64]", "gpt-20b[n_layer=24]"]
+    assert run.run_config(default, 1).workloads == ["gpt-200m[global_batch=64]"]
+    assert run.run_config(parser.parse_args(["run", "--device", "cpu"]), 4).workloads == ["mlp", "gpt-tiny", "convnet"]
+    mine = run.run_config(parser.parse_args(["run", "--global-batch", "32"]), 4)
+    assert (mine.workloads, mine.global_batch) == (["gpt-200m[global_batch=64]"], 32)
