@@ -21,8 +21,9 @@
 #            recommendation. ~5 minutes.
 #   default-start  `parbench run --report` exactly as `nox -s bench` runs it, in its own session
 #            (it outlives the call; the device keeps such a process until the machine goes back),
-#            output to /tmp/pb-default; waits up to DS_WAIT seconds (default 570) for it.
-#   default-wait   waits for that run to end, then brings back its tables, report, log and times.
+#            output to /tmp/pb-default; waits up to DS_WAIT seconds (default 570) for it, and
+#            brings back its tables, log and times when it ended within them.
+#   default-wait   waits for a run still going to end, then brings back the same.
 # Into $OUT, flat: the part's tables (.md, .csv, .parquet), its log; the table last.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -48,6 +49,24 @@ run_into() {
   timeout "$limit" python3 -m bench run --no-progress --out "$dir" "$@" >> "$OUT/$log" 2>&1
   echo "[run: exit $? after $((SECONDS - t)) s]" | tee -a "$OUT/$log"
   RUN=$(ls -d "$dir"/*/ | tail -n 1); RUN=${RUN%/}
+}
+
+# collect: the finished default run's log, meta, report and cells into $OUT, its wall time last.
+collect() {
+  local run
+  run=$(ls -d "$D"/results/*/ | tail -n 1); run=${run%/}
+  cp "$D/run.log" "$D/env.txt" "$OUT/"
+  cp "$run/meta.json" "$OUT/meta.json"
+  python3 - "$run" "$OUT" <<'PY'
+import sys
+from pathlib import Path
+from bench.results.store import read_table
+run, out = Path(sys.argv[1]), Path(sys.argv[2])
+read_table(run, "cells").to_parquet(out / "cells.parquet", index=False)
+PY
+  python3 -c "s, e = map(float, open('$D/wall').read().split()); print(f'wall {e - s:.1f} s, exit', open('$D/rc').read().strip())" \
+    | tee "$OUT/wall.txt"
+  tail -n 60 "$D/run.log"
 }
 
 case "$PART" in
@@ -140,26 +159,15 @@ default-start)
   setsid bash -c "cd '$PWD'; s=\$(date +%s.%N); python3 -m bench run --report --out '$D/results' > '$D/run.log' 2>&1; \
     echo \$? > '$D/rc'; e=\$(date +%s.%N); echo \"\$s \$e\" > '$D/wall'" < /dev/null > /dev/null 2>&1 &
   for _ in $(seq "${DS_WAIT:-570}"); do [ -f "$D/rc" ] && break; sleep 1; done
-  tail -n 5 "$D/run.log"
-  [ -f "$D/rc" ] && echo "finished: rc $(cat "$D/rc")" || echo "still running"
+  # Finished within this call: bring its tables back now (a machine given back between calls
+  # takes /tmp/pb-default with it).
+  [ -f "$D/rc" ] && { collect; exit 0; }
+  tail -n 5 "$D/run.log"; echo "still running"
   ;;
 default-wait)
   for _ in $(seq 560); do [ -f "$D/rc" ] && break; sleep 1; done
   [ -f "$D/rc" ] || { echo "still running"; tail -n 5 "$D/run.log"; exit 1; }
-  RUN=$(ls -d "$D"/results/*/ | tail -n 1); RUN=${RUN%/}
-  cp "$D/run.log" "$D/env.txt" "$OUT/"
-  cp "$RUN/meta.json" "$OUT/meta.json"
-  cp "$RUN"/report*.html "$OUT/" 2>/dev/null
-  python3 - "$RUN" "$OUT" <<'PY'
-import sys
-from pathlib import Path
-from bench.results.store import read_table
-run, out = Path(sys.argv[1]), Path(sys.argv[2])
-read_table(run, "cells").to_parquet(out / "cells.parquet", index=False)
-PY
-  python3 -c "s, e = map(float, open('$D/wall').read().split()); print(f'wall {e - s:.1f} s, exit', open('$D/rc').read().strip())" \
-    | tee "$OUT/wall.txt"
-  tail -n 60 "$D/run.log"
+  collect
   ;;
 *)
   echo "unknown part $PART: check, profile, gpipe, beyond, default-start or default-wait"; exit 2 ;;
