@@ -11,6 +11,7 @@ then SIGKILL.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ class Spawned:
     """Processes started with the ``spawn`` context, and the queues they share with this one."""
 
     def __init__(self) -> None:
+        quiet_resource_tracker()
         self.ctx = mp.get_context("spawn")
         self.procs: list[Any] = []
         self.queues: list[Any] = []
@@ -66,6 +68,22 @@ class Spawned:
         for q in self.queues:
             q.cancel_join_thread()
         return stuck
+
+
+#: The warnings filter that keeps the resource tracker's reports off stderr.
+TRACKER_QUIET = "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
+def quiet_resource_tracker() -> None:
+    """Keep the resource tracker that the queues start from writing to stderr. A stop signal sent to
+    the whole process group at start-up can end a process between creating a queue's semaphore and
+    recording its release; the tracker then unlinks the semaphore itself and says so in four lines
+    of warnings after the run's one-line answer. The tracker is a new interpreter that takes its
+    warning filters from the environment, so the filter goes there (for the processes this one
+    starts afterwards too; it touches no other warning)."""
+    have = os.environ.get("PYTHONWARNINGS", "")
+    if TRACKER_QUIET not in have.split(","):
+        os.environ["PYTHONWARNINGS"] = f"{have},{TRACKER_QUIET}" if have else TRACKER_QUIET
 
 
 def _descendants(procs: list[Any]) -> list[psutil.Process]:

@@ -73,3 +73,25 @@ def test_spawned_stop_ends_a_process_that_does_not_quit():
     assert group.stop(grace_s=0.5) == ["sleeper"]
     assert not p.is_alive() and group.dead() == ["sleeper"]
     q.put("left in the queue")  # a released queue no longer holds this process at exit
+
+
+def test_queues_leaked_by_a_killed_process_are_cleaned_without_words_on_stderr():
+    """A process ended between making a queue and releasing it (a stop signal at start-up): the
+    resource tracker unlinks its semaphores, and says nothing after the run's one-line answer."""
+    import os
+    import textwrap
+    from pathlib import Path
+
+    code = textwrap.dedent("""
+        import multiprocessing as mp, os, sys
+        from bench.runtime.spawned import quiet_resource_tracker
+        if sys.argv[1] == "quiet":
+            quiet_resource_tracker()
+        q = mp.get_context("spawn").Queue()  # held: os._exit skips its release
+        os._exit(0)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    got = {mode: subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, timeout=60,
+                                env=env, cwd=Path(__file__).parents[2]).stderr for mode in ("loud", "quiet")}
+    assert "leaked semaphore objects" in got["loud"]  # what the tracker says unless told not to
+    assert got["quiet"] == ""
