@@ -14,7 +14,7 @@ from typing import Any
 
 from bench.core.errors import UserError
 from bench.core.rendezvous import validate_nodes
-from bench.core.values import as_float, as_int, int_list, parse_duration
+from bench.core.values import as_float, as_int, int_list, parse_duration, split_list
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -147,21 +147,6 @@ PROFILE_AT = ("auto", "end", "inline")
 MEASURE_KEYS = ("steps", "warmup", "repeats", "warmup_max", "steps_max", "target_ci", "time_cap_s", "profile_steps")
 
 
-def split_list(text: str) -> list[str]:
-    """Split a comma list, keeping commas inside [...] (workload dimensions) together."""
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        depth += ch == "["
-        depth -= ch == "]"
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    parts.append(cur)
-    return [p.strip() for p in parts if p.strip()]
-
-
 _DIMS = re.compile(r"^(?P<name>[^\[\]]+)\[(?P<dims>[^\]]*)\]$")
 
 
@@ -227,16 +212,21 @@ def build_config(*, toml: dict[str, Any] | None, flags: dict[str, Any], gpus: in
             merged[key] = split_list(merged[key])
     _keep_or_drop_sized(merged, base, given)
     merged["world_sizes"] = int_list(merged["world_sizes"], "world sizes")
-    nnodes = merged["nnodes"]
-    if "world_sizes" not in given and isinstance(nnodes, int) and not isinstance(nnodes, bool) and nnodes > 1:
+    if "world_sizes" not in given and several_nodes(merged):
         # The machine's defaults are per node: n nodes run n times each (and the one-device reference).
-        merged["world_sizes"] = sorted({1} | {w * nnodes for w in merged["world_sizes"]})
+        merged["world_sizes"] = sorted({1} | {w * merged["nnodes"] for w in merged["world_sizes"]})
     cfg = RunConfig(**merged)
     return validate(cfg)
 
 
 #: Settings that make the matrix the user's own: the default's model sized beyond one GPU then stays out.
 MATRIX_KEYS = frozenset({"workloads", "strategies", "backends", "world_sizes", "global_batch", "scaling"})
+
+
+def several_nodes(merged: dict[str, Any]) -> bool:
+    """Whether the merged settings (not yet validated) ask for a run over two nodes or more."""
+    n = merged["nnodes"]
+    return isinstance(n, int) and not isinstance(n, bool) and n > 1
 
 
 def _keep_or_drop_sized(merged: dict[str, Any], base: dict[str, Any], given: set[str]) -> None:
@@ -247,9 +237,7 @@ def _keep_or_drop_sized(merged: dict[str, Any], base: dict[str, Any], given: set
     listed = merged["workloads"] if isinstance(merged["workloads"], list) else []
     sized = [w for w in base["workload_matrix"] if w in listed]
     mine = merged["workload_matrix"] if "workload_matrix" in given else {}
-    nnodes = merged["nnodes"]
-    several = isinstance(nnodes, int) and not isinstance(nnodes, bool) and nnodes > 1
-    if (MATRIX_KEYS & given) or several:
+    if (MATRIX_KEYS & given) or several_nodes(merged):
         if "workloads" not in given:
             merged["workloads"] = [w for w in listed if w not in base["workload_matrix"]]
         merged["workload_matrix"] = mine

@@ -1,5 +1,5 @@
-"""Settings as typed values: integers, numbers, integer lists and durations, each refused in one
-line that names the value and an example of a good one."""
+"""Settings as typed values: comma lists, integers, numbers, integer lists and durations, each
+refused in one line that names the value and an example of a good one."""
 
 from __future__ import annotations
 
@@ -10,11 +10,26 @@ from typing import Any
 from bench.core.errors import UserError
 
 
+def split_list(text: str) -> list[str]:
+    """Split a comma list, keeping commas inside [...] (workload dimensions) together."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return [p.strip() for p in parts if p.strip()]
+
+
 def int_list(values: Any, what: str, example: str = "--world-sizes 1,2") -> list[int]:
     """A list of integers >= 1 from a list or a comma list ("1,2"); a one-line UserError naming the
     value and ``example`` otherwise (a bare number, 2.7, True and "two" are refused)."""
     if isinstance(values, str):
-        items: list[Any] = _split(values)
+        items: list[Any] = split_list(values)
     elif isinstance(values, list | tuple):
         items = list(values)
     else:
@@ -66,7 +81,3 @@ def parse_duration(text: Any) -> float:
     if value <= 0 or not math.isfinite(value):
         raise UserError(f"budget {text!r} must be longer than 0 s and finite")
     return value
-
-
-def _split(text: str) -> list[str]:
-    return [p.strip() for p in text.split(",") if p.strip()]

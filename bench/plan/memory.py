@@ -31,7 +31,11 @@ def device_memory(device: str) -> int | None:
                 handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
                 shown = os.environ.get("CUDA_VISIBLE_DEVICES")
                 if shown is not None:
-                    uuid = lambda h: (lambda u: u.decode() if isinstance(u, bytes) else u)(nv.nvmlDeviceGetUUID(h))
+
+                    def uuid(h) -> str:
+                        u = nv.nvmlDeviceGetUUID(h)
+                        return u.decode() if isinstance(u, bytes) else u
+
                     picked = []
                     for token in (t.strip() for t in shown.split(",") if t.strip()):
                         if token.isdigit() and int(token) < len(handles):

@@ -51,7 +51,7 @@ run_into() {
   RUN=$(ls -d "$dir"/*/ | tail -n 1); RUN=${RUN%/}
 }
 
-# collect: the finished default run's log, meta, report and cells into $OUT, its wall time last.
+# collect: the finished default run's log, meta and cells into $OUT, its wall time last.
 collect() {
   local run
   run=$(ls -d "$D"/results/*/ | tail -n 1); run=${run%/}
