@@ -5,6 +5,7 @@ what was measured, and what to try next; launch-bound (toy) workloads apart from
 
 from __future__ import annotations
 
+from bench.core.text import lead
 from bench.decide.recommend import Pick, first_screen
 from bench.decide.rules import EQUIVALENT
 
@@ -48,7 +49,7 @@ def measured_text(p: Pick) -> str:
     if p.speedup is not None:
         out += f", {p.speedup:.2f}x one device"
     if p.runner_up is not None and p.margin is not None:
-        out += f"; {100 * p.margin:+.0f}% ahead of {p.runner_up} ({noise_text(p)})"
+        out += f"; {lead(p.margin)} ahead of {p.runner_up} ({noise_text(p)})"
     return out
 
 

@@ -755,11 +755,11 @@ SECTIONS = [
             "command sets (`fsdp_mp=off`, `pp_balance=params`, `tp_plan=megatron`). Tensor parallel now defaults "
             "to the Megatron plan.",
             [Part("defaults-new-vs-old-h100-x4", "FSDP, 1F1B and tensor parallel at 4 GPUs", defaults_view)]),
-    Section("The default matrix under its default budget", "`parbench run` with no options. The 2-GPU run is of "
-            "today's default matrix; the 4-GPU runs are of earlier ones, with gpt-200m alone.",
-            [Part("default-run-h200-x2", "The default GPU run on 2 H200s, with a model beyond one GPU",
+    Section("The default matrix under its default budget", "`parbench run` with no options. The H200 runs are of "
+            "the default matrix as it is; the H100 runs are of earlier ones, with gpt-200m alone.",
+            [Part("default-run-h200-x4", "The default GPU run on 4 H200s, twice, with a model beyond one GPU",
                   default_cells_view),
-             Part("default-run-h200-x4", "An earlier default GPU run on 4 H200s, gpt-200m alone, 10-minute budget",
+             Part("default-run-h200-x2", "The default GPU run on 2 H200s, with a model beyond one GPU",
                   default_cells_view),
              Part("breakdown-settled-h200-x2", "Profiled steps after the pass settles, 2 GPUs", settled_view),
              Part("breakdown-markers-h200-x2", "Profiled steps between their markers, 2 GPUs", marker_windows_view),

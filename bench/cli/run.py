@@ -209,7 +209,9 @@ def print_recommendation(run_dir: Path, console=None) -> None:
     console = console or end_console()
 
     def say(line: str, indent: str) -> None:
-        for part in textwrap.wrap(line, console.width, initial_indent=indent, subsequent_indent=indent + "    "):
+        # strategy names keep their hyphens on one line ("allreduce-bucketed", not "allreduce-" and "bucketed")
+        for part in textwrap.wrap(line, console.width, initial_indent=indent, subsequent_indent=indent + "    ",
+                                  break_on_hyphens=False):
             console.print(Text(part), soft_wrap=True)
 
     if not real and not toys:

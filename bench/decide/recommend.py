@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from bench.core.text import lead
 from bench.decide.rules import (
     BUBBLE_BOUND,
     COMM_BOUND,
@@ -330,14 +331,14 @@ class Group:
         if self.default is None or self.default.name == best.name:
             kind = "the library default" if self.default is not None else "the fastest (no library default ran)"
             out = dict(use=name, decision="library" if self.default is not None else "fastest", resolved=True,
-                       because=f"{kind}, {margin:+.0%} ahead of {other} {vs}")
+                       because=f"{kind}, {lead(margin)} ahead of {other} {vs}")
             return _with_open(out, [best, rival], v) if v.state == "open" else out
         why = faster_because(best, rival)
         if v.state == "a":
             return dict(use=name, decision="faster", resolved=True,
-                        because=f"{margin:+.0%} faster than {other} (library default) beyond the noise: {why}")
+                        because=f"{lead(margin)} faster than {other} (library default) beyond the noise: {why}")
         out = dict(use=other, decision="library", resolved=True,
-                   because=f"{name} leads it by {margin:+.0%} {vs}" + (f" ({why})" if v.state == "open" else "")
+                   because=f"{name} leads it by {lead(margin)} {vs}" + (f" ({why})" if v.state == "open" else "")
                    + ("; it stands until repeats say otherwise" if v.state == "open" else ""))
         return _with_open(out, [best, rival], v) if v.state == "open" else out
 
