@@ -8,7 +8,12 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def lead(fraction: float) -> str:
-    """A lead or gap as a signed percentage, one decimal under 10% (where a 3% band decides, "+2.8%"
-    and "+3.1%" must not both read "+3%"): ``lead(0.028)`` is "+2.8%", ``lead(0.21)`` "+21%"."""
-    return f"{fraction:+.1%}" if abs(fraction) < 0.0995 else f"{fraction:+.0%}"
+def lead(fraction: float, decimals_below: float = 0.0995) -> str:
+    """A lead or gap as a signed percentage, one decimal below ``decimals_below`` (near a threshold,
+    "+2.8%" and "+3.1%" must not both read "+3%" where a 3% band decides, nor -9.8% and -10.1% read
+    "-10%" against a 10% limit): ``lead(0.028)`` is "+2.8%", ``lead(0.21)`` "+21%"."""
+    return f"{fraction:+.1%}" if abs(fraction) < decimals_below else f"{fraction:+.0%}"
+
+
+#: where a gap is judged against a limit of 10%: one decimal up to 20%
+GAP_DECIMALS_BELOW = 0.1995

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from bench.core.text import lead
+from bench.core.text import GAP_DECIMALS_BELOW, lead
 from bench.decide.rules import (
     BUBBLE_BOUND,
     COMM_BOUND,
@@ -39,6 +39,7 @@ from bench.decide.rules import (
     MEMORY_BOUND,
     PairVerdict,
     blockers,
+    breakdown_off,
     capacity_from,
     faster_because,
     from_repeats,
@@ -155,6 +156,11 @@ def reason(r: pd.Series, gpu_mem: float | None = None) -> str:
     """One line of why a cell's step takes what it takes, from its measurements."""
     parts = []
     exposed, compute, idle = r.get("exposed_comm_s"), r.get("compute_time_s"), r.get("idle_frac")
+    # A breakdown whose profiled step is far from the timed one describes another step: none of its
+    # shares says what bounds the timed step (the bubble, from the timed step, and memory still do).
+    off = breakdown_off(r)
+    if off is not None:
+        exposed = compute = idle = None
     # Fractions of the profiled step (the breakdown's own step), never of the timed one: the
     # profiler stretches a step, and a share above 100% would be nonsense.
     span = r.get("profiled_step_s")
@@ -170,7 +176,9 @@ def reason(r: pd.Series, gpu_mem: float | None = None) -> str:
         parts.append(f"memory-bound ({mem / gpu_mem:.0%} of the GPU)")
     if not parts and pd.notna(idle) and idle >= IDLE_BOUND:
         parts.append(f"launch-bound ({idle:.0%} of the step the device is idle)")
-    if not parts and (compute is None or pd.isna(compute)):
+    if not parts and off is not None:
+        parts.append(f"bound not known (its profiled step is {lead(off, GAP_DECIMALS_BELOW)} off the timed one)")
+    elif not parts and (compute is None or pd.isna(compute)):
         # no breakdown (profiling off, or the profile pass failed or was cut): no bound is claimed
         note = r.get("profile_note")
         parts.append("bound not known (no breakdown" + (f": {note})" if isinstance(note, str) and note else ")"))

@@ -421,6 +421,20 @@ def test_recorded_default_runs_on_four_gpus_decide_alike(run_id):
     assert "within 3%, the same speed" in big.because
 
 
+@pytest.mark.parametrize("gap, said", [
+    (-0.05, "communication-bound (70% of the step is exposed communication)"),
+    (-0.101, "bound not known (its profiled step is -10.1% off the timed one)"),
+    (0.39, "bound not known (its profiled step is +39% off the timed one)")])
+def test_a_breakdown_far_from_the_timed_step_says_nothing_of_its_bound(gap, said):
+    """The fastest line's bound comes from the breakdown only where the profiled step is within 10%
+    of the timed one (the later 4-GPU default run's Gloo DDP at 2 GPUs was -10.1% off)."""
+    from bench.decide.recommend import reason
+
+    r = pd.Series(cell("ddp", 2, 0.5, exposed_comm_s=0.35 * (1 + gap), compute_time_s=0.14, idle_frac=0.003,
+                       profiled_step_s=0.5 * (1 + gap), breakdown_gap=gap, mfu=0.1))
+    assert reason(r).startswith(said)
+
+
 def test_a_lead_beyond_the_noise_is_sized_at_the_medians():
     """Separated intervals make a lead real; its size is the medians' ratio. 2.8% apart with narrow
     intervals and with wider ones (still separated) both read the same speed; 3.5% apart is a switch."""
