@@ -7,15 +7,17 @@ The fastest candidate is the ``winner`` (a measured fact); what to ``use`` follo
 
 1. no decision, with the reason, when the single-device reference or a leading candidate is
    unstable in one run or contended, or an efficiency is not physical;
-2. one device when every candidate is slower than it, or none is faster beyond the noise;
+2. one device when every candidate is slower than it, or none is faster beyond the noise by more
+   than ``EQUIVALENT``;
 3. the library default (DDP; FSDP when the model does not fit one device or DDP ran out of memory)
-   unless another candidate is faster beyond the noise, and then that one, with what in its
+   unless another candidate is faster beyond the noise by more than ``EQUIVALENT``, and then that one, with what in its
    breakdown makes it faster; a model that does not fit one device says so, with the memory
    headroom of what to use.
 
 Each decision rests on pairs of cells (the fastest against one device, and against the library
 default or the runner-up), judged from throughput intervals by :func:`bench.decide.rules.judge_pair`:
-one is faster beyond the noise, the two are the same speed (within ``EQUIVALENT``), or the pair is
+one is faster beyond the noise, the two are the same speed (both intervals within ``EQUIVALENT``, or
+separated with medians within it), or the pair is
 open (the intervals overlap more than that, or one comes from a single run). A decision is
 ``resolved`` when none of its pairs is open; an open one names its cells (``open_cells``: what the
 run's adaptive repeats measure again) and about how many repeats a cell would close it
@@ -313,7 +315,8 @@ class Group:
         return out
 
     def _one_device(self, s: float, v: PairVerdict) -> dict:
-        """One device: every candidate is slower, or none is faster beyond the noise."""
+        """One device: every candidate is slower, or none is faster beyond the noise by more than
+        EQUIVALENT."""
         best = self.best["strategy"]
         if s < 1:
             because = f"every candidate is slower than one device: the best, {best}, reaches {s:.2f}x"

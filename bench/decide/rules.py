@@ -30,8 +30,9 @@ EXPLAINS, EXPLAINS_RATIO = 0.10, 1.5
 #: a breakdown whose profiled step is further than this from the timed median describes another
 #: step: it is drawn with a warning and never used to say why one cell beats another
 BREAKDOWN_GAP_MAX = 0.10
-#: two cells whose throughput intervals all lie within this band of each other run at the same
-#: speed for a decision (a practitioner would not switch strategies for less)
+#: two cells whose throughput intervals all lie within this band of each other, or whose intervals
+#: are apart but whose medians lie within it, run at the same speed for a decision (a practitioner
+#: would not switch strategies for less)
 EQUIVALENT = 0.03
 #: an open pair that would need more repeats a cell than this is reported as not decidable by repeats
 MAX_REPEATS = 30
@@ -116,7 +117,8 @@ class PairVerdict:
 
 
 def judge_pair(a: pd.Series, b: pd.Series) -> PairVerdict:
-    """The pair's verdict from their throughput intervals. An open pair's ``need`` assumes each
+    """The pair's verdict from their throughput intervals, and for a separated pair the size of the
+    lead from their median throughputs. An open pair's ``need`` assumes each
     interval narrows as one over the square root of the repeats: the repeats at which the two
     half-widths fit inside the gap between the medians (separated) or, for a gap under EQUIVALENT,
     inside what is left of that band (same speed), whichever comes first."""
@@ -129,9 +131,9 @@ def judge_pair(a: pd.Series, b: pd.Series) -> PairVerdict:
     if max(ia[1], ib[1]) / min(ia[0], ib[0]) - 1 <= EQUIVALENT:
         return PairVerdict("same")
     if ia[0] > ib[1] or ib[0] > ia[1]:
-        # Separated: the lead is real, and its size is best estimated by the medians. Judged there,
-        # not at the intervals' edges, so that two runs of one pair whose medians lie 2.8% apart
-        # both read "the same speed", whatever their intervals' widths.
+        # Separated: the lead is real, and the medians are its best estimate. Read at the medians,
+        # not at the intervals' edges, the answer for a pair does not depend on how wide this
+        # run's intervals happen to be.
         ta, tb = num(a.get("throughput_samples_s")), num(b.get("throughput_samples_s"))
         if max(ta, tb) / min(ta, tb) - 1 <= EQUIVALENT:
             return PairVerdict("same")

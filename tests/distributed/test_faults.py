@@ -234,8 +234,9 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
-# Both with the fault cases (`-m faults`, which .ci/run runs): the README's suite keeps the training
-# run's stop signals above, and its time under 10 minutes on 2 cores.
+# The serve case runs with the fault cases (`-m faults`, which .ci/run runs), the comm case only with
+# `-m slow`: the README's suite keeps the training run's stop signals above, and its time under 10
+# minutes on 2 cores.
 @pytest.mark.parametrize("cmd, sig, kept", [
     pytest.param(["serve", "--device", "cpu", "--workload", "gpt-tiny", "--world-sizes", "2", "--rates", "5",
                   "--duration", "60", "--no-parity", "--sample-hz", "0"], signal.SIGTERM,
