@@ -15,7 +15,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from bench.core.backends import find as find_backend  # noqa: E402
-from bench.core.text import GAP_DECIMALS_BELOW, lead  # noqa: E402
+from bench.core.text import gap_text  # noqa: E402
 from bench.decide.rules import BREAKDOWN_GAP_MAX  # noqa: E402
 
 MAX_BARS = 40
@@ -171,9 +171,9 @@ def breakdown_bars(cells: pd.DataFrame, workload: str, ax=None):
     hidden = (d["comm_time_s"].to_numpy(float) - exposed) * scale
     ax.barh(y + 0.75, hidden, height=0.45, color="none", edgecolor="tab:orange", hatch="////",
             label="comm hidden under compute")
-    gap = d["breakdown_gap"].to_numpy(float)
-    labels = [cell_label(r) + (f" (! profiled step {lead(g, GAP_DECIMALS_BELOW)} off the timed one)"
-                               if abs(g) > BREAKDOWN_GAP_MAX else "") for (_, r), g in zip(d.iterrows(), gap)]
+    gaps = d["breakdown_gap"].to_numpy(float)
+    labels = [cell_label(r) + (f" (! profiled step {gap_text(g)} off the timed one)"
+                               if abs(g) > BREAKDOWN_GAP_MAX else "") for (_, r), g in zip(d.iterrows(), gaps)]
     ax.set_yticks(y, labels, fontsize=7)
     ax.invert_yaxis()
     # Each stacked segment is sticky at its left end, so autoscaling leaves no room after the longest

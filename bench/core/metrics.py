@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from bench.core.text import GAP_DECIMALS_BELOW, lead
+from bench.core.text import gap_text
 
 Dtype = Literal["string", "Int64", "float64", "boolean"]
 OverRanks = Literal["max", "mean", "sum", "min", "rank0"]
@@ -193,7 +193,7 @@ CORE: tuple[Metric, ...] = (
                                            doc="the profile pass's steps just before its profiled ones, without the "
                                                "profiler, timed as the timed steps are: far from the timed median, "
                                                "the pass was still settling when they ran")),
-    Metric(name="breakdown_gap", dtype="float64", unit="fraction", fmt=lambda g: lead(g, GAP_DECIMALS_BELOW),
+    Metric(name="breakdown_gap", dtype="float64", unit="fraction", fmt=gap_text,
            doc="the slowest rank's profiled step / timed median - 1: how far the breakdown's step is from the "
                "measured one"),
     Metric(name="timed_start_unix", dtype="float64", unit="s"),

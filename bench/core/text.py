@@ -15,5 +15,7 @@ def lead(fraction: float, decimals_below: float = 0.0995) -> str:
     return f"{fraction:+.1%}" if abs(fraction) < decimals_below else f"{fraction:+.0%}"
 
 
-#: where a gap is judged against a limit of 10%: one decimal up to 20%
-GAP_DECIMALS_BELOW = 0.1995
+def gap_text(fraction: float) -> str:
+    """A profiled step's gap to its timed one, judged against a 10% limit: one decimal up to 20%
+    (``gap_text(-0.101)`` is "-10.1%", ``gap_text(0.39)`` "+39%")."""
+    return lead(fraction, decimals_below=0.1995)

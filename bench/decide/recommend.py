@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from bench.core.text import GAP_DECIMALS_BELOW, lead
+from bench.core.text import gap_text, lead
 from bench.decide.rules import (
     BUBBLE_BOUND,
     COMM_BOUND,
@@ -179,7 +179,7 @@ def reason(r: pd.Series, gpu_mem: float | None = None) -> str:
     if not parts and pd.notna(idle) and idle >= IDLE_BOUND:
         parts.append(f"launch-bound ({idle:.0%} of the step the device is idle)")
     if not parts and off is not None:
-        parts.append(f"bound not known (its profiled step is {lead(off, GAP_DECIMALS_BELOW)} off the timed one)")
+        parts.append(f"bound not known (its profiled step is {gap_text(off)} off the timed one)")
     elif not parts and (compute is None or pd.isna(compute)):
         # no breakdown (profiling off, or the profile pass failed or was cut): no bound is claimed
         note = r.get("profile_note")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from bench.core.text import GAP_DECIMALS_BELOW, lead
+from bench.core.text import gap_text
 from bench.stats.steps import EFFICIENCY_MAX
 
 #: thresholds of the "why" line, as fractions of the step
@@ -263,7 +263,7 @@ def faster_because(win: pd.Series, other: pd.Series) -> str:
             parts.append(f"{what} ({a:.0%} vs {b:.0%} of the step)")
     if off:
         parts.append("the times of the breakdown do not say why (" + ", ".join(
-            f"{n}'s profiled step is {lead(g, GAP_DECIMALS_BELOW)} off its timed one" for n, g in off) + ")")
+            f"{n}'s profiled step is {gap_text(g)} off its timed one" for n, g in off) + ")")
     if parts:
         return ", ".join(parts[:3])
     if num(win.get("compute_time_s")) is None or num(other.get("compute_time_s")) is None:
