@@ -15,8 +15,8 @@ import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from bench.core.backends import find as find_backend  # noqa: E402
+from bench.core.metrics import BREAKDOWN_GAP_MAX  # noqa: E402
 from bench.core.text import gap_text  # noqa: E402
-from bench.decide.rules import BREAKDOWN_GAP_MAX  # noqa: E402
 
 MAX_BARS = 40
 BAR_IN, BASE_IN, WIDTH_IN = 0.24, 1.3, 8.0

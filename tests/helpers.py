@@ -67,6 +67,39 @@ class SlowRank(Strategy):
         return Step(run=run, loss_weight=1.0 / ctx.world_size, optimizer=opt)
 
 
+class SlowProfiled(Strategy):
+    """Data parallel whose steps sleep 0.25 s more while torch.profiler records them, in the first
+    ``slow_sessions`` profiler sessions of a build (every session when None): a profiler that
+    slows the step on some passes and not on others, or on every one."""
+
+    name = "test-slow-profiled"
+    summary = needs = "test only"
+    slow_sessions: int | None = None
+
+    def prepare(self, wl: Workload, ctx: Context) -> Step:
+        from torch.autograd import profiler
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(wl.build(ctx.device))
+        opt = make_optimizer(model.parameters(), ctx)
+        seen = {"sessions": 0, "on": False}
+
+        def run(b):
+            on = profiler._is_profiler_enabled
+            seen["sessions"] += on and not seen["on"]
+            seen["on"] = on
+            if on and (self.slow_sessions is None or seen["sessions"] <= self.slow_sessions):
+                time.sleep(0.25)
+            return train_step(model, wl, ctx, opt, local_share(b, ctx))
+
+        return Step(run=run, loss_weight=1.0 / ctx.world_size, optimizer=opt)
+
+
+class SlowFirstProfiled(SlowProfiled):
+    name = "test-slow-first-profiled"
+    slow_sessions = 1
+
+
 class Raises(Strategy):
     name = "test-raises"
     summary = needs = "test only"

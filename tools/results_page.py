@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.decide.rules import BREAKDOWN_GAP_MAX
+from bench.core.metrics import BREAKDOWN_GAP_MAX
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -21,6 +21,11 @@ from typing import Any, Literal
 
 from bench.core.text import gap_text
 
+#: A breakdown whose profiled step is further than this from the timed median describes another
+#: step: the profile pass runs again (bench.train.profile), and one still that far is drawn with a
+#: warning and never used to say why one cell beats another.
+BREAKDOWN_GAP_MAX = 0.10
+
 Dtype = Literal["string", "Int64", "float64", "boolean"]
 OverRanks = Literal["max", "mean", "sum", "min", "rank0"]
 Kind = Literal["key", "fact", "metric", "label"]
@@ -193,6 +198,9 @@ CORE: tuple[Metric, ...] = (
                                            doc="the profile pass's steps just before its profiled ones, without the "
                                                "profiler, timed as the timed steps are: far from the timed median, "
                                                "the pass was still settling when they ran")),
+    Metric(name="profile_passes", dtype="float64", unit="passes", header="profile passes", fmt=".0f", over_ranks="max",
+           doc="timing passes the profile pass ran: one more each time a pass's profiled step was further than "
+               "BREAKDOWN_GAP_MAX from the timed median (the closest pass is the breakdown)"),
     Metric(name="breakdown_gap", dtype="float64", unit="fraction", fmt=gap_text,
            doc="the slowest rank's profiled step / timed median - 1: how far the breakdown's step is from the "
                "measured one"),

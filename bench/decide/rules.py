@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from bench.core.metrics import BREAKDOWN_GAP_MAX
 from bench.core.text import gap_text
 from bench.stats.steps import EFFICIENCY_MAX
 
@@ -27,9 +28,6 @@ LAUNCH_STEP_S, LAUNCH_IDLE = 0.010, 0.50
 SCALES_POORLY = 0.5
 #: a part of the breakdown explains a lead when it differs by this share (calls and bytes: this ratio)
 EXPLAINS, EXPLAINS_RATIO = 0.10, 1.5
-#: a breakdown whose profiled step is further than this from the timed median describes another
-#: step: it is drawn with a warning and never used to say why one cell beats another
-BREAKDOWN_GAP_MAX = 0.10
 #: two cells whose throughput intervals all lie within this band of each other, or whose intervals
 #: are apart but whose medians lie within it, run at the same speed for a decision (a practitioner
 #: would not switch strategies for less)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -76,7 +77,8 @@ def _first_repeat(out: RankMeasurement, step, batches, cell: CellSpec, plan: Gro
     m = cell.measure
     tp = time.perf_counter()
     here = m.profile_steps > 0 and not deferred(cell)
-    profile_into(out, step, batches, cell, plan, device, backend, n=m.profile_steps if here else 1, full=here)
+    profile_into(out, step, batches, cell, plan, device, backend, n=m.profile_steps if here else 1, full=here,
+                 target_s=statistics.median(out.times) if out.times else None)
     out.profile_s = time.perf_counter() - tp
     out.param_numel = local_numel(step.optimizer)
     if step.finish is not None:
@@ -125,6 +127,7 @@ class GroupLoop:
     events: Events
     failed: set[int] = field(default_factory=set)  # cells that failed once: their later repeats are not run
     settled_at: dict[int, int] = field(default_factory=dict)  # cell -> warm-up steps its first repeat took
+    timed: dict[int, list[float]] = field(default_factory=dict)  # cell -> its repeats' slowest-rank medians
 
     def run(self) -> None:
         plan_rounds = rounds(self.plan)
@@ -158,6 +161,8 @@ class GroupLoop:
             self.failed.add(cell.cell_id)
         if repeat == 0:
             self.settled_at[cell.cell_id] = max(m.warmup_steps for m in per_rank)
+        if all(m.status == "ok" and m.times for m in per_rank):
+            self.timed.setdefault(cell.cell_id, []).append(max(statistics.median(m.times) for m in per_rank))
         self.announce(spec.Measured(cell_id=cell.cell_id, wall_s=time.perf_counter() - t0, ranks=per_rank,
                                     t=time.time(), repeat=repeat))
 
@@ -175,7 +180,9 @@ class GroupLoop:
         """``cell``'s profile pass on every rank, gathered into the leader's ``profiled`` event."""
         self.announce(spec.Start(cell_id=cell.cell_id, t=time.time(), repeat=spec.PROFILE_PASS))
         t0 = time.perf_counter()
-        mine = profile_cell(cell, self.plan, self.local_rank, self.settled_at.get(cell.cell_id, cell.measure.warmup))
+        timed = self.timed.get(cell.cell_id)
+        mine = profile_cell(cell, self.plan, self.local_rank, self.settled_at.get(cell.cell_id, cell.measure.warmup),
+                            target_s=statistics.median(timed) if timed else None)
         if mine.status != "ok":
             self.events.emit(spec.Error(cell_id=cell.cell_id, rank=self.rank, reason=f"profile pass: {mine.reason}",
                                         t=time.time()))

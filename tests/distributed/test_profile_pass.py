@@ -112,3 +112,23 @@ def test_a_one_rank_cell_records_no_communication(tmp_path):
     comm = pd.read_parquet(run_dir / "comm.parquet")
     assert int(ddp.loc[1, "cell_id"]) not in set(comm["cell_id"])
     assert int(ddp.loc[2, "cell_id"]) in set(comm["cell_id"])
+
+
+@pytest.mark.parametrize("profile_at", ["end", pytest.param("inline", marks=pytest.mark.long)])
+def test_a_profile_pass_far_from_the_timed_step_runs_again(tmp_path, profile_at):
+    """The profiler slows one cell's first timing pass by 0.25 s a step and another's every pass:
+    the first runs a second pass and keeps it (its breakdown describes the timed step), the second
+    stops after PROFILE_PASSES, keeps its closest and is flagged, never explained from."""
+    from bench.decide.rules import breakdown_off
+    from bench.train.profile import PROFILE_PASSES
+
+    cells, _ = run(tmp_path, strategies="tests.helpers:SlowFirstProfiled,tests.helpers:SlowProfiled,ddp",
+                   world_sizes="2", steps=3, warmup=1, profile_at=profile_at)
+    by = cells.set_index("strategy")
+    assert (by["status"] == "ok").all(), by[["status", "reason"]]
+    once, always = by.loc["test-slow-first-profiled"], by.loc["test-slow-profiled"]
+    slowed = lambda r: 0.25 / r["step_time_median_s"]  # about the gap of a slowed pass
+    assert once["profile_passes"] >= 2 and once["breakdown_gap"] < slowed(once) / 2
+    assert always["profile_passes"] == PROFILE_PASSES and always["breakdown_gap"] > slowed(always) / 2
+    assert breakdown_off(always) is not None
+    assert 1 <= by.loc["ddp", "profile_passes"] <= PROFILE_PASSES
