@@ -17,6 +17,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from bench.core.backends import find as find_backend  # noqa: E402
 from bench.core.metrics import BREAKDOWN_GAP_MAX  # noqa: E402
 from bench.core.text import gap_text  # noqa: E402
+from bench.decide.rules import rebuild_off  # noqa: E402
 
 MAX_BARS = 40
 BAR_IN, BASE_IN, WIDTH_IN = 0.24, 1.3, 8.0
@@ -136,12 +137,20 @@ def pareto(cells: pd.DataFrame, workload: str, ax=None):
     return ax
 
 
+def off_label(r: pd.Series, gap: float) -> str:
+    """The warning of a breakdown bar whose profiled step is ``gap`` off the timed one."""
+    moved = rebuild_off(r)
+    return f" (! profiled step {gap_text(gap)} off the timed one" + (
+        f"; its build {gap_text(moved)} off unprofiled)" if moved is not None else ")")
+
+
 def breakdown_bars(cells: pd.DataFrame, workload: str, ax=None):
     """The measured step split into compute, exposed communication, pipeline bubble or idle, and
     other (stacked: they sum to the timed median), hidden communication beside it (hatched).
     The split is the profiled steps' proportions applied to the timed median; a cell whose profiled
     step differs from the timed one by more than BREAKDOWN_GAP_MAX says so in its label (its
-    proportions describe another step, and the recommendation does not use them)."""
+    proportions describe another step, and the recommendation does not use them), and so does
+    one whose profile pass's build ran that far off before any profiling."""
     d = _ok(cells, workload)
     if "compute_time_s" not in d:
         d = d.iloc[0:0]
@@ -172,8 +181,8 @@ def breakdown_bars(cells: pd.DataFrame, workload: str, ax=None):
     ax.barh(y + 0.75, hidden, height=0.45, color="none", edgecolor="tab:orange", hatch="////",
             label="comm hidden under compute")
     gaps = d["breakdown_gap"].to_numpy(float)
-    labels = [cell_label(r) + (f" (! profiled step {gap_text(g)} off the timed one)"
-                               if abs(g) > BREAKDOWN_GAP_MAX else "") for (_, r), g in zip(d.iterrows(), gaps)]
+    labels = [cell_label(r) + (off_label(r, g) if abs(g) > BREAKDOWN_GAP_MAX else "")
+              for (_, r), g in zip(d.iterrows(), gaps)]
     ax.set_yticks(y, labels, fontsize=7)
     ax.invert_yaxis()
     # Each stacked segment is sticky at its left end, so autoscaling leaves no room after the longest

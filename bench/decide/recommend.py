@@ -54,6 +54,7 @@ from bench.decide.rules import (
     num,
     overlap,
     ran_out,
+    rebuild_off,
     text,
 )
 from bench.results.derived import derive
@@ -179,7 +180,10 @@ def reason(r: pd.Series, gpu_mem: float | None = None) -> str:
     if not parts and pd.notna(idle) and idle >= IDLE_BOUND:
         parts.append(f"launch-bound ({idle:.0%} of the step the device is idle)")
     if not parts and off is not None:
-        parts.append(f"bound not known (its profiled step is {gap_text(off)} off the timed one)")
+        moved = rebuild_off(r)
+        parts.append(f"bound not known (its profiled step is {gap_text(off)} off the timed one" + (
+            f"; built again for profiling it ran {gap_text(moved)} off unprofiled: its step moves from build "
+            "to build)" if moved is not None else ")"))
     elif not parts and (compute is None or pd.isna(compute)):
         # no breakdown (profiling off, or the profile pass failed or was cut): no bound is claimed
         note = r.get("profile_note")

@@ -226,6 +226,16 @@ def breakdown_off(r: pd.Series) -> float | None:
     return gap if gap is not None and abs(gap) > BREAKDOWN_GAP_MAX else None
 
 
+def rebuild_off(r: pd.Series) -> float | None:
+    """How far the profile pass's unprofiled steps are from the timed median, when further than
+    BREAKDOWN_GAP_MAX: the cell built again for its profile pass ran another step before any
+    profiling (its step moves from build to build), so no profiled step of that build can
+    describe the timed one."""
+    plain, med = num(r.get("unprofiled_step_s")), num(r.get("step_time_median_s"))
+    gap = plain / med - 1 if plain and med else None
+    return gap if gap is not None and abs(gap) > BREAKDOWN_GAP_MAX else None
+
+
 def faster_because(win: pd.Series, other: pd.Series) -> str:
     """Why ``win`` steps faster than ``other``, from the parts of their breakdowns that differ. A
     breakdown whose profiled step is more than BREAKDOWN_GAP_MAX off the timed one describes another

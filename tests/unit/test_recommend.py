@@ -435,6 +435,22 @@ def test_a_breakdown_far_from_the_timed_step_says_nothing_of_its_bound(gap, said
     assert reason(r).startswith(said)
 
 
+@pytest.mark.parametrize("unprofiled, said", [
+    (0.52, "bound not known (its profiled step is +30% off the timed one)"),
+    (0.59, "bound not known (its profiled step is +30% off the timed one; built again for profiling it ran +18.0% "
+           "off unprofiled: its step moves from build to build)")])
+def test_an_off_breakdown_says_when_the_rebuilt_cell_was_off_before_profiling(unprofiled, said):
+    """FSDP at 4 GPUs in a default run: timed at 75 ms in its repeat's build, 88 ms unprofiled in the
+    profile pass's build: the profiler is not what moved that step, and the line says so."""
+    from bench.decide.recommend import reason
+    from bench.decide.rules import rebuild_off
+
+    r = pd.Series(cell("fsdp", 4, 0.5, exposed_comm_s=0.1, compute_time_s=0.5, idle_frac=0.01, profiled_step_s=0.65,
+                       breakdown_gap=0.3, unprofiled_step_s=unprofiled, mfu=0.3))
+    assert reason(r) == said
+    assert (rebuild_off(r) is None) == (unprofiled == 0.52)
+
+
 def test_a_lead_beyond_the_noise_is_sized_at_the_medians():
     """Separated intervals make a lead real; its size is the medians' ratio. 2.8% apart with narrow
     intervals and with wider ones (still separated) both read the same speed; 3.5% apart is a switch."""

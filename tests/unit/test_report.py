@@ -375,3 +375,11 @@ def test_a_serve_run_without_an_answer_says_why(tmp_path, target_ms, why):
 def test_serve_report_in_headless_chromium(tmp_path):
     seen = chromium.check_page(build_report(serve_run(tmp_path)))
     assert seen.problems(MAX_PAGE_PX) == []
+
+
+def test_an_off_bar_names_a_build_that_ran_off_before_profiling():
+    import pandas as pd
+
+    r = pd.Series({"step_time_median_s": 0.075, "unprofiled_step_s": 0.088})
+    assert figures.off_label(r, 0.30) == " (! profiled step +30% off the timed one; its build +17.3% off unprofiled)"
+    assert figures.off_label(r.replace(0.088, 0.077), 0.30) == " (! profiled step +30% off the timed one)"

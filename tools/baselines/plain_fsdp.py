@@ -28,6 +28,8 @@ https://github.com/pytorch/torchtitan/blob/main/docs/fsdp.md and torchtitan's
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -35,14 +37,15 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from tools.baselines import _common as c
 
 
-def main() -> None:
-    ap = c.parser(__doc__.splitlines()[0])
+def add_flags(ap) -> None:
     ap.add_argument("--no-mp", action="store_true",
                     help="no MixedPrecisionPolicy: fp32 parameters, bf16 autocast around forward")
     ap.add_argument("--no-reshard", action="store_true", help="reshard_after_forward=False on every block")
-    args = ap.parse_args()
-    env, wl = c.setup(args)
 
+
+def build(args, env: c.Env, wl) -> tuple[Callable[[int], torch.Tensor], dict[str, object]]:
+    """The sharded model, its optimizer and batches: ``step(i)`` trains on batch i and returns the
+    loss; the settings are those the JSON line records."""
     mesh = init_device_mesh(env.device.type, (env.world,))
     model = wl.build(env.device)
     mp = args.precision == "bf16" and not args.no_mp
@@ -50,17 +53,15 @@ def main() -> None:
               else MixedPrecisionPolicy())
     blocks = [b for b in list(model.children())[1:-1] if any(True for _ in b.parameters())]
     for k, block in enumerate(blocks):
-        # The last block is the first one backward needs: resharding it would be undone at once.
         reshard = not args.no_reshard and k < len(blocks) - 1
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=not args.no_reshard)
     opt = c.sgd(model.parameters(), args.lr)
     data = c.batches(wl, args.warmup + args.steps, env, share=True)
-    # With the policy FSDP casts parameters itself; autocast is only for fp32 parameters.
     precision = "fp32" if mp else args.precision
 
     def step(i: int):
-        x, y = data[i]
+        x, y = data[i % len(data)]
         with c.autocast(env, precision):
             out = model(x)
         loss = wl.loss(out, y)
@@ -69,10 +70,19 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         return loss.detach()
 
+    return step, dict(mixed_precision_policy=mp, param_dtype="bf16" if mp else "fp32", reduce_dtype="fp32",
+                      autocast=precision == "bf16", reshard_after_forward=not args.no_reshard,
+                      fsdp_units=len(blocks) + 1)
+
+
+def main() -> None:
+    ap = c.parser(__doc__.splitlines()[0])
+    add_flags(ap)
+    args = ap.parse_args()
+    env, wl = c.setup(args)
+    step, settings = build(args, env, wl)
     times, loss = c.train(step, warmup=args.warmup, steps=args.steps, env=env)
-    c.report("plain-fsdp", args, env, wl, times, c.global_mean(loss, env), mixed_precision_policy=mp,
-             param_dtype="bf16" if mp else "fp32", reduce_dtype="fp32", autocast=precision == "bf16",
-             reshard_after_forward=not args.no_reshard, fsdp_units=len(blocks) + 1)
+    c.report("plain-fsdp", args, env, wl, times, c.global_mean(loss, env), **settings)
     c.teardown(env)
 
 
