@@ -582,6 +582,24 @@ def launch_cost_view(ev: Evidence) -> View:
                 md_table(["phase", "us a launch, median", "[min, max] over blocks", "added us"], rows, fold=False))
 
 
+def step_cost_view(ev: Evidence) -> View:
+    rows = [[cell("yes" if r.reshard_after_forward else "no"), cell(r.phase), f"{r.median_ms:.1f}",
+             f"[{r.min_ms:.1f}, {r.max_ms:.1f}]", f"{r.vs_plain:.3f}", cell(r.block_medians_ms)]
+            for r in ev.table.itertuples()]
+    header = ["resharded after forward", "phase", "ms a step, median of blocks", "[min, max] over blocks",
+              "vs plain", "each block's median, in round order"]
+    return View("5 interleaved rounds of a 10-step block a phase", None, md_table(header, rows, fold=False))
+
+
+def passes_view(ev: Evidence) -> View:
+    rows = [[cell(r.run_id), str(int(r.passes_at_most)), cell(r.backend), str(int(r.world_size)), cell(r.strategy),
+             f"{r.timed_ms:.1f}", pct(r.timed_cv, 1), f"{r.unprofiled_ms:.1f}", f"{r.profiled_ms:.1f}",
+             pct(r.breakdown_gap, 1), str(int(r.profile_passes))] for r in ev.table.itertuples()]
+    header = ["run", "passes at most", "backend", "GPUs", "strategy", "timed median ms", "timed cv",
+              "the pass's unprofiled steps, ms", "profiled ms (kept pass)", "profiled / timed - 1", "passes run"]
+    return View("one run per cell (its adaptive repeats included)", None, md_table(header, rows, fold=False))
+
+
 def projection_view(ev: Evidence) -> View:
     df = ev.table
     rows = [[cell(r.strategy), str(int(r.world_size)), str(int(r.nodes)), ms(r.pred_step_s),
@@ -764,6 +782,9 @@ SECTIONS = [
              Part("breakdown-settled-h200-x2", "Profiled steps after the pass settles, 2 GPUs", settled_view),
              Part("breakdown-markers-h200-x2", "Profiled steps between their markers, 2 GPUs", marker_windows_view),
              Part("profiler-launch-cost-h200", "What recording GPU activity costs a launch", launch_cost_view),
+             Part("profiler-step-cost-fsdp-h200-x4", "What recording GPU activity does to an FSDP2 step, 4 GPUs",
+                  step_cost_view),
+             Part("profile-passes-h200-x4", "Profile passes run again until the step matches, 4 GPUs", passes_view),
              Part("fsdp-profile-steps-h200-x4", "FSDP's profiled steps, 8 a cell", profile_steps_view),
              Part("default-run-gb64-h100-x4", "The default GPU run at global batch 64, 8-minute budget",
                   default_run_view),
