@@ -197,7 +197,8 @@ CORE: tuple[Metric, ...] = (
     Metric(name="unprofiled_step_s", **_ms(header="unprofiled ms", over_ranks="mean",
                                            doc="the profile pass's steps just before its profiled ones, without the "
                                                "profiler, timed as the timed steps are: far from the timed median, "
-                                               "the pass was still settling when they ran")),
+                                               "the pass was still settling, or the cell built again steps at "
+                                               "another speed")),
     Metric(name="profile_passes", dtype="float64", unit="passes", header="profile passes", fmt=".0f", over_ranks="max",
            doc="timing passes the profile pass ran: one more each time a pass's profiled step was further than "
                "BREAKDOWN_GAP_MAX from the timed median (the closest pass is the breakdown)"),
