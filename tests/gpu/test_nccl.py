@@ -92,6 +92,9 @@ def test_profile_pass_on_cuda_fills_the_breakdown_after_every_timed_step(tmp_pat
     multi = cells[cells["world_size"] == 2]
     assert multi["compute_time_s"].gt(0).all() and multi["comm_time_s"].gt(0).all()
     assert multi["comm_calls_per_step"].gt(0).all()
+    from bench.train.profile import PROFILE_PASSES
+
+    assert cells["profile_passes"].between(1, PROFILE_PASSES).all()
     for f in sorted((path / "work").glob("g*-a1-r0.jsonl")):  # each group: its passes after its timed repeats
         kinds = [(e["event"], e.get("repeat")) for e in map(json.loads, f.read_text().splitlines())]
         passes = [i for i, (k, r) in enumerate(kinds) if k == "start" and r == -1]
@@ -107,3 +110,21 @@ def test_profile_pass_on_cuda_fills_the_breakdown_after_every_timed_step(tmp_pat
         windows, _ = step_windows(gpu, n)
         bd, _ = analyze_trace(trace, "cuda", n)
         assert bd["profiled_step_s"] == pytest.approx(sum(b - a for a, b in windows) / n)
+
+
+@pytest.mark.skipif(gpu_count() < 2, reason="needs 2 GPUs")
+def test_profiler_step_cost_times_every_phase_in_every_round():
+    """tools/baselines/profiler_step_cost.py on 2 GPUs: one JSON line from rank 0 with a block median
+    per phase and round, each a positive step time."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
+                          "tools.baselines.profiler_step_cost", "--workload", "gpt-small", "--blocks", "2",
+                          "--steps", "3", "--warmup", "1"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = json.loads([x for x in out.stdout.splitlines() if x.startswith('{"tool"')][-1])
+    assert set(line["block_medians_s"]) == {"plain", "cuda", "cuda-noext"}
+    assert all(len(v) == 2 and min(v) > 0 for v in line["block_medians_s"].values())
+    assert line["world_size"] == 2 and line["reshard_after_forward"]
