@@ -100,6 +100,37 @@ class SlowFirstProfiled(SlowProfiled):
     slow_sessions = 1
 
 
+class SlowBuilds(Strategy):
+    """Data parallel whose builds in a process step 0.1 s slower, from its second build on (its
+    first is its timed repeat's), up to build ``last_slow`` (every later build when None): a cell
+    that steps at another speed from one build to the next."""
+
+    name = "test-slow-builds"
+    summary = needs = "test only"
+    last_slow: int | None = None
+    builds: dict[str, int] = {}
+
+    def prepare(self, wl: Workload, ctx: Context) -> Step:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        k = SlowBuilds.builds[self.name] = SlowBuilds.builds.get(self.name, 0) + 1
+        slow = k >= 2 and (self.last_slow is None or k <= self.last_slow)
+        model = DDP(wl.build(ctx.device))
+        opt = make_optimizer(model.parameters(), ctx)
+
+        def run(b):
+            if slow:
+                time.sleep(0.1)
+            return train_step(model, wl, ctx, opt, local_share(b, ctx))
+
+        return Step(run=run, loss_weight=1.0 / ctx.world_size, optimizer=opt)
+
+
+class SlowSecondBuild(SlowBuilds):
+    name = "test-slow-second-build"
+    last_slow = 2
+
+
 class Raises(Strategy):
     name = "test-raises"
     summary = needs = "test only"
