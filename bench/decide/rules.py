@@ -227,10 +227,12 @@ def breakdown_off(r: pd.Series) -> float | None:
 
 
 def rebuild_off(r: pd.Series) -> float | None:
-    """How far the profile pass's unprofiled steps are from the timed median, when further than
-    BREAKDOWN_GAP_MAX: the cell built again for its profile pass ran another step before any
-    profiling (its step moves from build to build), so no profiled step of that build can
-    describe the timed one."""
+    """How far a deferred profile pass's unprofiled steps are from the timed median, when further
+    than BREAKDOWN_GAP_MAX: the cell built again for its profile pass (``profile_builds`` times)
+    ran another step before any profiling (its step moves from build to build), so no profiled
+    step of that build can describe the timed one."""
+    if num(r.get("profile_builds")) is None:  # profiled in the timed repeat's own build (inline)
+        return None
     plain, med = num(r.get("unprofiled_step_s")), num(r.get("step_time_median_s"))
     gap = plain / med - 1 if plain and med else None
     return gap if gap is not None and abs(gap) > BREAKDOWN_GAP_MAX else None

@@ -41,8 +41,7 @@ HOST_CONTENTION = {"other_cpu_cores": "host_other_cpu_cores", "load1": "host_loa
 #: seconds from a timed window within which a host sample stands for a window that holds none
 HOST_NEAR_S = 5.0
 BREAKDOWN_KEYS = ("compute_time_s", "comm_time_s", "exposed_comm_s", "overlap_frac", "idle_frac", "profiled_step_s",
-                  "unprofiled_step_s", "profile_passes",
-                  "profile_builds")
+                  "unprofiled_step_s", "profile_passes", "profile_builds")
 
 
 def base_row(spec: CellSpec) -> dict[str, Any]:

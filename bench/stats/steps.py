@@ -78,6 +78,17 @@ def slow_rank(per_rank: np.ndarray, *, factor: float = 1.15) -> int | None:
     return worst if med[worst] > factor * float(np.median(others)) else None
 
 
+def timed_median(repeats: Sequence[np.ndarray]) -> float:
+    """A cell's timed median from its repeats (each an array of per-step times, the slowest
+    rank's): the median of the repeat medians from 3 repeats on, else of the pooled steps."""
+    reps = [np.asarray(r, dtype=float) for r in repeats if len(r)]
+    if not reps:
+        return math.nan
+    if len(reps) >= 3:
+        return float(np.median([np.median(r) for r in reps]))
+    return float(np.median(np.concatenate(reps)))
+
+
 def summarize(repeats: Sequence[np.ndarray]) -> dict[str, float | int | str | bool | None]:
     """The cell's step-time statistics from its repeats (each an array of per-step times, the
     slowest rank's): median over repeats, pooled p95 and mean, the interval (from repeat medians
@@ -90,12 +101,11 @@ def summarize(repeats: Sequence[np.ndarray]) -> dict[str, float | int | str | bo
                     step_time_ci_high_s=nan)
     pooled = np.concatenate(reps)
     medians = np.array([np.median(r) for r in reps])
+    median = timed_median(reps)
     if len(reps) >= 3:
-        median = float(np.median(medians))
         lo, hi, method = median_ci(medians)
         basis = f"repeats ({method})"
     else:
-        median = float(np.median(pooled))
         lo, hi, method = median_ci(pooled)
         basis = f"steps ({method})"
     cv = float(pooled.std(ddof=1) / pooled.mean()) if pooled.size > 1 and pooled.mean() > 0 else math.nan

@@ -27,6 +27,7 @@ from bench.measure.timing import StepTimer
 from bench.measure.trace import alone, analyze_trace, comm_volume, has_gpu_events, has_markers
 from bench.train.cell import PLACE, build, release
 from bench.train.events import one_line
+from bench.train.timed import agreed
 
 
 def activities(device: torch.device, backend: backends.Backend, *, timing: bool) -> list[ProfilerActivity]:
@@ -97,7 +98,8 @@ def unprofiled_steps(step, batches, cell: CellSpec, device: torch.device, n: int
     """The median of ``n`` steps run as the profiled ones are (the same batches, back to back after
     the ranks meet) but without the profiler, timed as the timed steps are (CUDA events on the
     step's stream; the host clock on CPU). They settle the rebuilt cell further before anything is
-    profiled; far from the timed median, the pass was still settling when they ran."""
+    profiled; far from the timed median, the pass was still settling when they ran, or the cell
+    built again steps at another speed (see :func:`profile_cell`)."""
     m = cell.measure
     timer = StepTimer(device)
     if device.type == "cuda":
@@ -153,13 +155,14 @@ def profile_into(out: RankMeasurement, step, batches, cell: CellSpec, plan: Grou
     durations, see :func:`timing_pass`), then the records pass (kept under the run's traces when
     asked, the kept timing pass's trace beside it as ``-gpu.json``).
 
-    ``target_s`` is this rank's timed median. The profiler can slow a step (more on some passes
-    than on others: an FSDP step at 4 GPUs ran 83 ms unprofiled and 127 ms profiled in one pass,
-    within 3% of its timed median in another), and a breakdown of a slower step describes another
-    step. While the pass's step is further than BREAKDOWN_GAP_MAX from the timed median (over
-    ranks, as the cell's ``breakdown_gap``), the pass runs again, up to PROFILE_PASSES in all; the
-    closest is kept, and ``profile_passes`` says how many ran. Without a timed median (a relaunch
-    that runs only the group's profile passes), one pass."""
+    ``target_s`` is the cell's timed median (the same on every rank). The profiler can slow a step,
+    more on some passes than on others (a plain FSDP2 step at 4 GPUs: 85-87 ms unprofiled, 81-114 ms
+    over GPU-profiled blocks, ``tools/baselines/profiler_step_cost.py``), and a breakdown of a
+    slower step describes another step. While the pass's step is further than BREAKDOWN_GAP_MAX
+    from the timed median (over ranks, as the cell's ``breakdown_gap``), the pass runs again, up
+    to PROFILE_PASSES in all; the closest is kept, and ``profile_passes`` says how many ran.
+    Without a timed median (a relaunch that runs only the group's profile passes), one pass; past
+    the run's deadline, no further one."""
     base = Path(plan.trace_dir) / f"cell{cell.cell_id}-rank{out.rank}" if plan.trace_dir and full else None
     # Input shapes cost the launching thread time on every op; only a host-side backend's byte
     # counts need them, a kernel backend's come with its own records (record_param_comms).
@@ -167,6 +170,8 @@ def profile_into(out: RankMeasurement, step, batches, cell: CellSpec, plan: Grou
     kept: tuple[float, float, dict[str, Any]] | None = None  # (|gap|, unprofiled median, trace)
     passes = 0
     while full and passes < PROFILE_PASSES:
+        if passes and agreed([], backend, device, plan.deadline_unix)[1]:
+            break  # past the run's deadline: the closest pass so far
         plain, timing = timing_pass(step, batches, cell, device, backend, n)
         passes += 1
         span = analyze_trace(timing, device.type, n, backend)[0].get("profiled_step_s")
@@ -203,9 +208,10 @@ def profile_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, warmup: int,
     held to, see :func:`profile_into`). Some cells step at another speed from one build to the
     next (on 4 H200s, FSDP timed at 75 ms in its repeat's build ran 88 ms unprofiled in its pass's
     build): where the build's unprofiled steps are further than BREAKDOWN_GAP_MAX from
-    ``target_s`` (over ranks), it is built again, up to PROFILE_BUILDS builds in all, and
-    ``profile_builds`` says how many. Returns this rank's breakdown, communication
-    records and the pass's time (build included) as ``profile_s`` (never raises).
+    ``target_s`` (over ranks), it is built again (before the run's deadline), up to PROFILE_BUILDS
+    builds in all; the last build is profiled, and ``profile_builds`` says how many. Returns this
+    rank's breakdown, communication records and the pass's time (builds included) as ``profile_s``
+    (never raises).
 
     Why deferred: a profiler session with GPU activity leaves the process slower at launching work
     even with CUPTI torn down (x1.09 on a launch-bound loop, ``tools/baselines/profiler_aftereffect.py``),
@@ -217,6 +223,7 @@ def profile_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, warmup: int,
     step = None
     tp = time.perf_counter()
     n = cell.measure.profile_steps
+    be = backends.get(cell.backend)
     try:
         for builds in range(1, PROFILE_BUILDS + 1):
             _, device, batches, step, _ = build(cell, local_rank, out)
@@ -225,12 +232,11 @@ def profile_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, warmup: int,
             if target_s is None or builds == PROFILE_BUILDS:
                 break
             gap = gap_over_ranks(unprofiled_steps(step, batches, cell, device, n), target_s)
-            if gap is None or abs(gap) <= BREAKDOWN_GAP_MAX:
+            if gap is None or abs(gap) <= BREAKDOWN_GAP_MAX or agreed([], be, device, plan.deadline_unix)[1]:
                 break
-            step = None  # this build steps at another speed than the timed one: build it again
+            step = batches = None  # this build steps at another speed than the timed one: build it again
             release(cell)
-        profile_into(out, step, batches, cell, plan, device, backends.get(cell.backend), n=n, full=True,
-                     target_s=target_s)
+        profile_into(out, step, batches, cell, plan, device, be, n=n, full=True, target_s=target_s)
         if out.breakdown:
             out.breakdown["profile_builds"] = builds
     except Exception as e:  # noqa: BLE001 - a failed pass leaves the cell's timing alone

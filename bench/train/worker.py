@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import gc
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -28,17 +27,19 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from bench.core import backends, spec
 from bench.core.spec import CellSpec, GroupPlan, RankMeasurement, deferred
 from bench.multinode.netinfo import placement
+from bench.stats.steps import timed_median
 from bench.train.cell import PLACE, build, local_numel, release
 from bench.train.events import Events, one_line, process_start, write_error, write_startup
 from bench.train.profile import profile_cell, profile_into
 from bench.train.rounds import rounds
-from bench.train.timed import Steps, measure
+from bench.train.timed import Steps, agreed, measure
 from bench.train.watchdog import start_watchdog
 
 _T_IMPORTED = time.time()
@@ -77,8 +78,10 @@ def _first_repeat(out: RankMeasurement, step, batches, cell: CellSpec, plan: Gro
     m = cell.measure
     tp = time.perf_counter()
     here = m.profile_steps > 0 and not deferred(cell)
+    # The timed median this repeat's row will show (the slowest rank's step, every rank agreeing).
+    target = timed_median([agreed(out.times, backend, device)[0]]) if here else None
     profile_into(out, step, batches, cell, plan, device, backend, n=m.profile_steps if here else 1, full=here,
-                 target_s=statistics.median(out.times) if out.times else None)
+                 target_s=target)
     out.profile_s = time.perf_counter() - tp
     out.param_numel = local_numel(step.optimizer)
     if step.finish is not None:
@@ -127,7 +130,7 @@ class GroupLoop:
     events: Events
     failed: set[int] = field(default_factory=set)  # cells that failed once: their later repeats are not run
     settled_at: dict[int, int] = field(default_factory=dict)  # cell -> warm-up steps its first repeat took
-    timed: dict[int, list[float]] = field(default_factory=dict)  # cell -> its repeats' slowest-rank medians
+    timed: dict[int, list[np.ndarray]] = field(default_factory=dict)  # cell -> its repeats' slowest-rank steps
 
     def run(self) -> None:
         plan_rounds = rounds(self.plan)
@@ -162,7 +165,7 @@ class GroupLoop:
         if repeat == 0:
             self.settled_at[cell.cell_id] = max(m.warmup_steps for m in per_rank)
         if all(m.status == "ok" and m.times for m in per_rank):
-            self.timed.setdefault(cell.cell_id, []).append(max(statistics.median(m.times) for m in per_rank))
+            self.timed.setdefault(cell.cell_id, []).append(np.array([m.times for m in per_rank]).max(axis=0))
         self.announce(spec.Measured(cell_id=cell.cell_id, wall_s=time.perf_counter() - t0, ranks=per_rank,
                                     t=time.time(), repeat=repeat))
 
@@ -182,7 +185,7 @@ class GroupLoop:
         t0 = time.perf_counter()
         timed = self.timed.get(cell.cell_id)
         mine = profile_cell(cell, self.plan, self.local_rank, self.settled_at.get(cell.cell_id, cell.measure.warmup),
-                            target_s=statistics.median(timed) if timed else None)
+                            target_s=timed_median(timed) if timed else None)
         if mine.status != "ok":
             self.events.emit(spec.Error(cell_id=cell.cell_id, rank=self.rank, reason=f"profile pass: {mine.reason}",
                                         t=time.time()))

@@ -9,6 +9,7 @@ from bench.core.config import build_config
 from bench.measure.hardware import gpu_count
 from bench.results.store import load_run
 from bench.train import launcher as launch
+from bench.train.profile import PROFILE_BUILDS, PROFILE_PASSES
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_count() < 1, reason="needs a CUDA GPU")]
 
@@ -92,9 +93,8 @@ def test_profile_pass_on_cuda_fills_the_breakdown_after_every_timed_step(tmp_pat
     multi = cells[cells["world_size"] == 2]
     assert multi["compute_time_s"].gt(0).all() and multi["comm_time_s"].gt(0).all()
     assert multi["comm_calls_per_step"].gt(0).all()
-    from bench.train.profile import PROFILE_PASSES
-
     assert cells["profile_passes"].between(1, PROFILE_PASSES).all()
+    assert cells["profile_builds"].between(1, PROFILE_BUILDS).all()
     for f in sorted((path / "work").glob("g*-a1-r0.jsonl")):  # each group: its passes after its timed repeats
         kinds = [(e["event"], e.get("repeat")) for e in map(json.loads, f.read_text().splitlines())]
         passes = [i for i, (k, r) in enumerate(kinds) if k == "start" and r == -1]

@@ -446,8 +446,10 @@ def test_an_off_breakdown_says_when_the_rebuilt_cell_was_off_before_profiling(un
     from bench.decide.rules import rebuild_off
 
     r = pd.Series(cell("fsdp", 4, 0.5, exposed_comm_s=0.1, compute_time_s=0.5, idle_frac=0.01, profiled_step_s=0.65,
-                       breakdown_gap=0.3, unprofiled_step_s=unprofiled, mfu=0.3))
+                       breakdown_gap=0.3, unprofiled_step_s=unprofiled, profile_builds=2, mfu=0.3))
     assert reason(r) == said
+    inline = r.drop("profile_builds")  # profiled in the timed repeat's own build: never "built again"
+    assert rebuild_off(inline) is None and "built again" not in reason(inline)
     assert (rebuild_off(r) is None) == (unprofiled == 0.52)
 
 

@@ -53,11 +53,13 @@ def build(args, env: c.Env, wl) -> tuple[Callable[[int], torch.Tensor], dict[str
               else MixedPrecisionPolicy())
     blocks = [b for b in list(model.children())[1:-1] if any(True for _ in b.parameters())]
     for k, block in enumerate(blocks):
+        # The last block is the first one backward needs: resharding it would be undone at once.
         reshard = not args.no_reshard and k < len(blocks) - 1
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=not args.no_reshard)
     opt = c.sgd(model.parameters(), args.lr)
     data = c.batches(wl, args.warmup + args.steps, env, share=True)
+    # With the policy FSDP casts parameters itself; autocast is only for fp32 parameters.
     precision = "fp32" if mp else args.precision
 
     def step(i: int):
