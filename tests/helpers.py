@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -67,32 +68,48 @@ class SlowRank(Strategy):
         return Step(run=run, loss_weight=1.0 / ctx.world_size, optimizer=opt)
 
 
-class SlowProfiled(Strategy):
-    """Data parallel whose steps sleep 0.25 s more while torch.profiler records them, in the first
-    ``slow_sessions`` profiler sessions of a build (every session when None): a profiler that
-    slows the step on some passes and not on others, or on every one."""
+class _SlowedDDP(Strategy):
+    """Data parallel whose step first sleeps what :meth:`extra` returns (seconds, asked each step)."""
 
-    name = "test-slow-profiled"
     summary = needs = "test only"
-    slow_sessions: int | None = None
+
+    def extra(self) -> Callable[[], float]:
+        raise NotImplementedError
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
-        from torch.autograd import profiler
         from torch.nn.parallel import DistributedDataParallel as DDP
 
+        delay = self.extra()
         model = DDP(wl.build(ctx.device))
         opt = make_optimizer(model.parameters(), ctx)
-        seen = {"sessions": 0, "on": False}
 
         def run(b):
-            on = profiler._is_profiler_enabled
-            seen["sessions"] += on and not seen["on"]
-            seen["on"] = on
-            if on and (self.slow_sessions is None or seen["sessions"] <= self.slow_sessions):
-                time.sleep(0.25)
+            time.sleep(delay())
             return train_step(model, wl, ctx, opt, local_share(b, ctx))
 
         return Step(run=run, loss_weight=1.0 / ctx.world_size, optimizer=opt)
+
+
+class SlowProfiled(_SlowedDDP):
+    """Steps 0.25 s slower while torch.profiler records them, in the first ``slow_sessions``
+    profiler sessions of a build (every session when None): a profiler that slows the step on some
+    passes and not on others, or on every one."""
+
+    name = "test-slow-profiled"
+    slow_sessions: int | None = None
+
+    def extra(self) -> Callable[[], float]:
+        from torch.autograd import profiler
+
+        seen = {"sessions": 0, "on": False}
+
+        def delay() -> float:
+            on = profiler._is_profiler_enabled
+            seen["sessions"] += on and not seen["on"]
+            seen["on"] = on
+            return 0.25 if on and (self.slow_sessions is None or seen["sessions"] <= self.slow_sessions) else 0.0
+
+        return delay
 
 
 class SlowFirstProfiled(SlowProfiled):
@@ -100,30 +117,19 @@ class SlowFirstProfiled(SlowProfiled):
     slow_sessions = 1
 
 
-class SlowBuilds(Strategy):
-    """Data parallel whose builds in a process step 0.1 s slower, from its second build on (its
-    first is its timed repeat's), up to build ``last_slow`` (every later build when None): a cell
-    that steps at another speed from one build to the next."""
+class SlowBuilds(_SlowedDDP):
+    """Steps 0.1 s slower in its builds in a process from the second on (the first is its timed
+    repeat's), up to build ``last_slow`` (every later build when None): a cell that steps at
+    another speed from one build to the next."""
 
     name = "test-slow-builds"
-    summary = needs = "test only"
     last_slow: int | None = None
     builds: dict[str, int] = {}
 
-    def prepare(self, wl: Workload, ctx: Context) -> Step:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
+    def extra(self) -> Callable[[], float]:
         k = SlowBuilds.builds[self.name] = SlowBuilds.builds.get(self.name, 0) + 1
         slow = k >= 2 and (self.last_slow is None or k <= self.last_slow)
-        model = DDP(wl.build(ctx.device))
-        opt = make_optimizer(model.parameters(), ctx)
-
-        def run(b):
-            if slow:
-                time.sleep(0.1)
-            return train_step(model, wl, ctx, opt, local_share(b, ctx))
-
-        return Step(run=run, loss_weight=1.0 / ctx.world_size, optimizer=opt)
+        return lambda: 0.1 if slow else 0.0
 
 
 class SlowSecondBuild(SlowBuilds):

@@ -38,6 +38,25 @@ def root_cause(log_text: str) -> tuple[int | None, int | None]:
     return (int(rank[1]) if rank else None), (int(code[1]) if code else None)
 
 
+#: an error line that only says a peer went away (its cause is that peer's failure)
+PEER_GONE = re.compile(r"closed by peer|reset by peer|remote worker crash", re.IGNORECASE)
+
+
+def failures(log_text: str) -> list[tuple[int, int | None]]:
+    """(rank, exit code) of every failure in torchrun's "Failures" list (before its "Root Cause")."""
+    i = log_text.rfind("Failures:")
+    if i < 0:
+        return []
+    j = log_text.find("Root Cause", i)
+    out = []
+    for block in re.split(r"^\[\d+\]:\s*$", log_text[i:j if j >= 0 else None], flags=re.MULTILINE)[1:]:
+        rank = re.search(r"^\s*rank\s*:\s*(\d+)", block, re.MULTILINE)
+        code = re.search(r"^\s*exitcode\s*:\s*(-?\d+)", block, re.MULTILINE)
+        if rank:
+            out.append((int(rank[1]), int(code[1]) if code else None))
+    return out
+
+
 def rank_error(prefix: str, rank: int) -> str:
     """The last error line a rank wrote to its own error file (the worker writes it)."""
     try:
@@ -86,6 +105,13 @@ def crash_reason(prefix: str, logpath: Path, rc: int | None, n_procs: int = 0) -
         tail = _log_tail(logpath)
         return f"torchrun exited with {exit_text(rc)}" + (f": {tail}" if tail else "")
     line = rank_error(prefix, rank)
+    if PEER_GONE.search(line):
+        # torchrun observed this rank first, but it died of a peer's going away: the peer that
+        # failed in the same breath is the cause (a rank interrupted mid-collective, for one).
+        others = [(r, c) for r, c in failures(text) if r != rank]
+        if others:
+            rank, code = others[0]
+            line = rank_error(prefix, rank)
     if not line:  # a rank killed by a signal writes nothing: its peers' lines say what they saw
         others = [(r, rank_error(prefix, r)) for r in err_ranks(prefix) if r != rank]
         seen = [f"rank {r}: {e}" for r, e in others if e]

@@ -176,6 +176,26 @@ def test_crash_reason_names_the_root_cause_rank_its_signal_and_a_real_error_line
     assert exit_text(3) == "exit code 3" and exit_text(-15) == "signal 15 (SIGTERM)"
 
 
+def test_a_root_cause_that_lost_its_peer_blames_the_peer(tmp_path):
+    """torchrun can observe the rank that lost its peer first (the same second): the rank the
+    Failures list names, interrupted mid-collective, is the cause."""
+    from bench.runtime.crash import crash_reason, failures
+
+    swapped = TORCHRUN_LOG.replace("rank      : 0 (local_rank: 0)", "rank      : X").replace(
+        "rank      : 1 (local_rank: 1)", "rank      : 0 (local_rank: 0)").replace("rank      : X", "rank      : 1")
+    swapped = swapped.replace("exitcode  : 1 (pid: 27519)", "exitcode  : -2 (pid: 27519)").replace(
+        "exitcode  : -9 (pid: 27521)  (SIGKILL)", "exitcode  : 1 (pid: 27521)")
+    log = tmp_path / "g0-a1.log"
+    log.write_text(swapped)
+    prefix = str(tmp_path / "g0-a1")
+    (tmp_path / "g0-a1-r0.err").write_text("RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:4242\n")
+    (tmp_path / "g0-a1-r1.err").write_text("KeyboardInterrupt\n")
+    assert failures(swapped) == [(1, -2)]
+    assert crash_reason(prefix, log, 1, 2) == "rank 1 exited with signal 2 (SIGINT): KeyboardInterrupt"
+    (tmp_path / "g0-a1-r0.err").write_text("ValueError: its own error\n")  # a cause of its own: it stays
+    assert crash_reason(prefix, log, 1, 2) == "rank 0 exited with exit code 1: ValueError: its own error"
+
+
 def test_summary_and_compare_print_brackets_verbatim(tmp_path):
     """Names and reasons with rich markup in them are printed as they are, never interpreted."""
     import io
