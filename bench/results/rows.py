@@ -26,7 +26,7 @@ from bench.core.spec import CellSpec, RankMeasurement, outcome
 from bench.measure.hardware import cpu_threads, peak_flops
 from bench.measure.slowdown import POWER_CAP, THROTTLED
 from bench.results.identity import start_row
-from bench.stats.steps import slow_rank, summarize
+from bench.stats.steps import slow_rank, slowest_steps, summarize
 
 #: NVML's energy counter advances in steps (about 12.6 J at a time on H200s), so a short
 #: window reads 0 or one step: no energy figure below this many seconds.
@@ -156,7 +156,7 @@ def build_row(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]], *, w
     if unusable:
         return failure_row(spec, status="failed", reason=unusable, wall_s=wall_s), [], []
     ranks = repeats[0]
-    per_step = [np.array([r.times for r in rep], dtype=np.float64).max(axis=0) for rep in repeats]
+    per_step = [slowest_steps([r.times for r in rep]) for rep in repeats]
     row = base_row(spec)
     row.update(_timing_columns(spec, repeats, per_step, wall_s))
     row.update(_comm_columns(spec, ranks))

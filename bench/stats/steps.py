@@ -78,6 +78,12 @@ def slow_rank(per_rank: np.ndarray, *, factor: float = 1.15) -> int | None:
     return worst if med[worst] > factor * float(np.median(others)) else None
 
 
+def slowest_steps(per_rank: Sequence[Sequence[float]]) -> np.ndarray:
+    """Each timed step of one repeat as the slowest rank took it (the ranks' step times, one list a
+    rank, all as long)."""
+    return np.array(per_rank, dtype=np.float64).max(axis=0)
+
+
 def timed_median(repeats: Sequence[np.ndarray]) -> float:
     """A cell's timed median from its repeats (each an array of per-step times, the slowest
     rank's): the median of the repeat medians from 3 repeats on, else of the pooled steps."""

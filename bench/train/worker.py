@@ -34,7 +34,7 @@ import torch.distributed as dist
 from bench.core import backends, spec
 from bench.core.spec import CellSpec, GroupPlan, RankMeasurement, deferred
 from bench.multinode.netinfo import placement
-from bench.stats.steps import timed_median
+from bench.stats.steps import slowest_steps, timed_median
 from bench.train.cell import PLACE, build, local_numel, release
 from bench.train.events import Events, one_line, process_start, write_error, write_startup
 from bench.train.profile import profile_cell, profile_into
@@ -165,7 +165,7 @@ class GroupLoop:
         if repeat == 0:
             self.settled_at[cell.cell_id] = max(m.warmup_steps for m in per_rank)
         if all(m.status == "ok" and m.times for m in per_rank):
-            self.timed.setdefault(cell.cell_id, []).append(np.array([m.times for m in per_rank]).max(axis=0))
+            self.timed.setdefault(cell.cell_id, []).append(slowest_steps([m.times for m in per_rank]))
         self.announce(spec.Measured(cell_id=cell.cell_id, wall_s=time.perf_counter() - t0, ranks=per_rank,
                                     t=time.time(), repeat=repeat))
 
