@@ -117,6 +117,21 @@ class SlowFirstProfiled(SlowProfiled):
     slow_sessions = 1
 
 
+class SlowProfiledBuild(SlowProfiled):
+    """Steps 0.25 s slower while torch.profiler records them, on its first build for the profile
+    pass only (a process's second build; the first is its timed repeat's): a build on which every
+    timing pass is off, and a later one on which none is. Every step sleeps 0.05 s besides, so
+    that a busy host's jitter stays well within BREAKDOWN_GAP_MAX of the step."""
+
+    name = "test-slow-profiled-build"
+    builds: dict[str, int] = {}
+
+    def extra(self) -> Callable[[], float]:
+        k = SlowProfiledBuild.builds[self.name] = SlowProfiledBuild.builds.get(self.name, 0) + 1
+        profiled = super().extra() if k == 2 else (lambda: 0.0)
+        return lambda: 0.05 + profiled()
+
+
 class SlowBuilds(_SlowedDDP):
     """Steps 0.1 s slower in its builds in a process from the second on (the first is its timed
     repeat's), up to build ``last_slow`` (every later build when None): a cell that steps at

@@ -203,8 +203,8 @@ CORE: tuple[Metric, ...] = (
            doc="timing passes the profile pass ran: one more each time a pass's profiled step was further than "
                "BREAKDOWN_GAP_MAX from the timed median (the closest pass is the breakdown)"),
     Metric(name="profile_builds", dtype="float64", unit="builds", header="profile builds", fmt=".0f", over_ranks="max",
-           doc="builds of the cell for its deferred profile pass: a second when the first one's unprofiled steps "
-               "were further than BREAKDOWN_GAP_MAX from the timed median"),
+           doc="builds of the cell for its deferred profile pass: another (up to 3) when a build's unprofiled "
+               "steps, or all its timing passes, were further than BREAKDOWN_GAP_MAX from the timed median"),
     Metric(name="breakdown_gap", dtype="float64", unit="fraction", fmt=gap_text,
            doc="the slowest rank's profiled step / timed median - 1: how far the breakdown's step is from the "
                "measured one"),

@@ -110,14 +110,18 @@ def unprofiled_steps(step, batches, cell: CellSpec, device: torch.device, n: int
     return statistics.median(timer.times())
 
 
-#: Timing passes at most for one breakdown: a pass whose profiled step is further than
+#: Timing passes at most on one build: a pass whose profiled step is further than
 #: BREAKDOWN_GAP_MAX from the timed median runs again, and the closest pass is kept. On 4 H200s a
 #: plain FSDP2 step held within 2% of 86 ms over 5 unprofiled blocks and ran 81-114 ms over 5
 #: GPU-profiled ones (tools/baselines/profiler_step_cost.py): some passes land near the step,
 #: others do not, and each costs a few steps.
 PROFILE_PASSES = 5
 #: Builds at most for one deferred profile pass (see :func:`profile_cell`).
-PROFILE_BUILDS = 2
+PROFILE_BUILDS = 3
+
+#: The closest timing pass so far: (its |gap| from the timed median, its build's unprofiled
+#: median, its Chrome trace).
+Kept = tuple[float, float, dict[str, Any]]
 
 
 def timing_pass(step, batches, cell: CellSpec, device: torch.device, backend: backends.Backend,
@@ -148,30 +152,23 @@ def gap_over_ranks(span: float | None, target_s: float | None) -> float | None:
     return max(p[0] for p in pairs) / max(p[1] for p in pairs) - 1
 
 
-def profile_into(out: RankMeasurement, step, batches, cell: CellSpec, plan: GroupPlan, device: torch.device,
-                 backend: backends.Backend, *, n: int, full: bool, target_s: float | None = None) -> None:
-    """``n`` profiled steps into ``out``: the communication per step (the distribution check's
-    evidence) always; with ``full``, timing passes first (the breakdown and the collectives'
-    durations, see :func:`timing_pass`), then the records pass (kept under the run's traces when
-    asked, the kept timing pass's trace beside it as ``-gpu.json``).
+def close(kept: Kept | None) -> bool:
+    """The kept pass describes the timed step: its profiled step within BREAKDOWN_GAP_MAX of it."""
+    return kept is not None and kept[0] <= BREAKDOWN_GAP_MAX
 
-    ``target_s`` is the cell's timed median (the same on every rank). The profiler can slow a step,
-    more on some passes than on others (a plain FSDP2 step at 4 GPUs: 85-87 ms unprofiled, 81-114 ms
-    over GPU-profiled blocks, ``tools/baselines/profiler_step_cost.py``), and a breakdown of a
-    slower step describes another step. While the pass's step is further than BREAKDOWN_GAP_MAX
-    from the timed median (over ranks, as the cell's ``breakdown_gap``), the pass runs again, up
-    to PROFILE_PASSES in all; the closest is kept, and ``profile_passes`` says how many ran.
-    Without a timed median (a relaunch that runs only the group's profile passes), one pass; past
-    the run's deadline, no further one."""
-    base = Path(plan.trace_dir) / f"cell{cell.cell_id}-rank{out.rank}" if plan.trace_dir and full else None
-    # Input shapes cost the launching thread time on every op; only a host-side backend's byte
-    # counts need them, a kernel backend's come with its own records (record_param_comms).
-    shapes = not backend.comm_in_kernels()
-    kept: tuple[float, float, dict[str, Any]] | None = None  # (|gap|, unprofiled median, trace)
+
+def past(plan: GroupPlan, backend: backends.Backend, device: torch.device) -> bool:
+    """The run's deadline has passed, every rank agreeing."""
+    return agreed([], backend, device, plan.deadline_unix)[1]
+
+
+def timing_passes(step, batches, cell: CellSpec, plan: GroupPlan, device: torch.device, backend: backends.Backend,
+                  n: int, target_s: float | None, kept: Kept | None = None) -> tuple[Kept | None, int]:
+    """Timing passes on this build until one is :func:`close` (or PROFILE_PASSES ran, or the run's
+    deadline passed after the first): the closest of them and of ``kept`` (a former build's), and
+    how many ran. Without ``target_s``, one pass."""
     passes = 0
-    while full and passes < PROFILE_PASSES:
-        if passes and agreed([], backend, device, plan.deadline_unix)[1]:
-            break  # past the run's deadline: the closest pass so far
+    while passes < PROFILE_PASSES and not (passes and (target_s is None or close(kept) or past(plan, backend, device))):
         plain, timing = timing_pass(step, batches, cell, device, backend, n)
         passes += 1
         span = analyze_trace(timing, device.type, n, backend)[0].get("profiled_step_s")
@@ -179,11 +176,34 @@ def profile_into(out: RankMeasurement, step, batches, cell: CellSpec, plan: Grou
         miss = abs(gap) if gap is not None else 0.0
         if kept is None or miss < kept[0]:
             kept = (miss, plain, timing)
-        if miss <= BREAKDOWN_GAP_MAX:
-            break
+    return kept, passes
+
+
+def profile_into(out: RankMeasurement, step, batches, cell: CellSpec, plan: GroupPlan, device: torch.device,
+                 backend: backends.Backend, *, n: int, full: bool, target_s: float | None = None,
+                 kept: Kept | None = None, passes: int = 0) -> None:
+    """``n`` profiled steps into ``out``: the communication per step (the distribution check's
+    evidence) always; with ``full``, the breakdown and the collectives' durations from the closest
+    of :func:`timing_passes` (``kept`` and ``passes``: those a caller ran already), then the
+    records pass (kept under the run's traces when asked, the kept timing pass's trace beside it
+    as ``-gpu.json``).
+
+    ``target_s`` is the cell's timed median (the same on every rank). The profiler can slow a step,
+    more on some passes than on others (a plain FSDP2 step at 4 GPUs: 85-87 ms unprofiled, 81-114 ms
+    over GPU-profiled blocks, ``tools/baselines/profiler_step_cost.py``), and a breakdown of a
+    slower step describes another step: passes run again while the closest is further than
+    BREAKDOWN_GAP_MAX from the timed median (over ranks, as the cell's ``breakdown_gap``), and
+    ``profile_passes`` says how many ran. Without a timed median (a relaunch that runs only the
+    group's profile passes), one pass; past the run's deadline, no further one."""
+    base = Path(plan.trace_dir) / f"cell{cell.cell_id}-rank{out.rank}" if plan.trace_dir and full else None
+    # Input shapes cost the launching thread time on every op; only a host-side backend's byte
+    # counts need them, a kernel backend's come with its own records (record_param_comms).
+    shapes = not backend.comm_in_kernels()
+    if full and not passes:
+        kept, passes = timing_passes(step, batches, cell, plan, device, backend, n, target_s)
     records = profile_steps(step, batches, cell, device, base and base.with_suffix(".json"), n=n,
                             acts=activities(device, backend, timing=False), shapes=shapes)
-    if kept is not None:
+    if full and kept is not None:
         _, plain, timing = kept
         if base is not None:
             base.with_name(base.name + "-gpu.json").write_text(json.dumps(timing))
@@ -205,13 +225,16 @@ def profile_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, warmup: int,
                  target_s: float | None = None) -> RankMeasurement:
     """A cell's deferred profile pass: build it again, run ``warmup`` steps (what its first timed
     repeat needed to settle), then its profiled steps (``target_s``: the timed median they are
-    held to, see :func:`profile_into`). Some cells step at another speed from one build to the
-    next (on 4 H200s, FSDP timed at 75 ms in its repeat's build ran 88 ms unprofiled in its pass's
-    build): where the build's unprofiled steps are further than BREAKDOWN_GAP_MAX from
-    ``target_s`` (over ranks), it is built again (before the run's deadline), up to PROFILE_BUILDS
-    builds in all; the last build is profiled, and ``profile_builds`` says how many. Returns this
-    rank's breakdown, communication records and the pass's time (builds included) as ``profile_s``
-    (never raises).
+    held to, see :func:`profile_into`). Returns this rank's breakdown, communication records and
+    the pass's time (builds included) as ``profile_s`` (never raises).
+
+    Some cells step at another speed from one build to the next (on 4 H200s, FSDP timed at 75 ms
+    in its repeat's build ran 88 ms unprofiled in its pass's build), and no pass on such a build
+    can describe the timed step. A build whose unprofiled steps are further than BREAKDOWN_GAP_MAX
+    from ``target_s`` (over ranks), or whose timing passes all were, is built again, up to
+    PROFILE_BUILDS builds in all and none after the run's deadline; the closest timing pass over
+    the builds is kept, the records come from the last build (the same collectives in the same
+    order on every build), and ``profile_builds`` says how many builds ran.
 
     Why deferred: a profiler session with GPU activity leaves the process slower at launching work
     even with CUPTI torn down (x1.09 on a launch-bound loop, ``tools/baselines/profiler_aftereffect.py``),
@@ -224,19 +247,29 @@ def profile_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, warmup: int,
     tp = time.perf_counter()
     n = cell.measure.profile_steps
     be = backends.get(cell.backend)
+    kept: Kept | None = None
+    passes = 0
     try:
         for builds in range(1, PROFILE_BUILDS + 1):
             _, device, batches, step, _ = build(cell, local_rank, out)
             for k in range(max(warmup, 1)):
                 step.run(batches[k % len(batches)])
-            if target_s is None or builds == PROFILE_BUILDS:
+            last = target_s is None or builds == PROFILE_BUILDS
+            if not last:
+                gap = gap_over_ranks(unprofiled_steps(step, batches, cell, device, n), target_s)
+                last = gap is None or past(plan, be, device)
+                if not last and abs(gap) > BREAKDOWN_GAP_MAX:
+                    step = batches = None  # this build steps at another speed: build it again
+                    release(cell)
+                    continue
+            kept, more = timing_passes(step, batches, cell, plan, device, be, n, target_s, kept)
+            passes += more
+            if last or close(kept) or past(plan, be, device):
                 break
-            gap = gap_over_ranks(unprofiled_steps(step, batches, cell, device, n), target_s)
-            if gap is None or abs(gap) <= BREAKDOWN_GAP_MAX or agreed([], be, device, plan.deadline_unix)[1]:
-                break
-            step = batches = None  # this build steps at another speed than the timed one: build it again
+            step = batches = None  # every pass on this build was off: build it again
             release(cell)
-        profile_into(out, step, batches, cell, plan, device, be, n=n, full=True, target_s=target_s)
+        profile_into(out, step, batches, cell, plan, device, be, n=n, full=True, target_s=target_s,
+                     kept=kept, passes=passes)
         if out.breakdown:
             out.breakdown["profile_builds"] = builds
     except Exception as e:  # noqa: BLE001 - a failed pass leaves the cell's timing alone
