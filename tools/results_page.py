@@ -592,11 +592,14 @@ def step_cost_view(ev: Evidence) -> View:
 
 
 def passes_view(ev: Evidence) -> View:
-    rows = [[cell(r.run_id), str(int(r.passes_at_most)), cell(r.backend), str(int(r.world_size)), cell(r.strategy),
-             f"{r.timed_ms:.1f}", pct(r.timed_cv, 1), f"{r.unprofiled_ms:.1f}", f"{r.profiled_ms:.1f}",
-             pct(r.breakdown_gap, 1), str(int(r.profile_passes))] for r in ev.table.itertuples()]
-    header = ["run", "passes at most", "backend", "GPUs", "strategy", "timed median ms", "timed cv",
-              "the pass's unprofiled steps, ms", "profiled ms (kept pass)", "profiled / timed - 1", "passes run"]
+    rows = [[cell(r.run_id), f"{int(r.passes_at_most)} / {int(r.builds_at_most)}", cell(r.backend),
+             str(int(r.world_size)), cell(r.strategy), f"{r.timed_ms:.1f}", pct(r.timed_cv, 1),
+             f"{r.unprofiled_ms:.1f}", f"{r.profiled_ms:.1f}", pct(r.breakdown_gap, 1),
+             f"{int(r.profile_passes)} / {int(r.profile_builds)}"]
+            for r in ev.table.itertuples()]
+    header = ["run", "passes a build / builds, at most", "backend", "GPUs", "strategy", "timed median ms", "timed cv",
+              "the kept build's unprofiled steps, ms", "profiled ms (kept pass)", "profiled / timed - 1",
+              "passes / builds run"]
     return View("one run per cell (its adaptive repeats included)", None, md_table(header, rows, fold=False))
 
 
