@@ -117,25 +117,46 @@ class SlowFirstProfiled(SlowProfiled):
     slow_sessions = 1
 
 
-class SlowProfiledBuild(SlowProfiled):
-    """Steps 0.25 s slower while torch.profiler records them, on its first build for the profile
-    pass only (a process's second build; the first is its timed repeat's): a build on which every
-    timing pass is off, and a later one on which none is. Every step sleeps 0.05 s besides, so
-    that a busy host's jitter stays well within BREAKDOWN_GAP_MAX of the step."""
+class SlowProfiledBuild(_SlowedDDP):
+    """Sleeps 0.1 s a step, and while torch.profiler records, ``slowdowns[i]`` s more on the
+    (i+1)-th of its profile pass's builds that records any (none more on later ones): builds on
+    which every timing pass is off, then one on which none is. Keyed to the builds that profile,
+    a build the pass skips before profiling (its unprofiled steps off on a busy host) changes
+    nothing."""
 
     name = "test-slow-profiled-build"
-    builds: dict[str, int] = {}
+    slowdowns: tuple[float, ...] = (0.25,)
+    profiled: dict[str, int] = {}
 
     def extra(self) -> Callable[[], float]:
-        k = SlowProfiledBuild.builds[self.name] = SlowProfiledBuild.builds.get(self.name, 0) + 1
-        profiled = super().extra() if k == 2 else (lambda: 0.0)
-        return lambda: 0.05 + profiled()
+        import inspect
+
+        from torch.autograd import profiler
+
+        in_pass = any(f.function == "profile_cell" for f in inspect.stack())
+        me: dict[str, int] = {}
+
+        def delay() -> float:
+            if not (in_pass and profiler._is_profiler_enabled):
+                return 0.1
+            if "k" not in me:
+                me["k"] = SlowProfiledBuild.profiled[self.name] = SlowProfiledBuild.profiled.get(self.name, 0) + 1
+            return 0.1 + (self.slowdowns[me["k"] - 1] if me["k"] <= len(self.slowdowns) else 0.0)
+
+        return delay
+
+
+class SlowerProfiledBuilds(SlowProfiledBuild):
+    """Off under the profiler on every build of its profile pass, least on the first."""
+
+    name = "test-slower-profiled-builds"
+    slowdowns = (0.25, 0.5, 0.5)
 
 
 class SlowBuilds(_SlowedDDP):
-    """Steps 0.1 s slower in its builds in a process from the second on (the first is its timed
-    repeat's), up to build ``last_slow`` (every later build when None): a cell that steps at
-    another speed from one build to the next."""
+    """Sleeps 0.05 s a step, 0.1 s more in its builds in a process from the second on (the first
+    is its timed repeat's), up to build ``last_slow`` (every later build when None): a cell that
+    steps at another speed from one build to the next."""
 
     name = "test-slow-builds"
     last_slow: int | None = None
@@ -144,7 +165,7 @@ class SlowBuilds(_SlowedDDP):
     def extra(self) -> Callable[[], float]:
         k = SlowBuilds.builds[self.name] = SlowBuilds.builds.get(self.name, 0) + 1
         slow = k >= 2 and (self.last_slow is None or k <= self.last_slow)
-        return lambda: 0.1 if slow else 0.0
+        return lambda: 0.15 if slow else 0.05
 
 
 class SlowSecondBuild(SlowBuilds):

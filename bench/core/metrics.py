@@ -200,8 +200,8 @@ CORE: tuple[Metric, ...] = (
                                                "the pass was still settling, or the cell built again steps at "
                                                "another speed")),
     Metric(name="profile_passes", dtype="float64", unit="passes", header="profile passes", fmt=".0f", over_ranks="max",
-           doc="timing passes the profile pass ran: one more each time a pass's profiled step was further than "
-               "BREAKDOWN_GAP_MAX from the timed median (the closest pass is the breakdown)"),
+           doc="timing passes the profile pass ran, over its builds: one more each time a pass's profiled step was "
+               "further than BREAKDOWN_GAP_MAX from the timed median (the closest pass is the breakdown)"),
     Metric(name="profile_builds", dtype="float64", unit="builds", header="profile builds", fmt=".0f", over_ranks="max",
            doc="builds of the cell for its deferred profile pass: another (up to 3) when a build's unprofiled "
                "steps, or all its timing passes, were further than BREAKDOWN_GAP_MAX from the timed median"),

@@ -166,16 +166,17 @@ def timing_passes(step, batches, cell: CellSpec, plan: GroupPlan, device: torch.
                   n: int, target_s: float | None, kept: Kept | None = None) -> tuple[Kept | None, int]:
     """Timing passes on this build until one is :func:`close` (or PROFILE_PASSES ran, or the run's
     deadline passed after the first): the closest of them and of ``kept`` (a former build's), and
-    how many ran. Without ``target_s``, one pass."""
+    how many ran. Without ``target_s``, or where a rank has no profiled step, one pass."""
     passes = 0
-    while passes < PROFILE_PASSES and not (passes and (target_s is None or close(kept) or past(plan, backend, device))):
+    while passes < PROFILE_PASSES and not (passes and (close(kept) or past(plan, backend, device))):
         plain, timing = timing_pass(step, batches, cell, device, backend, n)
         passes += 1
         span = analyze_trace(timing, device.type, n, backend)[0].get("profiled_step_s")
         gap = gap_over_ranks(span, target_s)
-        miss = abs(gap) if gap is not None else 0.0
-        if kept is None or miss < kept[0]:
-            kept = (miss, plain, timing)
+        if gap is None:  # no timed median, or a rank without a profiled step: nothing to hold it to
+            return kept or (0.0, plain, timing), passes
+        if kept is None or abs(gap) < kept[0]:
+            kept = (abs(gap), plain, timing)
     return kept, passes
 
 
