@@ -27,7 +27,7 @@ from bench.measure.timing import StepTimer
 from bench.measure.trace import alone, analyze_trace, comm_volume, has_gpu_events, has_markers
 from bench.train.cell import PLACE, build, release
 from bench.train.events import one_line
-from bench.train.timed import agreed
+from bench.train.timed import CHUNK, past_deadline
 
 
 def activities(device: torch.device, backend: backends.Backend, *, timing: bool) -> list[ProfilerActivity]:
@@ -118,6 +118,10 @@ def unprofiled_steps(step, batches, cell: CellSpec, device: torch.device, n: int
 PROFILE_PASSES = 5
 #: Builds at most for one deferred profile pass (see :func:`profile_cell`).
 PROFILE_BUILDS = 3
+#: Unprofiled steps at least that judge a build against the timed median before it is profiled:
+#: the median of the 2 profiled steps' worth can sit more than BREAKDOWN_GAP_MAX off on a stable
+#: CUDA cell, which costs a build.
+CHECK_STEPS = CHUNK
 
 #: The closest timing pass so far: (its |gap| from the timed median, its build's unprofiled
 #: median, its Chrome trace).
@@ -125,10 +129,11 @@ Kept = tuple[float, float, dict[str, Any]]
 
 
 def timing_pass(step, batches, cell: CellSpec, device: torch.device, backend: backends.Backend,
-                n: int) -> tuple[float, dict[str, Any]]:
-    """One timing pass: ``n`` unprofiled steps (their median), then ``n`` steps profiled with
-    :func:`activities` (the Chrome trace)."""
-    plain = unprofiled_steps(step, batches, cell, device, n)
+                n: int, plain: float | None = None) -> tuple[float, dict[str, Any]]:
+    """One timing pass: ``n`` unprofiled steps (their median; ``plain`` when the caller has just
+    timed them), then ``n`` steps profiled with :func:`activities` (the Chrome trace)."""
+    if plain is None:
+        plain = unprofiled_steps(step, batches, cell, device, n)
     acts = activities(device, backend, timing=True)
     timing = profile_steps(step, batches, cell, device, None, n=n, acts=acts)
     if acts == [ProfilerActivity.CUDA] and not has_gpu_events(timing):
@@ -157,19 +162,17 @@ def close(kept: Kept | None) -> bool:
     return kept is not None and kept[0] <= BREAKDOWN_GAP_MAX
 
 
-def past(plan: GroupPlan, backend: backends.Backend, device: torch.device) -> bool:
-    """The run's deadline has passed, every rank agreeing."""
-    return agreed([], backend, device, plan.deadline_unix)[1]
-
-
 def timing_passes(step, batches, cell: CellSpec, plan: GroupPlan, device: torch.device, backend: backends.Backend,
-                  n: int, target_s: float | None, kept: Kept | None = None) -> tuple[Kept | None, int]:
+                  n: int, target_s: float | None, kept: Kept | None = None,
+                  plain: float | None = None) -> tuple[Kept | None, int]:
     """Timing passes on this build until one is :func:`close` (or PROFILE_PASSES ran, or the run's
     deadline passed after the first): the closest of them and of ``kept`` (a former build's), and
-    how many ran. Without ``target_s``, or where a rank has no profiled step, one pass."""
+    how many ran. ``plain``: the build's unprofiled median, just measured, which the first pass
+    uses instead of timing its own. Without ``target_s``, or where a rank has no profiled step,
+    one pass."""
     passes = 0
-    while passes < PROFILE_PASSES and not (passes and (close(kept) or past(plan, backend, device))):
-        plain, timing = timing_pass(step, batches, cell, device, backend, n)
+    while passes < PROFILE_PASSES and not (passes and (close(kept) or past_deadline(plan.deadline_unix))):
+        plain, timing = timing_pass(step, batches, cell, device, backend, n, plain if not passes else None)
         passes += 1
         span = analyze_trace(timing, device.type, n, backend)[0].get("profiled_step_s")
         gap = gap_over_ranks(span, target_s)
@@ -231,11 +234,12 @@ def profile_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, warmup: int,
 
     Some cells step at another speed from one build to the next (on 4 H200s, FSDP timed at 75 ms
     in its repeat's build ran 88 ms unprofiled in its pass's build), and no pass on such a build
-    can describe the timed step. A build whose unprofiled steps are further than BREAKDOWN_GAP_MAX
-    from ``target_s`` (over ranks), or whose timing passes all were, is built again, up to
-    PROFILE_BUILDS builds in all and none after the run's deadline; the closest timing pass over
-    the builds is kept, the records come from the last build (the same collectives in the same
-    order on every build), and ``profile_builds`` says how many builds ran.
+    can describe the timed step. A build whose unprofiled steps (CHECK_STEPS at least, their
+    median the first pass's) are further than BREAKDOWN_GAP_MAX from ``target_s`` (over ranks), or
+    whose timing passes all were, is built again, up to PROFILE_BUILDS builds in all and none after
+    the run's deadline; the closest timing pass over the builds is kept, the records come from the
+    last build (the same collectives in the same order on every build), and ``profile_builds``
+    says how many builds ran.
 
     Why deferred: a profiler session with GPU activity leaves the process slower at launching work
     even with CUPTI torn down (x1.09 on a launch-bound loop, ``tools/baselines/profiler_aftereffect.py``),
@@ -256,16 +260,18 @@ def profile_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, warmup: int,
             for k in range(max(warmup, 1)):
                 step.run(batches[k % len(batches)])
             last = target_s is None or builds == PROFILE_BUILDS
+            plain = None
             if not last:
-                gap = gap_over_ranks(unprofiled_steps(step, batches, cell, device, n), target_s)
-                last = gap is None or past(plan, be, device)
+                plain = unprofiled_steps(step, batches, cell, device, max(n, CHECK_STEPS))
+                gap = gap_over_ranks(plain, target_s)
+                last = gap is None or past_deadline(plan.deadline_unix)
                 if not last and abs(gap) > BREAKDOWN_GAP_MAX:
                     step = batches = None  # this build steps at another speed: build it again
                     release(cell)
                     continue
-            kept, more = timing_passes(step, batches, cell, plan, device, be, n, target_s, kept)
+            kept, more = timing_passes(step, batches, cell, plan, device, be, n, target_s, kept, plain)
             passes += more
-            if last or close(kept) or past(plan, be, device):
+            if last or close(kept) or past_deadline(plan.deadline_unix):
                 break
             step = batches = None  # every pass on this build was off: build it again
             release(cell)

@@ -35,6 +35,17 @@ def agreed(times: list[float], backend: backends.Backend, device: torch.device,
     return x[:-1], bool(x[-1])
 
 
+def past_deadline(deadline: float | None) -> bool:
+    """``deadline`` (the run's time budget, unix time) has passed by rank 0's clock, known to every
+    rank (one broadcast), so that all ranks stop at the same point. The adaptive loops fold the same
+    question into :func:`agreed`, whose all-reduce they make anyway."""
+    if deadline is None:
+        return False
+    late = [time.time() > deadline]
+    dist.broadcast_object_list(late, src=0)
+    return bool(late[0])
+
+
 def chunk_within(x: np.ndarray | None, left: int, allowance_s: float | None) -> int:
     """Steps of the next chunk of an adaptive loop: CHUNK, no more than ``left``, and, with an
     allowance, no more than the latest step time says fit in what the steps ``x`` left of it (at

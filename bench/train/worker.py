@@ -39,7 +39,7 @@ from bench.train.cell import PLACE, build, local_numel, release
 from bench.train.events import Events, one_line, process_start, write_error, write_startup
 from bench.train.profile import profile_cell, profile_into
 from bench.train.rounds import rounds
-from bench.train.timed import Steps, agreed, measure
+from bench.train.timed import Steps, agreed, measure, past_deadline
 from bench.train.watchdog import start_watchdog
 
 _T_IMPORTED = time.time()
@@ -90,15 +90,6 @@ def _first_repeat(out: RankMeasurement, step, batches, cell: CellSpec, plan: Gro
         out.self_parity = step.self_parity()
 
 
-def past_deadline(plan: GroupPlan) -> bool:
-    """The run's deadline (its time budget) has passed: rank 0's clock decides, for every rank."""
-    if plan.deadline_unix is None:
-        return False
-    late = [time.time() > plan.deadline_unix]
-    dist.broadcast_object_list(late, src=0)
-    return bool(late[0])
-
-
 def warm_group(device: torch.device, precision: str, extra_gpus: tuple[int, ...] = ()) -> None:
     """Pay the once-per-process costs before the first cell, so no cell carries them: the
     communicator (NCCL creates it at the first collective), the CUDA context and the cuBLAS
@@ -143,7 +134,7 @@ class GroupLoop:
             for cell, repeat in order:
                 if cell.cell_id in self.failed:
                     continue
-                if past_deadline(self.plan):
+                if past_deadline(self.plan.deadline_unix):
                     # Past the run's deadline no new cell starts (its build and warm-up alone could
                     # overrun the budget).
                     self.announce(spec.Stopped(reason="time budget: the deadline passed", t=time.time(),
@@ -173,7 +164,7 @@ class GroupLoop:
         """The deferred cells' profiled steps. Every timed step of the group is done, so the
         profiler's after-effects on these processes can no longer reach a measurement."""
         for cell in [c for c in self.plan.cells if deferred(c) and c.cell_id not in self.failed]:
-            if past_deadline(self.plan):
+            if past_deadline(self.plan.deadline_unix):
                 self.announce(spec.Stopped(reason="time budget: the deadline passed before the profile pass",
                                            t=time.time(), rounds_done=rounds_done))
                 break
