@@ -119,8 +119,8 @@ PROFILE_PASSES = 5
 #: Builds at most for one deferred profile pass (see :func:`profile_cell`).
 PROFILE_BUILDS = 3
 #: Unprofiled steps at least that judge a build against the timed median before it is profiled:
-#: the median of the 2 profiled steps' worth can sit more than BREAKDOWN_GAP_MAX off on a stable
-#: CUDA cell, which costs a build.
+#: one slow step moves the median of 2 (the default profiled steps) past BREAKDOWN_GAP_MAX on a
+#: stable cell, and a build judged off is built again.
 CHECK_STEPS = CHUNK
 
 #: The closest timing pass so far: (its |gap| from the timed median, its build's unprofiled
