@@ -232,6 +232,11 @@ class GroupPlan:
     trace_dir: str | None
     cells: tuple[CellSpec, ...]
     first_repeat: dict[str, int] = field(default_factory=dict)  # cell id -> repeat index to start at (relaunch)
+    # cell id -> its earlier repeats' steps (the slowest rank's), which its timed median includes
+    earlier: dict[str, list[list[float]]] = field(default_factory=dict)
+    # cell id -> the profiled step its breakdown already has (a cell measured again): its profile
+    # pass runs only when the timed median moves further than BREAKDOWN_GAP_MAX from it
+    held: dict[str, float] = field(default_factory=dict)
     deadline_unix: float | None = None  # no new round starts after this (the run's time budget)
 
 

@@ -6,9 +6,11 @@ open when a pair of cells it rests on is neither separated beyond the noise nor 
 names those cells and about how many repeats a cell would close it. Each round measures the open
 decisions' cells ``ROUND_REPEATS`` more times (at least 3 in all, the fewest an interval from
 repeats needs), in their own process groups, interleaved in rounds as every group is
-(:mod:`bench.train.rounds`), without profiling them again. Each measured cell's row is written again
-with all its repeats; it supersedes the earlier one (:func:`bench.results.store.latest_rows`), so a
-run stopped at any point keeps every cell's latest row. Decisions that repeats cannot close (a
+(:mod:`bench.train.rounds`); a cell is profiled again only when its new repeats move its timed
+median further than BREAKDOWN_GAP_MAX from its breakdown's step (:meth:`Pending.again`). Each
+measured cell's row is written again with all its repeats; it supersedes the earlier one
+(:func:`bench.results.store.latest_rows`), so a run stopped at any point keeps every cell's latest
+row. Decisions that repeats cannot close (a
 contended host, an efficiency that is not physical, a gap that would need more than
 ``MAX_REPEATS`` repeats) are left as they are; a round that does not fit the time left is cut to
 the decisions that do, the real workloads' before the launch-bound ones.

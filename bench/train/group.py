@@ -169,6 +169,9 @@ class GroupRun:
                           cells=tuple(p.spec if p.awaits_pass or not p.written else unprofiled(p.spec)
                                       for p in self.pending.values()),
                           first_repeat={str(k): len(p.repeats) for k, p in self.pending.items() if p.repeats},
+                          earlier={str(k): p.steps() for k, p in self.pending.items() if p.repeats},
+                          held={str(k): s for k, p in self.pending.items()
+                                if p.written and p.awaits_pass and (s := p.span()) is not None},
                           deadline_unix=self.deadline_unix)
         try:
             Path(self.prefix + ".json").write_text(spec.dump(gplan))
@@ -323,7 +326,7 @@ class GroupRun:
                     self.handle(ev)
             # every timed repeat in, its profile pass not: the timing is the row
             for p in [p for p in self.pending.values() if p.timed()]:
-                self.finish(p, profile_note="profile pass not run: the run was stopped")
+                self.finish(p, profile_note="" if p.written else "profile pass not run: the run was stopped")
         except Exception as e:  # noqa: BLE001 - stopping anyway; the kill below matters more
             log.warning("last events not recorded: %s", e)
 
@@ -391,7 +394,7 @@ class GroupRun:
             if p.repeats:
                 self.finish(p, profile_note="profile pass not run: "
                             + ("the time budget's deadline passed" if self.stopped else "the group ended without it")
-                            if p.awaits_pass else "")
+                            if p.awaits_pass and not p.written else "")
             else:
                 self.finish(p, "skipped", "time budget: the run's deadline passed before this cell's turn")
 

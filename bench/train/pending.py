@@ -9,6 +9,7 @@ from typing import Any
 
 from bench.core import spec
 from bench.core.spec import CellSpec, RankMeasurement, deferred
+from bench.stats.steps import slowest_steps
 
 
 @dataclass(kw_only=True)
@@ -35,11 +36,24 @@ class Pending:
 
     def again(self, repeats: int, time_cap_s: float | None = None) -> Pending:
         """This cell measured again up to ``repeats`` in all (its timed steps capped at
-        ``time_cap_s`` when given): its repeats so far, no profile pass."""
+        ``time_cap_s`` when given): its repeats so far. A cell with a deferred breakdown may get a
+        profile pass again, which the worker runs only if the new repeats move the timed median
+        further than BREAKDOWN_GAP_MAX from :meth:`span` (GroupPlan.held)."""
         cap = {} if time_cap_s is None else {"time_cap_s": time_cap_s}
         spec2 = dataclasses.replace(self.spec, measure=dataclasses.replace(self.spec.measure, repeats=repeats, **cap))
         return dataclasses.replace(self, spec=spec2, repeats=list(self.repeats), telemetry=list(self.telemetry),
-                                   repeat_wall_s=list(self.repeat_wall_s), awaits_pass=False)
+                                   repeat_wall_s=list(self.repeat_wall_s),
+                                   awaits_pass=deferred(self.spec) and self.span() is not None)
+
+    def span(self) -> float | None:
+        """The slowest rank's profiled step behind the cell's breakdown (None without one)."""
+        spans = [r.breakdown["profiled_step_s"] for r in (self.repeats[0] if self.repeats else [])
+                 if r.breakdown.get("profiled_step_s")]
+        return max(spans) if spans else None
+
+    def steps(self) -> list[list[float]]:
+        """Each repeat's steps, the slowest rank's (what the cell's timed median is taken over)."""
+        return [slowest_steps([r.times for r in rep]).tolist() for rep in self.repeats]
 
     def merge_profile(self, ev: spec.Profiled) -> str:
         """The profile pass's breakdown and records into the first repeat; '' or why it failed."""
@@ -59,5 +73,5 @@ class Pending:
 
 
 def unprofiled(c: CellSpec) -> CellSpec:
-    """A cell measured again: its profiled steps are in already (no profile pass for it)."""
+    """A cell measured again that gets no profile pass (:meth:`Pending.again`): no profiled steps."""
     return dataclasses.replace(c, measure=dataclasses.replace(c.measure, profile_steps=0))

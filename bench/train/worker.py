@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from bench.core import backends, spec
+from bench.core.metrics import BREAKDOWN_GAP_MAX
 from bench.core.spec import CellSpec, GroupPlan, RankMeasurement, deferred
 from bench.multinode.netinfo import placement
 from bench.stats.steps import slowest_steps, timed_median
@@ -124,6 +125,9 @@ class GroupLoop:
     timed: dict[int, list[np.ndarray]] = field(default_factory=dict)  # cell -> its repeats' slowest-rank steps
 
     def run(self) -> None:
+        # The cell's earlier repeats (another launch's) count in the timed median its profile pass
+        # is held to, as they do in its row.
+        self.timed = {int(k): [np.asarray(s, dtype=float) for s in v] for k, v in self.plan.earlier.items()}
         plan_rounds = rounds(self.plan)
         if self.timed_rounds(plan_rounds):
             self.profile_pass(rounds_done=len(plan_rounds))
@@ -163,12 +167,22 @@ class GroupLoop:
     def profile_pass(self, rounds_done: int) -> None:
         """The deferred cells' profiled steps. Every timed step of the group is done, so the
         profiler's after-effects on these processes can no longer reach a measurement."""
-        for cell in [c for c in self.plan.cells if deferred(c) and c.cell_id not in self.failed]:
+        for cell in [c for c in self.plan.cells if deferred(c) and c.cell_id not in self.failed and self.wants_pass(c)]:
             if past_deadline(self.plan.deadline_unix):
                 self.announce(spec.Stopped(reason="time budget: the deadline passed before the profile pass",
                                            t=time.time(), rounds_done=rounds_done))
                 break
             self.profile(cell)
+
+    def wants_pass(self, cell: CellSpec) -> bool:
+        """A cell measured again keeps the breakdown it has (GroupPlan.held, its profiled step)
+        unless its new repeats moved the timed median further than BREAKDOWN_GAP_MAX from it; every
+        rank decides alike (the same plan and gathered steps)."""
+        held = self.plan.held.get(str(cell.cell_id))
+        timed = self.timed.get(cell.cell_id)
+        if held is None or not timed:
+            return True
+        return not abs(held / timed_median(timed) - 1) <= BREAKDOWN_GAP_MAX
 
     def profile(self, cell: CellSpec) -> None:
         """``cell``'s profile pass on every rank, gathered into the leader's ``profiled`` event."""

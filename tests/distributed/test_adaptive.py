@@ -26,7 +26,7 @@ def adaptive_run(tmp_path_factory):
     cfg = build_config(toml=None, gpus=0, flags={
         "out": str(out), "device": "cpu", "backends": "gloo", "workloads": "gpt-tiny",
         "strategies": "single,ddp,allreduce-bucketed", "world_sizes": "2", "budget": "300s",
-        "time_cap_s": 0.3, "sample_hz": 0})
+        "time_cap_s": 0.3, "sample_hz": 0, "profile_at": "end"})
     try:
         return launch.run(cfg, 0)
     finally:
@@ -48,6 +48,10 @@ def test_open_decision_is_measured_again(adaptive_run):
     redone = ok[ok["cell_id"].isin(again)]
     assert redone["repeats_done"].ge(3).all(), redone[["strategy", "repeats_done"]]
     assert redone["ci_basis"].str.startswith("repeats").all()
+    # their breakdown stands, or came from a pass held to the median of every repeat (GPU runs'
+    # deferred profile pass, as here): a profiled step, its gap to the row's median, no note
+    assert redone["profiled_step_s"].notna().all() and redone["breakdown_gap"].notna().all()
+    assert redone["profile_note"].isna().all(), redone["profile_note"]
     # its steps: each repeat once, never written twice
     for cid, n in zip(ok["cell_id"], ok["repeats_done"]):
         mine = steps[steps["cell_id"] == cid]

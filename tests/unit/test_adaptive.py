@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from bench.core.config import build_config
-from bench.core.spec import CellSpec, Measure, WorkloadFacts
+from bench.core.spec import CellSpec, Measure, RankMeasurement, WorkloadFacts
 from bench.decide.recommend import Pick
 from bench.plan.budget import GROUP_START_S
 from bench.results.store import RunWriter, latest_rows, read_table
@@ -16,10 +16,11 @@ from bench.train.launcher import adaptive
 from bench.train.pending import Pending
 
 
-def spec(cid: int, strategy: str, n_procs: int, backend: str = "nccl") -> CellSpec:
+def spec(cid: int, strategy: str, n_procs: int, backend: str = "nccl", profile_at: str = "end") -> CellSpec:
     facts = WorkloadFacts(name="gpt", spec="gpt", dims={}, global_batch=16, params=1000, flops_per_sample=1.0,
                           n_blocks=4, n_heads=4, has_tp_plan=True, description="")
-    m = Measure(steps=5, warmup=2, profile_steps=2, precision="bf16", seed=0, lr=0.01, profile_at="end")
+    m = Measure(steps=5, warmup=2, profile_steps=2, precision="bf16", seed=0, lr=0.01,
+                profile_at=profile_at)
     return CellSpec(cell_id=cid, workload=facts, strategy=strategy, strategy_spec=strategy, backend=backend,
                     device="cuda", n_devices=n_procs, n_procs=n_procs, devices=tuple(range(n_procs)), options={},
                     labels={}, role="", measure=m, scaling="strong", nnodes=1)
@@ -68,13 +69,20 @@ def test_fit_counts_repeats_and_process_starts():
     assert fit(wanted, kept, both + 1, start) == {1: 3, 0: 3, 2: 3, 3: 3}
 
 
-def test_again_keeps_the_repeats_and_drops_the_profile_pass():
+def test_again_keeps_the_repeats_and_a_profile_pass_only_behind_a_breakdown():
     p = pending(1, "ddp", 2)
     q = p.again(3)
     assert q.spec.measure.repeats == 3 and len(q.repeats) == 1 and not q.timed()
-    assert p.awaits_pass and not q.awaits_pass  # its profiled steps are in already
+    assert p.awaits_pass and not q.awaits_pass  # no breakdown to hold it to: none again
     q.repeats.append([])
     assert len(p.repeats) == 1  # the earlier state is not shared
+    # with a breakdown (rank 1's profiled step the slower), a pass may come: the worker decides
+    p = Pending(spec=spec(1, "ddp", 2), repeats=[[
+        RankMeasurement(rank=0, times=[0.10, 0.30, 0.12], breakdown={"profiled_step_s": 0.11}),
+        RankMeasurement(rank=1, times=[0.20, 0.10, 0.11], breakdown={"profiled_step_s": 0.13})]])
+    assert p.span() == 0.13 and p.again(3).awaits_pass
+    assert p.steps() == [[0.20, 0.30, 0.12]]  # each step's slowest rank
+    assert not Pending(spec=spec(1, "ddp", 2, profile_at="first"), repeats=p.repeats).again(3).awaits_pass
 
 
 def test_a_run_is_adaptive_under_a_budget_unless_told_or_repeats_given():
@@ -112,3 +120,20 @@ def test_a_round_shortens_its_repeats_to_fit_rather_than_drop_them():
     p = pending(0, "ddp", 2)
     q = p.again(3, time_cap_s=cap)
     assert q.spec.measure.time_cap_s == cap and p.spec.measure.time_cap_s == 0.0
+
+
+def test_a_cell_measured_again_is_profiled_again_only_when_its_median_moved():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from bench.train.worker import GroupLoop
+
+    loop = GroupLoop(plan=SimpleNamespace(held={"1": 0.40}), rank=0, local_rank=0, leader=False, events=None)
+    # its earlier repeats and this launch's together: the median of the repeat medians from 3 on
+    loop.timed = {1: [np.array([0.40, 0.42]), np.array([0.42]), np.array([0.43])], 2: [np.array([0.50])]}
+    one = SimpleNamespace(cell_id=1)
+    assert not loop.wants_pass(one)  # 0.40 held to 0.42: -4.8%, its breakdown stands
+    loop.timed[1] += [np.array([0.47]), np.array([0.48]), np.array([0.49]), np.array([0.50])]
+    assert loop.wants_pass(one)  # to 0.47: -14.9%, profiled again
+    assert loop.wants_pass(SimpleNamespace(cell_id=2))  # nothing held: its first pass
