@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
+from bench.core import spec
 from bench.core.config import build_config
+from bench.core.metrics import BREAKDOWN_GAP_MAX
+from bench.core.spec import GroupPlan
 from bench.results.store import load_run, read_table
+from bench.stats.steps import slowest_steps, timed_median
 from bench.train import adaptive
 from bench.train import launcher as launch
 
@@ -62,3 +67,27 @@ def test_open_decision_is_measured_again(adaptive_run):
     # the compacted cells table holds the latest row of each cell only
     assert len(read_table(adaptive_run, "cells")) == 3
     assert "budget" in meta["plan"] and "kept for decisions still open" in meta["plan"]
+
+
+def test_a_cell_measured_again_is_profiled_again_exactly_when_its_median_moved(adaptive_run):
+    """From the adaptive groups' own plans and events: each re-measured cell carries its earlier
+    repeats and the profiled step its breakdown rests on, and its profile pass ran again if and only
+    if the median of all its repeats is more than BREAKDOWN_GAP_MAX from that step."""
+    plans = sorted((adaptive_run / "work").glob("gd*-a1.json"))
+    assert plans
+    checked = 0
+    for path in plans:
+        plan = spec.load(GroupPlan, path.read_text())
+        events = [spec.load_event(line) for line in path.with_name(path.stem + "-r0.jsonl").read_text().splitlines()]
+        for c in plan.cells:
+            cid = str(c.cell_id)
+            assert cid in plan.held and len(plan.earlier[cid]) == plan.first_repeat[cid] >= 1, (path.name, cid)
+            mine = [np.asarray(x) for x in plan.earlier[cid]]
+            mine += [slowest_steps([r.times for r in e.ranks]) for e in events
+                     if isinstance(e, spec.Measured) and e.cell_id == c.cell_id]
+            moved = abs(plan.held[cid] / timed_median(mine) - 1) > BREAKDOWN_GAP_MAX
+            profiled = any(isinstance(e, spec.Profiled) and e.cell_id == c.cell_id for e in events)
+            assert profiled == moved, (path.name, cid, plan.held[cid], timed_median(mine))
+            checked += 1
+    assert checked >= 2
+
