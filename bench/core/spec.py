@@ -231,13 +231,19 @@ class GroupPlan:
     pg_timeout_s: float
     trace_dir: str | None
     cells: tuple[CellSpec, ...]
-    first_repeat: dict[str, int] = field(default_factory=dict)  # cell id -> repeat index to start at (relaunch)
-    # cell id -> its earlier repeats' steps (the slowest rank's), which its timed median includes
+    # cell id -> its earlier repeats' steps (the slowest rank's), one list a repeat: its timed median
+    # includes them, and its repeats here are numbered on from them (a relaunch, a cell measured again)
     earlier: dict[str, list[list[float]]] = field(default_factory=dict)
+    # cell id -> the warm-up steps its first repeat took to settle, which its profile pass warms up
+    settled: dict[str, int] = field(default_factory=dict)
     # cell id -> the profiled step its breakdown already has (a cell measured again): its profile
     # pass runs only when the timed median moves further than BREAKDOWN_GAP_MAX from it
     held: dict[str, float] = field(default_factory=dict)
     deadline_unix: float | None = None  # no new round starts after this (the run's time budget)
+
+    def first_repeat(self, cell_id: int) -> int:
+        """The index of ``cell_id``'s first repeat in this launch (its earlier repeats counted)."""
+        return len(self.earlier.get(str(cell_id), ()))
 
 
 @dataclass(kw_only=True)

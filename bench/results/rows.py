@@ -26,7 +26,7 @@ from bench.core.spec import CellSpec, RankMeasurement, outcome
 from bench.measure.hardware import cpu_threads, peak_flops
 from bench.measure.slowdown import POWER_CAP, THROTTLED
 from bench.results.identity import start_row
-from bench.stats.steps import slow_rank, slowest_steps, summarize
+from bench.stats.steps import slow_rank, slowest_profiled_step, slowest_steps, summarize
 
 #: NVML's energy counter advances in steps (about 12.6 J at a time on H200s), so a short
 #: window reads 0 or one step: no energy figure below this many seconds.
@@ -278,12 +278,11 @@ def _breakdown_columns(row: dict[str, Any], ranks: Sequence[RankMeasurement]) ->
         if vals:
             row[key] = sum(vals) / len(vals)
     median = row["step_time_median_s"]
-    spans = [b["profiled_step_s"] for b in bds if b.get("profiled_step_s")]
-    if spans and median > 0:
+    span = slowest_profiled_step(bds)
+    if span is not None and median > 0:
         # compute + exposed comm + idle add up to each rank's profiled step by construction; how far
-        # the slowest rank's is from the timed median (itself the slowest rank's step) says how much
-        # the profiler itself moved the step.
-        row["breakdown_gap"] = max(spans) / median - 1
+        # the slowest rank's is from the timed median says how much the profiler moved the step.
+        row["breakdown_gap"] = span / median - 1
 
 
 def placement_columns(ranks: Sequence[RankMeasurement], backend: str | None = None) -> dict[str, Any]:

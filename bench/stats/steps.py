@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -82,6 +83,13 @@ def slowest_steps(per_rank: Sequence[Sequence[float]]) -> np.ndarray:
     """Each timed step of one repeat as the slowest rank took it (the ranks' step times, one list a
     rank, all as long)."""
     return np.array(per_rank, dtype=np.float64).max(axis=0)
+
+
+def slowest_profiled_step(breakdowns: Iterable[Mapping[str, Any]]) -> float | None:
+    """The slowest rank's profiled step from the ranks' breakdowns (None without one): what a
+    cell's ``breakdown_gap`` holds against its timed median, itself the slowest rank's step."""
+    spans = [b["profiled_step_s"] for b in breakdowns if b.get("profiled_step_s")]
+    return max(spans) if spans else None
 
 
 def timed_median(repeats: Sequence[np.ndarray]) -> float:

@@ -10,10 +10,9 @@ repeats needs), in their own process groups, interleaved in rounds as every grou
 median further than BREAKDOWN_GAP_MAX from its breakdown's step (:meth:`Pending.again`). Each
 measured cell's row is written again with all its repeats; it supersedes the earlier one
 (:func:`bench.results.store.latest_rows`), so a run stopped at any point keeps every cell's latest
-row. Decisions that repeats cannot close (a
-contended host, an efficiency that is not physical, a gap that would need more than
-``MAX_REPEATS`` repeats) are left as they are; a round that does not fit the time left is cut to
-the decisions that do, the real workloads' before the launch-bound ones.
+row. Decisions that repeats cannot close (a contended host, an efficiency that is not physical, a
+gap that would need more than ``MAX_REPEATS`` repeats) are left as they are; a round that does not
+fit the time left is cut to the decisions that do, the real workloads' before the launch-bound ones.
 """
 
 from __future__ import annotations

@@ -168,8 +168,8 @@ class GroupRun:
                           trace_dir=str(self.trace_dir) if self.trace_dir else None,
                           cells=tuple(p.spec if p.awaits_pass or not p.written else unprofiled(p.spec)
                                       for p in self.pending.values()),
-                          first_repeat={str(k): len(p.repeats) for k, p in self.pending.items() if p.repeats},
                           earlier={str(k): p.steps() for k, p in self.pending.items() if p.repeats},
+                          settled={str(k): s for k, p in self.pending.items() if (s := p.settled()) is not None},
                           held={str(k): s for k, p in self.pending.items()
                                 if p.written and p.awaits_pass and (s := p.span()) is not None},
                           deadline_unix=self.deadline_unix)

@@ -9,7 +9,7 @@ from typing import Any
 
 from bench.core import spec
 from bench.core.spec import CellSpec, RankMeasurement, deferred
-from bench.stats.steps import slowest_steps
+from bench.stats.steps import slowest_profiled_step, slowest_steps
 
 
 @dataclass(kw_only=True)
@@ -47,9 +47,11 @@ class Pending:
 
     def span(self) -> float | None:
         """The slowest rank's profiled step behind the cell's breakdown (None without one)."""
-        spans = [r.breakdown["profiled_step_s"] for r in (self.repeats[0] if self.repeats else [])
-                 if r.breakdown.get("profiled_step_s")]
-        return max(spans) if spans else None
+        return slowest_profiled_step(r.breakdown for r in (self.repeats[0] if self.repeats else ()))
+
+    def settled(self) -> int | None:
+        """The warm-up steps the cell's first repeat took to settle (None before it ran)."""
+        return max((r.warmup_steps for r in self.repeats[0]), default=None) if self.repeats else None
 
     def steps(self) -> list[list[float]]:
         """Each repeat's steps, the slowest rank's (what the cell's timed median is taken over)."""

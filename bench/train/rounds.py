@@ -38,8 +38,8 @@ def rounds(plan: GroupPlan) -> list[list[tuple[CellSpec, int]]]:
     balanced (with 2 cells, A B / B A, a cell follows itself there). A relaunch (after a crash or a
     timeout) starts a new square on the cells left, so the claims hold per launch. A single round
     keeps the planned order (the reference first)."""
-    left = {c.cell_id: c.measure.repeats - plan.first_repeat.get(str(c.cell_id), 0) for c in plan.cells}
-    start = {c.cell_id: plan.first_repeat.get(str(c.cell_id), 0) for c in plan.cells}
+    start = {c.cell_id: plan.first_repeat(c.cell_id) for c in plan.cells}
+    left = {c.cell_id: c.measure.repeats - start[c.cell_id] for c in plan.cells}
     n = max(left.values(), default=0)
     if n <= 1:
         return [[(c, start[c.cell_id]) for c in plan.cells if left[c.cell_id] > 0]] if n else []

@@ -126,8 +126,9 @@ class GroupLoop:
 
     def run(self) -> None:
         # The cell's earlier repeats (another launch's) count in the timed median its profile pass
-        # is held to, as they do in its row.
+        # is held to, as they do in its row; its pass warms up as long as its first repeat did.
         self.timed = {int(k): [np.asarray(s, dtype=float) for s in v] for k, v in self.plan.earlier.items()}
+        self.settled_at = {int(k): v for k, v in self.plan.settled.items()}
         plan_rounds = rounds(self.plan)
         if self.timed_rounds(plan_rounds):
             self.profile_pass(rounds_done=len(plan_rounds))

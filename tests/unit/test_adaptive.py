@@ -78,10 +78,11 @@ def test_again_keeps_the_repeats_and_a_profile_pass_only_behind_a_breakdown():
     assert len(p.repeats) == 1  # the earlier state is not shared
     # with a breakdown (rank 1's profiled step the slower), a pass may come: the worker decides
     p = Pending(spec=spec(1, "ddp", 2), repeats=[[
-        RankMeasurement(rank=0, times=[0.10, 0.30, 0.12], breakdown={"profiled_step_s": 0.11}),
-        RankMeasurement(rank=1, times=[0.20, 0.10, 0.11], breakdown={"profiled_step_s": 0.13})]])
+        RankMeasurement(rank=0, times=[0.10, 0.30, 0.12], breakdown={"profiled_step_s": 0.11}, warmup_steps=9),
+        RankMeasurement(rank=1, times=[0.20, 0.10, 0.11], breakdown={"profiled_step_s": 0.13}, warmup_steps=14)]])
     assert p.span() == 0.13 and p.again(3).awaits_pass
     assert p.steps() == [[0.20, 0.30, 0.12]]  # each step's slowest rank
+    assert p.settled() == 14 and q.settled() is None  # its pass warms up as its first repeat did
     assert not Pending(spec=spec(1, "ddp", 2, profile_at="first"), repeats=p.repeats).again(3).awaits_pass
 
 

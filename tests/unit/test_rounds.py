@@ -7,13 +7,15 @@ from types import SimpleNamespace
 
 import pytest
 
+from bench.core.spec import GroupPlan
 from bench.train.rounds import rounds, williams
 
 
-def _plan(n_cells: int, repeats: int, seed: int = 0, first_repeat: dict | None = None):
-    cells = [SimpleNamespace(cell_id=i + 1, measure=SimpleNamespace(repeats=repeats, seed=seed))
-             for i in range(n_cells)]
-    return SimpleNamespace(cells=cells, first_repeat=first_repeat or {})
+def _plan(n_cells: int, repeats: int, seed: int = 0, earlier: dict | None = None):
+    cells = tuple(SimpleNamespace(cell_id=i + 1, measure=SimpleNamespace(repeats=repeats, seed=seed))
+                  for i in range(n_cells))
+    return GroupPlan(backend="gloo", device="cpu", n_procs=1, events_prefix="/tmp/x", pg_timeout_s=30.0,
+                     trace_dir=None, cells=cells, earlier=earlier or {})
 
 
 @pytest.mark.parametrize("m", [2, 3, 4, 5])
@@ -49,6 +51,6 @@ def test_the_order_comes_from_the_seed_and_repeats_are_numbered():
 
 def test_one_round_keeps_the_planned_order_and_a_resumed_cell_continues_its_count():
     assert [c.cell_id for c, _ in rounds(_plan(3, 1))[0]] == [1, 2, 3]
-    rs = rounds(_plan(2, 3, first_repeat={"1": 2}))  # cell 1 has 1 repeat left, cell 2 all 3
+    rs = rounds(_plan(2, 3, earlier={"1": [[0.1], [0.1]]}))  # cell 1 has 1 repeat left, cell 2 all 3
     assert [sorted((c.cell_id, k) for c, k in r) for r in rs] == [[(1, 2), (2, 0)], [(2, 1)], [(2, 2)]]
     assert rounds(_plan(2, 0)) == []

@@ -9,10 +9,11 @@ from tests.unit.test_rows import spec as cell
 
 def test_group_plan_round_trips():
     plan = GroupPlan(backend="gloo", device="cpu", n_procs=2, events_prefix="/tmp/x", pg_timeout_s=30.0,
-                     trace_dir=None, cells=(cell(), cell(n=4)), first_repeat={"0": 2},
-                     earlier={"0": [[0.1, 0.2], [0.15]]}, held={"0": 0.12})
+                     trace_dir=None, cells=(cell(), cell(n=4)),
+                     earlier={"7": [[0.1, 0.2], [0.15]]}, settled={"7": 12}, held={"7": 0.12})
     back = spec.load(GroupPlan, spec.dump(plan))
     assert back == plan and isinstance(back.cells, tuple) and back.cells[0].devices == (0, 1)
+    assert back.first_repeat(7) == 2 and back.first_repeat(8) == 0
 
 
 def test_events_round_trip_with_rank_measurements():
