@@ -234,7 +234,7 @@ class GroupPlan:
     # cell id -> its earlier repeats' steps (the slowest rank's), one list a repeat: its timed median
     # includes them, and its repeats here are numbered on from them (a relaunch, a cell measured again)
     earlier: dict[str, list[list[float]]] = field(default_factory=dict)
-    # cell id -> the warm-up steps its first repeat took to settle, which its profile pass warms up
+    # cell id -> the warm-up steps its first repeat took to settle: its profile pass warms up as long
     settled: dict[str, int] = field(default_factory=dict)
     # cell id -> the profiled step its breakdown already has (a cell measured again): its profile
     # pass runs only when the timed median moves further than BREAKDOWN_GAP_MAX from it
