@@ -12,7 +12,7 @@ from strategies.allreduce import AllReduce, AllReduceBucketed
 from strategies.base import Context, Option, Step, Strategy
 from strategies.chain import Chain, EncoderHead, LayerSplit
 from strategies.dataparallel import DataParallel
-from strategies.ddp import DDPStrategy
+from strategies.ddp import DDPStrategy, DDPZero1
 from strategies.ensemble import Ensemble
 from strategies.fsdp import FSDP, FSDPNoReshard
 from strategies.hybrid import FSDPxTP
@@ -26,6 +26,7 @@ REGISTRY: dict[str, type[Strategy]] = {
         Single,
         DataParallel,
         DDPStrategy,
+        DDPZero1,
         AllReduce,
         AllReduceBucketed,
         FSDP,

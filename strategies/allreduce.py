@@ -14,8 +14,9 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies.base import Context, Step, Strategy
-from strategies.common import local_share, make_optimizer, train_step
+from strategies.common import local_share, train_step
 from strategies.ddp import BUCKET_MB, data_parallel_check
+from strategies.training import make_optimizer, whole_model
 
 
 def buckets(tensors: list[torch.Tensor], cap_bytes: int) -> list[list[torch.Tensor]]:
@@ -55,7 +56,7 @@ class AllReduce(Strategy):
         return data_parallel_check(cell, gpus=gpus)
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
-        model = wl.build(ctx.device)
+        model = whole_model(wl, wl.build(ctx.device), ctx)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = make_optimizer(params, ctx)
         w = ctx.world_size

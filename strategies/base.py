@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from bench.core import backends
+from bench.core.knobs import Training
 from bench.core.metrics import Metric, check_declared
 from bench.core.spec import CellSpec
 from bench.workloads import Batch, Workload
@@ -79,8 +80,12 @@ class Context:
     backend: str
     seed: int
     precision: str  # "fp32" or "bf16"
-    lr: float
+    training: Training = Training()  # optimizer, compile, activation checkpointing, learning rate
     options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def lr(self) -> float:
+        return self.training.lr
 
     @property
     def n_devices(self) -> int:
@@ -152,6 +157,13 @@ class Strategy:
     # The model is cut into as many parts as devices (sharded, split by layers or tensors), never
     # held whole on one (min_share).
     cuts: ClassVar[bool] = False
+    # How torch.compile applies under ``--compile on`` (strategies.training), for `parbench list`:
+    # the whole module, each inner block (before sharding) or each pipeline stage; "" when the
+    # strategy cannot compile, ``no_compile`` saying why (its compiled cells are skipped with it).
+    compiles: ClassVar[str] = "the whole module"
+    no_compile: ClassVar[str] = ""
+    # Why activation checkpointing does not apply to the strategy ("" when it applies, per block).
+    no_ac: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -190,8 +202,31 @@ class Strategy:
         """Values of the declared labels for a runnable cell."""
         return {}
 
+    def knob_reason(self, cell: CellSpec) -> str | None:
+        """Why the cell's training knobs cannot run under this strategy, or None."""
+        t = cell.training
+        if t.compile == "on" and not self.compiles:
+            return f"compile=on: {self.no_compile}"
+        if t.ac != "none" and self.no_ac:
+            return f"ac={t.ac}: {self.no_ac}"
+        return None
+
+    def precision_policy(self, cell: CellSpec) -> str:
+        """The dtypes the cell trains in: parameters, compute, gradient reduction (a column; speed-ups
+        are read against a one-device cell of the same policy)."""
+        return policy_text(cell.measure.precision, cast_params=False)
+
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         raise NotImplementedError
+
+
+def policy_text(precision: str, *, cast_params: bool) -> str:
+    """'fp32'; 'fp32 params, bf16 autocast' (parameters and gradients fp32, matrix products in bf16);
+    'bf16 params, fp32 reduce' (bf16 copies of the parameters compute, gradients reduced in fp32 into
+    fp32 parameters: FSDP2's MixedPrecisionPolicy)."""
+    if precision != "bf16":
+        return "fp32"
+    return "bf16 params, fp32 reduce" if cast_params else "fp32 params, bf16 autocast"
 
 
 def common_check(cell: CellSpec, *, gpus: int, min_world: int = 1) -> str | None:

@@ -15,7 +15,8 @@ from torch import nn
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies.base import MESH, Context, OneProcessMultiGPU, Step, Strategy, common_check
-from strategies.common import P2P, build_for_sharding, make_optimizer, materialize, stage_modules
+from strategies.common import P2P, build_for_sharding, materialize, stage_modules
+from strategies.training import compile_blocks, make_optimizer, prepare_blocks
 
 
 class Chain(Strategy):
@@ -26,6 +27,7 @@ class Chain(Strategy):
     labels = (MESH,)
     distributes = ("comm",)  # activations and gradients cross ranks every step (see pipeline.py)
     cuts = True
+    compiles = "each rank's stage"
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         r = common_check(cell, gpus=gpus, min_world=self.min_world)
@@ -42,8 +44,10 @@ class Chain(Strategy):
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         r, w = ctx.rank, ctx.world_size
         model = build_for_sharding(wl, ctx)
+        prepare_blocks(wl, model, ctx, compile_each=False)
         mine = self.stages(wl, model, w)[r]
         materialize(wl, model, [(mine, ctx.device)])  # this rank's blocks only
+        compile_blocks([mine], ctx)  # per stage
         del model
         opt = make_optimizer(mine.parameters(), ctx)
         p2p = P2P(ctx)
@@ -105,6 +109,7 @@ class LayerSplit(OneProcessMultiGPU):
     cpu_reason = "layer split places blocks on several GPUs; on CPU there is one device"
     labels = (MESH,)
     cuts = True
+    compiles = "each GPU's stage"
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         reason = super().check(cell, gpus=gpus)
@@ -118,10 +123,12 @@ class LayerSplit(OneProcessMultiGPU):
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         devices = list(ctx.devices)
         whole = build_for_sharding(wl, ctx)
+        prepare_blocks(wl, whole, ctx, compile_each=False)
         parts = stage_modules(wl, whole, len(devices))
         materialize(wl, whole, list(zip(parts, devices)))  # each part straight onto its device
         for part, dev in zip(parts, devices):
             part.to(dev)
+        compile_blocks(parts, ctx)  # per stage
         del whole
         model = nn.ModuleList(parts)
         opt = make_optimizer(model.parameters(), ctx)

@@ -1,4 +1,4 @@
-"""Helpers several strategies share: optimizer, batch shares, the train step, stage partitioning,
+"""Helpers several strategies share: batch shares, the train step, stage partitioning,
 point-to-point transport, the 2D mesh option, region timing."""
 
 from __future__ import annotations
@@ -16,20 +16,6 @@ from bench.core.metrics import Metric
 from bench.core.spec import CellSpec
 from bench.workloads import Batch, Workload, shard
 from strategies.base import Context, Option
-
-
-def make_optimizer(params, ctx: Context) -> torch.optim.Optimizer:
-    """The optimizer every strategy uses: plain SGD, so that parity compares like with like.
-
-    DTensor and plain parameters go in separate groups: the multi-tensor (foreach) update, the
-    default on CUDA, refuses a list that mixes them (tensor parallel leaves norms and embeddings
-    as plain tensors)."""
-    from torch.distributed.tensor import DTensor
-
-    params = list(params)
-    groups = [g for g in ([p for p in params if isinstance(p, DTensor)],
-                          [p for p in params if not isinstance(p, DTensor)]) if g]
-    return torch.optim.SGD([{"params": g} for g in groups], lr=ctx.lr)
 
 
 def build_for_sharding(wl: Workload, ctx: Context) -> nn.Module:

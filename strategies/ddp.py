@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies.base import Context, Option, Step, Strategy, common_check
-from strategies.common import local_share, make_optimizer, train_step
+from strategies.common import local_share, train_step
+from strategies.training import compile_module, make_optimizer, optimizer_class, optimizer_kwargs, prepare_blocks
 
 #: DDP's own default bucket size (torch.nn.parallel.DistributedDataParallel, bucket_cap_mb=25); the
 #: hand-written all-reduce strategies use the same option so the two compare like with like.
@@ -38,13 +40,37 @@ class DDPStrategy(Strategy):
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         model = wl.build(ctx.device)
+        prepare_blocks(wl, model, ctx, compile_each=False)
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         ddp = DDP(model, device_ids=ids, bucket_cap_mb=ctx.options["bucket_mb"],
                   gradient_as_bucket_view=ctx.options["ddp_grad_as_bucket_view"],
                   static_graph=ctx.options["ddp_static_graph"])
-        opt = make_optimizer(ddp.parameters(), ctx)
-        return Step(run=lambda b: train_step(ddp, wl, ctx, opt, local_share(b, ctx)),
+        opt = self.optimizer(ddp, ctx)
+        step_model = compile_module(ddp, ctx)
+        return Step(run=lambda b: train_step(step_model, wl, ctx, opt, local_share(b, ctx)),
                     loss_weight=1.0 / ctx.world_size, optimizer=opt)
+
+
+    def optimizer(self, ddp: DDP, ctx: Context) -> torch.optim.Optimizer:
+        """The optimizer over the replicated parameters: whole on every rank."""
+        return make_optimizer(ddp.parameters(), ctx)
+
+
+class DDPZero1(DDPStrategy):
+    """DDP with ``torch.distributed.optim.ZeroRedundancyOptimizer`` (ZeRO stage 1): gradients are
+    all-reduced as under DDP, each rank updates and keeps the optimizer state of its part of the
+    parameters only, then the updated parameters are broadcast from their owners
+    (https://pytorch.org/tutorials/recipes/zero_redundancy_optimizer.html). With SGD, which keeps no
+    state, it only adds the broadcasts."""
+
+    name = "ddp-zero1"
+    summary = "DDP with ZeroRedundancyOptimizer: optimizer state sharded over the ranks (ZeRO-1)"
+
+    def optimizer(self, ddp: DDP, ctx: Context) -> torch.optim.Optimizer:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=optimizer_class(ctx.training.optimizer),
+                                       **optimizer_kwargs(ctx))
 
 
 def data_parallel_check(cell: CellSpec, *, gpus: int, min_world: int = 1) -> str | None:

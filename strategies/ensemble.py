@@ -18,8 +18,9 @@ from bench.core.metrics import Metric
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies.base import Context, Step, Strategy
-from strategies.common import local_share, make_optimizer, time_region, train_step
+from strategies.common import local_share, time_region, train_step
 from strategies.ddp import data_parallel_check
+from strategies.training import make_optimizer, whole_model
 
 #: Above this many gathered bytes the aggregation is timed twice instead of five times (after one
 #: untimed gather in either case)
@@ -58,7 +59,7 @@ class Ensemble(Strategy):
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         r, w = ctx.rank, ctx.world_size
-        model = build_member(wl, ctx.device, ctx.seed + 1000 * (r + 1))
+        model = whole_model(wl, build_member(wl, ctx.device, ctx.seed + 1000 * (r + 1)), ctx)
         opt = make_optimizer(model.parameters(), ctx)
         seen: list = []
         # No training step uses this index. Every member predicts on the same rows: the first rank's
@@ -98,7 +99,7 @@ class Ensemble(Strategy):
             x, y = held_out
             outs = []  # the same members, trained one after another in this process
             for k in range(w):
-                m = build_member(wl, ctx.device, ctx.seed + 1000 * (k + 1))
+                m = whole_model(wl, build_member(wl, ctx.device, ctx.seed + 1000 * (k + 1)), ctx)
                 o = make_optimizer(m.parameters(), ctx)
                 for b in seen:
                     train_step(m, wl, ctx, o, local_share(b, ctx, rank=k))

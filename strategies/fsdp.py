@@ -37,9 +37,10 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from bench.core.metrics import Metric
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
-from strategies.base import Context, Option, Step, Strategy
-from strategies.common import build_for_sharding, local_share, make_optimizer, materialize, param_count, train_step
+from strategies.base import Context, Option, Step, Strategy, policy_text
+from strategies.common import build_for_sharding, local_share, materialize, param_count, train_step
 from strategies.ddp import data_parallel_check
+from strategies.training import inner_blocks, make_optimizer, prepare_blocks
 
 RESHARD = Metric(name="reshard_after_forward", dtype="boolean", kind="label",
                  doc="FSDP2 frees gathered parameters after forward (True) or keeps them for backward")
@@ -65,13 +66,12 @@ def mixed_precision(options: dict, precision: str) -> MixedPrecisionPolicy | Non
 
 
 def unit_blocks(wl: Workload, model, units: str = "inner") -> list:
-    """The modules that become their own FSDP unit: the workload's pieces that hold parameters,
-    without the first and last (they stay in the root unit) when ``units`` is 'inner' and there are
-    at least three pieces."""
-    pieces = wl.blocks(model)
-    if units == "inner" and len(pieces) >= 3:
-        pieces = pieces[1:-1]
-    return [b for b in pieces if param_count(b)]
+    """The modules that become their own FSDP unit: the inner blocks (:func:`strategies.training.inner_blocks`:
+    the first and last pieces stay in the root unit) when ``units`` is 'inner', else every piece
+    that holds parameters."""
+    if units == "inner":
+        return inner_blocks(wl, model)
+    return [b for b in wl.blocks(model) if param_count(b)]
 
 
 def shard_model(wl: Workload, model, mesh, *, reshard: bool, mp: MixedPrecisionPolicy | None = None,
@@ -102,6 +102,7 @@ class FSDP(Strategy):
     metrics = (UNITS_BUILT,)
     distributes = ("comm", "sharded")
     cuts = True
+    compiles = "each inner block, before fully_shard"
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         return data_parallel_check(cell, gpus=gpus)
@@ -110,9 +111,14 @@ class FSDP(Strategy):
         mp = mixed_precision(cell.options, cell.measure.precision)
         return {"reshard_after_forward": self.reshard, "fsdp_param_dtype": "bf16" if mp else "fp32"}
 
+    def precision_policy(self, cell: CellSpec) -> str:
+        return policy_text(cell.measure.precision, cast_params=mixed_precision(cell.options, cell.measure.precision)
+                           is not None)
+
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
         model = build_for_sharding(wl, ctx)
+        prepare_blocks(wl, model, ctx)  # checkpointing, then compile, per block: before fully_shard
         mp = mixed_precision(ctx.options, ctx.precision)
         units = shard_model(wl, model, mesh, reshard=self.reshard, mp=mp,
                             reshard_last=ctx.options["fsdp_reshard_last"], units=ctx.options["fsdp_units"])

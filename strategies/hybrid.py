@@ -5,7 +5,7 @@ from __future__ import annotations
 from bench.core.config import parse_mesh
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
-from strategies.base import MESH, Context, Step, Strategy, common_check
+from strategies.base import MESH, Context, Step, Strategy, common_check, policy_text
 from strategies.common import (
     MESH_OPTION,
     PLACEMENT,
@@ -13,7 +13,6 @@ from strategies.common import (
     build_for_sharding,
     hybrid_mesh,
     local_share,
-    make_optimizer,
     materialize,
     mesh_check,
     placement_check,
@@ -23,6 +22,7 @@ from strategies.common import (
 from strategies.ddp import divisible
 from strategies.fsdp import FSDP_MP, PARAM_DTYPE, UNITS, UNITS_BUILT, mixed_precision, shard_model
 from strategies.tensor import TP_PLAN, apply_tp, tp_check
+from strategies.training import make_optimizer, prepare_blocks
 
 
 class FSDPxTP(Strategy):
@@ -34,6 +34,11 @@ class FSDPxTP(Strategy):
     metrics = (UNITS_BUILT,)
     distributes = ("comm", "split")
     cuts = True
+    compiles = "each inner block, after the tensor-parallel plan, before fully_shard"
+
+    def precision_policy(self, cell: CellSpec) -> str:
+        return policy_text(cell.measure.precision, cast_params=mixed_precision(cell.options, cell.measure.precision)
+                           is not None)
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         r = common_check(cell, gpus=gpus) or mesh_check(cell) or placement_check(cell, "tp")
@@ -53,6 +58,7 @@ class FSDPxTP(Strategy):
         mesh = hybrid_mesh(ctx.device.type, dp, tp, ctx.options["placement"], ("dp", "tp"))
         model = build_for_sharding(wl, ctx)
         loss_ctx = apply_tp(wl, model, mesh["tp"], ctx)
+        prepare_blocks(wl, model, ctx)  # after the plan, before fully_shard
         mp = mixed_precision(ctx.options, ctx.precision)
         units = shard_model(wl, model, mesh["dp"], reshard=True, mp=mp, units=ctx.options["fsdp_units"])
         materialize(wl, model, [(model, ctx.device)])

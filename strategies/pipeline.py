@@ -45,7 +45,6 @@ from strategies.common import (
     build_for_sharding,
     hybrid_mesh,
     local_share,
-    make_optimizer,
     materialize,
     mesh_check,
     placement_check,
@@ -54,6 +53,7 @@ from strategies.common import (
     time_region,
 )
 from strategies.ddp import BUCKET_MB
+from strategies.training import compile_blocks, make_optimizer, prepare_blocks
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
 
@@ -163,11 +163,13 @@ class PipelineRunner:
         elif balance == "blocks":  # equal transformer blocks per stage; embedding and head ride along
             n = len(wl.blocks(model))
             costs = [0.0] + [1.0] * (n - 2) + [0.0] if n > 2 else [1.0] * n
+        prepare_blocks(wl, model, ctx, compile_each=False)
         parts = stage_modules(wl, model, n_stages, costs)
         self.stage_blocks = [len(p) for p in parts]
         self.ids = [pp_rank + i * pp for i in range(virtual)]  # looped assignment
         self.mods: list[nn.Module] = [parts[i] for i in self.ids]
         materialize(wl, model, [(mod, ctx.device) for mod in self.mods])
+        compile_blocks(self.mods, ctx)  # per stage
         del parts, model
         stages = [PipelineStage(self.mods[k], sid, n_stages, ctx.device, group=group)
                   for k, sid in enumerate(self.ids)]
@@ -233,6 +235,7 @@ class Pipeline(Strategy):
     # time can hold most of a model whose parameters sit in cheap layers (a conv net's classifier).
     # The evidence is the activations and gradients crossing stages every step.
     distributes = ("comm",)
+    compiles = "each pipeline stage"
 
     def min_share(self, cell: CellSpec) -> float:
         return 1 / self.degrees(cell.n_devices, cell.options)[1]  # pp stages, each replicated dp times

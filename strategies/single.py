@@ -5,7 +5,8 @@ from __future__ import annotations
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies.base import Context, Step, Strategy
-from strategies.common import make_optimizer, train_step
+from strategies.common import train_step
+from strategies.training import make_optimizer, whole_model
 
 
 class Single(Strategy):
@@ -24,6 +25,6 @@ class Single(Strategy):
         return None
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
-        model = wl.build(ctx.device)
+        model = whole_model(wl, wl.build(ctx.device), ctx)
         opt = make_optimizer(model.parameters(), ctx)
         return Step(run=lambda b: train_step(model, wl, ctx, opt, ctx.to_device(b)), loss_weight=1.0, optimizer=opt)

@@ -16,7 +16,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from bench.core.spec import CellSpec, WorkloadFacts
 from bench.workloads import Workload
 from strategies.base import MESH, Context, Option, Step, Strategy, common_check
-from strategies.common import build_for_sharding, make_optimizer, materialize, train_step
+from strategies.common import build_for_sharding, materialize, train_step
+from strategies.training import make_optimizer, prepare_blocks
 
 
 def tp_check(wl: WorkloadFacts, tp: int) -> str | None:
@@ -60,6 +61,7 @@ class TensorParallel(Strategy):
     options = (TP_PLAN,)
     distributes = ("comm", "split")
     cuts = True
+    compiles = "each inner block, after the tensor-parallel plan"
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         return common_check(cell, gpus=gpus) or tp_check(cell.workload, cell.n_devices)
@@ -71,6 +73,7 @@ class TensorParallel(Strategy):
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
         model = build_for_sharding(wl, ctx)
         loss_ctx = apply_tp(wl, model, mesh, ctx)
+        prepare_blocks(wl, model, ctx)  # checkpointing, then compile, per block: after the plan
         materialize(wl, model, [(model, ctx.device)])
         opt = make_optimizer(model.parameters(), ctx)
         # Every rank computes the same whole-batch loss.

@@ -11,7 +11,8 @@ import torch.distributed as dist
 from bench.core.metrics import Metric
 from bench.workloads import Workload
 from strategies.base import Context, Option, Step, Strategy
-from strategies.common import local_share, make_optimizer, train_step
+from strategies.common import local_share, train_step
+from strategies.training import make_optimizer
 
 
 class NoAverage(Strategy):

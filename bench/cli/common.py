@@ -8,6 +8,7 @@ import signal
 import sys
 from typing import NoReturn
 
+from bench.core import knobs
 from bench.core.errors import UserError
 from bench.runtime.signals import STOP_SIGNALS, install_stop_handlers, restore_stop_handlers  # noqa: F401 - the commands' import point
 
@@ -74,6 +75,8 @@ def add_run_args(p) -> None:
     p.add_argument("--time-cap", dest="time_cap_s", type=float,
                    help="seconds of timed steps after which no more are added; the adaptive warm-up adds "
                         "no more after half of it (default 20)")
+    p.add_argument("--lr", type=float, help="learning rate (default: 1e-2 for sgd, 3e-4 for adam and adamw)")
+    knobs.add_flags(p)
     p.add_argument("--option", action="append", metavar="KEY=VALUE", default=[],
                    help="strategy option, repeatable: mesh=2x2, micro_batches=8, bucket_mb=25")
     p.add_argument("--out", help="results folder (default: results)")
@@ -89,6 +92,19 @@ def add_node_flags(p) -> None:
                    help="node 0's address for torchrun's c10d rendezvous (default 127.0.0.1:29400, loopback)")
     p.add_argument("--rdzv-timeout", dest="rdzv_timeout_s", type=float,
                    help="seconds to wait for every node to join (default 300)")
+
+
+def table_flags(args, toml: dict) -> dict[str, object]:
+    """The flags that extend a TOML table (``--option`` over [options], the knob flags over
+    [training]), merged over it, as build_config's ``flags`` take them; only those given."""
+    out: dict[str, object] = {}
+    if args.option:
+        out["options"] = {**toml.get("options", {}), **parse_options(args.option)}
+    given = knobs.from_flags(args)
+    if given:
+        table = toml.get("training", {})
+        out["training"] = {**(table if isinstance(table, dict) else {}), **given}
+    return out
 
 
 def parse_options(items: list[str]) -> dict[str, object]:

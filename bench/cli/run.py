@@ -9,11 +9,11 @@ from bench.cli.common import (
     add_node_flags,
     add_run_args,
     install_stop_handlers,
-    parse_options,
     report_interrupt,
     restore_stop_handlers,
+    table_flags,
 )
-from bench.core import backends
+from bench.core import backends, knobs
 from bench.core.errors import UserError
 
 
@@ -70,7 +70,7 @@ def run_config(args, gpus: int):
     from bench.core.config import build_config, load_toml
 
     flags = {k: getattr(args, k) for k in ("workloads", "strategies", "backends", "world_sizes", "device",
-                                           "steps", "warmup", "seed", "precision", "global_batch",
+                                           "steps", "warmup", "seed", "precision", "lr", "global_batch",
                                            "cell_timeout_s", "startup_timeout_s", "workload_timeout_s", "out",
                                            "sample_hz", "scaling", "repeats", "budget",
                                            "warmup_max", "steps_max", "target_ci", "time_cap_s",
@@ -78,13 +78,12 @@ def run_config(args, gpus: int):
                                            "rdzv_endpoint", "rdzv_timeout_s")}
     if args.resume:
         given = [k for k, v in flags.items() if v is not None] + (["option"] if args.option else []) \
-            + (["config"] if args.config else [])
+            + list(knobs.from_flags(args)) + (["config"] if args.config else [])
         if given:
             raise UserError(f"--resume takes the run's own settings; drop --{given[0].replace('_', '-')}")
         return resumed_config(args.resume, gpus)
     toml = load_toml(args.config) if args.config else {}
-    if args.option:
-        flags["options"] = {**toml.get("options", {}), **parse_options(args.option)}
+    flags.update(table_flags(args, toml))
     from bench.plan import memory
 
     return build_config(toml=toml, flags=flags, gpus=gpus, beyond=memory.beyond_one_device() if gpus > 1 else None)

@@ -22,6 +22,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from bench.core import backends as _backends
+from bench.core import knobs
 
 BACKENDS = tuple(_backends.names())  # the backend registry is the one list
 DEVICES = ("cpu", "cuda")
@@ -39,7 +40,11 @@ class RunConfig:
     warmup: int
     seed: int = 0
     precision: str = "auto"
-    lr: float = 1e-2
+    # None: each optimizer's own default (bench.core.knobs.DEFAULT_LR)
+    lr: float | None = None
+    # The training knobs (bench.core.knobs: optimizer, compile, ac), each a list of values; the matrix
+    # runs every combination (TOML: [training] compile = ["off", "on"]). Missing knobs take their default.
+    training: dict[str, list[str]] = field(default_factory=dict)
     out: str = "results"
     cell_timeout_s: float = 300.0
     # A process group's start-up (torchrun, the ranks' interpreters and imports, the rendezvous and
@@ -268,6 +273,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     nnodes, node_rank, endpoint, rdzv_timeout_s = validate_nodes(cfg)
     _check_mesh(cfg)
     return replace(cfg, **counts, global_batch=global_batch, workload_matrix=workload_matrix,
+                   training=knobs.validate(cfg.training),
                    budget=None if budget is None else f"{budget:.15g}s", nnodes=nnodes, node_rank=node_rank,
                    rdzv_endpoint=endpoint, rdzv_timeout_s=rdzv_timeout_s)
 
@@ -371,7 +377,9 @@ def _counts(cfg: RunConfig) -> dict[str, Any]:
     startup_timeout_s = as_float("startup_timeout_s", cfg.startup_timeout_s, "--startup-timeout 300")
     workload_timeout_s = as_float("workload_timeout_s", cfg.workload_timeout_s, "--workload-timeout 120")
     sample_hz = as_float("sample_hz", cfg.sample_hz, "--sample-hz 20")
-    lr = as_float("lr", cfg.lr, "lr = 0.01")
+    lr = None if cfg.lr is None else as_float("lr", cfg.lr, "--lr 3e-4")
+    if lr is not None and not lr > 0:
+        raise UserError(f"lr={cfg.lr} must be > 0; e.g. --lr 3e-4, or drop it for the optimizer's default")
     if steps < 1:
         raise UserError(f"steps={steps} must be >= 1; e.g. --steps 20")
     if warmup < 0:

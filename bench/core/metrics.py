@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from bench.core import knobs
 from bench.core.text import gap_text
 
 #: A breakdown whose profiled step is further than this from the timed median describes another
@@ -128,6 +129,18 @@ CORE: tuple[Metric, ...] = (
     Metric(name="scaling", dtype="string", kind="key",
            doc="strong: the same global batch at every world size; weak: the same batch per device"),
     Metric(name="precision", dtype="string", kind="fact"),
+    # the training knobs (bench.core.knobs), each declared there once: compare keeps cells of other
+    # values apart and names the difference
+    *(Metric(name=k.name, dtype="string", kind="label", shown=R, doc=k.metadata["doc"]) for k in knobs.KNOBS),
+    Metric(name="lr", dtype="float64", kind="fact", doc="the learning rate (each optimizer's default unless --lr)"),
+    Metric(name="precision_policy", dtype="string", kind="fact", header="policy", shown=R,
+           doc="parameter, compute and gradient-reduction dtypes: 'fp32 params, bf16 autocast', 'bf16 params, "
+               "fp32 reduce' (FSDP2's MixedPrecisionPolicy) or 'fp32'; speed-ups are read against a one-device "
+               "cell of the same policy"),
+    Metric(name="compile_s", dtype="float64", unit="s", header="compile s", fmt=".1f", shown=R,
+           higher_is_better=False,
+           doc="seconds the cell's first step took beyond a settled step: torch.compile's compilation (compile "
+               "on; the first steps are untimed warm-up, never in the step times)"),
     Metric(name="step_time_median_s", **_ms(header="step ms", shown=S, higher_is_better=False, compared=True)),
     Metric(name="step_time_p95_s", **_ms(header="p95 ms", shown=R, higher_is_better=False)),
     Metric(name="step_time_mean_s", **_ms(header="mean ms", higher_is_better=False)),

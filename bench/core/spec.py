@@ -28,6 +28,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Union
 
+from bench.core.knobs import Training
+
 #: The status of a row of any mode (a training cell, a serving cell, a collective's sweep point),
 #: with a reason whenever it is not ``ok``.
 Status = Literal["ok", "failed", "timeout", "skipped"]
@@ -89,7 +91,6 @@ class Measure:
     profile_steps: int
     precision: str  # fp32 | bf16
     seed: int
-    lr: float
     repeats: int = 1  # times the cell is measured, in rounds over the group's cells
     warmup_max: int = 0  # warm-up continues until the step time settles, up to this many steps (0: fixed)
     settle: float = 0.01  # settled: the median of the last 5 warm-up steps moved less than this
@@ -122,6 +123,10 @@ class CellSpec:
     scaling: Literal["strong", "weak"] = "strong"
     mode: Mode = "train"
     nnodes: int = 1  # nodes (torchrun agents) its processes are spread over, n_procs / nnodes on each
+    training: Training = Training()  # how it trains: optimizer, compile, activation checkpointing, lr
+    # the precision policy the strategy trains under (Strategy.precision_policy): parameter, compute
+    # and reduction dtypes; a cell's speed-up is read against a one-device cell of the same policy
+    precision_policy: str = ""
 
     @property
     def procs_per_node(self) -> int:
@@ -129,7 +134,8 @@ class CellSpec:
 
     @property
     def title(self) -> str:
-        return f"{self.strategy} {self.workload.name} {self.backend} x{self.n_devices}"
+        knobs = self.training.short()
+        return f"{self.strategy} {self.workload.name} {self.backend} x{self.n_devices}" + (f" {knobs}" if knobs else "")
 
     def identity(self) -> dict[str, Any]:
         return cell_identity(self.cell_id, self.mode, self.workload.name, self.strategy, self.backend,
@@ -273,6 +279,7 @@ class RankMeasurement:
     comm_bytes_per_step: float | None = None
     devices_used: int | None = None
     warmup_steps: int = 0  # warm-up steps taken (the adaptive warm-up may take more than asked)
+    compile_s: float | None = None  # the first warm-up step's seconds beyond a settled one (compile on)
     target_reached: bool | None = None  # the timed steps reached the interval target (None: not asked)
     # Where this rank ran (bench.multinode.netinfo.placement): its node (launcher --node-rank), host
     # name, the address and interface its traffic to other nodes takes, local rank and devices.

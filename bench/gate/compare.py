@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bench.core import knobs
 from bench.core.errors import UserError
 from bench.core.spec import ONE_RANK_SKIP
 from bench.stats.ranktests import ALPHA, min_samples, run_test, runs_needed, samples_needed, shift_test
@@ -57,6 +58,7 @@ FIXES = {
     "params": "with one workload definition (the same --workloads and parbench)",
     "flops_per_sample": "with one workload definition (the same --workloads and parbench)",
     "settings": "with the same strategy settings (--option), or keep this pair as a new baseline",
+    "training": "with the same training knobs (--optimizer, --compile, --ac), or keep this pair as a new baseline",
 }
 
 
@@ -389,7 +391,8 @@ def _pair_changed_settings(out: pd.DataFrame, key: list[str]) -> pd.DataFrame:
         for col in ("cur_status", "cur_tput", "cur_time_s"):
             row[col] = b[col]
         row["change"] = row["cur_tput"] / row["base_tput"] - 1 if row["base_tput"] else np.nan
-        row["_diffs"] = [("settings", "settings differ: " + ", ".join(changed))]
+        kind = "training" if all(k in knobs.NAMES for k in extra if str(a[k]) != str(b[k])) else "settings"
+        row["_diffs"] = [(kind, f"{'training' if kind == 'training' else 'settings'} differ: " + ", ".join(changed))]
         row["verdict"], row["note"] = "incomparable", explain(row["_diffs"])
         drop += [miss.index[0], new.index[0]]
         add.append(row)

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from bench.core import backends
+from bench.core import backends, knobs
 from bench.core.errors import UserError
 from bench.workloads import resolve
 
@@ -51,9 +51,13 @@ def _one_rank_group() -> bool:
 
 
 def run_cell(benchmark: Any, workload: Any, strategy: Any = "single", *, steps: int = 20, warmup: int = 3,
-             device: str = "cpu", precision: str = "fp32", seed: int = 0, lr: float = 0.01,
+             device: str = "cpu", precision: str = "fp32", seed: int = 0, lr: float | None = None,
+             optimizer: str = "adamw", compile: str = "off", ac: str = "none",
              global_batch: int | None = None, options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Build the cell, warm it up, and time ``steps`` steps as pytest-benchmark rounds.
+
+    ``optimizer``, ``compile`` and ``ac`` are the training knobs (bench.core.knobs), ``lr`` the
+    learning rate (None: the optimizer's default).
 
     ``workload``: a name or ``package.module:factory`` spec, or a bench.workloads.Workload.
     ``strategy``: a registry name or ``package.module:Class``, or a strategies.base.Strategy.
@@ -76,7 +80,8 @@ def run_cell(benchmark: Any, workload: Any, strategy: Any = "single", *, steps: 
         opts = dict(options or {})
         if hasattr(strat, "resolve_options"):  # declared options with their defaults, validated
             opts = strat.resolve_options(1, opts)
-        ctx = _context(dev, seed=seed, precision=precision, lr=lr, options=opts)
+        training = knobs.combinations(knobs.validate({"optimizer": optimizer, "compile": compile, "ac": ac}), lr)[0]
+        ctx = _context(dev, seed=seed, precision=precision, training=training, options=opts)
         batches = [ctx.to_device(wl.batch(s)) for s in range(warmup + steps)]
         step = strat.prepare(wl, ctx)
         feed = iter(batches)
@@ -99,7 +104,7 @@ def run_cell(benchmark: Any, workload: Any, strategy: Any = "single", *, steps: 
         if started:
             gc.collect()
             dist.destroy_process_group()
-    info = dict(workload=wl.name, strategy=strat.name, device=dev.type, precision=precision,
+    info = dict(workload=wl.name, strategy=strat.name, device=dev.type, precision=precision, **training.knobs(),
                 global_batch=int(wl.global_batch), world_size=1)
     stats = getattr(benchmark, "stats", None)
     median = stats.stats.median if stats is not None and getattr(stats, "stats", None) else float("nan")

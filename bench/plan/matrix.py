@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import strategies
-from bench.core import backends
+from bench.core import backends, knobs
 from bench.core.config import RunConfig, parse_workload
 from bench.core.errors import UserError
 from bench.core.metrics import Metric, registry
@@ -20,6 +20,7 @@ from bench.core.spec import ONE_RANK_SKIP, CellSpec, Measure, WorkloadFacts
 from bench.measure.hardware import cpu_threads
 from bench.plan.memory import device_memory, memory_reason
 from bench.workloads import Workload, planned
+from strategies.base import policy_text
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,76 +126,103 @@ def planned_workloads(cfg: RunConfig) -> tuple[dict[str, Workload],
 
 def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload], list[Metric]]:
     """Every cell of the matrix, each runnable or skipped with its reason; the workloads by name;
-    the run's column registry. A single-device reference cell is added for every workload: parity
-    and scaling efficiency need it. A user's workload gets ``cfg.workload_timeout_s`` to import,
-    build and describe itself (:func:`bench.workloads.planned`)."""
+    the run's column registry. A single-device reference cell is added for every workload and
+    every combination of the training knobs: parity and scaling efficiency need it. A user's
+    workload gets ``cfg.workload_timeout_s`` to import, build and describe itself
+    (:func:`bench.workloads.planned`)."""
     wls, parsed = planned_workloads(cfg)
     strats = expand_strategies(cfg.strategies)
     check_strategy_names(cfg, {s.name for _, s in strats})
     if not any(s.name == "single" for _, s in strats):
         strats.insert(0, ("single", strategies.get("single")))
     validate_options(cfg.options, [s for _, s in strats])
-    measure = Measure(steps=cfg.steps, warmup=cfg.warmup, profile_steps=cfg.profile_steps,
-                      precision=cfg.effective_precision(), seed=cfg.seed, lr=cfg.lr, repeats=cfg.repeats,
-                      warmup_max=cfg.warmup_max or 0, settle=cfg.settle, steps_max=cfg.steps_max or 0,
-                      target_ci=cfg.target_ci, time_cap_s=cfg.time_cap_s, profile_at=profile_when(cfg))
-    one_proc_backend = backends.for_one_process(cfg.device, cfg.backends)
-    cells: list[Planned] = []
-    seen: set[tuple] = set()
-    weak = cfg.scaling == "weak"
-    only = cfg.backend_strategies or {}
-    memory: int | None = None  # the device's bytes, read once when a cell needs it
-    for wl, base, narrow in parsed:
+    planner = _Planner(cfg, gpus)
+    for _wl, base, narrow in parsed:
         for sp, strat in strats:
             if "strategies" in narrow and strat.name not in narrow["strategies"] and strat.name != "single":
                 continue  # not asked of this workload (RunConfig.workload_matrix)
             here = narrow.get("backends", cfg.backends)  # this workload's backends
-            for backend in cfg.backends if not strat.one_process else [one_proc_backend]:
-                if backend in only and strat.name not in only[backend] and strat.name != "single":
+            for backend in cfg.backends if not strat.one_process else [planner.one_proc_backend]:
+                if backend in planner.only and strat.name not in planner.only[backend] and strat.name != "single":
                     continue  # not asked of this backend (RunConfig.backend_strategies)
                 if backend not in here and strat.name != "single":
                     continue  # not asked of this workload (RunConfig.workload_matrix)
                 # Weak scaling: the single-device reference runs every global batch a cell trains,
                 # so that each cell has a parity reference of its own batch.
                 asked = [n for n in cfg.world_sizes if n in narrow.get("world_sizes", cfg.world_sizes)]
+                weak = cfg.scaling == "weak"
                 sizes = (asked if strat.name != "single" else ([1] if not weak else sorted(set(asked))))
                 for n in sizes:
-                    scale = n if weak else 1
-                    facts = dataclasses.replace(base, global_batch=base.global_batch * scale)
-                    n = 1 if strat.name == "single" else n
-                    nodes = cell_nodes(cfg, strat.procs(n))
-                    key = (wl.name, strat.name, backend, n, facts.global_batch)
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                    reason = None
-                    mine = {o.name for o in strat.options}
-                    try:
-                        options = strat.resolve_options(n, {k: v for k, v in cfg.options.items() if k in mine})
-                    except ValueError as e:
-                        options, reason = {}, str(e)
-                    cell = CellSpec(cell_id=len(cells), workload=facts, strategy=strat.name, strategy_spec=sp,
-                                    backend=backend, device=cfg.device, n_devices=n, n_procs=strat.procs(n),
-                                    devices=plan_devices(cfg.device, n, nodes), options=options, labels={},
-                                    role=strat.role, measure=measure, scaling=cfg.scaling, nnodes=nodes)
-                    reason = reason or strat.check(cell, gpus=gpus)
-                    if reason is None and strat.procs(n) == 1 and backend != one_proc_backend \
-                            and one_proc_backend in here:
-                        reason = (f"{ONE_RANK_SKIP}: its {backend} cell would repeat the "
-                                  f"{one_proc_backend} one, which is measured")
-                    if reason is None and cfg.device == "cpu" and n // nodes > cpu_threads() * 4:
-                        reason = f"{n // nodes} ranks per node > 4 x {cpu_threads()} CPU threads"
-                    # Every node plans the same matrix (bench.multinode.plan_digest): a run over
-                    # several nodes, whose memories may differ, skips nothing for memory.
-                    if reason is None and cfg.nnodes == 1:
-                        if memory is None and facts.train_bytes:
-                            memory = device_memory(cfg.device) or 0
-                        reason = memory_reason(cell, strat.min_share(cell), memory)
-                    if reason is None:
-                        cell = dataclasses.replace(cell, labels=strat.label_values(cell))
-                    cells.append(Planned(spec=cell, reason=reason))
+                    facts = dataclasses.replace(base, global_batch=base.global_batch * (n if weak else 1))
+                    for training in planner.trainings:
+                        planner.add(sp, strat, facts, backend, 1 if strat.name == "single" else n, here, training)
     metrics = registry(m for _, s in strats for m in s.columns())
-    return cells, wls, metrics
+    return planner.cells, wls, metrics
+
+
+class _Planner:
+    """The cells planned so far and what every cell of the run shares (its measurement, the
+    training combinations, the one-process backend, the device's memory, read once)."""
+
+    def __init__(self, cfg: RunConfig, gpus: int):
+        self.cfg, self.gpus = cfg, gpus
+        self.measure = Measure(steps=cfg.steps, warmup=cfg.warmup, profile_steps=cfg.profile_steps,
+                               precision=cfg.effective_precision(), seed=cfg.seed, repeats=cfg.repeats,
+                               warmup_max=cfg.warmup_max or 0, settle=cfg.settle, steps_max=cfg.steps_max or 0,
+                               target_ci=cfg.target_ci, time_cap_s=cfg.time_cap_s, profile_at=profile_when(cfg))
+        self.trainings = knobs.combinations(cfg.training or knobs.defaults(), cfg.lr)
+        self.one_proc_backend = backends.for_one_process(cfg.device, cfg.backends)
+        self.only = cfg.backend_strategies or {}
+        self.cells: list[Planned] = []
+        self.seen: set[tuple] = set()
+        self.memory: int | None = None
+        # the single-device reference trains under the default policy (strategies.base.Strategy.precision_policy)
+        self.reference_policy = policy_text(self.measure.precision, cast_params=False)
+
+    def add(self, sp: str, strat: strategies.Strategy, facts: WorkloadFacts, backend: str, n: int,
+            here: list[str], training: knobs.Training, policy_reference: bool = False) -> None:
+        """The cell (workload ``facts``, strategy, backend, ``n`` devices, training), runnable or
+        skipped with its reason, unless it is planned already; a ``policy_reference`` (a one-device
+        cell of a strategy's own precision policy) only when it can run."""
+        cfg = self.cfg
+        nodes = cell_nodes(cfg, strat.procs(n))
+        key = (facts.name, strat.name, backend, n, facts.global_batch, training)
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        reason = None
+        mine = {o.name for o in strat.options}
+        try:
+            options = strat.resolve_options(n, {k: v for k, v in cfg.options.items() if k in mine})
+        except ValueError as e:
+            options, reason = {}, str(e)
+        cell = CellSpec(cell_id=len(self.cells), workload=facts, strategy=strat.name, strategy_spec=sp,
+                        backend=backend, device=cfg.device, n_devices=n, n_procs=strat.procs(n),
+                        devices=plan_devices(cfg.device, n, nodes), options=options, labels={},
+                        role=strat.role, measure=self.measure, scaling=cfg.scaling, nnodes=nodes,
+                        training=training)
+        reason = reason or strat.check(cell, gpus=self.gpus) or strat.knob_reason(cell)
+        if reason is None and strat.procs(n) == 1 and backend != self.one_proc_backend \
+                and self.one_proc_backend in here:
+            reason = (f"{ONE_RANK_SKIP}: its {backend} cell would repeat the "
+                      f"{self.one_proc_backend} one, which is measured")
+        if reason is None and cfg.device == "cpu" and n // nodes > cpu_threads() * 4:
+            reason = f"{n // nodes} ranks per node > 4 x {cpu_threads()} CPU threads"
+        # Every node plans the same matrix (bench.multinode.plan_digest): a run over
+        # several nodes, whose memories may differ, skips nothing for memory.
+        if reason is None and cfg.nnodes == 1:
+            if self.memory is None and facts.train_bytes:
+                self.memory = device_memory(cfg.device) or 0
+            reason = memory_reason(cell, strat.min_share(cell), self.memory)
+        cell = dataclasses.replace(cell, precision_policy=strat.precision_policy(cell))
+        if reason is None:
+            cell = dataclasses.replace(cell, labels=strat.label_values(cell))
+        elif policy_reference:
+            return  # a one-device cell of the policy that cannot run measures nothing to read against
+        self.cells.append(Planned(spec=cell, reason=reason))
+        if reason is None and n > 1 and cfg.scaling == "strong" and cell.precision_policy != self.reference_policy:
+            # its speed-up is read against one device under its own precision policy (bench.results.derived)
+            self.add(sp, strat, facts, backend, 1, here, training, policy_reference=True)
 
 
 def group(cells: list[Planned]) -> list[Group]:

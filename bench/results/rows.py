@@ -52,7 +52,8 @@ def base_row(spec: CellSpec) -> dict[str, Any]:
         role=spec.role, steps=m.steps, warmup=m.warmup, precision=m.precision, time_cap_s=m.time_cap_s or None,
         global_batch=spec.workload.global_batch, params=spec.workload.params, scaling=spec.scaling,
         repeats=m.repeats, profile_at=m.profile_at if m.profile_steps else None,
-        flops_per_sample=spec.workload.flops_per_sample, **spec.labels,
+        flops_per_sample=spec.workload.flops_per_sample, **spec.training.knobs(), lr=spec.training.lr,
+        precision_policy=spec.precision_policy or None, **spec.labels,
         **{f"option_{k}": v for k, v in spec.options.items()})
 
 
@@ -213,6 +214,7 @@ def _timing_columns(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]]
                 peak_mem_bytes=max(mems) if mems else None, loss_final=final, gpu_name=gpu_name,
                 cell_wall_s=wall_s, overhead_s=wall_s - timed_total - profile_s, profile_s=profile_s,
                 warmup_steps_done=ranks[0].warmup_steps, slow_rank=slow,
+                compile_s=max((r.compile_s for r in ranks if r.compile_s is not None), default=None),
                 target_reached=None if any(x is None for x in reached) else all(reached))
     if slow is not None:
         cols["noise"] = "; ".join(x for x in (cols.get("noise"), f"rank {slow} slow") if x)

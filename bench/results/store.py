@@ -40,7 +40,7 @@ from bench.core.metrics import CORE, Metric, stored
 from bench.measure.fingerprint import fingerprint
 from bench.measure.hardware import gpu_count, gpu_names
 from bench.results.bounds import check_meta_fields, check_table, read_json, typed
-from bench.results.derived import derive
+from bench.results.derived import derive, with_knobs
 
 STEP_COLUMNS: dict[str, str] = {
     "run_id": "string", "cell_id": "Int64", "repeat": "Int64", "rank": "Int64", "step": "Int64", "phase": "string",
@@ -354,7 +354,7 @@ def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, di
             "%s was written by a newer parbench (schema %d; this one reads %d): columns it does not know are "
             "passed through unread and derived ones may be wrong; upgrade parbench to read it", d, newer,
             SCHEMA_VERSION)
-    cells = derive(cells, steps)
+    cells = derive(with_knobs(cells), steps)
     order = [c for c in CELL_COLUMNS if c in cells] + [c for c in cells.columns if c not in CELL_COLUMNS]
     return cells[order].sort_values("cell_id", kind="stable").reset_index(drop=True), steps, meta
 

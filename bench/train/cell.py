@@ -56,7 +56,7 @@ def build(cell: CellSpec, local_rank: int, out: RankMeasurement):
     wl = cell_workload(cell)
     strat = strategies.get(cell.strategy_spec)
     ctx = Context(rank=rank, world_size=dist.get_world_size(), local_rank=local_rank, device=device,
-                  devices=devices, backend=cell.backend, seed=m.seed, precision=m.precision, lr=m.lr,
+                  devices=devices, backend=cell.backend, seed=m.seed, precision=m.precision, training=cell.training,
                   options=dict(cell.options))
     before: list[int] = []
     if device.type == "cuda":

@@ -7,6 +7,7 @@ on the step times and the deadline (:func:`agreed`), so every rank takes the sam
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -91,13 +92,39 @@ class Agreement:
         return agreed(timer.times(), self.backend, self.device, self.deadline)
 
 
-def warm_up(steps: Steps, m: Measure, agree: Agreement) -> int:
+#: warm-up steps of a compiled cell after its compiling step, at least: later steps can still
+#: compile (a recompilation for the optimizer's first real update, DDP's graph split), and settling
+#: needs two chunks to compare
+COMPILED_WARMUP = 2 * CHUNK
+
+
+def warm_up(steps: Steps, m: Measure, agree: Agreement, compiled: bool = False) -> tuple[int, float | None]:
     """The asked warm-up steps, then more in chunks until the step time settles (or the cap);
-    returns the steps taken. Warm-up may take half the time cap, and the next chunk is sized to
-    what is left of that half, so that a chunk of slow steps (seconds each on Gloo) does not run
-    far past it. Same decisions on every rank: the agreed times, not each rank's own clock."""
+    returns the steps taken and, for a ``compiled`` cell, its compilation seconds (the first step
+    beyond the last warm-up chunk's median). Warm-up may take half the time cap, and the next
+    chunk is sized to what is left of that half, so that a chunk of slow steps (seconds each on
+    Gloo) does not run far past it. A compiled cell's first step compiles: it runs alone, outside
+    that allowance, and at least :data:`COMPILED_WARMUP` steps follow it, adaptive until settled.
+    Same decisions on every rank: the agreed times, not each rank's own clock."""
+    first = None
+    if compiled:
+        t0 = time.perf_counter()
+        steps.run(StepTimer(agree.device), 1)
+        first = time.perf_counter() - t0
+        m = dataclasses.replace(m, warmup=max(m.warmup, COMPILED_WARMUP),
+                                warmup_max=max(m.warmup_max, 4 * COMPILED_WARMUP))
     warm = StepTimer(agree.device)
     steps.run(warm, m.warmup)
+    done = _settle(steps, warm, m, agree)
+    if first is None:
+        return done, None
+    x, _ = agree(warm)
+    return done, max(first - float(np.median(x[-CHUNK:])), 0.0)
+
+
+def _settle(steps: Steps, warm: StepTimer, m: Measure, agree: Agreement) -> int:
+    """More warm-up steps in chunks until the step time settles, ``warmup_max`` or half the time
+    cap; the steps taken in all."""
     adaptive = m.warmup_max > len(steps.losses) and m.settle > 0
     x, late = agree(warm) if adaptive else (None, False)
     while adaptive and m.warmup_max > len(steps.losses):
@@ -136,7 +163,7 @@ def measure(out: RankMeasurement, steps: Steps, cell: CellSpec, devices: tuple[t
     starts, the window, the energy and peak memory of the timed steps, and every step's loss."""
     m, device = cell.measure, devices[0]
     agree = Agreement(backend, device, deadline)
-    out.warmup_steps = warm_up(steps, m, agree)
+    out.warmup_steps, out.compile_s = warm_up(steps, m, agree, compiled=cell.training.compile == "on")
     meter = EnergyMeter([d.index for d in devices]) if device.type == "cuda" else None
     if device.type == "cuda":
         for d in devices:  # the peak of training, not of building the full model before sharding it

@@ -191,7 +191,7 @@ def test_tied_embedding_is_not_silently_untied_by_model_parallel_strategies(tmp_
     the error was 9.9e-6 with 4 compared steps, just under the 1e-5 tolerance, and 4.9e-5 with the
     harness's later step counts: whether parity notices depends on how many steps ran)."""
     cells = run(tmp_path, workloads=f"{MODULE}:tied_gpt", strategies="chain,pipeline-1f1b", world_sizes="2",
-                lr=0.1)
+                lr=0.1, training={"optimizer": "sgd"})
     rows = cells[cells["strategy"] != "single"]
     assert len(rows) == 2, show(cells)
     for _, row in rows.iterrows():

@@ -16,10 +16,12 @@ from bench.runtime.process import free_port
 
 
 def _context(rank: int, world: int, **options):
+    from bench.core.knobs import Training
     from strategies.base import Context
 
     return Context(rank=rank, world_size=world, local_rank=rank, device=torch.device("cpu"),
-                   devices=(torch.device("cpu"),), backend="gloo", seed=0, precision="fp32", lr=1e-2,
+                   devices=(torch.device("cpu"),), backend="gloo", seed=0, precision="fp32",
+                   training=Training(optimizer="sgd", lr=1e-2),
                    options=options)
 
 

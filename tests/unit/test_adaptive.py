@@ -19,7 +19,7 @@ from bench.train.pending import Pending
 def spec(cid: int, strategy: str, n_procs: int, backend: str = "nccl", profile_at: str = "end") -> CellSpec:
     facts = WorkloadFacts(name="gpt", spec="gpt", dims={}, global_batch=16, params=1000, flops_per_sample=1.0,
                           n_blocks=4, n_heads=4, has_tp_plan=True, description="")
-    m = Measure(steps=5, warmup=2, profile_steps=2, precision="bf16", seed=0, lr=0.01,
+    m = Measure(steps=5, warmup=2, profile_steps=2, precision="bf16", seed=0,
                 profile_at=profile_at)
     return CellSpec(cell_id=cid, workload=facts, strategy=strategy, strategy_spec=strategy, backend=backend,
                     device="cuda", n_devices=n_procs, n_procs=n_procs, devices=tuple(range(n_procs)), options={},

@@ -237,7 +237,7 @@ def test_a_cell_shorter_than_the_sampling_period_still_sees_the_load():
                        n_blocks=1, n_heads=None, has_tp_plan=False, description="")
     cell = CellSpec(cell_id=0, workload=wl, strategy="ddp", strategy_spec="ddp", backend="gloo", device="cpu",
                     n_devices=2, n_procs=2, devices=(), options={}, labels={}, role="",
-                    measure=Measure(steps=3, warmup=1, profile_steps=0, precision="fp32", seed=0, lr=0.1))
+                    measure=Measure(steps=3, warmup=1, profile_steps=0, precision="fp32", seed=0))
     # 5 Hz samples around a 20 ms window: none falls inside it
     samples = [{"t": t, "device": "host", "metric": m, "value": v}
                for t in (99.9, 100.1) for m, v in (("other_cpu_cores", 1.6), ("load1", 9.0))]

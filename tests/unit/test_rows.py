@@ -18,7 +18,7 @@ def spec(*, n=2, device="cuda", precision="bf16", steps=4, warmup=1, flops=1e9, 
     return CellSpec(cell_id=7, workload=wl, strategy=strategy, strategy_spec=strategy, backend="nccl",
                     device=device, n_devices=n, n_procs=n, devices=tuple(range(n)) if device == "cuda" else (),
                     options={}, labels=labels or {}, role="",
-                    measure=Measure(steps=steps, warmup=warmup, profile_steps=0, precision=precision, seed=0, lr=0.1))
+                    measure=Measure(steps=steps, warmup=warmup, profile_steps=0, precision=precision, seed=0))
 
 
 def rank(r, times, *, window=(100.0, 101.5), energy=50.0, gpu="NVIDIA H100 80GB HBM3", **kw):

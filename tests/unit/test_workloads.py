@@ -3,6 +3,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench.core.errors import UserError
+from bench.core.knobs import Training
 from bench.workloads import Workload, resolve, shard
 from bench.workloads.gpt import SIZES
 
@@ -129,7 +130,7 @@ def test_a_tied_model_is_not_built_on_the_meta_device_for_sharding():
         return m
 
     ctx = Context(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), devices=(torch.device("cpu"),),
-                  backend="gloo", seed=0, precision="fp32", lr=0.1)
+                  backend="gloo", seed=0, precision="fp32", training=Training(optimizer="sgd", lr=0.1))
     assert next(build_for_sharding(wl, ctx).parameters()).device.type == "meta"
     m = build_for_sharding(dataclasses.replace(wl, build=tied), ctx)
     assert next(m.parameters()).device.type == "cpu" and m[-1].out.weight is m[0].tok.weight

@@ -1,0 +1,173 @@
+"""The training knobs: declared once (bench.core.knobs), planned as cells, applied by the strategies
+(strategies.training), read back with their legacy values, compared by name."""
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+
+from bench.core import knobs
+from bench.core.config import build_config
+from bench.core.errors import UserError
+from bench.plan.matrix import plan
+from bench.results.derived import derive, with_knobs
+from bench.workloads import resolve
+from strategies.base import Context
+from strategies.training import checkpoint_blocks, inner_blocks, make_optimizer
+
+
+def _ctx(**training) -> Context:
+    return Context(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), devices=(torch.device("cpu"),),
+                   backend="gloo", seed=0, precision="fp32",
+                   training=knobs.combinations(knobs.validate(training), None)[0])
+
+
+def test_defaults_are_adamw_eager_no_checkpointing_with_each_optimizers_lr():
+    [t] = knobs.combinations(knobs.defaults(), None)
+    assert (t.optimizer, t.compile, t.ac, t.lr) == ("adamw", "off", "none", 3e-4)
+    [s] = knobs.combinations(knobs.validate({"optimizer": "sgd"}), None)
+    assert s.lr == 1e-2
+    assert knobs.combinations(knobs.validate({"optimizer": "sgd"}), 0.5)[0].lr == 0.5
+    assert knobs.legacy() == {"optimizer": "sgd", "compile": "off", "ac": "none"}
+
+
+def test_comma_lists_expand_to_every_combination_in_order():
+    combos = knobs.combinations(knobs.validate({"compile": "off,on", "ac": ["none", "full"]}), None)
+    assert [(t.compile, t.ac) for t in combos] == [("off", "none"), ("off", "full"), ("on", "none"), ("on", "full")]
+
+
+@pytest.mark.parametrize("given, words", [
+    ({"optimizer": "lamb"}, ["--optimizer 'lamb' unknown", "adamw, adam, sgd"]),
+    ({"ac": []}, ["--ac", "give one or more of none, full, selective"]),
+    ({"compiled": "on"}, ["unknown knob 'compiled'", "optimizer, compile, ac"]),
+])
+def test_bad_knob_values_are_one_line_errors_naming_the_value(given, words):
+    with pytest.raises(UserError) as e:
+        knobs.validate(given)
+    assert all(w in str(e.value) for w in words) and "\n" not in str(e.value)
+
+
+def test_flags_and_toml_reach_the_config():
+    cfg = build_config(toml={"training": {"ac": ["full"]}}, flags={"device": "cpu", "training": {"compile": "on"}},
+                       gpus=0)
+    # a flag replaces its knob's TOML value, the other TOML knobs stay
+    cfg2 = build_config(toml={"training": {"ac": ["full"], "compile": ["off"]}},
+                        flags={"device": "cpu", "training": {"ac": ["full"], "compile": "on"}}, gpus=0)
+    assert cfg.training == {"optimizer": ["adamw"], "compile": ["on"], "ac": ["none"]}
+    assert cfg2.training == {"optimizer": ["adamw"], "compile": ["on"], "ac": ["full"]}
+
+
+def test_every_combination_is_planned_with_its_own_reference():
+    cfg = build_config(toml=None, flags={"device": "cpu", "workloads": "gpt-tiny", "strategies": "ddp",
+                                         "world_sizes": "2", "training": {"optimizer": "adamw,sgd"}}, gpus=0)
+    cells, _, _ = plan(cfg, 0)
+    got = sorted((p.spec.strategy, p.spec.training.optimizer) for p in cells)
+    assert got == [("ddp", "adamw"), ("ddp", "sgd"), ("single", "adamw"), ("single", "sgd")]
+    assert all(p.reason is None for p in cells)
+    assert {p.spec.training.lr for p in cells if p.spec.training.optimizer == "sgd"} == {1e-2}
+
+
+def test_a_strategy_that_cannot_compile_is_skipped_with_its_reason():
+    cfg = build_config(toml=None, flags={"workloads": "gpt-tiny", "strategies": "dataparallel",
+                                         "world_sizes": "2", "training": {"compile": "on", "ac": "none,full"}},
+                       gpus=2)
+    cells, _, _ = plan(cfg, 2)
+    dp = [p for p in cells if p.spec.strategy == "dataparallel"]
+    assert len(dp) == 2 and all(p.reason.startswith("compile=on: nn.DataParallel") for p in dp)
+
+
+def test_fsdp_under_its_bf16_policy_gets_a_one_device_cell_of_that_policy():
+    cfg = build_config(toml=None, flags={"workloads": "gpt-tiny", "strategies": "fsdp,ddp", "backends": "nccl",
+                                         "world_sizes": "2"}, gpus=2)
+    cells, _, _ = plan(cfg, 2)
+    by = {(p.spec.strategy, p.spec.n_devices): p.spec for p in cells if p.reason is None}
+    assert by[("fsdp", 2)].precision_policy == "bf16 params, fp32 reduce"
+    assert by[("single", 1)].precision_policy == "fp32 params, bf16 autocast"
+    assert ("fsdp", 1) in by and ("ddp", 1) not in by
+
+
+def _recompute(ac: str) -> tuple[int, int, int]:
+    """(inner block forward calls in one forward and backward, tensors the outer graph saved,
+    matrix products run during backward) of gpt-tiny under ``ac``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountMM(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] in ("mm", "addmm", "bmm"):
+                CountMM.n += 1
+            return func(*args, **(kwargs or {}))
+
+    wl = resolve("gpt-tiny")
+    model = wl.build(torch.device("cpu"))
+    calls = [0]
+    for b in inner_blocks(wl, model):
+        # counts the block's forward, also when the checkpoint calls it again in backward
+        b.forward = (lambda f: lambda *a, **k: (calls.__setitem__(0, calls[0] + 1), f(*a, **k))[1])(b.forward)
+    checkpoint_blocks(inner_blocks(wl, model), ac)
+    saved = [0]
+    x, y = wl.batch(0)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: (saved.__setitem__(0, saved[0] + 1), t)[1], lambda t: t):
+        loss = wl.loss(model(x), y)
+    with CountMM():
+        loss.backward()
+    return calls[0], saved[0], CountMM.n
+
+
+def test_full_checkpointing_recomputes_each_block_and_selective_keeps_the_matmuls():
+    blocks = len(inner_blocks(resolve("gpt-tiny"), resolve("gpt-tiny").build(torch.device("meta"))))
+    none_calls, none_saved, none_mm = _recompute("none")
+    full_calls, full_saved, full_mm = _recompute("full")
+    sel_calls, sel_saved, sel_mm = _recompute("selective")
+    assert none_calls == blocks and full_calls == sel_calls == 2 * blocks  # forward again in backward
+    assert full_saved < none_saved and sel_saved < none_saved
+    assert sel_mm < full_mm  # selective recomputes no matrix product: its backward runs fewer
+    assert sel_mm == none_mm
+
+
+def test_the_optimizer_knob_picks_the_torch_optimizer_fused_only_on_cuda():
+    p = [torch.nn.Parameter(torch.ones(3))]
+    assert type(make_optimizer(p, _ctx(optimizer="sgd"))) is torch.optim.SGD
+    opt = make_optimizer(p, _ctx())
+    assert type(opt) is torch.optim.AdamW and not opt.defaults.get("fused")
+    assert opt.defaults["lr"] == 3e-4
+    assert type(make_optimizer(p, _ctx(optimizer="adam"))) is torch.optim.Adam
+
+
+def _cells(**over):
+    base = dict(cell_id=0, mode="train", workload="w", strategy="single", backend="gloo", device="cpu",
+                world_size=1, status="ok", role="reference", precision="fp32", throughput_samples_s=100.0,
+                global_batch=8)
+    return {**base, **over}
+
+
+def test_runs_recorded_before_the_knobs_read_as_sgd_eager_no_checkpointing():
+    cells = with_knobs(pd.DataFrame([_cells(), _cells(cell_id=1, mode="serve")]))
+    assert list(cells.loc[0, ["optimizer", "compile", "ac"]]) == ["sgd", "off", "none"]
+    assert pd.isna(cells.loc[1, "optimizer"])
+
+
+def test_scaling_is_read_against_a_reference_of_the_same_knobs_and_policy():
+    rows = [_cells(optimizer="adamw", precision_policy="fp32 params, bf16 autocast", throughput_samples_s=100.0),
+            _cells(cell_id=1, optimizer="sgd", precision_policy="fp32 params, bf16 autocast", throughput_samples_s=50.0),
+            _cells(cell_id=2, strategy="fsdp", role="", optimizer="adamw", precision_policy="bf16 params, fp32 reduce",
+                   throughput_samples_s=120.0),
+            _cells(cell_id=3, strategy="fsdp", role="", world_size=2, optimizer="adamw",
+                   precision_policy="bf16 params, fp32 reduce", throughput_samples_s=180.0),
+            _cells(cell_id=4, strategy="ddp", role="", world_size=2, optimizer="sgd",
+                   precision_policy="fp32 params, bf16 autocast", throughput_samples_s=90.0)]
+    cells = derive(pd.DataFrame(rows), pd.DataFrame())
+    eff = dict(zip(cells["cell_id"], cells["scaling_efficiency"]))
+    assert eff[3] == pytest.approx(180 / (2 * 120))  # fsdp x2 against fsdp x1: the same policy
+    assert eff[4] == pytest.approx(90 / (2 * 50))  # ddp (sgd) against the sgd reference
+    assert "precision policy" in cells.loc[cells["cell_id"] == 2, "scaling_note"].iloc[0]
+
+
+def test_run_rejects_a_bad_knob_with_exit_2_and_one_line():
+    out = subprocess.run([sys.executable, "-m", "bench", "run", "--device", "cpu", "--compile", "maybe"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "--compile 'maybe' unknown" in out.stderr
