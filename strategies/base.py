@@ -202,6 +202,11 @@ class Strategy:
         """Values of the declared labels for a runnable cell."""
         return {}
 
+    def state_share(self, cell: CellSpec) -> float:
+        """The least share of the optimizer's state the fullest device holds: the parameters' share
+        (:meth:`min_share`) unless the strategy shards the state alone (ZeRO-1)."""
+        return self.min_share(cell)
+
     def knob_reason(self, cell: CellSpec) -> str | None:
         """Why the cell's training knobs cannot run under this strategy, or None."""
         t = cell.training

@@ -66,6 +66,9 @@ class DDPZero1(DDPStrategy):
     name = "ddp-zero1"
     summary = "DDP with ZeroRedundancyOptimizer: optimizer state sharded over the ranks (ZeRO-1)"
 
+    def state_share(self, cell: CellSpec) -> float:
+        return 1 / cell.n_devices
+
     def optimizer(self, ddp: DDP, ctx: Context) -> torch.optim.Optimizer:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 

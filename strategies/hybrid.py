@@ -21,7 +21,7 @@ from strategies.common import (
 )
 from strategies.ddp import divisible
 from strategies.fsdp import FSDP_MP, PARAM_DTYPE, UNITS, UNITS_BUILT, mixed_precision, shard_model
-from strategies.tensor import TP_PLAN, apply_tp, tp_check
+from strategies.tensor import TP_PLAN, apply_tp, compiled_selective_reason, tp_check
 from strategies.training import make_optimizer, prepare_blocks
 
 
@@ -35,6 +35,9 @@ class FSDPxTP(Strategy):
     distributes = ("comm", "split")
     cuts = True
     compiles = "each inner block, after the tensor-parallel plan, before fully_shard"
+
+    def knob_reason(self, cell: CellSpec) -> str | None:
+        return super().knob_reason(cell) or compiled_selective_reason(cell)
 
     def precision_policy(self, cell: CellSpec) -> str:
         return policy_text(cell.measure.precision, cast_params=mixed_precision(cell.options, cell.measure.precision)
@@ -58,7 +61,7 @@ class FSDPxTP(Strategy):
         mesh = hybrid_mesh(ctx.device.type, dp, tp, ctx.options["placement"], ("dp", "tp"))
         model = build_for_sharding(wl, ctx)
         loss_ctx = apply_tp(wl, model, mesh["tp"], ctx)
-        prepare_blocks(wl, model, ctx)  # after the plan, before fully_shard
+        prepare_blocks(wl, model, ctx, dtensor=True)  # after the plan, before fully_shard
         mp = mixed_precision(ctx.options, ctx.precision)
         units = shard_model(wl, model, mesh["dp"], reshard=True, mp=mp, units=ctx.options["fsdp_units"])
         materialize(wl, model, [(model, ctx.device)])

@@ -53,6 +53,14 @@ def apply_tp(wl: Workload, model, mesh, ctx: Context):
     return loss_ctx
 
 
+def compiled_selective_reason(cell: CellSpec) -> str | None:
+    """Why a tensor-parallel cell cannot compile under selective checkpointing, or None."""
+    if cell.training.compile == "on" and cell.training.ac == "selective":
+        return ("compile=on with ac=selective under tensor parallelism: selective checkpointing refuses the "
+                "compiled DTensor block (a cached tensor is mutated); use --ac full or --compile off")
+    return None
+
+
 class TensorParallel(Strategy):
     name = "tensor"
     summary = "tensor parallel: the workload's plan (GPT: column-wise then row-wise linears in attention and MLP)"
@@ -69,11 +77,14 @@ class TensorParallel(Strategy):
     def label_values(self, cell: CellSpec) -> dict:
         return {"mesh": f"tp{cell.n_devices}"}
 
+    def knob_reason(self, cell: CellSpec) -> str | None:
+        return super().knob_reason(cell) or compiled_selective_reason(cell)
+
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
         model = build_for_sharding(wl, ctx)
         loss_ctx = apply_tp(wl, model, mesh, ctx)
-        prepare_blocks(wl, model, ctx)  # checkpointing, then compile, per block: after the plan
+        prepare_blocks(wl, model, ctx, dtensor=True)  # checkpointing, then compile, per block: after the plan
         materialize(wl, model, [(model, ctx.device)])
         opt = make_optimizer(model.parameters(), ctx)
         # Every rank computes the same whole-batch loss.

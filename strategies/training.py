@@ -109,10 +109,19 @@ def compile_module(module: nn.Module, ctx: Context) -> nn.Module:
     return torch.compile(module) if ctx.training.compile == "on" else module
 
 
-def prepare_blocks(wl: Workload, model: nn.Module, ctx: Context, *, compile_each: bool = True) -> None:
+def prepare_blocks(wl: Workload, model: nn.Module, ctx: Context, *, compile_each: bool = True,
+                   dtensor: bool = False) -> None:
     """Activation checkpointing, then (``compile_each``) compilation, on the model's inner blocks:
-    the order torchtitan applies them in, after the tensor-parallel plan and before ``fully_shard``."""
+    the order torchtitan applies them in, after the tensor-parallel plan and before ``fully_shard``.
+    A block of DTensor parameters (``dtensor``: after a tensor-parallel plan) that is both
+    checkpointed and compiled has its forward compiled inside the checkpoint instead: dynamo's
+    tracing of a checkpoint refuses the DTensors' device mesh among the saved values."""
     blocks = inner_blocks(wl, model)
+    if dtensor and compile_each and ctx.training.compile == "on" and ctx.training.ac != "none":
+        for block in blocks:
+            block.forward = torch.compile(block.forward)
+        checkpoint_blocks(blocks, ctx.training.ac)
+        return
     checkpoint_blocks(blocks, ctx.training.ac)
     if compile_each:
         compile_blocks(blocks, ctx)

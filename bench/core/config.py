@@ -131,7 +131,7 @@ def default_config(gpus: int, beyond: str | None = None) -> RunConfig:
     # one-GPU reference. Its global batch, 64 sequences of 1024 tokens (16 a GPU on 4), keeps the
     # steps bound by the GPUs rather than by launching kernels (at gpt-200m's own 16, 4 a GPU, steps
     # on 4 H100s were launch-bound, noisy, and stretched by any profiling). The second model is
-    # sized so that its parameters and gradients alone exceed one GPU: the reason sharding,
+    # sized so that its parameters, gradients and AdamW state alone exceed one GPU: the reason sharding,
     # pipelining and tensor parallelism exist; the recommendation names the fastest strategy that
     # fits, with its memory headroom; it runs on two GPUs or more, when their memory is known. The
     # toy models (mlp, convnet) measure kernel launches more than strategies; they are in

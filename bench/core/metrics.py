@@ -141,6 +141,9 @@ CORE: tuple[Metric, ...] = (
            higher_is_better=False,
            doc="seconds the cell's first step took beyond a settled step: torch.compile's compilation (compile "
                "on; the first steps are untimed warm-up, never in the step times)"),
+    Metric(name="compiled_graphs", dtype="Int64", doc="graphs torch.compile built for the cell on rank 0 (compile on; "
+                                                      "a compiled cell that built none fails: it ran eager)"),
+    Metric(name="graph_breaks", dtype="Int64", doc="torch.compile's graph breaks on rank 0 (compile on)"),
     Metric(name="step_time_median_s", **_ms(header="step ms", shown=S, higher_is_better=False, compared=True)),
     Metric(name="step_time_p95_s", **_ms(header="p95 ms", shown=R, higher_is_better=False)),
     Metric(name="step_time_mean_s", **_ms(header="mean ms", higher_is_better=False)),

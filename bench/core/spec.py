@@ -80,6 +80,8 @@ class WorkloadFacts:
     # Bytes of the parameters and their gradients (a frozen parameter counts once), as the model
     # builds them; None when it cannot be built on the meta device.
     train_bytes: int | None = None
+    # Bytes of the trainable parameters alone: Adam and AdamW keep two values of their dtype for each
+    grad_bytes: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -280,6 +282,8 @@ class RankMeasurement:
     devices_used: int | None = None
     warmup_steps: int = 0  # warm-up steps taken (the adaptive warm-up may take more than asked)
     compile_s: float | None = None  # the first warm-up step's seconds beyond a settled one (compile on)
+    compiled_graphs: int | None = None  # graphs torch.compile built for the cell (compile on), graph breaks
+    graph_breaks: int | None = None
     target_reached: bool | None = None  # the timed steps reached the interval target (None: not asked)
     # Where this rank ran (bench.multinode.netinfo.placement): its node (launcher --node-rank), host
     # name, the address and interface its traffic to other nodes takes, local rank and devices.

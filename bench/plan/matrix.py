@@ -213,7 +213,7 @@ class _Planner:
         if reason is None and cfg.nnodes == 1:
             if self.memory is None and facts.train_bytes:
                 self.memory = device_memory(cfg.device) or 0
-            reason = memory_reason(cell, strat.min_share(cell), self.memory)
+            reason = memory_reason(cell, strat.min_share(cell), self.memory, strat.state_share(cell))
         cell = dataclasses.replace(cell, precision_policy=strat.precision_policy(cell))
         if reason is None:
             cell = dataclasses.replace(cell, labels=strat.label_values(cell))

@@ -2,10 +2,11 @@
 
 Training holds at least each parameter and its gradient, in the dtype the model builds them in (a
 frozen parameter has no gradient): ``train_bytes``, counted on the meta device when the run is
-planned (the strategies' SGD keeps no optimizer state; bf16 autocast and FSDP's mixed precision keep
-the parameters and gradients they shard in fp32). A strategy that keeps a whole copy of the model
-on every device needs all of it on each; one that cuts the model in n parts needs at least 1/n of
-it on its fullest device. Activations, buffers and the CUDA context
+planned (bf16 autocast and FSDP's mixed precision keep the parameters and gradients they shard in
+fp32), and Adam's and AdamW's two state values per trainable parameter (SGD keeps none). A strategy
+that keeps a whole copy of the model on every device needs all of it on each; one that cuts the
+model in n parts needs at least 1/n of it on its fullest device, and one that shards only the
+optimizer state (ZeRO-1) 1/n of the state. Activations, buffers and the CUDA context
 come on top, so this lower bound never skips a cell that could run: it only spares the budget the
 cells that would certainly run out of memory (a 20B-parameter model on one 80 GB GPU), and says
 why in words the recommendation reads as running out of memory.
@@ -55,14 +56,16 @@ def device_memory(device: str) -> int | None:
         return None
 
 
-def memory_reason(cell: CellSpec, share: float, memory: int | None) -> str | None:
+def memory_reason(cell: CellSpec, share: float, memory: int | None, state_share: float | None = None) -> str | None:
     """Why ``cell`` cannot fit, or None: its parameters and gradients at ``share`` of the model on
-    its fullest device (on CPU, the node's ranks together) against ``memory``. The planner asks it of
-    runs on one node only (every node of a run plans the same matrix)."""
+    its fullest device, with its optimizer's state at ``state_share`` (default ``share``), (on CPU,
+    the node's ranks together) against ``memory``. The planner asks it of runs on one node only
+    (every node of a run plans the same matrix)."""
     params, total = cell.workload.params, cell.workload.train_bytes
     if not params or not total or not memory:
         return None
-    per_device = total * share
+    state = 2 * (cell.workload.grad_bytes or 0) if cell.training.optimizer in ("adam", "adamw") else 0
+    per_device = total * share + state * (share if state_share is None else state_share)
     if cell.device == "cuda":
         need, where = per_device, "on one GPU"
     else:
@@ -71,7 +74,8 @@ def memory_reason(cell: CellSpec, share: float, memory: int | None) -> str | Non
         return None
     held = "a whole copy on each device" if share >= 1 else f"at least 1/{round(1 / share)} of it on a device"
     return (f"out of memory before it starts: {params / 1e9:.1f}B parameters, {held}, need "
-            f"{need / 2**30:.1f} GiB {where} for their values and gradients alone, more than the total "
+            f"{need / 2**30:.1f} GiB {where} for their values and gradients"
+            f"{f' and {cell.training.optimizer} state' if state else ''} alone, more than the total "
             f"capacity of {memory / 2**30:.1f} GiB; cut the model (fsdp, tensor, a pipeline) or use more devices")
 
 
@@ -83,11 +87,12 @@ BEYOND_MARGIN = 1.05
 
 def beyond_one_device(device: str = "cuda") -> str | None:
     """The default matrix's model that no single visible GPU holds: gpt-20b's shape with as many
-    layers as take :data:`BEYOND_MARGIN` times the largest visible GPU's memory (43 layers, 19.9B
-    parameters, on an H200 of 140 GiB; 24 layers, 11.3B, on an 80 GB H100); None when unknown."""
+    layers as take :data:`BEYOND_MARGIN` times the largest visible GPU's memory in fp32 parameters,
+    gradients and the default optimizer's (AdamW's) two state values, 16 bytes a parameter; None
+    when unknown."""
     memory = device_memory(device) if device == "cuda" else None
     if not memory:
         return None
     from bench.workloads.gpt import layers_beyond
 
-    return f"gpt-20b[n_layer={layers_beyond(memory, margin=BEYOND_MARGIN)}]"
+    return f"gpt-20b[n_layer={layers_beyond(memory, margin=BEYOND_MARGIN, bytes_per_param=16)}]"

@@ -215,6 +215,7 @@ def _timing_columns(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]]
                 cell_wall_s=wall_s, overhead_s=wall_s - timed_total - profile_s, profile_s=profile_s,
                 warmup_steps_done=ranks[0].warmup_steps, slow_rank=slow,
                 compile_s=max((r.compile_s for r in ranks if r.compile_s is not None), default=None),
+                compiled_graphs=ranks[0].compiled_graphs, graph_breaks=ranks[0].graph_breaks,
                 target_reached=None if any(x is None for x in reached) else all(reached))
     if slow is not None:
         cols["noise"] = "; ".join(x for x in (cols.get("noise"), f"rank {slow} slow") if x)
@@ -244,7 +245,13 @@ def _health(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]], expect
         return outcome("failed", f"rank {bad}: loss is NaN or infinite "
                                  f"(step {_first_bad(repeats[k], bad)}{f', repeat {k}' if k else ''})")
     not_distributed = distribution_check(spec, repeats[0], expects)
-    return outcome("failed", not_distributed) if not_distributed else {}
+    if not_distributed:
+        return outcome("failed", not_distributed)
+    graphs = [r.compiled_graphs for r in repeats[0]]
+    if spec.training.compile == "on" and not all(graphs):
+        return outcome("failed", f"compile=on, but torch.compile built no graph on rank "
+                                 f"{next(r.rank for r in repeats[0] if not r.compiled_graphs)}: the cell ran eager")
+    return {}
 
 
 def _window_columns(row: dict[str, Any], spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]],

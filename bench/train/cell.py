@@ -67,6 +67,12 @@ def build(cell: CellSpec, local_rank: int, out: RankMeasurement):
     # Every strategy gets the same global batches, staged on the device before timing starts.
     most = max(m.warmup, m.warmup_max) + max(m.steps, m.steps_max)
     batches = [ctx.to_device(wl.batch(s)) for s in range(min(most, BATCH_POOL))]
+    if cell.training.compile == "on":
+        # Each compiled cell starts from an empty dynamo cache: the blocks of the cells before it
+        # share its code objects, and past dynamo's recompile limit a frame silently runs eager.
+        # Inductor's on-disk cache still spares recompiling a graph seen before.
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
     step = strat.prepare(wl, ctx)
     return devices, device, batches, step, before
 

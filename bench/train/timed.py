@@ -157,6 +157,13 @@ def time_steps(steps: Steps, m: Measure, agree: Agreement, out: RankMeasurement)
     return timer
 
 
+def compile_counts(out: RankMeasurement) -> None:
+    """Into ``out``: the graphs torch.compile built since the cell's build, and its graph breaks."""
+    counters = torch._dynamo.utils.counters
+    out.compiled_graphs = int(counters["stats"]["unique_graphs"])
+    out.graph_breaks = int(sum(counters["graph_break"].values()))
+
+
 def measure(out: RankMeasurement, steps: Steps, cell: CellSpec, devices: tuple[torch.device, ...],
             before: list[int], backend: backends.Backend, deadline: float | None) -> None:
     """Warm up, then time ``cell``'s steps into ``out``: the warm-up taken, the step times and
@@ -164,6 +171,8 @@ def measure(out: RankMeasurement, steps: Steps, cell: CellSpec, devices: tuple[t
     m, device = cell.measure, devices[0]
     agree = Agreement(backend, device, deadline)
     out.warmup_steps, out.compile_s = warm_up(steps, m, agree, compiled=cell.training.compile == "on")
+    if cell.training.compile == "on":
+        compile_counts(out)
     meter = EnergyMeter([d.index for d in devices]) if device.type == "cuda" else None
     if device.type == "cuda":
         for d in devices:  # the peak of training, not of building the full model before sharding it

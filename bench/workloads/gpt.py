@@ -228,13 +228,14 @@ def n_params(cfg: GPTConfig) -> int:
             + cfg.n_layer * 2 * cfg.d_model + cfg.d_model)
 
 
-def layers_beyond(device_bytes: int, size: str = "gpt-20b", margin: float = 1.15) -> int:
-    """The fewest layers of ``size`` whose fp32 parameters and gradients (8 bytes a parameter)
-    take ``margin`` times ``device_bytes`` or more: a model that cannot train on one such device
-    whatever its batch, and fits, cut in parts, on a few."""
+def layers_beyond(device_bytes: int, size: str = "gpt-20b", margin: float = 1.15, bytes_per_param: int = 8) -> int:
+    """The fewest layers of ``size`` whose training state (``bytes_per_param``: 8 for fp32
+    parameters and gradients, 16 with AdamW's two fp32 values besides) takes ``margin`` times
+    ``device_bytes`` or more: a model that cannot train on one such device whatever its batch, and
+    fits, cut in parts, on a few."""
     rest = n_params(dataclasses.replace(SIZES[size], n_layer=0))
     per_layer = n_params(dataclasses.replace(SIZES[size], n_layer=1)) - rest
-    return max(1, math.ceil((margin * device_bytes / 8 - rest) / per_layer))
+    return max(1, math.ceil((margin * device_bytes / bytes_per_param - rest) / per_layer))
 
 
 def matmul_params(cfg: GPTConfig) -> int:

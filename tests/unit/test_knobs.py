@@ -171,3 +171,25 @@ def test_run_rejects_a_bad_knob_with_exit_2_and_one_line():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().count("\n") == 0 and "--compile 'maybe' unknown" in out.stderr
+
+
+def test_the_memory_bound_counts_adams_state_where_the_strategy_keeps_it():
+    """AdamW's two fp32 values per parameter join the parameters and gradients in the plan's lower
+    bound: 60 GiB of values and gradients fit 80 GiB under SGD, not under AdamW (+60 GiB), and fit
+    again when ZeRO-1 shards the state over 4 devices (+15 GiB)."""
+    from bench.core.spec import WorkloadFacts
+    from bench.plan.memory import memory_reason
+
+    gib = 2**30
+    facts = WorkloadFacts(name="w", spec="w", dims={}, global_batch=8, flops_per_sample=None, params=int(7.5 * gib),
+                          n_blocks=1, n_heads=None, has_tp_plan=False, description="", train_bytes=60 * gib,
+                          grad_bytes=30 * gib)
+
+    class Cell:
+        workload, device, nnodes, n_devices = facts, "cuda", 1, 4
+
+    for optimizer, state_share, fits in (("sgd", 1.0, True), ("adamw", 1.0, False), ("adamw", 0.25, True)):
+        Cell.training = knobs.Training(optimizer=optimizer)
+        reason = memory_reason(Cell(), 1.0, 80 * gib, state_share)
+        assert (reason is None) == fits, (optimizer, reason)
+    assert "and adamw state" in memory_reason(Cell(), 1.0, 80 * gib)

@@ -189,10 +189,11 @@ def test_a_budget_counts_a_weak_scaling_cell_by_its_per_device_step():
 def test_the_model_beyond_one_device_is_sized_from_the_visible_gpus(monkeypatch):
     import bench.plan.memory as memory
 
+    # sized with AdamW's state: 16 bytes a parameter (fp32 values, gradients and two state values)
     monkeypatch.setattr(memory, "device_memory", lambda device: 80 * 2**30)
-    assert memory.beyond_one_device() == "gpt-20b[n_layer=24]"
+    assert memory.beyond_one_device() == "gpt-20b[n_layer=12]"
     monkeypatch.setattr(memory, "device_memory", lambda device: 143771 * 2**20)  # an H200 as NVML reports it
-    assert memory.beyond_one_device() == "gpt-20b[n_layer=43]"
+    assert memory.beyond_one_device() == "gpt-20b[n_layer=21]"
     monkeypatch.setattr(memory, "device_memory", lambda device: None)  # a MIG slice, no NVML
     assert memory.beyond_one_device() is None
     assert memory.beyond_one_device("cpu") is None
@@ -378,7 +379,7 @@ def test_cells_whose_parameters_cannot_fit_are_skipped_as_out_of_memory(monkeypa
 
     monkeypatch.setattr(matrix, "device_memory", lambda device: 80 * 2**30)
     by, _, _ = planned({"workloads": "gpt-20b", "strategies": "ddp,dataparallel,fsdp,tensor,pipeline-1f1b",
-                        "backends": "nccl", "world_sizes": "2,4"}, 4)
+                        "backends": "nccl", "world_sizes": "2,4", "training": {"optimizer": "sgd"}}, 4)
     for key in [("single", "nccl", 1), ("ddp", "nccl", 2), ("ddp", "nccl", 4), ("dataparallel", "nccl", 4)]:
         reason = by[key].reason
         assert reason.startswith("out of memory before it starts: 20.3B parameters, a whole copy on each device, "
@@ -388,7 +389,8 @@ def test_cells_whose_parameters_cannot_fit_are_skipped_as_out_of_memory(monkeypa
         assert by[key].reason is None, (key, by[key].reason)
     # On a CPU host of 24 GiB even the cut model's parameters, all ranks together, cannot fit.
     monkeypatch.setattr(matrix, "device_memory", lambda device: 24 * 2**30)
-    by, _, _ = planned({"workloads": "gpt-20b", "strategies": "fsdp", "world_sizes": "2", "device": "cpu"}, 0)
+    by, _, _ = planned({"workloads": "gpt-20b", "strategies": "fsdp", "world_sizes": "2", "device": "cpu",
+                        "training": {"optimizer": "sgd"}}, 0)
     assert "151.6 GiB in this host's memory" in by[("fsdp", "gloo", 2)].reason
     assert by[("single", "gloo", 1)].reason.startswith("out of memory before it starts")
     # Small models are never touched, and an unknown memory skips nothing.

@@ -157,6 +157,7 @@ def test_a_model_that_does_not_fit_one_device_gets_what_fits_with_its_headroom()
 def test_cells_skipped_before_they_start_for_memory_count_as_out_of_memory():
     """The planner skips a cell whose parameters alone exceed the device (bench.plan.memory): its
     skipped row reads as running out of memory, and the device size comes from its reason."""
+    from bench.core.knobs import Training
     from bench.plan.memory import memory_reason
 
     class Facts:
@@ -165,6 +166,7 @@ def test_cells_skipped_before_they_start_for_memory_count_as_out_of_memory():
 
     class Cell:
         workload, device, nnodes, n_devices = Facts(), "cuda", 1, 1
+        training = Training(optimizer="sgd")
 
     reason = memory_reason(Cell(), 1.0, 80 * GIB)
     skipped = lambda s, ws: {**failed(s, ws, reason=reason), "status": "skipped"}
