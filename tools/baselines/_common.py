@@ -3,8 +3,10 @@
 The plain programs (``plain_ddp``, ``plain_fsdp``, ``plain_pipeline``, ``plain_tp``) share only the
 workload with the harness (``bench.workloads``); this module holds what they share among
 themselves: the command-line flags, environment-driven setup (torchrun sets RANK, LOCAL_RANK and
-WORLD_SIZE), the timed loop, and the one JSON line each prints. Nothing here imports
-``bench.train.launcher``, ``bench.train.worker``, ``bench.measure.timing`` or ``strategies``.
+WORLD_SIZE), the optimizer, activation checkpointing of the transformer blocks, the timed loop, and
+the one JSON line each prints. Nothing here imports ``bench.train.launcher``, ``bench.train.worker``,
+``bench.measure.timing`` or ``strategies``: the knobs are written the way the PyTorch docs and
+torchtitan write them, independently of the harness's implementation of the same knobs.
 """
 
 from __future__ import annotations
@@ -19,14 +21,16 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
 from bench.workloads import Workload, resolve
+from tools.baselines import knobs
 
-LR = 1e-2  # the harness's SGD learning rate, so that losses compare
+LR = knobs.DEFAULT_LR["sgd"]  # the harness's SGD learning rate, so that losses compare
 
 
 @dataclass(frozen=True)
@@ -57,8 +61,22 @@ def parser(description: str) -> argparse.ArgumentParser:
                     help="default: cuda when a GPU is visible")
     ap.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
                     help="auto: bf16 autocast on cuda, fp32 on cpu (as the harness)")
-    ap.add_argument("--lr", type=float, default=LR)
+    ap.add_argument("--lr", type=float, default=None,
+                    help="default: 1e-2 for SGD, 3e-4 for Adam and AdamW (as the harness)")
     return ap
+
+
+def add_training_flags(ap: argparse.ArgumentParser) -> None:
+    """The harness's training knobs, for the programs that implement them (plain_ddp, plain_fsdp);
+    the others train with SGD, eager, no checkpointing."""
+    ap.add_argument("--optimizer", choices=knobs.OPTIMIZERS, default=knobs.DEFAULT_OPTIMIZER,
+                    help="AdamW and Adam fused on CUDA, torch's defaults otherwise (default: adamw, as the harness)")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile: the whole model (one device, DDP) or each transformer block (FSDP2); "
+                         "the compiling steps run in an extended untimed warm-up")
+    ap.add_argument("--ac", choices=knobs.AC_MODES, default="none",
+                    help="activation checkpointing per transformer block: full, or selective (matmuls and "
+                         "attention saved, the rest recomputed)")
 
 
 def parse_dims(items: list[str]) -> dict[str, int]:
@@ -80,6 +98,14 @@ def setup(args: argparse.Namespace, *, distributed: bool = True) -> tuple[Env, W
     args.backend = args.backend or ("nccl" if device_type == "cuda" else "gloo")
     if args.precision == "auto":
         args.precision = "bf16" if device_type == "cuda" else "fp32"
+    # Programs without the knob flags train with SGD, eager, no checkpointing.
+    args.optimizer = getattr(args, "optimizer", "sgd")
+    args.compile = getattr(args, "compile", False)
+    args.ac = getattr(args, "ac", "none")
+    if args.lr is None:
+        args.lr = knobs.default_lr(args.optimizer)
+    args.warmup_requested = args.warmup
+    args.warmup = knobs.warmup_steps(args.warmup, args.compile)
     local = int(os.environ.get("LOCAL_RANK", 0))
     if device_type == "cuda":
         device = torch.device("cuda", local)
@@ -115,15 +141,73 @@ def autocast(env: Env, precision: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def sgd(params: Iterator[Tensor] | list[Tensor], lr: float) -> torch.optim.Optimizer:
-    """Plain SGD, as the harness. DTensor and plain parameters go in separate groups because the
-    multi-tensor (foreach) update, the default on CUDA, refuses a list that mixes them."""
+def optimizer(params: Iterator[Tensor] | list[Tensor], name: str, lr: float,
+              device: torch.device) -> torch.optim.Optimizer:
+    """``sgd`` (no momentum, as the harness), ``adam`` or ``adamw`` with torch's default betas, eps
+    and weight decay; Adam and AdamW fused (one kernel for the whole update) on CUDA, as torchtitan
+    builds them, and torch's default implementation (foreach) elsewhere. Over FSDP2's DTensor
+    parameters each rank updates its shards, so the optimizer state is sharded too. DTensor and
+    plain parameters go in separate groups because the multi-tensor (foreach) update refuses a
+    list that mixes them."""
     from torch.distributed.tensor import DTensor
 
     params = list(params)
-    groups = [g for g in ([p for p in params if isinstance(p, DTensor)],
-                          [p for p in params if not isinstance(p, DTensor)]) if g]
-    return torch.optim.SGD([{"params": g} for g in groups], lr=lr)
+    groups = [{"params": g} for g in ([p for p in params if isinstance(p, DTensor)],
+                                      [p for p in params if not isinstance(p, DTensor)]) if g]
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=lr)
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[name]
+    return cls(groups, lr=lr, fused=True if device.type == "cuda" else None)
+
+
+def sgd(params: Iterator[Tensor] | list[Tensor], lr: float) -> torch.optim.Optimizer:
+    """Plain SGD, as the harness (the programs without the knob flags)."""
+    return optimizer(params, "sgd", lr, torch.device("cpu"))
+
+
+def transformer_blocks(wl: Workload, model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks: the workload's pieces (``wl.blocks``) but the first and last (for
+    the built-in GPT: the embedding and the head), those with parameters."""
+    return [b for b in wl.blocks(model)[1:-1] if any(True for _ in b.parameters())]
+
+
+def _sac_policy():
+    """Op-level selective checkpointing (torchtitan's ``_apply_op_sac`` without its every-other-mm
+    refinement): keep the outputs of matrix products and attention, whose recomputation costs the
+    most FLOPs per byte saved; recompute everything else (norms, activations, adds)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    aten = torch.ops.aten
+    names = ("mm", "addmm", "bmm", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
+    save = {getattr(aten, n).default for n in names if hasattr(aten, n)}  # the cuDNN one is recent
+
+    def policy(ctx, func, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if func in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def apply_ac(model: nn.Module, wl: Workload, mode: str) -> int:
+    """Activation checkpointing of every transformer block, in place, as torchtitan's ``apply_ac``:
+    each block replaced by a ``checkpoint_wrapper`` (non-reentrant ``torch.utils.checkpoint``;
+    ``selective``: with the context of :func:`_sac_policy`). Before compile and ``fully_shard``,
+    which then apply to the wrapped blocks. Returns the number of blocks wrapped."""
+    if mode == "none":
+        return 0
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    kw: dict = {"preserve_rng_state": False}  # no dropout in the blocks: no RNG state to replay
+    if mode == "selective":
+        policy = _sac_policy()
+        kw["context_fn"] = lambda: create_selective_checkpoint_contexts(policy)
+    owner = {id(child): (parent, name) for parent in model.modules() for name, child in parent.named_children()}
+    blocks = transformer_blocks(wl, model)
+    for block in blocks:
+        parent, name = owner[id(block)]
+        setattr(parent, name, checkpoint_wrapper(block, **kw))
+    return len(blocks)
 
 
 def batches(wl: Workload, n: int, env: Env, *, share: bool, need_x: bool = True,
@@ -164,15 +248,32 @@ class Clock:
         return [b - a for a, b in zip(self.marks, self.marks[1:])]
 
 
-def train(step: Callable[[int], Tensor | None], *, warmup: int, steps: int,
-          env: Env) -> tuple[list[float], Tensor | None]:
-    """Run ``step(i)`` for the warm-up (untimed) and timed steps; return per-step seconds (max over
-    ranks: the slowest rank sets the pace) and the last step's loss as ``step`` returned it."""
-    loss = None
+class Timed(NamedTuple):
+    """What :func:`train` measured."""
+
+    times: list[float]  # seconds per timed step, the slowest rank's
+    loss: Tensor | None  # the last step's loss, as ``step`` returned it
+    first_step_s: float | None  # the first warm-up step (with --compile: the compilation), slowest rank
+    peak_mem_bytes: int | None  # CUDA: max_memory_allocated over the timed steps, largest rank; CPU: None
+
+
+def train(step: Callable[[int], Tensor | None], *, warmup: int, steps: int, env: Env) -> Timed:
+    """Run ``step(i)`` for the warm-up (untimed) and timed steps. The first warm-up step is timed
+    on its own (with a sync: the warm-up is untimed), the CUDA peak-memory counter reset after the
+    warm-up so that the peak is the timed steps'; both and the per-step seconds are reduced over
+    ranks (MAX) after the window."""
+    cuda = env.device.type == "cuda"
+    loss, first = None, None
     for i in range(warmup):
+        t0 = time.perf_counter()
         loss = step(i)
-    if env.device.type == "cuda":
+        if i == 0:
+            if cuda:
+                torch.cuda.synchronize()
+            first = time.perf_counter() - t0
+    if cuda:
         torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(env.device)
     if env.distributed:
         dist.barrier()  # start the timed window together
     clock = Clock(env.device)
@@ -181,25 +282,32 @@ def train(step: Callable[[int], Tensor | None], *, warmup: int, steps: int,
         loss = step(i)
         clock.mark()
     times = clock.seconds()
+    peak = torch.cuda.max_memory_allocated(env.device) if cuda else None
     if env.distributed:
-        # One collective after the window, so it costs the timed steps nothing.
-        t = torch.tensor(times, dtype=torch.float64,
-                         device=env.device if env.backend == "nccl" else "cpu")
+        # One collective after the window, so it costs the timed steps nothing; -1 stands for None.
+        t = torch.tensor([*times, -1.0 if first is None else first, -1.0 if peak is None else float(peak)],
+                         dtype=torch.float64, device=env.device if env.backend == "nccl" else "cpu")
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        times = t.tolist()
-    return times, loss
+        *times, first_r, peak_r = t.tolist()
+        first = None if first_r < 0 else first_r
+        peak = None if peak_r < 0 else int(peak_r)
+    return Timed(times, loss, first, peak)
 
 
-def report(name: str, args: argparse.Namespace, env: Env, wl: Workload, times: list[float],
+def report(name: str, args: argparse.Namespace, env: Env, wl: Workload, timed: Timed,
            loss: float, **settings: object) -> None:
-    """Print the one JSON line (rank 0 only)."""
+    """Print the one JSON line (rank 0 only): the run, the knobs, the step times, the settings."""
     if env.rank != 0:
         return
     gpu = torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "cpu"
+    times = timed.times
     row = {"baseline": name, "workload": wl.name, "world_size": env.world, "backend": env.backend,
            "device": env.device.type, "precision": args.precision, "steps": args.steps,
-           "warmup": args.warmup, "global_batch": wl.global_batch, "step_time_mean_s": statistics.fmean(times),
-           "step_time_median_s": statistics.median(times), "step_times_s": times,
+           "warmup": args.warmup, "warmup_requested": args.warmup_requested, "global_batch": wl.global_batch,
+           "optimizer": args.optimizer, "lr": args.lr, "compile": args.compile, "ac": args.ac,
+           "compile_s": timed.first_step_s if args.compile else None,
+           "step_time_mean_s": statistics.fmean(times), "step_time_median_s": statistics.median(times),
+           "step_times_s": times, "peak_mem_bytes": timed.peak_mem_bytes,
            "loss_final": loss, "gpu": gpu, "torch": torch.__version__, **settings}
     print(json.dumps(row), flush=True)
 

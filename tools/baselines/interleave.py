@@ -23,9 +23,22 @@ rewritten after every run, and the harness run folders to ``$OUT/interleave-runs
 The harness is held to exactly ``--warmup`` and ``--steps`` (its ``--warmup-max``/``--steps-max``),
 as the plain programs run; ``--harness-adaptive`` lets it extend both until the step time settles.
 ``--deadline-s`` (default 560, under the device tool's 600 s a command) stops starting runs that
-would not finish in time; what finished is still tabled. Edit ``PAIRS`` below when harness options
-change: an option the checkout's strategy does not declare is dropped with a warning (the harness
-refuses unknown options), and the table says so.
+would not finish in time; what finished is still tabled. The families are ``pairs.PAIRS``: edit it
+when harness options change; an option the checkout's strategy does not declare, or a run flag its
+``parbench run`` does not have, is dropped with a warning (the harness refuses unknown ones), and the
+table says so.
+
+Training knobs (``--optimizer``, ``--compile``, ``--ac``; ``knobs.py``): each pair states them once,
+and both sides get them in their own spelling (``pairs.pair``). The harness cells of one call share
+their run flags (they apply to every cell of a ``parbench run``). Both sides record the knobs they
+trained with (the harness row's ``optimizer``, ``compile``, ``ac``, the plain line's); a round whose
+sides differ (e.g. a run flag this checkout's harness lacks, dropped) is not compared, as for the
+global batch below. Under compilation both sides leave
+``knobs.warmup_steps(--warmup)`` steps untimed (the plain program extends its warm-up itself; the
+harness gets that ``--warmup`` and ``--warmup-max``). The one-device families (``single-*``: the
+harness's ``single`` against ``plain_ddp --no-ddp``) run at world size 1 only: give ``--world-sizes``
+a 1 (``--world-sizes 1`` alone, or ``1,2`` beside the multi-GPU families, which run at every size
+asked).
 
 ``--global-batch N`` and ``--dims K=V[,K=V]`` go to both sides alike: the harness gets
 ``--global-batch N`` and the workload as ``NAME[K=V,...]`` (its own syntax for dimensions), the
@@ -37,27 +50,7 @@ results) is taken as matching. E.g. ``--global-batch 64`` on 2 GPUs makes gpt-20
 GPU-bound where the default 16 leaves them CPU-launch-bound, with a round-to-round noise of tens of
 percent on the lent hosts.
 
-Noise verdict. Per family and world size the table also gives (a) the plain side's own
-round-to-round spread, ``max / min - 1`` of its per-round medians over the compared rounds: the
-floor a ratio can be read against (the plain loop does not change between rounds, so whatever it
-moves is the machine); (b) how many rounds had harness > plain; (c) a verdict:
-
-* ``within 1%``: every per-round ratio lies in [0.99, 1.01];
-* ``harness slower``: every round's ratio is above 1 and the median ratio exceeds 1 by more than
-  the plain spread;
-* ``harness faster``: every round's ratio is below 1 and the median ratio falls short of 1 by more
-  than the plain spread;
-* ``inside noise (floor X%)``: anything else, X the plain spread;
-* ``too few rounds``: fewer than 2 compared rounds (one round has no spread to read against).
-
-That is all the statistics here, on purpose: with the 3-5 rounds a call can afford, a rank test of
-harness against plain cannot reach significance (with n = 3 pairs the smallest two-sided
-Wilcoxon signed-rank p-value is 0.25, with n = 5 it is 0.0625), so a test would only ever say "not
-significant"; the rule above says instead whether the effect is larger than what the machine
-itself moved. For a resolved 1% the regression gate (``parbench compare``) with more repeats is
-the tool; ``tools/baselines/pool.py`` pools the rounds of several calls of this script (the same
-configuration measured again) and tests them (Wilcoxon signed-rank, a t-interval of the geometric
-mean, Mann-Whitney U between two conditions).
+The table and its noise verdict: ``ratios.py``.
 """
 
 from __future__ import annotations
@@ -65,12 +58,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
-import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,63 +73,20 @@ from bench.cli.common import report_interrupt  # noqa: E402
 from bench.core import backends  # noqa: E402
 from bench.runtime.process import child_env, free_port, run_ranks, run_tree, torchrun_cmd  # noqa: E402
 from bench.runtime.signals import install_stop_handlers, restore_stop_handlers  # noqa: E402
+from tools.baselines.pairs import (  # noqa: E402 - the table of pairs, re-exported: PAIRS, Pair
+    DEFAULT_FAMILIES,
+    PAIRS,
+    Pair,
+    family_worlds,
+    group_worlds,
+    harness_warmup,
+    run_flag_items,
+)
+from tools.baselines.ratios import State, global_batch_of, print_table, table, verdict  # noqa: E402, F401
 
-
-@dataclass(frozen=True)
-class Pair:
-    """One family: the harness cell (strategy and ``--option``s) and the plain program (module, flags)."""
-
-    strategy: str
-    options: tuple[str, ...]
-    program: str
-    flags: tuple[str, ...] = ()
-    row_name: str | None = None  # the cells' `strategy` column, where ``strategy`` is a module:Class spec
-
-    @property
-    def cell(self) -> str:
-        return self.row_name or self.strategy
-
-
-# ---- the pairs: edit here ------------------------------------------------------------------------
-# Harness options as declared by the strategies (each configured as its documentation does); the plain
-# flags state the same configuration. Pipelines: 8 micro-batches and equal transformer blocks per stage
-# on both sides (the harness's default pp_balance=blocks).
-PAIRS: dict[str, Pair] = {
-    "ddp": Pair("ddp", (), "plain_ddp"),                                       # DDP defaults both sides
-    "ddp-tuned": Pair("ddp", ("bucket_mb=100", "ddp_grad_as_bucket_view=true", "ddp_static_graph=true"),
-                      "plain_ddp", ("--bucket-mb", "100", "--grad-as-bucket-view", "--static-graph")),
-    "fsdp": Pair("fsdp", ("fsdp_mp=auto",), "plain_fsdp"),                    # bf16 params, fp32 reduce
-    "fsdp-fp32": Pair("fsdp", ("fsdp_mp=off",), "plain_fsdp", ("--no-mp",)),  # fp32 params + autocast
-    "fsdp-noreshard": Pair("fsdp-noreshard", ("fsdp_mp=auto",), "plain_fsdp", ("--no-reshard",)),
-    "pipeline-gpipe": Pair("pipeline-gpipe", ("micro_batches=8",), "plain_pipeline",
-                           ("--schedule", "gpipe", "--micro-batches", "8", "--split", "equal")),
-    "pipeline-1f1b": Pair("pipeline-1f1b", ("micro_batches=8",), "plain_pipeline",
-                          ("--schedule", "1f1b", "--micro-batches", "8", "--split", "equal")),
-    # Both plans by their strategies' defaults (tensor: megatron; variants.TensorSP: sp), so the two
-    # share a harness call (an --option tp_plan=... would apply to both).
-    "tensor": Pair("tensor", (), "plain_tp"),                                 # no sequence parallel
-    "tensor-sp": Pair("tools.baselines.variants:TensorSP", (), "plain_tp", ("--sequence-parallel",),
-                      row_name="tensor-sp"),
-}
-DEFAULT_FAMILIES = "ddp,fsdp,pipeline-gpipe,pipeline-1f1b,tensor,tensor-sp"
 # Environment for both sides, as tools/device/device_run.sh (NVLink multicast off on lent machines).
 GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
            "PYTHONUNBUFFERED": "1"}
-# ---------------------------------------------------------------------------------------------------
-TOLERANCE = 0.01  # "within 1%": every per-round ratio in [1 - TOLERANCE, 1 + TOLERANCE]
-
-
-@dataclass
-class State:
-    """Everything measured so far; written to the JSON file after every run."""
-
-    args: dict
-    runs: list[dict] = field(default_factory=list)
-    t0: float = field(default_factory=time.monotonic)
-    dropped: dict[str, list[str]] = field(default_factory=dict)
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.t0
 
 
 def log(state: State, msg: str) -> None:
@@ -171,23 +120,45 @@ def effective_options(family: str, pair: Pair, state: State) -> tuple[str, ...]:
             keep.append(opt)
         except ValueError as e:
             dropped.append(f"{opt} ({e})")
-    if dropped and family not in state.dropped:
-        state.dropped[family] = dropped
-        print(f"WARNING {family}: harness strategy {pair.strategy!r} refuses {dropped}; dropped "
-              f"(edit PAIRS in {Path(__file__).name})", flush=True)
+    note_dropped(state, family, dropped, f"harness strategy {pair.strategy!r} refuses")
     return tuple(keep)
 
 
-def harness_groups(families: list[str], state: State) -> list[list[str]]:
-    """Families whose harness cells can share one ``parbench run``. ``--option`` applies to every
-    cell of a run, so members need distinct strategies, and every option a member's strategy
-    declares must have the value that member asked for (or be unset by all, for its default)."""
+def note_dropped(state: State, family: str, dropped: list[str], why: str) -> None:
+    """Record what the harness side of ``family`` goes without, warning once per item."""
+    new = [d for d in dropped if d not in state.dropped.get(family, [])]
+    if new:
+        state.dropped.setdefault(family, []).extend(new)
+        print(f"WARNING {family}: {why} {new}; dropped (edit PAIRS in tools/baselines/pairs.py)", flush=True)
+
+
+def effective_run_flags(family: str, pair: Pair, state: State, args: argparse.Namespace) -> tuple[str, ...]:
+    """The pair's ``parbench run`` flags less those this checkout's CLI does not have (recorded as
+    dropped, with a warning: the harness would refuse the whole call)."""
+    text = cli_help(args)
+    keep: list[str] = []
+    dropped: list[str] = []
+    for flag, value in run_flag_items(pair.run_flags):
+        if re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text):  # the flag, not a longer one
+            keep += [flag, value]
+        else:
+            dropped.append(f"{flag} {value} (no such parbench run flag)")
+    note_dropped(state, family, dropped, "this checkout's `parbench run` lacks")
+    return tuple(keep)
+
+
+def harness_groups(families: list[str], state: State, args: argparse.Namespace) -> list[list[str]]:
+    """Families whose harness cells can share one ``parbench run``. ``--option`` and the run flags
+    (the training knobs) apply to every cell of a run, so members need distinct strategies and the
+    same run flags, and every option a member's strategy declares must have the value that member
+    asked for (or be unset by all, for its default)."""
     opts = {f: dict(o.split("=", 1) for o in effective_options(f, PAIRS[f], state)) for f in families}
     keys = {f: set(declared_options(PAIRS[f].strategy) or opts[f]) for f in families}
+    runf = {f: sorted(run_flag_items(effective_run_flags(f, PAIRS[f], state, args))) for f in families}
 
     def compatible(members: list[str], fam: str) -> bool:
         group = [*members, fam]
-        if len({PAIRS[m].strategy for m in group}) < len(group):
+        if len({PAIRS[m].strategy for m in group}) < len(group) or any(runf[m] != runf[fam] for m in members):
             return False
         merged: dict[str, str] = {}
         for m in group:
@@ -218,21 +189,32 @@ def env_for(world: int, args: argparse.Namespace, *, ranks: bool = True) -> dict
     return env
 
 
+def harness_cmd(fams: list[str], worlds: list[int], out: Path, args: argparse.Namespace,
+                state: State) -> list[str]:
+    """The ``parbench run`` of these families at these world sizes: their strategies, options and
+    run flags (the members of a group share the run flags, :func:`harness_groups`), held to the
+    plain side's warm-up (extended as the plain programs extend theirs under compilation)."""
+    opts = sorted({o for f in fams for o in effective_options(f, PAIRS[f], state)})
+    runf = list(dict.fromkeys(run_flag_items([a for f in fams for a in effective_run_flags(f, PAIRS[f], state, args)])))
+    warmup = harness_warmup(fams, args.warmup)
+    return [sys.executable, "-m", "bench", "run", "--no-progress", "--device", args.device,
+            "--backends", args.backend, "--workloads", harness_workload(args),
+            "--strategies", ",".join(dict.fromkeys(PAIRS[f].strategy for f in fams)),
+            "--world-sizes", ",".join(map(str, worlds)), "--steps", str(args.steps), "--warmup", str(warmup),
+            "--profile-steps", str(args.harness_profile_steps), "--sample-hz", "0",
+            *(["--profile-at", args.harness_profile_at] if args.harness_profile_at else []),
+            "--cell-timeout", str(args.run_timeout_s),
+            "--out", str(out), *[a for o in opts for a in ("--option", o)], *[a for kv in runf for a in kv],
+            *pin_flags(args, warmup), *(["--global-batch", str(args.global_batch)] if args.global_batch else [])]
+
+
 def run_harness(fams: list[str], worlds: list[int], rnd: int, args: argparse.Namespace, state: State) -> None:
-    """One ``parbench run`` of these families at these world sizes; one record per (family, world)."""
+    """One ``parbench run`` of these families at these world sizes; one record per (family, world)
+    for the world sizes each family runs at."""
     import pandas as pd
 
     out = Path(args.runs_dir) / f"r{rnd}-{'+'.join(fams)}-x{'+'.join(map(str, worlds))}"
-    opts = sorted({o for f in fams for o in effective_options(f, PAIRS[f], state)})
-    cmd = [sys.executable, "-m", "bench", "run", "--no-progress", "--device", args.device,
-           "--backends", args.backend, "--workloads", harness_workload(args),
-           "--strategies", ",".join(dict.fromkeys(PAIRS[f].strategy for f in fams)),
-           "--world-sizes", ",".join(map(str, worlds)), "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--profile-steps", str(args.harness_profile_steps), "--sample-hz", "0",
-           *(["--profile-at", args.harness_profile_at] if args.harness_profile_at else []),
-           "--cell-timeout", str(args.run_timeout_s),
-           "--out", str(out), *[a for o in opts for a in ("--option", o)], *pin_flags(args),
-           *(["--global-batch", str(args.global_batch)] if args.global_batch else [])]
+    cmd = harness_cmd(fams, worlds, out, args, state)
     t = time.monotonic()
     p = run_tree(cmd, cwd=ROOT, env=env_for(max(worlds), args, ranks=False),
                  timeout_s=args.run_timeout_s * (2 + len(fams) * len(worlds)))
@@ -242,7 +224,7 @@ def run_harness(fams: list[str], worlds: list[int], rnd: int, args: argparse.Nam
     if found:
         cells = pd.read_parquet(found[-1])
     for fam in fams:
-        for w in worlds:
+        for w in family_worlds(fam, worlds):
             rec = {"side": "harness", "round": rnd, "family": fam, "world_size": w, "cmd": cmd, "wall_s": wall,
                    "rc": p.returncode, "ok": False}
             rows = None if cells is None else cells[(cells.strategy == PAIRS[fam].cell) & (cells.world_size == w)]
@@ -271,16 +253,16 @@ def cli_help(args: argparse.Namespace) -> str:
     return args._cli_help
 
 
-def pin_flags(args: argparse.Namespace) -> list[str]:
-    """Flags that hold the harness to exactly --warmup and --steps, as the plain programs run (the
-    harness otherwise extends both until the step time settles); none where the checkout's CLI
-    has no such flags, or with --harness-adaptive."""
+def pin_flags(args: argparse.Namespace, warmup: int) -> list[str]:
+    """Flags that hold the harness to exactly ``warmup`` warm-up steps and --steps, as the plain
+    programs run (the harness otherwise extends both until the step time settles); none where the
+    checkout's CLI has no such flags, or with --harness-adaptive."""
     if args.harness_adaptive:
         return []
     text = cli_help(args)
     flags = []
     if "--warmup-max" in text:
-        flags += ["--warmup-max", str(args.warmup)]
+        flags += ["--warmup-max", str(warmup)]
     if "--steps-max" in text:
         flags += ["--steps-max", str(args.steps)]
     if "--budget" in text:  # a default budget would plan its own steps (seen on GPU: 2 to 500)
@@ -371,13 +353,20 @@ def by_program(out: str, n: int) -> list[dict | None]:
     return found
 
 
+def plain_flags(family: str, args: argparse.Namespace) -> list[str]:
+    """The plain program's flags of ``family``: the call's device, workload and steps, then the
+    pair's own (its configuration and training knobs). Under --compile the program extends the
+    warm-up itself (``knobs.warmup_steps``), as :func:`harness_cmd` does the harness's."""
+    return ["--device", args.device, "--backend", args.backend, *workload_flags(args),
+            "--steps", str(args.steps), "--warmup", str(args.warmup), *PAIRS[family].flags]
+
+
 def run_plain(fams: list[str], world: int, rnd: int, args: argparse.Namespace, state: State) -> None:
     """The plain programs of these families at one world size; one record each. With
     ``--separate-plain`` (or one family) each program is its own launch; otherwise one launch of
     ``plain_many`` runs them in turn (each its own process group and JSON line, the interpreter and
     CUDA context paid once)."""
-    flags = {f: ["--device", args.device, "--backend", args.backend, *workload_flags(args),
-                 "--steps", str(args.steps), "--warmup", str(args.warmup), *PAIRS[f].flags] for f in fams}
+    flags = {f: plain_flags(f, args) for f in fams}
     batches = [[f] for f in fams] if (args.separate_plain or len(fams) == 1) else [fams]
     for batch in batches:
         if len(batch) == 1:
@@ -411,86 +400,6 @@ def run_plain(fams: list[str], world: int, rnd: int, args: argparse.Namespace, s
         log(state, f"round {rnd + 1} plain call ({'+'.join(batch)} x{world}) took {wall:.0f}s")
 
 
-def global_batch_of(rec: dict) -> int | None:
-    """The global batch a run reports (its record's, else its row's); None for older results."""
-    gb = rec.get("global_batch", (rec.get("row") or {}).get("global_batch"))
-    return None if gb is None else int(gb)
-
-
-def verdict(ratios: list[float], plain_spread: float | None, *, tolerance: float = TOLERANCE,
-            side: str = "harness") -> str:
-    """The noise verdict of one family's per-round ratios (``side`` / plain) against the plain side's
-    round-to-round spread (module docstring: the rule and why nothing more). ``tolerance`` and
-    ``side`` let other A/B scripts use the same rule (the two-agent run: 5%, "two agents")."""
-    if len(ratios) < 2 or plain_spread is None:
-        return "too few rounds"
-    if all(1 - tolerance <= r <= 1 + tolerance for r in ratios):
-        return f"within {tolerance:.0%}"
-    med = statistics.median(ratios)
-    if all(r > 1 for r in ratios) and med - 1 > plain_spread:
-        return f"{side} slower"
-    if all(r < 1 for r in ratios) and 1 - med > plain_spread:
-        return f"{side} faster"
-    return f"inside noise (floor {plain_spread:.1%})"
-
-
-def table(state: State, families: list[str], worlds: list[int]) -> list[dict]:
-    """Per family and world size: medians over rounds, the per-round ratio's median and range, the
-    plain side's round-to-round spread, the rounds harness > plain and the noise verdict. A round
-    whose sides report different global batches is left out (noted)."""
-    out = []
-    for w in worlds:
-        for fam in families:
-            by = {(r["side"], r["round"]): r for r in state.runs
-                  if r["family"] == fam and r["world_size"] == w and r["ok"]}
-            paired = sorted({k[1] for k in by if ("harness", k[1]) in by and ("plain", k[1]) in by})
-            rounds, notes = [], []
-            for k in paired:
-                gh, gp = global_batch_of(by["harness", k]), global_batch_of(by["plain", k])
-                if gh is not None and gp is not None and gh != gp:
-                    notes.append(f"round {k + 1} not compared: global batch harness {gh} != plain {gp}")
-                else:
-                    rounds.append(k)
-            gbs = sorted({g for k in rounds for side in ("harness", "plain")
-                          if (g := global_batch_of(by[side, k])) is not None})
-            h = [by["harness", k]["median_s"] for k in rounds]
-            p = [by["plain", k]["median_s"] for k in rounds]
-            ratios = [a / b for a, b in zip(h, p)]
-            mean_ratios = [by["harness", k]["mean_s"] / by["plain", k]["mean_s"] for k in rounds]
-            fails = [r.get("error", "")[:120] for r in state.runs
-                     if r["family"] == fam and r["world_size"] == w and not r["ok"]]
-            spread = max(p) / min(p) - 1 if len(p) >= 2 else None
-            out.append({"family": fam, "world_size": w, "n": len(rounds), "global_batch": gbs,
-                        "harness_median_s": statistics.median(h) if h else None,
-                        "plain_median_s": statistics.median(p) if p else None,
-                        "ratio_median": statistics.median(ratios) if ratios else None,
-                        "ratio_min": min(ratios, default=None), "ratio_max": max(ratios, default=None),
-                        "ratio_of_means_median": statistics.median(mean_ratios) if mean_ratios else None,
-                        "ratios": ratios, "plain_spread": spread,
-                        "rounds_harness_slower": sum(r > 1 for r in ratios),
-                        "verdict": verdict(ratios, spread), "round_notes": notes,
-                        "harness_options_dropped": state.dropped.get(fam, []), "failures": fails})
-    return out
-
-
-def print_table(rows: list[dict]) -> None:
-    ms = lambda v: f"{v * 1e3:10.2f}" if v is not None else f"{'-':>10s}"  # noqa: E731
-    rt = lambda v: f"{v:6.3f}" if v is not None else f"{'-':>6s}"  # noqa: E731
-    pc = lambda v: f"{v:6.1%}" if v is not None else f"{'-':>6s}"  # noqa: E731
-    print(f"\n{'family':16s} {'ws':>3s} {'n':>2s} {'gb':>4s} {'harness ms':>10s} {'plain ms':>10s} {'ratio':>6s} "
-          f"{'[min,':>7s} {'max]':>6s} {'means':>6s} {'floor':>6s} {'h>p':>4s}  {'verdict':26s} notes")
-    for r in rows:
-        notes = "; ".join(filter(None, [f"harness options dropped {r['harness_options_dropped']}"
-                                        if r["harness_options_dropped"] else "",
-                                        f"{len(r['failures'])} run(s) failed" if r["failures"] else "",
-                                        *r.get("round_notes", [])]))
-        gb = "/".join(map(str, r.get("global_batch") or [])) or "-"
-        print(f"{r['family']:16s} {r['world_size']:3d} {r['n']:2d} {gb:>4s} {ms(r['harness_median_s'])} "
-              f"{ms(r['plain_median_s'])} {rt(r['ratio_median'])} [{rt(r['ratio_min'])} {rt(r['ratio_max'])}] "
-              f"{rt(r['ratio_of_means_median'])} {pc(r.get('plain_spread'))} "
-              f"{r.get('rounds_harness_slower', 0):2d}/{r['n']:<1d}  {r.get('verdict', ''):26s} {notes}", flush=True)
-
-
 def save(state: State, path: Path, rows: list[dict] | None = None) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"args": state.args, "pairs": {k: vars(v) for k, v in PAIRS.items()},
@@ -503,17 +412,21 @@ def estimate_s(groups: list[list[str]], families: list[str], worlds: list[int], 
     """Device seconds the call will take, from a 4x H100 run (2026-11-26, gpt-200m): a harness
     torchrun ~20 s to start (one per world size plus one for the one-GPU reference cell) and ~3 s a
     cell besides its steps; a plain launch ~8 s, then ~4 s a program besides its steps; a step
-    ~0.05-0.25 s (0.15 assumed)."""
+    ~0.05-0.25 s (0.15 assumed); a compiled cell or program ~60 s more (assumed, not measured)."""
     step = 0.15 * (args.steps + args.warmup)
-    calls = ([(1, [w]) for _ in families for w in worlds] if args.pairwise
-             else [(len(g), worlds) for g in groups])
-    harness = sum(20 * (1 + len(ws)) + (step + 3) * (1 + n * len(ws)) for n, ws in calls)
-    launches = len(families) if (args.pairwise or args.separate_plain) else len(groups)
-    plain = len(worlds) * (launches * 8 + len(families) * (4 + step))
+    fw = {f: family_worlds(f, worlds) for f in families}
+    calls = ([(1, [w], PAIRS[f].compiled) for f in families for w in fw[f]] if args.pairwise
+             else [(len(g), group_worlds(g, worlds), any(PAIRS[f].compiled for f in g)) for g in groups])
+    harness = sum(20 * (1 + len(ws)) + (step + 3 + 60 * c) * (1 + n * len(ws)) for n, ws, c in calls)
+    # one launch per program with --pairwise or --separate-plain, else one per group and world size
+    launches = (sum(map(len, fw.values())) if (args.pairwise or args.separate_plain)
+                else sum(len(group_worlds(g, worlds)) for g in groups))
+    plain = launches * 8 + sum(len(fw[f]) * (4 + step + 60 * PAIRS[f].compiled) for f in families)
     return args.repeats * (harness + plain)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], list[int]]:
+    """The call's flags, its families and world sizes, checked before any run."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--families", default=DEFAULT_FAMILIES, help=f"comma list of {', '.join(PAIRS)}")
     ap.add_argument("--world-sizes", default="2,4")
@@ -557,8 +470,52 @@ def main(argv: list[str] | None = None) -> int:
     worlds = [int(w) for w in args.world_sizes.split(",")]
     if args.quick:
         args.repeats, args.steps, args.warmup, worlds = 1, 5, 2, worlds[:1]
+    if min(worlds) < 1:
+        raise SystemExit(f"--world-sizes {args.world_sizes}: world sizes are >= 1")
+    idle = [f for f in families if not family_worlds(f, worlds)]
+    if idle:
+        raise SystemExit(f"{idle} run on one device: add 1 to --world-sizes (now {worlds})")
     args.dims_parsed = parse_dims(args.dims)
     check_batch(args, families, worlds)
+    return args, families, worlds
+
+
+def run_rounds(groups: list[list[str]], worlds: list[int], args: argparse.Namespace, state: State,
+               path: Path) -> None:
+    """Every round: per harness group, its harness call and its plain launches (per world size the
+    group runs at), in ABBA order, until the rounds are done or the deadline stops them."""
+    longest = {"harness": 0.0, "plain": 0.0}
+
+    def timed(kind: str, run) -> bool:
+        """Run one harness call or plain launch if it fits the deadline; False when it does not."""
+        if state.elapsed() + longest[kind] * 1.1 >= args.deadline_s:
+            log(state, f"deadline {args.deadline_s:.0f}s: not starting another {kind} run")
+            return False
+        t = time.monotonic()
+        run()
+        longest[kind] = max(longest[kind], time.monotonic() - t)
+        save(state, path)
+        return True
+
+    for rnd in range(args.repeats):
+        for grp in groups:
+            gw = group_worlds(grp, worlds)
+            for ws in ([[w] for w in gw] if args.pairwise else [gw]):
+                # A B in even rounds, B A in odd ones (ABBA): a drift of the machine over the call
+                # lands on both sides alike instead of always favouring the side that runs second.
+                sides = ("harness", "plain") if rnd % 2 == 0 or args.fixed_order else ("plain", "harness")
+                for side in sides:
+                    if side == "harness":
+                        ok = timed("harness", lambda: run_harness(grp, ws, rnd, args, state))
+                    else:  # at each world size, the members that run there
+                        ok = all(timed("plain", lambda w=w: run_plain([f for f in grp if w in family_worlds(f, worlds)],
+                                                                      w, rnd, args, state)) for w in ws)
+                    if not ok:
+                        return
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, families, worlds = parse_args(argv)
     if args.device == "cuda":
         import torch
 
@@ -570,55 +527,17 @@ def main(argv: list[str] | None = None) -> int:
     state = State(args={k: v for k, v in vars(args).items() if not k.startswith("_")}
                   | {"families": families, "world_sizes": worlds})
     path = out / "interleave.json"
-    groups = [[f] for f in families] if args.pairwise else harness_groups(families, state)
-    n_p = args.repeats * len(families) * len(worlds)
+    groups = [[f] for f in families] if args.pairwise else harness_groups(families, state, args)
+    n_p = args.repeats * sum(len(family_worlds(f, worlds)) for f in families)
     est = estimate_s(groups, families, worlds, args)
     log(state, f"{len(families)} families x world sizes {worlds} x {args.repeats} rounds: {n_p} plain runs; "
                f"harness groups {groups}; about {est / 60:.1f} min on GPU (estimate); results -> {path}")
     if est > args.deadline_s:
         log(state, f"WARNING: the estimate exceeds --deadline-s {args.deadline_s:.0f}: later rounds will be cut; "
                    "split the call (by --world-sizes or --families)")
-    longest = {"harness": 0.0, "plain": 0.0}
-
-    def fits(kind: str) -> bool:
-        ok = state.elapsed() + longest[kind] * 1.1 < args.deadline_s
-        if not ok:
-            log(state, f"deadline {args.deadline_s:.0f}s: not starting another {kind} run")
-        return ok
-
-    def timed(kind: str, run) -> bool:
-        """Run one harness call or plain launch if it fits the deadline; False when it does not."""
-        if not fits(kind):
-            return False
-        t = time.monotonic()
-        run()
-        longest[kind] = max(longest[kind], time.monotonic() - t)
-        save(state, path)
-        return True
-
-    stop = False
     install_stop_handlers()  # SIGTERM and SIGHUP stop the call as Ctrl-C does: the running launch's tree is killed
     try:
-        for rnd in range(args.repeats):
-            for grp in groups:
-                worlds_now = [[w] for w in worlds] if args.pairwise else [worlds]
-                for ws in worlds_now:
-                    # A B in even rounds, B A in odd ones (ABBA): a drift of the machine over the call
-                    # lands on both sides alike instead of always favouring the side that runs second.
-                    sides = ("harness", "plain") if rnd % 2 == 0 or args.fixed_order else ("plain", "harness")
-                    for side in sides:
-                        if side == "harness":
-                            stop = not timed("harness", lambda: run_harness(grp, ws, rnd, args, state))
-                        else:
-                            stop = not all(timed("plain", lambda w=w: run_plain(grp, w, rnd, args, state)) for w in ws)
-                        if stop:
-                            break
-                    if stop:
-                        break
-                if stop:
-                    break
-            if stop:
-                break
+        run_rounds(groups, worlds, args, state, path)
     except KeyboardInterrupt as e:  # what finished is saved, and named
         save(state, path)
         e.run_dir = path  # type: ignore[attr-defined]

@@ -20,6 +20,13 @@ Configuration, after torchtitan's ``apply_fsdp`` (torchtitan/models/llama3/paral
   ("FSDP would prefetch it immediately"); ``--no-reshard`` keeps every block gathered from forward
   to backward (ZeRO-2 like: less communication, more memory).
 - Implicit prefetching (FSDP2's default), as torchtitan does for dense models.
+- The training knobs (``_common.add_training_flags``), in torchtitan's order: activation
+  checkpointing of each block (``--ac full|selective``, ``_common.apply_ac``), then each block
+  compiled on its own (``--compile``: ``block.compile()``, in place; ``fully_shard`` then wraps
+  the compiled block, and its hooks, which dynamo does not trace, all-gather and reduce-scatter
+  outside the graphs), then
+  ``fully_shard``; the optimizer (``--optimizer``, default adamw as the harness) over the sharded
+  DTensor parameters, so its state is sharded as well.
 
 Sources: https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html,
 https://github.com/pytorch/torchtitan/blob/main/docs/fsdp.md and torchtitan's
@@ -41,6 +48,7 @@ def add_flags(ap) -> None:
     ap.add_argument("--no-mp", action="store_true",
                     help="no MixedPrecisionPolicy: fp32 parameters, bf16 autocast around forward")
     ap.add_argument("--no-reshard", action="store_true", help="reshard_after_forward=False on every block")
+    c.add_training_flags(ap)
 
 
 def build(args, env: c.Env, wl) -> tuple[Callable[[int], torch.Tensor], dict[str, object]]:
@@ -51,13 +59,17 @@ def build(args, env: c.Env, wl) -> tuple[Callable[[int], torch.Tensor], dict[str
     mp = args.precision == "bf16" and not args.no_mp
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mp
               else MixedPrecisionPolicy())
-    blocks = [b for b in list(model.children())[1:-1] if any(True for _ in b.parameters())]
+    ac_blocks = c.apply_ac(model, wl, args.ac)  # AC, then compile, then fully_shard (torchtitan's order)
+    blocks = c.transformer_blocks(wl, model)  # the checkpoint wrappers, with --ac
+    if args.compile:
+        for block in blocks:
+            block.compile()  # in place: one graph per block; FSDP2's hooks stay eager (dynamo-disabled)
     for k, block in enumerate(blocks):
         # The last block is the first one backward needs: resharding it would be undone at once.
         reshard = not args.no_reshard and k < len(blocks) - 1
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=not args.no_reshard)
-    opt = c.sgd(model.parameters(), args.lr)
+    opt = c.optimizer(model.parameters(), args.optimizer, args.lr, env.device)
     data = c.batches(wl, args.warmup + args.steps, env, share=True)
     # With the policy FSDP casts parameters itself; autocast is only for fp32 parameters.
     precision = "fp32" if mp else args.precision
@@ -74,7 +86,8 @@ def build(args, env: c.Env, wl) -> tuple[Callable[[int], torch.Tensor], dict[str
 
     return step, dict(mixed_precision_policy=mp, param_dtype="bf16" if mp else "fp32", reduce_dtype="fp32",
                       autocast=precision == "bf16", reshard_after_forward=not args.no_reshard,
-                      fsdp_units=len(blocks) + 1)
+                      fsdp_units=len(blocks) + 1, ac_blocks=ac_blocks,
+                      compiled_blocks=len(blocks) if args.compile else 0)
 
 
 def main() -> None:
@@ -83,8 +96,8 @@ def main() -> None:
     args = ap.parse_args()
     env, wl = c.setup(args)
     step, settings = build(args, env, wl)
-    times, loss = c.train(step, warmup=args.warmup, steps=args.steps, env=env)
-    c.report("plain-fsdp", args, env, wl, times, c.global_mean(loss, env), **settings)
+    timed = c.train(step, warmup=args.warmup, steps=args.steps, env=env)
+    c.report("plain-fsdp", args, env, wl, timed, c.global_mean(timed.loss, env), **settings)
     c.teardown(env)
 
 

@@ -10,7 +10,12 @@ Each ``--program`` is a plain program of this folder and its flags. It runs exac
 ~5-8 s of the ~11 s a plain program takes to start, enough to keep a 3-round interleave of six
 families inside one 10-minute device call. What the timed steps measure is unchanged: the
 loop, its warm-up and its timing are each program's own; between programs the caching allocator
-is emptied and the garbage collected, so one program's memory does not shape the next one's.
+is emptied, the garbage collected and dynamo's caches reset, so one program's memory does not
+shape the next one's and a program run with ``--compile`` compiles its own model (its ``compile_s``
+is its own; only inductor's on-disk cache, which a lone program finds as well, is shared).
+
+The flags of a program are its own (``plain_ddp --optimizer sgd --compile --ac selective``, ...):
+each ``--program`` string is split (``shlex``) and handed to that program's parser unchanged.
 
 Under torchrun, pass ``--ports`` (free ports, one per program): each program's group then gets a
 store of its own. (The flag is ``--program``, not ``--run``: under torchrun, argparse would take ``--run`` as an
@@ -73,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc(file=sys.stderr)
             if dist.is_initialized():
                 dist.destroy_process_group()
+        if "torch._dynamo" in sys.modules:  # a compiled program ran: its guards and graphs go with it
+            torch._dynamo.reset()
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

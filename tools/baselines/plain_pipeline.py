@@ -95,12 +95,12 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         return torch.stack(losses).mean().detach() if last else None
 
-    times, loss = c.train(step, warmup=args.warmup, steps=args.steps, env=env)
+    timed = c.train(step, warmup=args.warmup, steps=args.steps, env=env)
     # Only the last stage has the loss; a sum over ranks (zeros elsewhere) brings it to rank 0.
     dev = env.device if env.backend == "nccl" else torch.device("cpu")
-    total = loss.float().reshape(1).to(dev) if last else torch.zeros(1, device=dev)
+    total = timed.loss.float().reshape(1).to(dev) if last else torch.zeros(1, device=dev)
     all_reduce(total)
-    c.report(f"plain-pipeline-{args.schedule}", args, env, wl, times, float(total), schedule=args.schedule,
+    c.report(f"plain-pipeline-{args.schedule}", args, env, wl, timed, float(total), schedule=args.schedule,
              micro_batches=args.micro_batches, split=args.split,
              blocks_per_stage=per,
              return_outputs=bool(extra.get("return_outputs", True)))

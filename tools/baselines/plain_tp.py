@@ -111,11 +111,12 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         return loss.detach()
 
-    times, loss = c.train(step, warmup=args.warmup, steps=args.steps, env=env)
+    timed = c.train(step, warmup=args.warmup, steps=args.steps, env=env)
     # Every rank holds the whole-batch loss (a replicated DTensor under loss parallel).
+    loss = timed.loss
     final = float(loss.full_tensor() if isinstance(loss, DTensor) else loss)
     name = "plain-tp-sp" if sp else "plain-tp"
-    c.report(name, args, env, wl, times, final, sequence_parallel=sp, loss_parallel=loss_par,
+    c.report(name, args, env, wl, timed, final, sequence_parallel=sp, loss_parallel=loss_par,
              mesh=f"tp{env.world}")
     c.teardown(env)
 

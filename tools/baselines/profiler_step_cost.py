@@ -84,7 +84,8 @@ def main() -> None:
             print(f"{phase:<11} {1e3 * m:>8.1f} {span:>20} {m / base:>9.3f}")
         print(json.dumps({"tool": "profiler_step_cost", "workload": wl.name, "world_size": env.world,
                           "gpu": torch.cuda.get_device_name(env.device), "torch": torch.__version__,
-                          "blocks": args.blocks, "steps": args.steps, **settings,
+                          "blocks": args.blocks, "steps": args.steps, "optimizer": args.optimizer,
+                          "compile": args.compile, "ac": args.ac, **settings,
                           "block_medians_s": medians}), flush=True)
     c.teardown(env)
 
