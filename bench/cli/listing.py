@@ -14,6 +14,9 @@ def cmd_list(args) -> int:
     print("workloads:")
     for n in workloads.names():
         print(f"  {n:<20} {workloads.resolve(n).description}")
+    hf = workloads.hf  # imports no transformers: listing needs none
+    print(f"  hf:<model_type>[k=v]  a Hugging Face causal LM from its config, no weights: {', '.join(hf.FAMILIES)}"
+          f"\n  {'':<20} keys: the config's (hidden_size=512,...), seq_len, global_batch; needs: {hf.INSTALL}")
     print("  package.module:factory  your own: a factory returning bench.workloads.Workload")
     print("strategies:")
     for n, cls in strategies.REGISTRY.items():

@@ -1,4 +1,5 @@
-"""The built-in workloads by name, and a user's ``package.module:factory``, resolved to a Workload."""
+"""The built-in workloads by name, a Hugging Face ``hf:<model_type>`` and a user's ``package.module:factory``,
+resolved to a Workload."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Callable
 
 from bench.core.errors import UserError
 from bench.core.spec import WorkloadFacts
-from bench.workloads import convnet, gpt, mlp
+from bench.workloads import convnet, gpt, hf, mlp
 from bench.workloads.base import Workload, display_name
 
 
@@ -29,13 +30,17 @@ def names() -> list[str]:
 def resolve(spec: str, *, seed: int = 0, global_batch: int | None = None, **dims: int) -> Workload:
     """Turn a workload spec into a :class:`Workload`.
 
-    ``spec`` is a built-in name (``mlp``, ``gpt-tiny`` .. ``gpt-200m``, ``convnet``) or
-    ``package.module:factory``; ``dims`` override dimensions (e.g. ``d_model=512`` for GPT).
+    ``spec`` is a built-in name (``mlp``, ``gpt-tiny`` .. ``gpt-200m``, ``convnet``),
+    ``hf:<model_type>`` (a transformers causal LM from its config, :mod:`bench.workloads.hf`) or
+    ``package.module:factory``; ``dims`` override dimensions (e.g. ``d_model=512`` for GPT, config
+    keys such as ``hidden_size=512`` for ``hf:``).
     """
     reg = _registry()
     kw = dict(seed=seed, **dims)
     if global_batch is not None:
         kw["global_batch"] = global_batch
+    if spec.startswith(hf.PREFIX):  # before the user path: it holds a ':' too
+        return hf.make(spec[len(hf.PREFIX):], **kw)
     if spec in reg:
         # every dimension of a built-in workload is a size or a count (mlp[width=0] or
         # gpt-tiny[n_layer=0] would train an empty or a layerless model and report ok)
@@ -98,7 +103,7 @@ def planned(spec: str, dims: dict[str, int], *, seed: int, global_batch: int | N
     a thread given ``timeout_s``: a factory that never returns is a one-line UserError naming it
     and what it was doing, not a run that waits in silence. (The thread cannot be stopped; it is a
     daemon, so it does not keep the command from exiting.)"""
-    if spec in _registry():
+    if spec in _registry() or spec.startswith(hf.PREFIX):  # no user code runs: no thread, no timeout
         # --global-batch stands for a global_batch among the dimensions
         batch = global_batch if global_batch is not None else dims.get("global_batch")
         wl = resolve(spec, seed=seed, global_batch=batch, **{k: v for k, v in dims.items() if k != "global_batch"})
