@@ -1,4 +1,5 @@
-"""``parbench list``: the built-in workloads and strategies, with what each needs."""
+"""``parbench list``: the built-in workloads and strategies, with what each needs, and the training
+knobs with how each strategy applies them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ def register(sub) -> None:
 def cmd_list(args) -> int:
     import strategies
     from bench import workloads
+    from bench.core import knobs
 
     print("workloads:")
     for n in workloads.names():
@@ -20,5 +22,10 @@ def cmd_list(args) -> int:
     print("  package.module:factory  your own: a factory returning bench.workloads.Workload")
     print("strategies:")
     for n, cls in strategies.REGISTRY.items():
-        print(f"  {n:<20} {cls.summary}\n  {'':<20} needs: {cls.needs}")
+        how = f"compiles {cls.compiles}" if cls.compiles else f"cannot compile: {cls.no_compile}"
+        print(f"  {n:<20} {cls.summary}\n  {'':<20} needs: {cls.needs}\n  {'':<20} {how}"
+              + (f"; no checkpointing: {cls.no_ac}" if cls.no_ac else ""))
+    print("training knobs (each a comma list to compare; TOML [training]):")
+    for flag, text in knobs.listing():
+        print(f"  {flag:<32} {text}")
     return 0

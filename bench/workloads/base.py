@@ -7,6 +7,7 @@ enters as ``package.module:factory``; the factory returns a :class:`Workload`.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -76,6 +77,35 @@ def seeded(seed: int, step: int) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(seed * 1_000_003 + step)
     return g
+
+
+def init_by_name(model: nn.Module, seed: int, *, std: Callable[[str], float],
+                 vector: Callable[[str], float]) -> None:
+    """Give every parameter of ``model`` off the meta device its value: a matrix (two dimensions or
+    more) normal with ``std(name)``, a vector filled with ``vector(name)``. Each matrix draws from
+    its own generator, seeded from ``seed`` and its name in the whole model, on the device it lives
+    on: its value does not depend on how the model is cut or sharded, so a shard (a DTensor's local
+    part) or a pipeline stage gets exactly its part of what one device would hold. (CUDA draws
+    depend on the GPU model, whose size sets the generator's launch grid: ranks and the one-device
+    reference agree on GPUs of one model, as on one machine.)"""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.device.type == "meta":
+                continue
+            local = p.to_local() if isinstance(p, DTensor) else p
+            full = torch.empty(p.shape, dtype=local.dtype, device=local.device)
+            if p.dim() >= 2:
+                g = torch.Generator(device=local.device)
+                g.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+                full.normal_(0.0, std(name), generator=g)
+            else:
+                full.fill_(vector(name))
+            if isinstance(p, DTensor):
+                # Every rank holds the same full value: each keeps its part, nothing is sent.
+                full = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
+            local.copy_(full)
 
 
 def build_on(device: torch.device, seed: int, ctor: Callable[[], nn.Module]) -> nn.Module:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import zlib
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bench.workloads.base import Workload, display_name, seeded
+from bench.workloads.base import Workload, display_name, init_by_name, seeded
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,33 +122,12 @@ class GPT(nn.Sequential):
 
 
 def init_params(model: nn.Module, seed: int, n_layer: int) -> None:
-    """Give every parameter of ``model`` off the meta device its value: matrices (embeddings
-    included) normal with std 0.02, the residual projections' (attention output, MLP down)
-    0.02/sqrt(2 n_layer), as GPT-2 has it; norm weights 1. Each parameter draws from its own
-    generator, seeded from ``seed`` and its name in the whole model, on the device it lives on: its
-    value does not depend on how the model is cut or sharded, so a shard (a DTensor's local part) or
-    a pipeline stage gets exactly its part of what one device would hold. (CUDA draws depend on the
-    GPU model, whose size sets the generator's launch grid: ranks and the one-device reference agree
-    on GPUs of one model, as on one machine.)"""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.device.type == "meta":
-                continue
-            local = p.to_local() if isinstance(p, DTensor) else p
-            full = torch.empty(p.shape, dtype=local.dtype, device=local.device)
-            if p.dim() >= 2:
-                g = torch.Generator(device=local.device)
-                g.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-                std = 0.02 / math.sqrt(2 * n_layer) if name.endswith(("o.weight", "down.weight")) else 0.02
-                full.normal_(0.0, std, generator=g)
-            else:
-                full.fill_(1.0)
-            if isinstance(p, DTensor):
-                # Every rank holds the same full value: each keeps its part, nothing is sent.
-                full = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
-            local.copy_(full)
+    """Give every parameter of ``model`` off the meta device its value (:func:`bench.workloads.base.init_by_name`):
+    matrices (embeddings included) normal with std 0.02, the residual projections' (attention
+    output, MLP down) 0.02/sqrt(2 n_layer), as GPT-2 has it; norm weights 1."""
+    residual = 0.02 / math.sqrt(2 * n_layer)
+    init_by_name(model, seed, std=lambda name: residual if name.endswith(("o.weight", "down.weight")) else 0.02,
+                 vector=lambda name: 1.0)
 
 
 def build_gpt(cfg: GPTConfig, seed: int, device: torch.device) -> GPT:

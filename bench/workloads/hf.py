@@ -33,7 +33,6 @@ from __future__ import annotations
 import difflib
 import math
 import re
-import zlib
 from collections import defaultdict
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -45,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bench.core.errors import UserError
-from bench.workloads.base import Workload, display_name, seeded
+from bench.workloads.base import Workload, display_name, init_by_name, seeded
 
 PREFIX = "hf:"
 INSTALL = "pip install 'parbench[hf]' (or pip install transformers)"
@@ -211,26 +210,13 @@ def init_params(model: nn.Module, *, seed: int, n_layer: int, std: float) -> Non
     it; biases 0, other vectors (norm weights) 1; rotary ``inv_freq`` recomputed from the config.
     Each parameter draws from its own generator, seeded from ``seed`` and its name in the whole
     model, on its device: its value does not depend on how the model is cut or sharded, and a
-    DTensor's local shard takes its part of the full value (:func:`bench.workloads.gpt.init_params`)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
+    DTensor's local shard takes its part of the full value (:func:`bench.workloads.base.init_by_name`)."""
+    residual = std / math.sqrt(2 * n_layer)
+    init_by_name(model, seed,
+                 std=lambda name: residual if name.endswith(("o_proj.weight", "down_proj.weight", "c_proj.weight"))
+                 else std,
+                 vector=lambda name: 0.0 if name.endswith(".bias") else 1.0)
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.device.type == "meta":
-                continue
-            local = p.to_local() if isinstance(p, DTensor) else p
-            full = torch.empty(p.shape, dtype=local.dtype, device=local.device)
-            if p.dim() >= 2:
-                g = torch.Generator(device=local.device)
-                g.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-                residual = name.endswith(("o_proj.weight", "down_proj.weight", "c_proj.weight"))
-                full.normal_(0.0, std / math.sqrt(2 * n_layer) if residual else std, generator=g)
-            else:
-                full.fill_(0.0 if name.endswith(".bias") else 1.0)
-            if isinstance(p, DTensor):
-                # Every rank holds the same full value: each keeps its part, nothing is sent.
-                full = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
-            local.copy_(full)
         _init_buffers(model)
 
 

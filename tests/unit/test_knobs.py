@@ -152,7 +152,8 @@ def test_runs_recorded_before_the_knobs_read_as_sgd_eager_no_checkpointing():
 
 def test_scaling_is_read_against_a_reference_of_the_same_knobs_and_policy():
     rows = [_cells(optimizer="adamw", precision_policy="fp32 params, bf16 autocast", throughput_samples_s=100.0),
-            _cells(cell_id=1, optimizer="sgd", precision_policy="fp32 params, bf16 autocast", throughput_samples_s=50.0),
+            _cells(cell_id=1, optimizer="sgd", precision_policy="fp32 params, bf16 autocast",
+                   throughput_samples_s=50.0),
             _cells(cell_id=2, strategy="fsdp", role="", optimizer="adamw", precision_policy="bf16 params, fp32 reduce",
                    throughput_samples_s=120.0),
             _cells(cell_id=3, strategy="fsdp", role="", world_size=2, optimizer="adamw",
