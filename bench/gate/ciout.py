@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bench.core import knobs
 from bench.core.errors import UserError
 from bench.gate.compare import FAILING, KEY, OPTIONAL_KEY
 from bench.results.store import load_run
@@ -25,10 +26,15 @@ ICON = {"regression": ":x:", "broken": ":x:", "noisy": ":warning:", "incomparabl
 
 
 def cell_name(r: pd.Series | dict) -> str:
-    """'workload/strategy/backend/device/wsN[/mesh=..]': one name per cell, stable across runs."""
+    """'workload/strategy/backend/device/wsN[/mesh=..][/optimizer=adamw]': one name per cell, stable
+    across runs; a training knob is named where it is not what runs trained with before the knobs
+    existed (sgd, compile off, no checkpointing), so that a name given then still means that cell."""
     name = "/".join([str(r["workload"]), str(r["strategy"]), str(r["backend"]), str(r["device"]),
                      f"ws{r['world_size']}"])
-    return name + "".join(f"/{k}={r[k]}" for k in OPTIONAL_KEY if k in r and pd.notna(r[k]) and str(r[k]))
+    name += "".join(f"/{k}={r[k]}" for k in OPTIONAL_KEY if k in r and pd.notna(r[k]) and str(r[k]))
+    old = knobs.legacy()
+    return name + "".join(f"/{k}={r[k]}" for k in knobs.NAMES
+                          if k in r and pd.notna(r[k]) and str(r[k]) not in ("", old[k]))
 
 
 def _pct(v: Any, fmt: str = "+.1%") -> str:

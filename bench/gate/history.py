@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bench.core import knobs
 from bench.core.errors import UserError
 from bench.gate.compare import DIMENSIONS, KEY, MIN_REPEATS, OPTIONAL_KEY, Samples, cell_samples
 from bench.results.bounds import depth, safe_name
@@ -37,7 +38,7 @@ from bench.stats.changepoints import detect_steps, quartiles
 
 DEFAULT_STORE = "results/history"
 MACHINE_FIELDS = ("host", "gpus", "torch", "nccl", "cpu")
-CELL_FIELDS = [*KEY, *OPTIONAL_KEY, "status", "reason", *DIMENSIONS, "throughput_samples_s",
+CELL_FIELDS = [*KEY, *OPTIONAL_KEY, *knobs.NAMES, "status", "reason", *DIMENSIONS, "throughput_samples_s",
                "step_time_median_s", "step_time_ci_low_s", "step_time_ci_high_s"]
 
 
@@ -142,7 +143,7 @@ def add(run_dir: str | os.PathLike, store: str | os.PathLike = DEFAULT_STORE, *,
         raise UserError(f"run {run_id} is already in {store} for machine {mach}; the history is append-only")
     samples = cell_samples(steps)
     rec = cells.reindex(columns=CELL_FIELDS).copy()
-    for k in (*KEY, *OPTIONAL_KEY, "status", "reason", "precision", "gpu_name"):
+    for k in (*KEY, *OPTIONAL_KEY, *knobs.NAMES, "status", "reason", "precision", "gpu_name"):
         rec[k] = rec[k].map(lambda v: None if pd.isna(v) else str(v)).astype("string")
     got = [samples.get(int(c)) if pd.notna(c) else None for c in cells["cell_id"]]
     rec["samples"] = [list(map(float, s.values)) if s else [] for s in got]
@@ -229,6 +230,8 @@ def _stored(path: Path) -> pd.DataFrame:
     require_columns(df, _STORED_NEEDS, str(path))
     df = frame(df, _STORED_TYPES, source=str(path))
     df[["status", "unit"]] = df[["status", "unit"]].fillna("")
+    for name, value in knobs.legacy().items():  # a run stored before the knobs trained with these
+        df[name] = df[name].replace("", None).fillna(value) if name in df else value
     try:
         df["samples"] = [np.asarray(x if x is not None else [], float).ravel() for x in df["samples"]]
     except (TypeError, ValueError):

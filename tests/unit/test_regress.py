@@ -2,12 +2,15 @@
 The gate's calibration on recorded step times is tested with its tool, in tests/tools/test_calibrate.py."""
 
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from bench.core.errors import UserError
 from bench.gate.compare import Samples, compare, decide, failed, parse_threshold, step_times
+from bench.results.derived import with_knobs
 from bench.stats.ranktests import ALPHA, min_samples, shift_test
 from tests.regress_helpers import make_run
 
@@ -211,6 +214,23 @@ def test_a_cell_whose_settings_changed_is_one_incomparable_row():
     assert "_diffs" not in t
     assert t.loc["fsdp", "change"] == pytest.approx(1 / 0.9 - 1)  # both sides kept
     assert not failed(t.reset_index())
+
+
+def test_a_cell_trained_another_way_is_incomparable_naming_the_knob():
+    """A run recorded before the training knobs (no optimizer column: SGD) against one with AdamW:
+    an incomparable row per cell that says which knob differs and what makes it go away; with
+    nothing else in common, the one-line error says the same."""
+    base = make_run({"ddp": 1.0, "fsdp": 1.0})
+    cur = make_run({"ddp": 0.9, "fsdp": 1.0}, optimizer="adamw", compile="off", ac="none", seed=1)
+    cur[0].loc[cur[0].strategy == "fsdp", "optimizer"] = "sgd"
+    t = cmp((with_knobs(base[0]), base[1]), cur)
+    assert t.loc["fsdp", "verdict"] == "same" and t.loc["ddp", "verdict"] == "incomparable"
+    why = ("training differ: optimizer sgd -> adamw: measure both sides with the same training knobs (--optimizer, "
+           "--compile, --ac), or keep this pair as a new baseline")
+    assert t.loc["ddp", "note"] == why
+    cur[0]["optimizer"] = "adamw"
+    with pytest.raises(UserError, match=re.escape(f"incomparable: {why}")):
+        cmp((with_knobs(base[0]), base[1]), cur)
 
 
 def test_too_few_repeats_give_no_interval_rather_than_an_infinite_one():
