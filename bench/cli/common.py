@@ -94,6 +94,17 @@ def add_node_flags(p) -> None:
                    help="seconds to wait for every node to join (default 300)")
 
 
+def run_settings(args) -> dict[str, object]:
+    """The flags among ``args`` that are settings of the run's configuration: every flag whose
+    name is a :class:`bench.core.config.RunConfig` field (the one list of them), given or not."""
+    import dataclasses
+
+    from bench.core.config import RunConfig
+
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    return {k: v for k, v in vars(args).items() if k in fields}
+
+
 def table_flags(args, toml: dict) -> dict[str, object]:
     """The flags that extend a TOML table (``--option`` over [options], the knob flags over
     [training]), merged over it, as build_config's ``flags`` take them; only those given."""

@@ -11,6 +11,7 @@ from bench.cli.common import (
     install_stop_handlers,
     report_interrupt,
     restore_stop_handlers,
+    run_settings,
     table_flags,
 )
 from bench.core import backends, knobs
@@ -69,13 +70,7 @@ def run_config(args, gpus: int):
     config file, then the flags."""
     from bench.core.config import build_config, load_toml
 
-    flags = {k: getattr(args, k) for k in ("workloads", "strategies", "backends", "world_sizes", "device",
-                                           "steps", "warmup", "seed", "precision", "lr", "global_batch",
-                                           "cell_timeout_s", "startup_timeout_s", "workload_timeout_s", "out",
-                                           "sample_hz", "scaling", "repeats", "budget",
-                                           "warmup_max", "steps_max", "target_ci", "time_cap_s",
-                                           "profile_steps", "profile_at", "trace", "adaptive", "nnodes", "node_rank",
-                                           "rdzv_endpoint", "rdzv_timeout_s")}
+    flags = run_settings(args)
     if args.resume:
         given = [k for k, v in flags.items() if v is not None] + (["option"] if args.option else []) \
             + list(knobs.from_flags(args)) + (["config"] if args.config else [])

@@ -112,16 +112,11 @@ def _checked_run(args: argparse.Namespace):
     """The run's config, checked as the nodes will see it, so that a typo fails now and not after
     the job waited in the queue; and the planning the nodes will do (an unknown strategy, workload
     or option; build_config alone checks the flags' forms)."""
-    from bench.cli.common import table_flags
+    from bench.cli.common import run_settings, table_flags
     from bench.core.config import build_config, load_toml
     from bench.plan.matrix import plan
 
-    flags = {k: getattr(args, k) for k in ("workloads", "strategies", "backends", "world_sizes", "device", "steps",
-                                           "warmup", "seed", "precision", "lr", "global_batch", "cell_timeout_s",
-                                           "startup_timeout_s", "workload_timeout_s", "sample_hz", "scaling",
-                                           "repeats", "budget", "warmup_max", "steps_max",
-                                           "target_ci", "time_cap_s", "profile_steps", "profile_at", "trace",
-                                           "rdzv_timeout_s", "out")}
+    flags = run_settings(args)
     flags.update(nnodes=args.nodes, rdzv_endpoint=f"slurm-first-node:{args.port}" if args.nodes > 1 else None)
     toml = load_toml(args.config) if args.config else {}
     flags.update(table_flags(args, toml))
