@@ -61,7 +61,7 @@ def next_text(p: Pick) -> str:
 def lines(p: Pick) -> list[str]:
     """The pick as a few short lines for a terminal: the answer first, then what was measured and
     what to try next (what was left out is in the report, and failed parity in the run's summary)."""
-    head = f"{p.workload}, {p.backend} x{p.world_size}: "
+    head = f"{p.title}: "
     if p.use is None:
         first = head + f"no decision: {p.because}"
     elif p.resolved:

@@ -51,7 +51,7 @@ details.flags li{margin:2px 0}details.flags summary{cursor:pointer}
 {{ n_skipped }} skipped{% if meta.plan %} &middot; {{ meta.plan }}{% endif %}</p>
 {% macro pick_table(id, rows) %}<table class="pick" id="{{ id }}"><tr><th class="l">workload</th><th class="l">backend</th><th>devices</th>
 <th class="l">use</th><th class="l">decided?</th><th class="l">because</th><th class="l">measured</th><th class="l">try next</th></tr>
-{% for p in rows %}<tr class="{{ 'warn' if p.use is none else '' }}"><td class="l n">{{ p.workload }}</td><td class="l n">{{ p.backend }}</td><td>{{ p.world_size }}</td>
+{% for p in rows %}<tr class="{{ 'warn' if p.use is none else '' }}"><td class="l n">{{ p.workload }}{% if p.training %} ({{ p.training }}){% endif %}</td><td class="l n">{{ p.backend }}</td><td>{{ p.world_size }}</td>
 <td class="l n"><b>{{ a.use_text(p) }}</b></td><td class="l">{{ a.decided_text(p) }}</td><td class="l">{{ p.because }}</td>
 <td class="l">{{ a.measured_text(p) }}<br><span class="muted">{{ p.why }}{% if p.excluded %}; left out: {{ p.excluded }}{% endif %}</span></td>
 <td class="l">{{ a.next_text(p) or "-" }}</td></tr>

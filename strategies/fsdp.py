@@ -65,6 +65,12 @@ def mixed_precision(options: dict, precision: str) -> MixedPrecisionPolicy | Non
     return None
 
 
+def fsdp_policy(cell: CellSpec) -> str:
+    """The precision policy of a cell sharded by FSDP2 under its ``fsdp_mp`` option."""
+    return policy_text(cell.measure.precision,
+                       cast_params=mixed_precision(cell.options, cell.measure.precision) is not None)
+
+
 def unit_blocks(wl: Workload, model, units: str = "inner") -> list:
     """The modules that become their own FSDP unit: the inner blocks (:func:`strategies.training.inner_blocks`:
     the first and last pieces stay in the root unit) when ``units`` is 'inner', else every piece
@@ -112,8 +118,7 @@ class FSDP(Strategy):
         return {"reshard_after_forward": self.reshard, "fsdp_param_dtype": "bf16" if mp else "fp32"}
 
     def precision_policy(self, cell: CellSpec) -> str:
-        return policy_text(cell.measure.precision, cast_params=mixed_precision(cell.options, cell.measure.precision)
-                           is not None)
+        return fsdp_policy(cell)
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from bench.core.config import parse_mesh
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
-from strategies.base import MESH, Context, Step, Strategy, common_check, policy_text
+from strategies.base import MESH, Context, Step, Strategy, common_check
 from strategies.common import (
     MESH_OPTION,
     PLACEMENT,
@@ -20,7 +20,7 @@ from strategies.common import (
     train_step,
 )
 from strategies.ddp import divisible
-from strategies.fsdp import FSDP_MP, PARAM_DTYPE, UNITS, UNITS_BUILT, mixed_precision, shard_model
+from strategies.fsdp import FSDP_MP, PARAM_DTYPE, UNITS, UNITS_BUILT, fsdp_policy, mixed_precision, shard_model
 from strategies.tensor import TP_PLAN, apply_tp, compiled_selective_reason, tp_check
 from strategies.training import make_optimizer, prepare_blocks
 
@@ -40,8 +40,7 @@ class FSDPxTP(Strategy):
         return super().knob_reason(cell) or compiled_selective_reason(cell)
 
     def precision_policy(self, cell: CellSpec) -> str:
-        return policy_text(cell.measure.precision, cast_params=mixed_precision(cell.options, cell.measure.precision)
-                           is not None)
+        return fsdp_policy(cell)
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         r = common_check(cell, gpus=gpus) or mesh_check(cell) or placement_check(cell, "tp")

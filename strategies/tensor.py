@@ -32,8 +32,8 @@ def tp_check(wl: WorkloadFacts, tp: int) -> str | None:
 # Default: the plan that was faster where it was measured. On 4x H100 (gpt-200m, bf16, eager, 3
 # interleaved repeats; docs/evidence/defaults-new-vs-old-h100-x4.parquet) Megatron ran 190 ms/step
 # [166, 196] and torchtitan's sequence-parallel plan 264 ms [256, 292], with 42% less memory (6.0 vs 10.3 GiB): sequence
-# parallelism pays for its extra collectives with torch.compile and async TP, which this suite
-# does not apply. Both stay one option away.
+# parallelism pays for its extra collectives with torch.compile (--compile on) and async TP, which
+# this suite does not apply. Both stay one option away.
 TP_PLAN = Option(name="tp_plan", type=str, default="megatron", choices=("megatron", "sp"),
                  help="tensor-parallel plan: megatron = column/row linears (faster in eager mode here), sp = "
                       "torchtitan's sequence parallel on the norms and loss parallel (less activation memory)")

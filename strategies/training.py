@@ -77,9 +77,25 @@ def _selective_policy(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE if name in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
+#: forwards run under checkpointing in this process since :func:`reset_counts` (under compile, the
+#: traced ones): the evidence that a cell asking for it got it
+_COUNTS = {"checkpointed": 0}
+
+
+def reset_counts() -> None:
+    """Start counting a new cell's checkpointed forwards."""
+    _COUNTS["checkpointed"] = 0
+
+
+def checkpointed_forwards() -> int:
+    """Forwards run (or traced) under activation checkpointing since :func:`reset_counts`."""
+    return _COUNTS["checkpointed"]
+
+
 def _checkpointed(forward, ac: str, *args, **kwargs):
     from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
+    _COUNTS["checkpointed"] += 1
     if ac == "selective":
         context_fn = functools.partial(create_selective_checkpoint_contexts, _selective_policy)
         return checkpoint(forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)

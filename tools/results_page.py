@@ -737,6 +737,29 @@ def marker_windows_view(ev: Evidence) -> View:
     return View("2 repeats a cell, 2 profiled steps", None, md_table(header, rows, fold=False))
 
 
+def knob_memory_view(ev: Evidence) -> View:
+    rows = [[str(int(r.global_batch)), cell(r.optimizer), cell(r.compile), cell(r.ac), ms(r.step_time_median_s),
+             f"[{ms(r.step_time_ci_low_s)}, {ms(r.step_time_ci_high_s)}]", f"{r.peak_mem_bytes / 2**30:.2f}",
+             num(r.compile_s, "{:.1f}") if present(r.compile_s) else "–"] for r in ev.table.itertuples()]
+    header = ["global batch", "optimizer", "compile", "checkpointing", "ms/step", "95% interval", "peak GiB",
+              "compile s"]
+    return View("one run, 10 timed steps a cell", None, md_table(header, rows, fold=False))
+
+
+def knob_parity_view(ev: Evidence) -> View:
+    df = ev.table
+    rows = []
+    for (exp, wl), g in df.groupby(["experiment", "workload"], sort=False):
+        ok = g[g["status"] == "ok"]
+        rows.append([cell(exp), cell(wl), str(len(g)), str(len(ok)), str(int((g["status"] == "skipped").sum())),
+                     str(int((g["status"] == "failed").sum())), str(int(ok["parity_ok"].astype(bool).sum())),
+                     f"{ok['parity_rel_err'].max():.1e}" if len(ok) else "–"])
+    header = ["experiment", "workload", "cells", "ran", "skipped (reason given)", "failed", "parity ok",
+              "largest parity error"]
+    return View("one run per experiment; 3 timed steps after 1 warm-up a cell (adaptive up to 13), or 25 fixed", None,
+                md_table(header, rows, fold=False))
+
+
 def generic_view(ev: Evidence) -> View:
     if {"strategy", "world_size", "step_time_median_s", "status"} <= set(ev.table.columns):
         return cells_view(ev)
@@ -806,11 +829,18 @@ SECTIONS = [
             "over the rounds of each side's median step. A round's ratio is the harness median over the plain "
             "median: above 1 the harness step was slower. *plain spread* is how far the plain loop's own rounds "
             "moved.",
-            [Part("harness-vs-plain-h100", "On H100 GPUs", harness_view),
+            [Part("knobs-compile-h200", "One H200: AdamW, eager and compiled", harness_view),
+             Part("harness-vs-plain-h100", "On H100 GPUs", harness_view),
              Part("harness-vs-plain-cpu", "On CPU", harness_view),
              Part("harness-vs-plain-gpipe-h200-x4", "GPipe's default stages on 4 H200 GPUs", harness_view),
              Part("harness-vs-plain-gpipe-h200-x2", "GPipe's default stages on 2 H200 GPUs", harness_view),
              Part("plain-loops-h100-x2", "Plain loops at 2 GPUs", plain_loops_view)]),
+    Section("Training knobs", "The optimizer, torch.compile and activation checkpointing as knobs of every cell "
+            "(docs/guides/training-knobs.md): what they cost and save on one GPU, and that every strategy runs and "
+            "matches one device under them.",
+            [Part("knobs-memory-h200", "Peak memory and step time on one H200, gpt-200m", knob_memory_view),
+             Part("knobs-parity-cpu", "Every strategy under AdamW, compile and checkpointing on CPU (gloo)",
+                  knob_parity_view)]),
     Section("Regression gate", "Runs A1 and A2 have the same configuration; run B makes DDP 5% slower "
             "(`tests.regress_helpers:DDPSlowed`). `parbench compare` judged each pair of runs.",
             [Part("gate-runs-h100", "The gate's runs", gate_runs_view),

@@ -55,6 +55,11 @@ def resumed_config(run_dir: str, gpus: int):
     config = load_meta(d).get("config")
     if not isinstance(config, dict) or not config:
         raise UserError(f"--resume {run_dir!r}: meta.json has no config; run it again instead")
+    if "training" not in config:
+        # recorded before the training knobs: its plan (SGD, and the strategies "all" named then) cannot
+        # be rebuilt cell for cell, and a resumed cell would train another way than the finished ones
+        raise UserError(f"--resume {run_dir!r}: the run was recorded by a parbench without the training knobs "
+                        "(it trained with SGD); run it again instead, with --optimizer sgd to match it")
     # a meta.json without profile_at comes from a version that profiled inline: its resumed cells keep that order
     config = {"profile_at": "inline" if config.get("profile_steps", 2) else "auto", **config}
     try:

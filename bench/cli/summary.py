@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from bench.core import knobs
+
 #: the widest the summary gets, in columns
 WIDTH = 100
 #: cells that need a look, listed before "and N more"
@@ -32,7 +34,8 @@ def _fmt(v, spec: str) -> str:
 
 def _name(r) -> str:
     extra = "".join(f" {r[c]}" for c in ("mesh", "schedule") if c in r and pd.notna(r[c]) and str(r[c]))
-    return f"{r['workload']} {r['strategy']}{extra} {r['backend']} x{r['world_size']}"
+    trained = knobs.short(dict(r))
+    return f"{r['workload']} {r['strategy']}{extra} {r['backend']} x{r['world_size']}" + (" " + trained) * bool(trained)
 
 
 def _clip(text: str, width: int) -> str:
@@ -116,6 +119,7 @@ def _print_best(cells: pd.DataFrame, console: Console) -> None:
         t.add_column(col, overflow="ellipsis", no_wrap=True, **kw)
     for _, r in best.iterrows():
         extra = "".join(f" {r[c]}" for c in ("mesh", "schedule") if c in r and pd.notna(r[c]) and str(r[c]))
+        extra += f" {knobs.short(dict(r))}" if knobs.short(dict(r)) else ""
         t.add_row(Text(str(r["workload"])), Text(str(r["backend"])), str(r["world_size"]),
                   Text(f"{r['strategy']}{extra}"), _fmt(r["step_time_median_s"] * 1e3, ".1f"),
                   _fmt(r.get("throughput_samples_s"), ".1f"), str(r["ran"]))

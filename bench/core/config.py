@@ -234,6 +234,15 @@ def several_nodes(merged: dict[str, Any]) -> bool:
     return isinstance(n, int) and not isinstance(n, bool) and n > 1
 
 
+def _adamw_only(merged: dict[str, Any]) -> bool:
+    """Whether the merged settings train with AdamW alone, the optimizer the default model beyond one
+    GPU is sized for (bench.plan.memory.beyond_one_device): under SGD alone it would fit one GPU."""
+    given = merged["training"].get("optimizer") if isinstance(merged["training"], dict) else None
+    if given is None:
+        return True
+    return (given.split(",") if isinstance(given, str) else given) in (["adamw"], "adamw")
+
+
 def _keep_or_drop_sized(merged: dict[str, Any], base: dict[str, Any], given: set[str]) -> None:
     """The default GPU matrix's model sized beyond one GPU (its [workload_matrix] entry) runs only in
     that matrix: a run that chooses its own workloads, strategies, backends, world sizes, batch or
@@ -242,7 +251,7 @@ def _keep_or_drop_sized(merged: dict[str, Any], base: dict[str, Any], given: set
     listed = merged["workloads"] if isinstance(merged["workloads"], list) else []
     sized = [w for w in base["workload_matrix"] if w in listed]
     mine = merged["workload_matrix"] if "workload_matrix" in given else {}
-    if (MATRIX_KEYS & given) or several_nodes(merged):
+    if (MATRIX_KEYS & given) or several_nodes(merged) or not _adamw_only(merged):
         if "workloads" not in given:
             merged["workloads"] = [w for w in listed if w not in base["workload_matrix"]]
         merged["workload_matrix"] = mine

@@ -51,25 +51,27 @@ class Training:
              "recomputed in backward), selective (matmul and attention outputs kept, the rest recomputed)",
         doc="activation checkpointing per block: none, full or selective (op-level: matmul and attention outputs "
             "saved)")
-    lr: float = 1e-2
+    lr: float = DEFAULT_LR["adamw"]
 
     def knobs(self) -> dict[str, str]:
         """The knob values by name (the row's columns)."""
         return {f.name: getattr(self, f.name) for f in KNOBS}
 
-    def differs(self, other: Training) -> str | None:
-        """'optimizer adamw vs sgd, compile on vs off', or None when every knob agrees."""
-        diff = [f"{k} {v} vs {other.knobs()[k]}" for k, v in self.knobs().items() if other.knobs()[k] != v]
-        return ", ".join(diff) or None
-
     def short(self) -> str:
         """The values that differ from the defaults, for titles: 'compile=on ac=full' ('' when none)."""
-        return " ".join(f"{f.name}={getattr(self, f.name)}" for f in KNOBS if getattr(self, f.name) != f.default)
+        return short(self.knobs())
 
 
 #: The knob fields, in declaration order
 KNOBS: tuple[dataclasses.Field, ...] = tuple(f for f in dataclasses.fields(Training) if f.metadata.get("knob"))
 NAMES: tuple[str, ...] = tuple(f.name for f in KNOBS)
+
+
+def short(values: dict) -> str:
+    """'compile=on ac=full': the knob values of ``values`` (a row, a dict) that differ from their
+    defaults, for titles and the answer's lines ('' when none does)."""
+    return " ".join(f"{f.name}={values[f.name]}" for f in KNOBS
+                    if isinstance(values.get(f.name), str) and values[f.name] not in ("", f.default))
 
 
 def defaults() -> dict[str, list[str]]:

@@ -81,7 +81,7 @@ class WorkloadFacts:
     # builds them; None when it cannot be built on the meta device.
     train_bytes: int | None = None
     # Bytes of the trainable parameters alone: Adam and AdamW keep two values of their dtype for each
-    grad_bytes: int | None = None
+    trainable_bytes: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -284,6 +284,7 @@ class RankMeasurement:
     compile_s: float | None = None  # the first warm-up step's seconds beyond a settled one (compile on)
     compiled_graphs: int | None = None  # graphs torch.compile built for the cell (compile on), graph breaks
     graph_breaks: int | None = None
+    checkpointed: int | None = None  # forwards run under activation checkpointing (ac on), rank's own
     target_reached: bool | None = None  # the timed steps reached the interval target (None: not asked)
     # Where this rank ran (bench.multinode.netinfo.placement): its node (launcher --node-rank), host
     # name, the address and interface its traffic to other nodes takes, local rank and devices.

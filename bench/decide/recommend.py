@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from bench.core import knobs
 from bench.core.text import gap_text, lead
 from bench.decide.rules import (
     BUBBLE_BOUND,
@@ -89,6 +90,7 @@ class Pick:
     open_cells: tuple[int, ...] = ()  # cells an unresolved decision needs measured again
     repeats_needed: int | None = None  # about how many repeats a cell would resolve it (None: not known)
     minutes_needed: float | None = None  # about how long those repeats take, from the cells' own repeats
+    training: str = ""  # the group's training knobs where not their defaults ('compile=on'; '' for none)
 
     def line(self) -> str:
         """The pick as one line of plain text: a decision says "use", one still open says "not
@@ -103,8 +105,13 @@ class Pick:
         else:
             body = f"{head} {self.use}, the library default; {self.because}"
         tail = [self.why] + ([self.next_step] if self.next_step else [])
-        return f"{self.workload}, {self.backend} x{self.world_size}: {body}; " + "; ".join(tail) + \
+        return f"{self.title}: {body}; " + "; ".join(tail) + \
             (f" [{self.excluded}]" if self.excluded else "")
+
+    @property
+    def title(self) -> str:
+        """'gpt-tiny, gloo x2' (and its training knobs where not the defaults: 'gpt-tiny, gloo x2, compile=on')."""
+        return f"{self.workload}, {self.backend} x{self.world_size}" + (f", {self.training}" if self.training else "")
 
     def open_text(self) -> str:
         """What would resolve an open decision, in a few words."""
@@ -249,18 +256,27 @@ class Group:
         self.cells, self.g = cells, g.sort_values("step_time_median_s")
         self.best = self.g.iloc[0]
         self.wl, self.be, self.ws = self.best["workload"], self.best["backend"], int(self.best["world_size"])
+        self.knobs = {k: self.best[k] for k in knobs.NAMES if k in self.best and pd.notna(self.best[k])}
         self.ref, self.oom = self._reference()
         self.gpu_mem = gpu_mem or (capacity_from(self.oom["reason"]) if self.oom is not None else None)
-        here = cells[(cells["workload"] == self.wl) & (cells["backend"] == self.be) & (cells["world_size"] == self.ws)]
+        here = self.trained_alike(cells[(cells["workload"] == self.wl) & (cells["backend"] == self.be)
+                                        & (cells["world_size"] == self.ws)])
         self.oom_here = here[ran_out(here)]
         sharding = self.oom is not None or (self.oom_here["strategy"] == "ddp").any()
         self.default = library_default(self.g, sharding)
+
+    def trained_alike(self, cells: pd.DataFrame) -> pd.DataFrame:
+        """The rows of ``cells`` trained with this group's training knobs."""
+        for k, v in self.knobs.items():
+            if k in cells:
+                cells = cells[cells[k] == v]
+        return cells
 
     def _reference(self) -> tuple[pd.Series | None, pd.Series | None]:
         """(the single-device cell that ran, or the one that ran out of memory) of the same workload
         and batch: the same global batch (strong scaling) or batch per device (weak)."""
         c = self.cells
-        same = c[is_reference(c) & (c["workload"] == self.wl) & (c["world_size"] == 1)]
+        same = self.trained_alike(c[is_reference(c) & (c["workload"] == self.wl) & (c["world_size"] == 1)])
         gb = num(self.best.get("global_batch"))
         if gb is not None and "global_batch" in c:
             weak = text(self.best.get("scaling")) == "weak"
@@ -361,7 +377,8 @@ class Group:
         """What of this group was left out, and why: candidates that did not qualify, cells that ran
         out of memory."""
         left = self.cells.loc[why.index]
-        left = left[(left["workload"] == self.wl) & (left["backend"] == self.be) & (left["world_size"] == self.ws)]
+        left = self.trained_alike(left[(left["workload"] == self.wl) & (left["backend"] == self.be)
+                                       & (left["world_size"] == self.ws)])
         notes = [f"{r.strategy}: {why[i]}" for i, r in left.iterrows()]
         notes += [f"{s}: out of memory" for s in self.oom_here["strategy"]]
         return "; ".join(notes)
@@ -371,9 +388,9 @@ def recommend(cells: pd.DataFrame, gpu_mem: float | None = None) -> list[Pick]:
     """One pick per (workload, backend, world size >= 2) that has a candidate."""
     cells = _with_scaling_notes(cells)
     good, excluded = candidates(cells)
-    groups = [Group(cells, g, gpu_mem) for _, g in
-              good[good["world_size"] >= 2].groupby(["workload", "backend", "world_size"], sort=True)]
-    best_speed = {(gr.wl, gr.be, gr.ws): gr.speedup(gr.best) for gr in groups}
+    by = ["workload", "backend", "world_size", *(k for k in knobs.NAMES if k in good)]
+    groups = [Group(cells, g, gpu_mem) for _, g in good[good["world_size"] >= 2].groupby(by, sort=True, dropna=False)]
+    best_speed = {(gr.wl, gr.be, gr.ws, knobs.short(gr.knobs)): gr.speedup(gr.best) for gr in groups}
     out = []
     for gr in groups:
         win = gr.best
@@ -386,9 +403,11 @@ def recommend(cells: pd.DataFrame, gpu_mem: float | None = None) -> list[Pick]:
             runner, sig = str(second["strategy"]), (None if (ov is None or not judged) else not ov)
             same = judge_pair(win, second).state == "same"
         speed = gr.speedup(win)
-        elsewhere = {(be, ws): s for (wl, be, ws), s in best_speed.items() if wl == gr.wl and s is not None}
+        elsewhere = {(be, ws): s for (wl, be, ws, tr), s in best_speed.items()
+                     if wl == gr.wl and tr == knobs.short(gr.knobs) and s is not None}
         out.append(Pick(
-            workload=str(gr.wl), backend=str(gr.be), world_size=gr.ws, winner=str(win["strategy"]),
+            workload=str(gr.wl), backend=str(gr.be), world_size=gr.ws, training=knobs.short(gr.knobs),
+            winner=str(win["strategy"]),
             step_ms=float(win["step_time_median_s"]) * 1e3, runner_up=runner, margin=margin, significant=sig,
             same_speed=same, why=reason(win, gr.gpu_mem), candidates=len(gr.g), excluded=gr.excluded(excluded),
             speedup=speed,

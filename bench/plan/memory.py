@@ -64,7 +64,7 @@ def memory_reason(cell: CellSpec, share: float, memory: int | None, state_share:
     params, total = cell.workload.params, cell.workload.train_bytes
     if not params or not total or not memory:
         return None
-    state = 2 * (cell.workload.grad_bytes or 0) if cell.training.optimizer in ("adam", "adamw") else 0
+    state = 2 * (cell.workload.trainable_bytes or 0) if cell.training.optimizer in ("adam", "adamw") else 0
     per_device = total * share + state * (share if state_share is None else state_share)
     if cell.device == "cuda":
         need, where = per_device, "on one GPU"

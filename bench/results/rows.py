@@ -247,6 +247,9 @@ def _health(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]], expect
     not_distributed = distribution_check(spec, repeats[0], expects)
     if not_distributed:
         return outcome("failed", not_distributed)
+    if spec.training.ac != "none" and not any(r.checkpointed for r in repeats[0]):
+        return outcome("failed", f"ac={spec.training.ac}, but no rank ran a forward under activation checkpointing: "
+                                 "the strategy does not apply it (strategies.training.prepare_blocks)")
     graphs = [r.compiled_graphs for r in repeats[0]]
     if spec.training.compile == "on" and not all(graphs):
         return outcome("failed", f"compile=on, but torch.compile built no graph on rank "

@@ -166,7 +166,7 @@ def decide(cfg: RunConfig, kept: dict[int, Pending], writer: RunWriter, work: Pa
             report(Progress(kind="group", group=g.label, n=len(g.cells)))
             run_group(g, f"d{k}.{i}", cfg, writer, work, telemetry, report, trace_dir, deadline, survivors,
                       starts=starts, kept=kept, again=again)
-        done.append({"round": k, "cap_s": cap, "open": [f"{a.pick.workload}, {a.pick.backend} x{a.pick.world_size}"
+        done.append({"round": k, "cap_s": cap, "open": [a.pick.title
                                           for a in wanted],
                      "cells": {str(c): t for c, t in chosen.items()}, "seconds": round(time.time() - t0, 1)})
     return done

@@ -16,6 +16,7 @@ from bench.core.spec import CellSpec, RankMeasurement
 from bench.multinode.netinfo import device_names
 from bench.workloads import Workload, resolve
 from strategies.base import Context
+from strategies.training import reset_counts
 
 BATCH_POOL = 64  # distinct global batches staged per cell; step s trains batch s % BATCH_POOL
 
@@ -73,6 +74,7 @@ def build(cell: CellSpec, local_rank: int, out: RankMeasurement):
         # Inductor's on-disk cache still spares recompiling a graph seen before.
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
+    reset_counts()
     step = strat.prepare(wl, ctx)
     return devices, device, batches, step, before
 

@@ -20,6 +20,7 @@ from bench.core.spec import CellSpec, Measure, RankMeasurement
 from bench.measure.nvml import EnergyMeter
 from bench.measure.timing import StepTimer
 from bench.stats.intervals import order_stat_halfwidth
+from strategies.training import checkpointed_forwards
 
 CHUNK = 5  # steps between decisions of the adaptive warm-up and timed loops
 
@@ -173,6 +174,8 @@ def measure(out: RankMeasurement, steps: Steps, cell: CellSpec, devices: tuple[t
     out.warmup_steps, out.compile_s = warm_up(steps, m, agree, compiled=cell.training.compile == "on")
     if cell.training.compile == "on":
         compile_counts(out)
+    if cell.training.ac != "none":
+        out.checkpointed = checkpointed_forwards()
     meter = EnergyMeter([d.index for d in devices]) if device.type == "cuda" else None
     if device.type == "cuda":
         for d in devices:  # the peak of training, not of building the full model before sharding it

@@ -58,18 +58,18 @@ class Workload:
     def facts(self, spec: str, dims: dict[str, int]) -> WorkloadFacts:
         """What the planner records of this workload, once: counted on the meta device, without
         allocating (a model that cannot build there keeps no count)."""
-        params, train_bytes, grad_bytes = self.params, None, None
+        params, train_bytes, trainable_bytes = self.params, None, None
         try:
             built = list(self.build(torch.device("meta")).parameters())
             params = params if params is not None else sum(p.numel() for p in built)
             train_bytes = sum(p.numel() * p.element_size() * (2 if p.requires_grad else 1) for p in built)
-            grad_bytes = sum(p.numel() * p.element_size() for p in built if p.requires_grad)
+            trainable_bytes = sum(p.numel() * p.element_size() for p in built if p.requires_grad)
         except Exception:  # noqa: BLE001 - a model that cannot build on meta keeps no count
             pass
         return WorkloadFacts(name=self.name, spec=spec, dims=dict(dims), global_batch=self.global_batch,
                              flops_per_sample=self.flops_per_sample, params=params, n_blocks=self.n_blocks,
                              n_heads=self.n_heads, has_tp_plan=self.tp_plan is not None,
-                             description=self.description, train_bytes=train_bytes, grad_bytes=grad_bytes)
+                             description=self.description, train_bytes=train_bytes, trainable_bytes=trainable_bytes)
 
 
 def seeded(seed: int, step: int) -> torch.Generator:

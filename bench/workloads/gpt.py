@@ -34,8 +34,8 @@ SIZES: dict[str, GPTConfig] = {
     # 16 layers of d=1024: 201.4M in blocks, 236M with embeddings and head.
     "gpt-200m": GPTConfig(vocab=16384, seq_len=1024, d_model=1024, n_layer=16, n_head=16,
                           global_batch=16),
-    # 44 layers of d=6144: 20.3B parameters, whose fp32 values and gradients (what training with
-    # the strategies' SGD holds, 8 bytes a parameter) take 163 GB: more than one H100 or H200 holds.
+    # 44 layers of d=6144: 20.3B parameters, whose fp32 values and gradients alone (8 bytes a
+    # parameter; AdamW's state adds 8 more) take 163 GB: more than one H100 or H200 holds.
     # Only the strategies that cut the model (FSDP, tensor parallel, the pipelines) run it, each rank
     # allocating its part; n_layer scales it to the machine (layers_beyond).
     "gpt-20b": GPTConfig(vocab=32768, seq_len=1024, d_model=6144, n_layer=44, n_head=48, global_batch=8),

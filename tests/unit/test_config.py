@@ -31,8 +31,12 @@ def test_default_gpu_matrix_adds_a_model_beyond_one_device_on_several_gpus():
         assert big not in cfg.workloads and cfg.workload_matrix == {}, flags
     assert build_config(toml=None, flags={"workloads": "gpt-20b"}, gpus=4, beyond=big).workloads == ["gpt-20b"]
     # a batch or scaling of the user's, or several nodes (whose memories the plan does not read)
-    for flags in ({"global_batch": 32}, {"scaling": "weak"}, {"nnodes": 2}):
+    # and an optimizer besides AdamW, whose state sizes it (under SGD alone it would fit one GPU)
+    for flags in ({"global_batch": 32}, {"scaling": "weak"}, {"nnodes": 2}, {"training": {"optimizer": "sgd"}},
+                  {"training": {"optimizer": "adamw,sgd"}}):
         assert big not in build_config(toml=None, flags=flags, gpus=4, beyond=big).workloads, flags
+    for flags in ({"training": {"optimizer": "adamw"}}, {"training": {"compile": "on"}}):
+        assert build_config(toml=None, flags=flags, gpus=4, beyond=big).workloads[-1] == big, flags
     # the user's own [workload_matrix] entries join the default's narrowing, they do not undo it
     mine = {"gpt-200m[global_batch=64]": {"strategies": ["ddp", "fsdp"]}}
     cfg = build_config(toml={"workload_matrix": mine}, flags={}, gpus=4, beyond=big)

@@ -184,7 +184,7 @@ def test_the_memory_bound_counts_adams_state_where_the_strategy_keeps_it():
     gib = 2**30
     facts = WorkloadFacts(name="w", spec="w", dims={}, global_batch=8, flops_per_sample=None, params=int(7.5 * gib),
                           n_blocks=1, n_heads=None, has_tp_plan=False, description="", train_bytes=60 * gib,
-                          grad_bytes=30 * gib)
+                          trainable_bytes=30 * gib)
 
     class Cell:
         workload, device, nnodes, n_devices = facts, "cuda", 1, 4
@@ -194,3 +194,20 @@ def test_the_memory_bound_counts_adams_state_where_the_strategy_keeps_it():
         reason = memory_reason(Cell(), 1.0, 80 * gib, state_share)
         assert (reason is None) == fits, (optimizer, reason)
     assert "and adamw state" in memory_reason(Cell(), 1.0, 80 * gib)
+
+
+def test_a_run_recorded_before_the_knobs_is_not_resumed_as_another_training(tmp_path):
+    """Its finished cells trained with SGD; resumed under today's defaults the rest would train with
+    AdamW at SGD's learning rate, in a plan whose cell numbers moved: refused, with what to do."""
+    import json
+
+    from bench.cli.run import resumed_config
+
+    old = {k: v for k, v in build_config(toml=None, flags={"device": "cpu"}, gpus=0).__dict__.items()
+           if k != "training"}
+    old["lr"] = 0.01
+    (tmp_path / "meta.json").write_text(json.dumps({"config": old}))
+    with pytest.raises(UserError, match="without the training knobs.*--optimizer sgd"):
+        resumed_config(str(tmp_path), 0)
+    (tmp_path / "meta.json").write_text(json.dumps({"config": {**old, "training": {"optimizer": ["sgd"]}}}))
+    assert resumed_config(str(tmp_path), 0).training["optimizer"] == ["sgd"]

@@ -476,3 +476,18 @@ def test_the_lead_is_read_against_the_noise_and_the_equivalence_band(significant
     p = Pick(workload="w", backend="nccl", world_size=2, winner="a", step_ms=1.0, runner_up="b", margin=0.01,
              significant=significant, same_speed=same, why="", candidates=2, excluded="")
     assert noise_text(p) == text
+
+
+def test_each_way_of_training_gets_its_own_pick_against_its_own_reference():
+    """--compile off,on: the compiled cells compete among themselves and are read against the
+    compiled one-device cell, never against the eager ones; the pick's title names the knob."""
+    eager = dict(optimizer="adamw", compile="off", ac="none")
+    comp = dict(optimizer="adamw", compile="on", ac="none")
+    rows = [cell("single", 1, 0.200, **eager), cell("ddp", 2, 0.110, **eager), cell("fsdp", 2, 0.130, **eager),
+            cell("single", 1, 0.100, **comp), cell("ddp", 2, 0.060, **comp), cell("fsdp", 2, 0.070, **comp)]
+    picks = {p.training: p for p in recommend(pd.DataFrame(rows))}
+    assert set(picks) == {"", "compile=on"}
+    on, off = picks["compile=on"], picks[""]
+    assert (on.winner, on.runner_up, off.winner, off.runner_up) == ("ddp", "fsdp", "ddp", "fsdp")
+    assert on.speedup == pytest.approx(0.100 / 0.060) and off.speedup == pytest.approx(0.200 / 0.110)
+    assert on.line().startswith("gpt, nccl x2, compile=on: ") and off.line().startswith("gpt, nccl x2: ")

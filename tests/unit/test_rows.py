@@ -232,3 +232,21 @@ def test_the_breakdown_gap_is_the_slowest_ranks_profiled_step_against_the_timed_
     row = {"step_time_median_s": 0.100}
     _breakdown_columns(row, ranks)
     assert row["profiled_step_s"] == pytest.approx(0.110) and row["breakdown_gap"] == pytest.approx(0.20)
+
+
+def test_a_knob_the_strategy_did_not_apply_fails_the_row():
+    """--ac full under a strategy that never ran a checkpointed forward, or --compile on where
+    torch.compile built no graph: the row fails with the reason, never ok under the knob's name."""
+    import dataclasses
+
+    from bench.core.knobs import Training
+
+    ranks = lambda **kw: [[rank(0, [0.1] * 4, **kw)]]
+    ac = dataclasses.replace(spec(n=1), training=Training(ac="full"))
+    row, _, _ = build_row(ac, ranks(checkpointed=0), wall_s=1.0)
+    assert row["status"] == "failed" and row["reason"].startswith("ac=full, but no rank ran a forward")
+    assert build_row(ac, ranks(checkpointed=2), wall_s=1.0)[0]["status"] == "ok"
+    compiled = dataclasses.replace(spec(n=1), training=Training(compile="on"))
+    row, _, _ = build_row(compiled, ranks(compiled_graphs=0), wall_s=1.0)
+    assert row["status"] == "failed" and "built no graph on rank 0: the cell ran eager" in row["reason"]
+    assert build_row(compiled, ranks(compiled_graphs=1), wall_s=1.0)[0]["status"] == "ok"
