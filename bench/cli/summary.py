@@ -32,9 +32,10 @@ def _fmt(v, spec: str) -> str:
     return "" if v is None or pd.isna(v) else format(v, spec)
 
 
-def _name(r) -> str:
+def _name(r, vary: list[str]) -> str:
+    """'gpt-tiny ddp gloo x2' with its layout, and the training knobs of ``vary`` (those the run varies)."""
     extra = "".join(f" {r[c]}" for c in ("mesh", "schedule") if c in r and pd.notna(r[c]) and str(r[c]))
-    trained = knobs.short(dict(r))
+    trained = knobs.short(dict(r), vary)
     return f"{r['workload']} {r['strategy']}{extra} {r['backend']} x{r['world_size']}" + (" " + trained) * bool(trained)
 
 
@@ -46,16 +47,17 @@ def _clip(text: str, width: int) -> str:
 def needs_a_look(cells: pd.DataFrame) -> list[str]:
     """Why each cell that needs a look does, worst first: failed or timed out, parity failed, not
     stable (the run flags it as noisy)."""
-    out = []
+    out, vary = [], knobs.varying(cells)
     for _, r in cells[cells["status"].isin(["failed", "timeout"])].iterrows():
-        out.append(f"{_name(r)}: {r['status']}: {r.get('reason') or ''}")
+        out.append(f"{_name(r, vary)}: {r['status']}: {r.get('reason') or ''}")
     ok = cells[cells["status"] == "ok"]
     if "parity_ok" in ok:
         for _, r in ok[ok["parity_ok"] == False].iterrows():  # noqa: E712 - NA is not failed
-            out.append(f"{_name(r)}: parity with one device failed (rel err {_fmt(r.get('parity_rel_err'), '.1e')})")
+            err = _fmt(r.get("parity_rel_err"), ".1e")
+            out.append(f"{_name(r, vary)}: parity with one device failed (rel err {err})")
     if "stable" in ok:
         for _, r in ok[ok["stable"] == False].iterrows():  # noqa: E712
-            out.append(f"{_name(r)}: not stable: {r.get('noise') or ''}")
+            out.append(f"{_name(r, vary)}: not stable: {r.get('noise') or ''}")
     return out
 
 
@@ -119,7 +121,8 @@ def _print_best(cells: pd.DataFrame, console: Console) -> None:
         t.add_column(col, overflow="ellipsis", no_wrap=True, **kw)
     for _, r in best.iterrows():
         extra = "".join(f" {r[c]}" for c in ("mesh", "schedule") if c in r and pd.notna(r[c]) and str(r[c]))
-        extra += f" {knobs.short(dict(r))}" if knobs.short(dict(r)) else ""
+        trained = knobs.short(dict(r), knobs.varying(cells))
+        extra += f" {trained}" if trained else ""
         t.add_row(Text(str(r["workload"])), Text(str(r["backend"])), str(r["world_size"]),
                   Text(f"{r['strategy']}{extra}"), _fmt(r["step_time_median_s"] * 1e3, ".1f"),
                   _fmt(r.get("throughput_samples_s"), ".1f"), str(r["ran"]))

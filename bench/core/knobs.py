@@ -67,11 +67,19 @@ KNOBS: tuple[dataclasses.Field, ...] = tuple(f for f in dataclasses.fields(Train
 NAMES: tuple[str, ...] = tuple(f.name for f in KNOBS)
 
 
-def short(values: dict) -> str:
+def short(values: dict, names: list[str] | None = None) -> str:
     """'compile=on ac=full': the knob values of ``values`` (a row, a dict) that differ from their
-    defaults, for titles and the answer's lines ('' when none does)."""
+    defaults, or those of ``names`` whatever their value, for titles and the answer's lines ('' when
+    none)."""
     return " ".join(f"{f.name}={values[f.name]}" for f in KNOBS
-                    if isinstance(values.get(f.name), str) and values[f.name] not in ("", f.default))
+                    if isinstance(values.get(f.name), str) and values[f.name]
+                    and (f.name in names if names is not None else values[f.name] != f.default))
+
+
+def varying(cells) -> list[str]:
+    """The knobs whose value differs between the rows of ``cells`` (a DataFrame): what a line about
+    one of them names, since the rest is the run's."""
+    return [n for n in NAMES if n in cells and cells[n].nunique(dropna=True) > 1]
 
 
 def defaults() -> dict[str, list[str]]:

@@ -90,7 +90,7 @@ class Pick:
     open_cells: tuple[int, ...] = ()  # cells an unresolved decision needs measured again
     repeats_needed: int | None = None  # about how many repeats a cell would resolve it (None: not known)
     minutes_needed: float | None = None  # about how long those repeats take, from the cells' own repeats
-    training: str = ""  # the group's training knobs where not their defaults ('compile=on'; '' for none)
+    training: str = ""  # the group's values of the knobs the run varies ('compile=on'; '' for none)
 
     def line(self) -> str:
         """The pick as one line of plain text: a decision says "use", one still open says "not
@@ -110,7 +110,7 @@ class Pick:
 
     @property
     def title(self) -> str:
-        """'gpt-tiny, gloo x2' (and its training knobs where not the defaults: 'gpt-tiny, gloo x2, compile=on')."""
+        """'gpt-tiny, gloo x2' (and the knobs the run varies: 'gpt-tiny, gloo x2, compile=on')."""
         return f"{self.workload}, {self.backend} x{self.world_size}" + (f", {self.training}" if self.training else "")
 
     def open_text(self) -> str:
@@ -390,7 +390,8 @@ def recommend(cells: pd.DataFrame, gpu_mem: float | None = None) -> list[Pick]:
     good, excluded = candidates(cells)
     by = ["workload", "backend", "world_size", *(k for k in knobs.NAMES if k in good)]
     groups = [Group(cells, g, gpu_mem) for _, g in good[good["world_size"] >= 2].groupby(by, sort=True, dropna=False)]
-    best_speed = {(gr.wl, gr.be, gr.ws, knobs.short(gr.knobs)): gr.speedup(gr.best) for gr in groups}
+    vary = knobs.varying(good)  # a pick names the knobs the run compared
+    best_speed = {(gr.wl, gr.be, gr.ws, knobs.short(gr.knobs, vary)): gr.speedup(gr.best) for gr in groups}
     out = []
     for gr in groups:
         win = gr.best
@@ -404,9 +405,9 @@ def recommend(cells: pd.DataFrame, gpu_mem: float | None = None) -> list[Pick]:
             same = judge_pair(win, second).state == "same"
         speed = gr.speedup(win)
         elsewhere = {(be, ws): s for (wl, be, ws, tr), s in best_speed.items()
-                     if wl == gr.wl and tr == knobs.short(gr.knobs) and s is not None}
+                     if wl == gr.wl and tr == knobs.short(gr.knobs, vary) and s is not None}
         out.append(Pick(
-            workload=str(gr.wl), backend=str(gr.be), world_size=gr.ws, training=knobs.short(gr.knobs),
+            workload=str(gr.wl), backend=str(gr.be), world_size=gr.ws, training=knobs.short(gr.knobs, vary),
             winner=str(win["strategy"]),
             step_ms=float(win["step_time_median_s"]) * 1e3, runner_up=runner, margin=margin, significant=sig,
             same_speed=same, why=reason(win, gr.gpu_mem), candidates=len(gr.g), excluded=gr.excluded(excluded),

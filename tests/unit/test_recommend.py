@@ -486,8 +486,9 @@ def test_each_way_of_training_gets_its_own_pick_against_its_own_reference():
     rows = [cell("single", 1, 0.200, **eager), cell("ddp", 2, 0.110, **eager), cell("fsdp", 2, 0.130, **eager),
             cell("single", 1, 0.100, **comp), cell("ddp", 2, 0.060, **comp), cell("fsdp", 2, 0.070, **comp)]
     picks = {p.training: p for p in recommend(pd.DataFrame(rows))}
-    assert set(picks) == {"", "compile=on"}
-    on, off = picks["compile=on"], picks[""]
+    assert set(picks) == {"compile=off", "compile=on"}  # the knob the run varies, named in both
+    on, off = picks["compile=on"], picks["compile=off"]
     assert (on.winner, on.runner_up, off.winner, off.runner_up) == ("ddp", "fsdp", "ddp", "fsdp")
     assert on.speedup == pytest.approx(0.100 / 0.060) and off.speedup == pytest.approx(0.200 / 0.110)
-    assert on.line().startswith("gpt, nccl x2, compile=on: ") and off.line().startswith("gpt, nccl x2: ")
+    assert on.line().startswith("gpt, nccl x2, compile=on: ") and off.line().startswith("gpt, nccl x2, compile=off: ")
+    assert recommend(pd.DataFrame(rows[:3]))[0].training == ""  # one way of training: nothing to name
