@@ -21,6 +21,7 @@ import functools
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from bench.workloads import Workload
 from strategies.base import Context
@@ -71,8 +72,6 @@ def inner_blocks(wl: Workload, model: nn.Module) -> list[nn.Module]:
 
 
 def _selective_policy(ctx, op, *args, **kwargs):
-    from torch.utils.checkpoint import CheckpointPolicy
-
     name = getattr(op, "_overloadpacket", op).__name__
     return CheckpointPolicy.MUST_SAVE if name in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -93,8 +92,6 @@ def checkpointed_forwards() -> int:
 
 
 def _checkpointed(forward, ac: str, *args, **kwargs):
-    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
-
     _COUNTS["checkpointed"] += 1
     if ac == "selective":
         context_fn = functools.partial(create_selective_checkpoint_contexts, _selective_policy)
