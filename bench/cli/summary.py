@@ -110,7 +110,7 @@ def print_summary(run_dir: Path, console: Console | None = None, *, table: bool 
 
 
 def _print_best(cells: pd.DataFrame, console: Console) -> None:
-    best = best_cells(cells)
+    best, vary = best_cells(cells), knobs.varying(cells)
     if best.empty:
         return
     t = Table(title=Text("the fastest cell per workload, backend and world size"), box=box.SIMPLE_HEAD,
@@ -121,7 +121,7 @@ def _print_best(cells: pd.DataFrame, console: Console) -> None:
         t.add_column(col, overflow="ellipsis", no_wrap=True, **kw)
     for _, r in best.iterrows():
         extra = "".join(f" {r[c]}" for c in ("mesh", "schedule") if c in r and pd.notna(r[c]) and str(r[c]))
-        trained = knobs.short(dict(r), knobs.varying(cells))
+        trained = knobs.short(dict(r), vary)
         extra += f" {trained}" if trained else ""
         t.add_row(Text(str(r["workload"])), Text(str(r["backend"])), str(r["world_size"]),
                   Text(f"{r['strategy']}{extra}"), _fmt(r["step_time_median_s"] * 1e3, ".1f"),
