@@ -123,8 +123,13 @@ def after_run(run_dir: Path, *, report: bool, table: bool = False) -> int:
     handlers are still installed) or a report that cannot be written ends the command with one line;
     the run's rows are whole."""
     from bench.cli.summary import print_summary
+    from bench.runtime.signals import stops_held
 
     try:
+        with stops_held():  # compiled extensions imported whole, a stop signal raised after them
+            import pyarrow.parquet  # noqa: F401
+            if report:
+                import reports  # noqa: F401 - matplotlib
         print_summary(run_dir, table=table)
         print_budget_use(run_dir)
         if report:

@@ -8,6 +8,7 @@ while it runs, so the signal handler knows the loop will raise within its pollin
 from __future__ import annotations
 
 import signal
+from contextlib import contextmanager
 
 
 class Interrupted(KeyboardInterrupt):
@@ -41,6 +42,21 @@ def check_stop() -> None:
     """Raise :class:`Interrupted` for the first stop signal noted, if any."""
     if _STOP:
         raise Interrupted(_STOP[0])
+
+
+@contextmanager
+def stops_held():
+    """A stop signal inside the block is noted and raised when it ends: for imports of compiled
+    extensions (matplotlib, pyarrow), whose initialisation turns an exception raised inside it into an
+    ImportError and can leave the interpreter unable to exit cleanly."""
+    held = _IN_GROUP[0]
+    defer_stops(True)
+    try:
+        yield
+    finally:
+        defer_stops(held)
+    if not held:
+        check_stop()
 
 
 def clear_stop() -> None:
