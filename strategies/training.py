@@ -12,11 +12,13 @@ parameters the rank holds.
   stays the same module object, with the same parameter names and hooks, so FSDP2, the pipeline
   split and a workload's ``init`` see the model they would see without it.
 * :func:`compile_blocks` / :func:`compile_module`: ``nn.Module.compile`` in place (regional
-  compilation per block, as torchtitan does), or the whole module.
+  compilation per block, as torchtitan does), or the whole module; :func:`compiled_loss`: the
+  workload's loss function compiled too, as torchtitan compiles it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -120,6 +122,15 @@ def compile_module(module: nn.Module, ctx: Context) -> nn.Module:
     dynamo's DDP optimizer: graphs split at DDP's bucket boundaries, so the all-reduces still
     overlap backward); ``module`` itself otherwise."""
     return torch.compile(module) if ctx.training.compile == "on" else module
+
+
+def compiled_loss(wl: Workload, ctx: Context) -> Workload:
+    """``wl`` with its loss compiled when the cell compiles (torchtitan compiles the loss beside the
+    model): the cast of the logits and the cross entropy fuse instead of writing an fp32 copy of the
+    logits to memory; ``wl`` itself otherwise."""
+    if ctx.training.compile != "on":
+        return wl
+    return dataclasses.replace(wl, loss=torch.compile(wl.loss))
 
 
 def prepare_blocks(wl: Workload, model: nn.Module, ctx: Context, *, compile_each: bool = True,

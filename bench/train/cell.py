@@ -16,7 +16,7 @@ from bench.core.spec import CellSpec, RankMeasurement
 from bench.multinode.netinfo import device_names
 from bench.workloads import Workload, resolve
 from strategies.base import Context
-from strategies.training import reset_counts
+from strategies.training import compiled_loss, reset_counts
 
 BATCH_POOL = 64  # distinct global batches staged per cell; step s trains batch s % BATCH_POOL
 
@@ -75,7 +75,7 @@ def build(cell: CellSpec, local_rank: int, out: RankMeasurement):
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
     reset_counts()
-    step = strat.prepare(wl, ctx)
+    step = strat.prepare(compiled_loss(wl, ctx), ctx)
     return devices, device, batches, step, before
 
 

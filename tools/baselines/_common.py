@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -131,6 +132,8 @@ def setup(args: argparse.Namespace, *, distributed: bool = True) -> tuple[Env, W
     if "global_batch" in dims:
         raise SystemExit("--dims global_batch=...: give the global batch as --global-batch N")
     wl = resolve(args.workload, global_batch=args.global_batch, **dims)
+    if getattr(args, "compile", False):  # the loss compiled beside the model, as torchtitan does
+        wl = dataclasses.replace(wl, loss=torch.compile(wl.loss))
     return Env(rank, world, local, device, args.backend if distributed else "none", distributed), wl
 
 

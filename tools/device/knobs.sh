@@ -5,7 +5,7 @@
 #            batch 64, and compile with full checkpointing at 16 (one harness run; memory is not noise)
 #   compile  the harness's eager and compiled AdamW cells against plain loops, interleaved in
 #            KN_ROUNDS rounds (default 5) at global batch KN_GB (64), KN_STEPS (20) timed steps a side:
-#            interleave.py families KN_FAM (default single-adamw,single-compile)
+#            interleave.py families KN_FAM (default single-adamw,single-compile), within KN_DEADLINE s (560)
 #   gpu      the GPU tests
 # Results go to $OUT (logs, interleave.json, a cells table per run); a short table is printed last.
 set -uo pipefail
@@ -43,9 +43,9 @@ memory)
     cells "mem$gb"
   done ;;
 compile)
-  timeout 580 python3 tools/baselines/interleave.py --world-sizes 1 --families "${KN_FAM:-single-adamw,single-compile}" \
+  timeout $(( ${KN_DEADLINE:-560} + 20 )) python3 tools/baselines/interleave.py --world-sizes 1 --families "${KN_FAM:-single-adamw,single-compile}" \
     --global-batch "${KN_GB:-64}" --repeats "${KN_ROUNDS:-5}" --steps "${KN_STEPS:-20}" --warmup 15 \
-    --deadline-s 560 --out "$R/il" > "$OUT/compile.log" 2>&1
+    --deadline-s "${KN_DEADLINE:-560}" --out "$R/il" > "$OUT/compile.log" 2>&1
   cp "$R/il/interleave.json" "$OUT/" 2>/dev/null
   tail -30 "$OUT/compile.log" ;;
 gpu)
