@@ -390,17 +390,30 @@ class OutOfMemory(Strategy):
 
 
 def broken_batches(*, seed: int = 0, global_batch: int = 8) -> Workload:
-    """A user workload that plans fine but whose data loader raises inside the ranks."""
+    """A user workload that plans fine (its first batch is whole) but whose data loader raises
+    inside the ranks, from its second batch on."""
     from bench.workloads import resolve
 
     wl = resolve("mlp", seed=seed, global_batch=global_batch)
 
     def batch(step: int):
+        if step == 0:
+            return wl.batch(0)
         raise ValueError(f"broken user data loader at step {step}")
 
     import dataclasses
 
     return dataclasses.replace(wl, name="broken-batches", batch=batch)
+
+
+def short_batch(*, seed: int = 0, global_batch: int = 16) -> Workload:
+    """A user workload whose batch() returns fewer samples than the global batch it declares."""
+    import dataclasses
+
+    from bench.workloads import resolve
+
+    wl = resolve("mlp", seed=seed, global_batch=global_batch)
+    return dataclasses.replace(wl, name="short-batch", batch=lambda step: tuple(t[:6] for t in wl.batch(step)))
 
 
 def factory_raises(*, seed: int = 0) -> Workload:

@@ -13,9 +13,9 @@ entry has no ``doc`` yet; the registry's own ``doc`` wins as soon as it has one.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
+
+from tools.generated import page_main
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "columns.md"
 
@@ -27,8 +27,6 @@ FALLBACK: dict[str, str] = {
     "device": "cpu or cuda",
     "status": "ok, failed, timeout or skipped",
     "reason": "why the cell failed, timed out or was skipped",
-    "steps": "timed steps asked for per repeat",
-    "warmup": "warm-up steps asked for per repeat",
     "global_batch": "samples per step over all devices",
     "precision": "fp32 or bf16",
     "step_time_median_s": "median step time (over repeats when there are several); a step's time is its slowest rank's",
@@ -200,16 +198,7 @@ def page() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.columns_page", description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help=f"write the page to {PAGE.relative_to(PAGE.parents[2])}")
-    args = ap.parse_args(argv)
-    text = page()
-    if args.write:
-        PAGE.write_text(text, encoding="utf-8")
-        print(f"wrote {PAGE}")
-    else:
-        sys.stdout.write(text)
-    return 0
+    return page_main(argv, prog="python -m tools.columns_page", doc=__doc__, page=page, path=PAGE)
 
 
 if __name__ == "__main__":

@@ -15,15 +15,15 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
-from bench.comm.sweep import CommConfig, run_sweep, summary_table
-from bench.comm.worker import DTYPES, OPS
+from bench.comm.ops import DTYPE_NAMES, OPS
 from bench.core import backends as registry
 from bench.core.errors import UserError
 from bench.measure.hardware import cpu_threads
+
+if TYPE_CHECKING:
+    from bench.comm.sweep import CommConfig
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 2**10, "m": 2**20, "mib": 2**20, "mb": 2**20,
           "g": 2**30, "gib": 2**30, "gb": 2**30}
@@ -49,6 +49,8 @@ def _csv(text: str, allowed: tuple[str, ...] | list[str], flag: str) -> list[str
 
 def config_from_args(args: argparse.Namespace, gpus: int) -> CommConfig:
     """Validate the flags; every bad value is a one-line UserError naming the value and the fix."""
+    from bench.comm.sweep import CommConfig
+
     device = args.device or ("cuda" if gpus else "cpu")
     if device not in ("cpu", "cuda"):
         raise UserError(f"--device {device!r}: use cpu or cuda")
@@ -85,7 +87,7 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> CommConfig:
                             "per point (default 20 iters, 5 warm-up)")
     cfg = CommConfig(backends=backends, world_sizes=sorted(set(worlds)), device=device,
                      ops=_csv(",".join(OPS) if args.ops is None else args.ops, OPS, "--ops"),
-                     dtypes=_csv("fp32,bf16" if args.dtypes is None else args.dtypes, tuple(DTYPES), "--dtypes"),
+                     dtypes=_csv("fp32,bf16" if args.dtypes is None else args.dtypes, DTYPE_NAMES, "--dtypes"),
                      min_bytes=lo, max_bytes=hi, factor=args.factor, out=_out(args.out),
                      graph_max_bytes=parse_bytes("0" if args.graph_max_bytes is None else args.graph_max_bytes,
                                                  "--graph-max-bytes"),
@@ -150,6 +152,7 @@ def check_memory(max_bytes: int, world: int, device: str, given: str | None) -> 
 def cmd_comm(args: argparse.Namespace) -> int:
     """Handler of ``parbench comm``."""
     from bench.cli.common import install_stop_handlers, report_interrupt, restore_stop_handlers
+    from bench.comm.sweep import run_sweep
     from bench.measure.hardware import gpu_count
 
     cfg = config_from_args(args, gpu_count())
@@ -186,6 +189,10 @@ def _progress(group: Any, rows: list[dict[str, Any]] | None, done: bool) -> None
 def _report(run_dir: Any) -> int:
     """The summary and the run folder on stdout; exit 1 with one line on stderr when a group failed
     or a point was wrong, else 0."""
+    import pandas as pd
+
+    from bench.comm.sweep import summary_table
+
     df = pd.read_parquet(run_dir / "collectives.parquet")
     print(summary_table(df))
     print(f"run folder: {run_dir}")

@@ -13,8 +13,8 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -22,6 +22,9 @@ from rich.text import Text
 from bench.cli.common import install_stop_handlers, restore_stop_handlers, table_console
 from bench.core.errors import UserError
 from bench.runtime.signals import check_stop, clear_stop
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -105,8 +108,10 @@ def _compare(args: argparse.Namespace) -> int:
     from bench.gate.ciout import check_output_files, write_outputs
     from bench.gate.compare import FAILING, failed, parse_threshold
     from bench.gate.verdict import DEFAULT_THRESHOLD, Gate, judge
+    from bench.results.lock import check_outputs
 
     check_output_files(markdown=args.markdown, junit=args.junit, json=args.json)
+    check_outputs(markdown=args.markdown, junit=args.junit, json=args.json)
     gate = Gate(threshold=parse_threshold(args.threshold or DEFAULT_THRESHOLD), test=args.test,
                 require_repeats=args.require_repeats, fail_from_runs=args.fail_from_runs)
     want = 1 if args.history else 2
@@ -170,7 +175,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from bench.gate.ciout import pytest_benchmark_json, write_whole
+    from bench.results.lock import check_outputs
 
+    check_outputs(o=args.output)
     doc = pytest_benchmark_json(args.run_dir)
     if not doc["benchmarks"]:
         raise UserError(f"{args.run_dir} has no ok cell with step times; nothing to export")
@@ -186,6 +193,8 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _fmt(v, spec: str) -> str:
+    import pandas as pd
+
     return "–" if v is None or pd.isna(v) else format(v, spec)
 
 

@@ -1,5 +1,5 @@
 """``parbench list``: the built-in workloads and strategies, with what each needs, and the training
-knobs with how each strategy applies them."""
+knobs with how each strategy applies them, and every setting of a run by section."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ def register(sub) -> None:
 def cmd_list(args) -> int:
     import strategies
     from bench import workloads
-    from bench.core import knobs
+    from bench.core import settings
 
     print("workloads:")
     for n in workloads.names():
@@ -25,7 +25,11 @@ def cmd_list(args) -> int:
         how = f"compiles {cls.compiles}" if cls.compiles else f"cannot compile: {cls.no_compile}"
         print(f"  {n:<20} {cls.summary}\n  {'':<20} needs: {cls.needs}\n  {'':<20} {how}"
               + (f"; no checkpointing: {cls.no_ac}" if cls.no_ac else ""))
-    print("training knobs (each a comma list to compare; TOML [training]):")
-    for flag, text in knobs.listing():
-        print(f"  {flag:<32} {text}")
+    print("settings of parbench run, by section (a flag, or its key in a TOML file: flat or in the section's "
+          "table; docs/guides/settings.md):")
+    for section, rows in settings.listing():
+        note = "  (the training knobs: each a comma list to compare)" if section == "training" else ""
+        print(f"  [{section}]{note}")
+        for how, text in rows:
+            print(f"    {how:<30} {text.replace('%%', '%')}")
     return 0

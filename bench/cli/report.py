@@ -25,6 +25,10 @@ def cmd_report(args) -> int:
     if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
         raise UserError(f"-o {args.output!r} is an existing file; the report is a folder: pass a new or existing "
                         "folder name")
+    if args.output:
+        from bench.results.lock import check_outputs
+
+        check_outputs(o=args.output)
     if args.baseline and args.history:
         raise UserError("give --baseline RUN or --history DIR, not both")
     if args.threshold is not None and not (args.baseline or args.history):

@@ -34,9 +34,9 @@ def check_gpus(cfg, gpus: int) -> None:
     """A GPU run on a machine without GPUs is an error, not a run of nothing that exits 0."""
     if gpus > 0:
         return
-    if cfg.device == "cuda":
+    if cfg.matrix.device == "cuda":
         raise UserError("--device cuda: no GPU visible; use --device cpu (with --backends gloo)")
-    for name in cfg.backends:
+    for name in cfg.matrix.backends:
         b = backends.get(name)
         if b.unsupported("cpu"):
             raise UserError(f"--backends {name}: no GPU visible ({b.title} needs CUDA); "
@@ -46,7 +46,7 @@ def check_gpus(cfg, gpus: int) -> None:
 def resumed_config(run_dir: str, gpus: int):
     """The settings of the run folder ``run_dir`` (its meta.json), for ``--resume``: the plan, and so
     the cell ids, are the original's."""
-    from bench.core.config import RunConfig, validate
+    from bench.core.config import validate
     from bench.results.store import load_meta
 
     d = Path(run_dir)
@@ -63,7 +63,7 @@ def resumed_config(run_dir: str, gpus: int):
     # a meta.json without profile_at comes from a version that profiled inline: its resumed cells keep that order
     config = {"profile_at": "inline" if config.get("profile_steps", 2) else "auto", **config}
     try:
-        return validate(RunConfig(**config))
+        return validate(config)
     except TypeError as e:
         raise UserError(f"--resume {run_dir!r}: its config is from another parbench version ({e}); "
                         "run it again instead") from None
@@ -91,25 +91,25 @@ def run_config(args, gpus: int):
 
 def cmd_run(args) -> int:
     from bench.measure.hardware import gpu_count
-    from bench.train import launcher as launch
 
     gpus = gpu_count()
     cfg = run_config(args, gpus)
     check_gpus(cfg, gpus)
     from bench.cli.progress import MatrixProgress
+    from bench.train import launcher as launch
 
     install_stop_handlers()
     from bench.multinode import NodeLost
 
     try:
-        with MatrixProgress(enabled=not args.no_progress and cfg.node_rank == 0) as bar:
+        with MatrixProgress(enabled=not args.no_progress and cfg.nodes.node_rank == 0) as bar:
             run_dir = launch.run(cfg, gpus, on_progress=bar, resume=Path(args.resume) if args.resume else None)
-        if cfg.node_rank > 0:
-            print(f"node {cfg.node_rank}: done; node 0 wrote the tables (this node's logs: {run_dir})")
+        if cfg.nodes.node_rank > 0:
+            print(f"node {cfg.nodes.node_rank}: done; node 0 wrote the tables (this node's logs: {run_dir})")
             return 0
         return after_run(run_dir, report=args.report, table=args.table)
     except NodeLost as e:
-        print(f"parbench: node {cfg.node_rank}: {e}", file=sys.stderr)
+        print(f"parbench: node {cfg.nodes.node_rank}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
         return report_interrupt(e, "the cells that finished", "; finish it with parbench run --resume {where}")
@@ -135,11 +135,28 @@ def after_run(run_dir: Path, *, report: bool, table: bool = False) -> int:
         if report:
             print(f"report: {write_report(run_dir)}")
         print_recommendation(run_dir)  # last: the answer is what the reader of a terminal sees first
+        return nothing_measured(run_dir)
     except KeyboardInterrupt as e:
         e.run_dir = run_dir  # type: ignore[attr-defined]
         return report_interrupt(e, "the run's cells (all of them finished)",
                                 "; write its report with parbench report {where}" if report else "")
-    return 0
+
+
+def nothing_measured(run_dir: Path) -> int:
+    """1, with one line on stderr saying why, when cells ran and none of them is ok (every one failed
+    or timed out); 0 otherwise. A run that measured nothing is not a success a script may read on."""
+    from bench.results.store import load_run
+
+    cells, _, _ = load_run(run_dir)
+    ran = cells[cells["status"].isin(["ok", "failed", "timeout"])]
+    if ran.empty or (ran["status"] == "ok").any():
+        return 0
+    counts = ran["status"].value_counts()
+    first = ran.iloc[0]
+    print(f"parbench run: no cell was measured: {', '.join(f'{n} {s}' for s, n in counts.items())}; the first, "
+          f"{first['workload']} {first['strategy']} x{first['world_size']}: {first['reason'] or first['status']}; "
+          "exit 1", file=sys.stderr)
+    return 1
 
 
 def write_report(run_dir: Path) -> Path:

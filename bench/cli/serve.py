@@ -72,7 +72,7 @@ def _slow(text: str | None) -> dict[int, float]:
 def config_from_args(args: argparse.Namespace, gpus: int) -> Any:
     """A checked :class:`ServeConfig` from the parsed flags."""
     from bench.serve.config import ServeConfig, tenants_from
-    from bench.serve.loadgen import Tenant
+    from bench.serve.loadgen import CV_MAX, CV_MIN, Tenant
 
     device = args.device or ("cuda" if gpus else "cpu")
     if device == "cuda" and not gpus:
@@ -86,8 +86,9 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> Any:
         if not default.size_min <= default.size_max:
             raise UserError(f"--size-min {args.size_min} and --size-max {args.size_max}: need 1 <= --size-min "
                             f"<= --size-max, e.g. --size-min 16 --size-max 96")
-        if not 0 < default.cv < math.inf:
-            raise UserError(f"--cv {args.cv} must be a finite number > 0 (gamma arrivals; 1 is Poisson), e.g. --cv 3")
+        if not CV_MIN <= default.cv <= CV_MAX:
+            raise UserError(f"--cv {args.cv} must be from {CV_MIN:g} to {CV_MAX:g} (gamma arrivals; 1 is Poisson), "
+                            "e.g. --cv 3")
     rates = _floats(args.rates, "--rates")
     clients = _ints(args.clients, "--clients")
     cfg = ServeConfig(

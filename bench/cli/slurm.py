@@ -37,7 +37,7 @@ def register(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--rdzv-timeout", dest="rdzv_timeout_s", type=float,
                    help="seconds the nodes wait for each other (default 300)")
     run = p.add_argument_group("run options (passed to parbench run on every node)")
-    add_run_args(run)
+    add_run_args(run, grouped=False)
     p.set_defaults(func=cmd_slurm, _run_actions=list(run._group_actions))
     return p
 
@@ -50,6 +50,9 @@ def run_argv(args: argparse.Namespace, parser_actions) -> list[str]:
         if not a.option_strings or a.dest in OWN | {"help"}:
             continue
         v = getattr(args, a.dest, None)
+        if isinstance(a, argparse._StoreFalseAction) and v is False:  # a switch that turns a default off
+            out.append(max(a.option_strings, key=len))
+            continue
         if v is None or v is False or v == []:
             continue
         flag = max(a.option_strings, key=len)
@@ -78,10 +81,10 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         raise UserError(f"--submit-timeout {args.submit_timeout_s:g} must be a number of seconds > 0, "
                         "e.g. --submit-timeout 120")
     cfg = _checked_run(args)
-    out = str(Path(cfg.out).resolve())
+    out = str(Path(cfg.output.out).resolve())
     given = run_argv(args, getattr(args, "_run_actions", []))
     if args.rdzv_timeout_s is not None:
-        given += ["--rdzv-timeout", f"{cfg.rdzv_timeout_s:g}"]
+        given += ["--rdzv-timeout", f"{cfg.nodes.rdzv_timeout_s:g}"]
     job = SlurmJob(nodes=args.nodes, gpus_per_node=args.gpus_per_node, run_args=given, out=out,
                    python=args.python, workdir=os.getcwd(), port=args.port, job_name=args.job_name, time=args.time,
                    partition=args.partition, account=args.account, cpus_per_task=args.cpus_per_task)
@@ -121,14 +124,14 @@ def _checked_run(args: argparse.Namespace):
     toml = load_toml(args.config) if args.config else {}
     flags.update(table_flags(args, toml))
     cfg = build_config(toml=toml, flags=flags, gpus=args.gpus_per_node)
-    if cfg.device == "cuda" and args.gpus_per_node == 0:
+    if cfg.matrix.device == "cuda" and args.gpus_per_node == 0:
         raise UserError("--gpus-per-node 0 with a CUDA run; give the GPUs per node or pass --device cpu")
     try:
         plan(cfg, args.gpus_per_node)
     except UserError as e:
         # a user's module may import only in the job's environment (--python): said, not refused
         unloadable = "cannot import" in str(e) or "cannot load" in str(e)
-        if not unloadable or not any(":" in x for x in [*cfg.workloads, *cfg.strategies]):
+        if not unloadable or not any(":" in x for x in [*cfg.matrix.workloads, *cfg.matrix.strategies]):
             raise
         print(f"note: not checked here, the nodes will import it: {e}")
     return cfg

@@ -36,12 +36,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from bench.comm.ops import DTYPE_NAMES, OPS  # noqa: F401 - OPS: the worker's import point too
 from bench.core import backends
 from bench.core.spec import CollectiveGroupSpec, load
 from bench.results.identity import start_row
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "sendrecv")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16)))
 GB = 1e9  # nccl-tests reports GB/s with GB = 1e9 bytes
 #: the reason recorded in the rows of send/recv under a backend without point-to-point for the
 #: device's tensors (Gloo on CUDA: the sender fails with 'writev ... Bad address' and the receiver

@@ -1,4 +1,5 @@
-"""Run configuration: a TOML file and/or flags, validated before anything launches.
+"""Run configuration: this machine's defaults, then a TOML file, then flags, validated before
+anything launches. The settings themselves are declared in :mod:`bench.core.settings`.
 
 The default matrix adapts to the machine: with no GPU, Gloo on the CPU at world sizes 1 and 2 with
 small workloads; with GPUs, NCCL and Gloo over every visible GPU.
@@ -8,8 +9,8 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from bench.core.errors import UserError
@@ -23,92 +24,11 @@ else:  # pragma: no cover
 
 from bench.core import backends as _backends
 from bench.core import knobs
+from bench.core.settings import BY_KEY, RunConfig, flatten_toml
 
 BACKENDS = tuple(_backends.names())  # the backend registry is the one list
-DEVICES = ("cpu", "cuda")
-PRECISIONS = ("auto", "fp32", "bf16")
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunConfig:
-    workloads: list[str]
-    strategies: list[str]
-    backends: list[str]
-    world_sizes: list[int]
-    device: str
-    steps: int
-    warmup: int
-    seed: int = 0
-    precision: str = "auto"
-    # None: each optimizer's own default (bench.core.knobs.DEFAULT_LR)
-    lr: float | None = None
-    # The training knobs (bench.core.knobs: optimizer, compile, ac), each a list of values; the matrix
-    # runs every combination (TOML: [training] compile = ["off", "on"]). Missing knobs take their default.
-    training: dict[str, list[str]] = field(default_factory=dict)
-    out: str = "results"
-    cell_timeout_s: float = 300.0
-    # A process group's start-up (torchrun, the ranks' interpreters and imports, the rendezvous and
-    # process group, the warm-up) has its own limit: a loaded machine imports slowly, which is no
-    # cell's fault. The cell timeout counts from each cell's start.
-    startup_timeout_s: float = 300.0
-    # A user workload (package.module:factory) imports, builds and describes itself while the run is
-    # planned, in this time.
-    workload_timeout_s: float = 120.0
-    global_batch: int | None = None
-    # strong: every cell trains the workload's global batch; weak: every device keeps the workload's
-    # global batch, so a cell on n devices trains n times it.
-    scaling: str = "strong"
-    sample_hz: float = 20.0
-    profile_steps: int = 2
-    # When the profiled steps run: auto ("end" on cuda, "inline" on cpu), end (a profile pass after
-    # every timed step of the process group) or inline (after each cell's first timed repeat)
-    profile_at: str = "auto"
-    trace: bool = False
-    options: dict[str, Any] = field(default_factory=dict)
-    # Per backend, the only strategies it runs (TOML: [backend_strategies] gloo = ["ddp", "fsdp"]);
-    # a backend not named runs every strategy of the run. The default GPU matrix asks Gloo only
-    # what it answers: how DDP fares without NCCL.
-    backend_strategies: dict[str, list[str]] = field(default_factory=dict)
-    # Per workload (as written in ``workloads``), the part of the run's strategies, backends and
-    # world sizes it runs (TOML: [workload_matrix."gpt-20b"] strategies = ["fsdp"]); the
-    # single-device reference is planned for every workload all the same. The default GPU matrix
-    # narrows its model that no single GPU holds to the strategies that cut a model, on NCCL, over
-    # every GPU.
-    workload_matrix: dict[str, dict[str, list]] = field(default_factory=dict)
-    # Noise (bench/stats/steps.py): each cell measured ``repeats`` times in rounds (their orders a balanced
-    # Latin square, bench.train.rounds.rounds); warm-up
-    # continues past ``warmup`` until the step time settles (up to ``warmup_max``, default 4 x
-    # warmup); timed steps continue past ``steps`` until the median's 95% interval is within
-    # ``target_ci`` (relative half-width), ``steps_max`` (default 3 x steps) or ``time_cap_s``.
-    repeats: int = 1
-    warmup_max: int | None = None
-    settle: float = 0.01
-    steps_max: int | None = None
-    target_ci: float = 0.02
-    time_cap_s: float = 20.0
-    # A time budget for the whole run ("10m", "90s"): repeats, steps and caps are planned to fit it.
-    budget: str | None = None
-    # Under a budget, part of it goes to the decisions still open after every cell was measured:
-    # their cells are measured again until each is resolved or the budget ends (bench.train.adaptive).
-    adaptive: bool = True
-    # Measurement settings the user gave (flags or TOML): a budget plan keeps them as given, and the
-    # machine's default budget stands aside when there is any (an explicit --budget still applies).
-    pinned: list[str] = field(default_factory=list)
-    # Past one machine (bench/multinode): the same plan on ``nnodes`` nodes, this one ``node_rank``;
-    # torchrun's c10d rendezvous at ``rdzv_endpoint`` (HOST:PORT, loopback unless given), hosted by
-    # node 0's launcher. Cells of one process run on node 0 alone; every other cell spans every node.
-    nnodes: int = 1
-    node_rank: int = 0
-    rdzv_endpoint: str | None = None
-    rdzv_timeout_s: float = 300.0
-
-    def effective_precision(self) -> str:
-        if self.precision != "auto":
-            return self.precision
-        return "bf16" if self.device == "cuda" else "fp32"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+DEVICES = BY_KEY["device"].choices
+PRECISIONS = BY_KEY["precision"].choices
 
 
 #: What the default GPU matrix runs its model that no single GPU holds on: the strategies that cut a
@@ -120,9 +40,8 @@ def default_config(gpus: int, beyond: str | None = None) -> RunConfig:
     """The matrix `parbench run` with no arguments runs on a machine with ``gpus`` GPUs; ``beyond``
     is a workload that no single one of them holds (:func:`bench.plan.memory.beyond_one_device`),
     run on several GPUs only."""
-    if gpus == 0:
-        return RunConfig(workloads=["mlp", "gpt-tiny", "convnet"], strategies=["all"], backends=["gloo"],
-                         world_sizes=[1, 2], device="cpu", steps=20, warmup=3, cell_timeout_s=120.0)
+    if gpus == 0:  # the declared defaults are a CPU machine's, but for a shorter cell timeout
+        return RunConfig.from_flat({"cell_timeout_s": 120.0})
     # Every power of two from 2 up to the GPUs, and all of them; one GPU runs only the single-device
     # reference every workload gets (a strategy on one GPU decides nothing about parallelising).
     sizes = sorted({gpus} | {2**k for k in range(1, 4) if 2**k <= gpus}) if gpus > 1 else [1]
@@ -140,13 +59,13 @@ def default_config(gpus: int, beyond: str | None = None) -> RunConfig:
     if beyond and gpus > 1:
         workloads.append(beyond)
         matrix = {beyond: {"strategies": list(BEYOND_STRATEGIES), "backends": ["nccl"], "world_sizes": [gpus]}}
-    return RunConfig(workloads=workloads, strategies=["all"], backends=["nccl", "gloo"],
-                     world_sizes=sizes, device="cuda", steps=30, warmup=5, budget="10m",
-                     backend_strategies={"gloo": ["ddp"]}, workload_matrix=matrix)
+    return RunConfig.from_flat(dict(workloads=workloads, strategies=["all"], backends=["nccl", "gloo"],
+                                    world_sizes=sizes, device="cuda", steps=30, warmup=5, budget="10m",
+                                    backend_strategies={"gloo": ["ddp"]}, workload_matrix=matrix))
 
 
-#: When the profiled steps run (RunConfig.profile_at)
-PROFILE_AT = ("auto", "end", "inline")
+#: When the profiled steps run (profiling.profile_at)
+PROFILE_AT = BY_KEY["profile_at"].choices
 
 #: The settings that say how a cell is measured; given explicitly, a budget plan keeps them.
 MEASURE_KEYS = ("steps", "warmup", "repeats", "warmup_max", "steps_max", "target_ci", "time_cap_s", "profile_steps")
@@ -170,6 +89,9 @@ def parse_workload(spec: str) -> tuple[str, dict[str, int]]:
                             "drop it for the workload's default")
         if not eq or not val.strip().isdigit():
             raise UserError(f"workload {spec!r}: dimension {item!r} must be key=<integer>")
+        if int(val) > DIM_MAX:
+            raise UserError(f"workload {spec!r}: {key.strip()}={val.strip()} is more than {DIM_MAX:,} (a typo?); "
+                            "give a size a model can have")
         dims[key.strip()] = int(val)
     return m["name"].strip(), dims
 
@@ -179,9 +101,16 @@ def load_toml(path: str) -> dict[str, Any]:
     if not p.is_file():
         raise UserError(f"config {path!r} not found; pass a TOML file (see configs/)")
     try:
-        data = tomllib.loads(p.read_text())
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"config {path!r} is not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"config {path!r} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    except RecursionError:
+        raise UserError(f"config {path!r} nests its tables or arrays too deep; a run's settings are at most a "
+                        "few levels deep") from None
+    except OSError as e:
+        raise UserError(f"config {path!r} cannot be read ({e.strerror}); pass a readable TOML file") from None
     return data
 
 
@@ -189,10 +118,11 @@ def build_config(*, toml: dict[str, Any] | None, flags: dict[str, Any], gpus: in
                  beyond: str | None = None) -> RunConfig:
     """Defaults for this machine (``beyond``: see :func:`default_config`), then the TOML file, then
     the flags; validated."""
-    base = asdict(default_config(gpus, beyond))
-    known = set(base)
+    base = default_config(gpus, beyond).flat()
+    known = set(BY_KEY)  # "pinned" too, recomputed below (a meta.json's config may be given back)
     merged: dict[str, Any] = dict(base)
-    for source, values in (("config file", toml or {}), ("flags", flags)):
+    toml = flatten_toml(toml or {})
+    for source, values in (("config file", toml), ("flags", flags)):
         for key, val in values.items():
             key = key.replace("-", "_")
             if key not in known:
@@ -202,7 +132,7 @@ def build_config(*, toml: dict[str, Any] | None, flags: dict[str, Any], gpus: in
     # A device given without its own backends/world sizes gets that device's defaults.
     given = {k.replace("-", "_") for src in (toml or {}, flags) for k, v in src.items() if v is not None}
     if "device" in given and merged["device"] != base["device"]:
-        dev_default = asdict(default_config(0 if merged["device"] == "cpu" else max(gpus, 1)))
+        dev_default = default_config(0 if merged["device"] == "cpu" else max(gpus, 1)).flat()
         for key in ("backends", "world_sizes", "workloads", "global_batch", "steps", "warmup", "cell_timeout_s",
                     "budget", "workload_matrix"):
             if key not in given:
@@ -220,8 +150,7 @@ def build_config(*, toml: dict[str, Any] | None, flags: dict[str, Any], gpus: in
     if "world_sizes" not in given and several_nodes(merged):
         # The machine's defaults are per node: n nodes run n times each (and the one-device reference).
         merged["world_sizes"] = sorted({1} | {w * merged["nnodes"] for w in merged["world_sizes"]})
-    cfg = RunConfig(**merged)
-    return validate(cfg)
+    return validate(merged)
 
 
 #: Settings that make the matrix the user's own: the default's model sized beyond one GPU then stays out.
@@ -259,11 +188,19 @@ def _keep_or_drop_sized(merged: dict[str, Any], base: dict[str, Any], given: set
         merged["workload_matrix"] = {**{w: base["workload_matrix"][w] for w in sized}, **mine}
 
 
+SEED_MAX = 2**40  # seed * 1_000_003 + step (bench.workloads.base.seeded) stays within 63 bits
+LR_MAX = 100.0  # past this every step diverges: a typo, not a learning rate
+DIM_MAX = 2**31 - 1  # a workload dimension: beyond any real model's, and the tables' counts stay in range
 COUNT_MAX = 1_000_000  # the most steps, warm-up steps, repeats or profiled steps a run may ask for
 
 
-def validate(cfg: RunConfig) -> RunConfig:
-    """Every setting checked by type and range, before anything launches."""
+def validate(flat: dict[str, Any]) -> RunConfig:
+    """Every setting of ``flat`` (flat keys, as merged or as a meta.json holds them) checked by type
+    and range, before anything launches; the run's configuration. TypeError names an unknown key."""
+    unknown = [k for k in flat if k not in BY_KEY]
+    if unknown:
+        raise TypeError(f"unknown setting {unknown[0]!r}")
+    cfg = SimpleNamespace(**{**RunConfig().flat(), **flat})
     _check_choices(cfg)
     counts = _counts(cfg)
     _check_profiling(cfg, counts["profile_steps"])
@@ -281,13 +218,13 @@ def validate(cfg: RunConfig) -> RunConfig:
     workload_matrix = _check_workload_matrix(cfg)
     nnodes, node_rank, endpoint, rdzv_timeout_s = validate_nodes(cfg)
     _check_mesh(cfg)
-    return replace(cfg, **counts, global_batch=global_batch, workload_matrix=workload_matrix,
-                   training=knobs.validate(cfg.training),
-                   budget=None if budget is None else f"{budget:.15g}s", nnodes=nnodes, node_rank=node_rank,
-                   rdzv_endpoint=endpoint, rdzv_timeout_s=rdzv_timeout_s)
+    return RunConfig.from_flat({**vars(cfg), **counts, "global_batch": global_batch, "workload_matrix": workload_matrix,
+                                "training": knobs.validate(cfg.training),
+                                "budget": None if budget is None else f"{budget:.15g}s", "nnodes": nnodes,
+                                "node_rank": node_rank, "rdzv_endpoint": endpoint, "rdzv_timeout_s": rdzv_timeout_s})
 
 
-def _check_backend_strategies(cfg: RunConfig) -> None:
+def _check_backend_strategies(cfg: SimpleNamespace) -> None:
     """[backend_strategies]: known backends of the run, each with a list of strategy names."""
     bs = cfg.backend_strategies
     if not isinstance(bs, dict):
@@ -303,7 +240,7 @@ def _check_backend_strategies(cfg: RunConfig) -> None:
 WORKLOAD_MATRIX_KEYS = ("strategies", "backends", "world_sizes")
 
 
-def _check_workload_matrix(cfg: RunConfig) -> dict[str, dict[str, list]]:
+def _check_workload_matrix(cfg: SimpleNamespace) -> dict[str, dict[str, list]]:
     """[workload_matrix]: workloads of the run, each narrowed to a non-empty part of the run's
     backends and world sizes (strategies: see bench.plan.matrix.check_strategy_names); returned
     with its world sizes as integers."""
@@ -341,7 +278,7 @@ def _example(key: str) -> str:
     return "nccl" if key == "backends" else "fsdp"
 
 
-def _check_choices(cfg: RunConfig) -> None:
+def _check_choices(cfg: SimpleNamespace) -> None:
     """The name lists (workloads, strategies, backends) and the settings chosen from a fixed set."""
     for key in ("workloads", "strategies", "backends"):
         vals = getattr(cfg, key)
@@ -375,7 +312,7 @@ def _check_choices(cfg: RunConfig) -> None:
         raise UserError(f"adaptive={cfg.adaptive!r} must be true or false")
 
 
-def _counts(cfg: RunConfig) -> dict[str, Any]:
+def _counts(cfg: SimpleNamespace) -> dict[str, Any]:
     """The numeric settings as numbers, each in its range; the caps' defaults (3 x steps, 4 x
     warmup) filled in."""
     steps = as_int("steps", cfg.steps, "--steps 20")
@@ -387,8 +324,9 @@ def _counts(cfg: RunConfig) -> dict[str, Any]:
     workload_timeout_s = as_float("workload_timeout_s", cfg.workload_timeout_s, "--workload-timeout 120")
     sample_hz = as_float("sample_hz", cfg.sample_hz, "--sample-hz 20")
     lr = None if cfg.lr is None else as_float("lr", cfg.lr, "--lr 3e-4")
-    if lr is not None and not lr > 0:
-        raise UserError(f"lr={cfg.lr} must be > 0; e.g. --lr 3e-4, or drop it for the optimizer's default")
+    if lr is not None and not 0 < lr <= LR_MAX:
+        raise UserError(f"lr={cfg.lr} must be > 0 and at most {LR_MAX:g}; e.g. --lr 3e-4, or drop it for the "
+                        "optimizer's default")
     if steps < 1:
         raise UserError(f"steps={steps} must be >= 1; e.g. --steps 20")
     if warmup < 0:
@@ -399,15 +337,16 @@ def _counts(cfg: RunConfig) -> dict[str, Any]:
         raise UserError(f"--startup-timeout {startup_timeout_s:g}: use seconds > 0, e.g. --startup-timeout 300")
     if workload_timeout_s <= 0:
         raise UserError(f"--workload-timeout {workload_timeout_s:g}: use seconds > 0, e.g. --workload-timeout 120")
-    if not 0 <= sample_hz <= 1000:
-        raise UserError(f"sample rate {cfg.sample_hz} Hz must be between 0 (off) and 1000")
+    if not (sample_hz == 0 or 0.01 <= sample_hz <= 1000):
+        raise UserError(f"sample rate {cfg.sample_hz} Hz must be 0 (off) or from 0.01 to 1000; e.g. --sample-hz 20")
     if profile_steps < 0:
         raise UserError(f"profile_steps={cfg.profile_steps} must be >= 0 (0: no breakdown)")
     repeats = as_int("repeats", cfg.repeats, "--repeats 3")
     if repeats < 1:
         raise UserError(f"repeats={repeats} must be >= 1; e.g. --repeats 3")
-    if not -(2**63) <= seed < 2**63:
-        raise UserError(f"seed={seed} does not fit 64 bits; e.g. --seed 0")
+    if not 0 <= seed <= SEED_MAX:
+        raise UserError(f"seed={seed} must be from 0 to 2**40 (each step's data seed is derived from it and must fit "
+                        "64 bits); e.g. --seed 0")
     return dict(steps=steps, warmup=warmup, seed=seed, lr=lr, sample_hz=sample_hz, profile_steps=profile_steps,
                 cell_timeout_s=cell_timeout_s, startup_timeout_s=startup_timeout_s,
                 workload_timeout_s=workload_timeout_s, repeats=repeats,
@@ -420,7 +359,7 @@ def _counts(cfg: RunConfig) -> dict[str, Any]:
                 time_cap_s=as_float("time_cap_s", cfg.time_cap_s, "--time-cap 20"))
 
 
-def _check_profiling(cfg: RunConfig, profile_steps: int) -> None:
+def _check_profiling(cfg: SimpleNamespace, profile_steps: int) -> None:
     """A trace or a profile placement needs profiled steps."""
     if cfg.trace and profile_steps == 0:
         raise UserError("--trace needs profiled steps; drop --profile-steps 0")
@@ -428,7 +367,7 @@ def _check_profiling(cfg: RunConfig, profile_steps: int) -> None:
         raise UserError(f"--profile-at {cfg.profile_at} needs profiled steps; drop --profile-steps 0 or --profile-at")
 
 
-def _check_caps(cfg: RunConfig, c: dict[str, Any]) -> None:
+def _check_caps(cfg: SimpleNamespace, c: dict[str, Any]) -> None:
     """The adaptive loops' caps against the counts they cap, and every count below COUNT_MAX."""
     steps, warmup, steps_max, warmup_max = c["steps"], c["warmup"], c["steps_max"], c["warmup_max"]
     for flag, val, count in (("--steps-max", steps_max, "--steps"), ("--warmup-max", warmup_max, "--warmup")):
@@ -469,7 +408,7 @@ def parse_mesh(text: str | None, world: int) -> tuple[int, int]:
     return dp, mp
 
 
-def _check_mesh(cfg: RunConfig) -> None:
+def _check_mesh(cfg: SimpleNamespace) -> None:
     """An explicit mesh's rank count is one of the world sizes."""
     if "mesh" not in cfg.options:
         return

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from bench.core import knobs
+from bench.core import knobs, settings
 from bench.core.text import gap_text
 
 #: A breakdown whose profiled step is further than this from the timed median describes another
@@ -119,8 +119,8 @@ CORE: tuple[Metric, ...] = (
     Metric(name="reason", dtype="string", kind="fact"),
     Metric(name="role", dtype="string", kind="fact",
            doc="reference (the single-device cell), independent (checks its own parity) or empty"),
-    Metric(name="steps", dtype="Int64", kind="fact"),
-    Metric(name="warmup", dtype="Int64", kind="fact"),
+    Metric(name="steps", dtype="Int64", kind="fact", doc=settings.column_doc("steps")),
+    Metric(name="warmup", dtype="Int64", kind="fact", doc=settings.column_doc("warmup")),
     Metric(name="time_cap_s", dtype="float64", unit="s", kind="fact",
            doc="seconds of timed steps after which no more are added (a budgeted run's cap for this cell's "
                "process group, drawn again before each group from the time left; a cell skipped at the "

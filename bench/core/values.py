@@ -25,6 +25,10 @@ def split_list(text: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+#: the largest entry of an integer list setting (world sizes): more ranks than any machine or job runs
+INT_LIST_MAX = 65_536
+
+
 def int_list(values: Any, what: str, example: str = "--world-sizes 1,2") -> list[int]:
     """A list of integers >= 1 from a list or a comma list ("1,2"); a one-line UserError naming the
     value and ``example`` otherwise (a bare number, 2.7, True and "two" are refused)."""
@@ -44,6 +48,8 @@ def int_list(values: Any, what: str, example: str = "--world-sizes 1,2") -> list
             raise UserError(f"{what}: {v!r} is not an integer; e.g. {example}") from None
         if n < 1:
             raise UserError(f"{what}: {n} must be >= 1; e.g. {example}")
+        if n > INT_LIST_MAX:
+            raise UserError(f"{what}: {n} is more than {INT_LIST_MAX:,} (a typo?); e.g. {example}")
         out.append(n)
     return out
 

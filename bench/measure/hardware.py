@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 
-import torch
-
 # (name substring, dense bf16 TFLOP/s, fp32 TFLOP/s without tensor cores). The longest substring
 # found in the device name wins, so "H200 NVL" is never read as "H200" (SXM).
 PEAK_TFLOPS: list[tuple[str, float, float]] = [
@@ -32,14 +30,37 @@ def peak_flops(device_name: str, precision: str) -> float | None:
 
 
 def gpu_count() -> int:
-    """Visible CUDA devices (0 where CUDA is absent or broken)."""
+    """Visible CUDA devices (0 where CUDA is absent or broken). A machine without an NVIDIA driver
+    answers 0 without importing torch (seconds on a loaded machine), so that bad input there is
+    refused at once."""
+    if not _nvidia_driver():
+        return 0
+    import torch
+
     try:
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # noqa: BLE001 - a broken driver means no GPU for us
         return 0
 
 
+def _nvidia_driver() -> bool:
+    """Whether NVML finds an NVIDIA driver (False: certainly no CUDA device; True: torch counts them)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no library, no driver: no GPU
+        return False
+    try:
+        pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001
+        pass
+    return True
+
+
 def gpu_names() -> list[str]:
+    import torch
+
     return [torch.cuda.get_device_name(i) for i in range(gpu_count())]
 
 

@@ -35,10 +35,10 @@ def follow(cfg, digest: str, n_cells: int, *, on_progress=None, module: str) -> 
 
 
     node = Follower(cfg, digest, n_cells)
-    work = Path(cfg.out) / node.run_id / "work" / f"node{cfg.node_rank}"
+    work = Path(cfg.output.out) / node.run_id / "work" / f"node{cfg.nodes.node_rank}"
     work.mkdir(parents=True, exist_ok=True)
     become_subreaper()
-    sampler, _ = start_samplers(cfg.sample_hz, gpu=cfg.device == "cuda")
+    sampler, _ = start_samplers(cfg.profiling.sample_hz, gpu=cfg.matrix.device == "cuda")
     pushed = [time.monotonic()]
 
     def tick() -> None:
@@ -64,7 +64,8 @@ def follow(cfg, digest: str, n_cells: int, *, on_progress=None, module: str) -> 
         why = str(e)
         raise
     except DistError as e:  # any request to node 0's store: it went away with node 0's launcher
-        why = f"node 0 at {cfg.rdzv_endpoint} stopped answering ({' '.join(str(e).split())[:80]}); this node stops"
+        said = " ".join(str(e).split())[:80]
+        why = f"node 0 at {cfg.nodes.rdzv_endpoint} stopped answering ({said}); this node stops"
         raise NodeLost(why) from None
     except BaseException as e:
         why = f"stopped: {type(e).__name__}: {e}"
@@ -96,9 +97,9 @@ def _run_launch(node: Follower, cfg, seq: int, cmd: dict, work: Path, tick, modu
         Path(trace_dir).mkdir(exist_ok=True)
     plan = dataclasses.replace(plan, events_prefix=prefix, trace_dir=trace_dir)
     Path(prefix + ".json").write_text(spec.dump(plan))
-    launch = Launch(prefix, cmd["nproc"], module=module, env=child_env(cmd["nproc"], cfg.node_rank, node.share),
-                    nnodes=cfg.nnodes, endpoint=cfg.rdzv_endpoint, rdzv_id=cmd["rdzv_id"],
-                    rdzv_timeout_s=cfg.rdzv_timeout_s, local_addr=node.me["local_addr"])
+    launch = Launch(prefix, cmd["nproc"], module=module, env=child_env(cmd["nproc"], cfg.nodes.node_rank, node.share),
+                    nnodes=cfg.nodes.nnodes, endpoint=cfg.nodes.rdzv_endpoint, rdzv_id=cmd["rdzv_id"],
+                    rdzv_timeout_s=cfg.nodes.rdzv_timeout_s, local_addr=node.me["local_addr"])
     killed: list[str] = []
     try:
         while True:

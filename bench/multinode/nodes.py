@@ -194,9 +194,9 @@ class _Watch:
 
 def _hello(cfg, digest: str, n_cells: int) -> dict[str, Any]:
 
-    host, port = _host_port(cfg.rdzv_endpoint)
+    host, port = _host_port(cfg.nodes.rdzv_endpoint)
     addr, iface = route(host, port)
-    return {"digest": digest, "nnodes": cfg.nnodes, "cells": n_cells, "version": __version__,
+    return {"digest": digest, "nnodes": cfg.nodes.nnodes, "cells": n_cells, "version": __version__,
             "host": socket.gethostname(), "addr": addr, "iface": iface, "local_addr": local_addr(cfg, host, addr)}
 
 
@@ -206,7 +206,7 @@ def local_addr(cfg, endpoint_host: str, routed: str) -> str:
     reaches it by definition; its own route to it may be a loopback alias such as 127.0.1.1).
     Another node: the address of the interface named in GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME,
     else the one its route to node 0 leaves from."""
-    if cfg.node_rank == 0:
+    if cfg.nodes.node_rank == 0:
         return endpoint_host
 
     for backend in backends.names():
@@ -231,9 +231,9 @@ class Coordinator:
         from torch.distributed import PrefixStore
 
         self.cfg = cfg
-        self.host, self.port = _host_port(cfg.rdzv_endpoint)
-        self.others = list(range(1, cfg.nnodes))
-        self._server = serve(cfg.rdzv_endpoint, self.host, self.port)
+        self.host, self.port = _host_port(cfg.nodes.rdzv_endpoint)
+        self.others = list(range(1, cfg.nodes.nnodes))
+        self._server = serve(cfg.nodes.rdzv_endpoint, self.host, self.port)
         self.store = PrefixStore("parbench", self._server)
         self.me = _hello(cfg, digest, n_cells)
         self.store.set("hello", json.dumps(self.me))
@@ -249,7 +249,7 @@ class Coordinator:
     def wait_joined(self) -> None:
         """Every other node joined with the same plan, within the rendezvous timeout; else a
         one-line UserError (and the same verdict for the nodes that did join)."""
-        end = time.monotonic() + self.cfg.rdzv_timeout_s
+        end = time.monotonic() + self.cfg.nodes.rdzv_timeout_s
         missing = list(self.others)
         while missing and time.monotonic() < end:
             for r in list(missing):
@@ -262,8 +262,8 @@ class Coordinator:
             time.sleep(0.1)
         if missing:
             self.refuse(f"node(s) {', '.join(map(str, missing))} did not join the rendezvous at "
-                        f"{self.cfg.rdzv_endpoint} within {self.cfg.rdzv_timeout_s:g}s; start parbench run with the "
-                        "same flags and their --node-rank there (or raise --rdzv-timeout)")
+                        f"{self.cfg.nodes.rdzv_endpoint} within {self.cfg.nodes.rdzv_timeout_s:g}s; start parbench run "
+                        "with the same flags and their --node-rank there (or raise --rdzv-timeout)")
 
     def refuse(self, reason: str) -> None:
         self.store.set("verdict", json.dumps({"ok": False, "reason": reason}))
@@ -371,17 +371,18 @@ class Follower:
     """Node R > 0: joins node 0's store, checks the plan, then runs the launches node 0 sends."""
 
     def __init__(self, cfg, digest: str, n_cells: int):
-        self.cfg, self.rank = cfg, cfg.node_rank
-        host, port = _host_port(cfg.rdzv_endpoint)
-        if not _wait_port(host, port, cfg.rdzv_timeout_s):
-            raise UserError(f"node 0 at --rdzv-endpoint {cfg.rdzv_endpoint} did not answer within "
-                            f"{cfg.rdzv_timeout_s:g}s; start parbench run --node-rank 0 there, or check the endpoint")
+        self.cfg, self.rank = cfg, cfg.nodes.node_rank
+        host, port = _host_port(cfg.nodes.rdzv_endpoint)
+        if not _wait_port(host, port, cfg.nodes.rdzv_timeout_s):
+            raise UserError(f"node 0 at --rdzv-endpoint {cfg.nodes.rdzv_endpoint} did not answer within "
+                            f"{cfg.nodes.rdzv_timeout_s:g}s; start parbench run --node-rank 0 there, or check the "
+                            "endpoint")
         try:
             self._handshake(cfg, host, port, digest, n_cells)
         except UserError:
             raise
         except Exception as e:  # noqa: BLE001 - the store's errors (DistError, timeouts): one line
-            raise UserError(f"--rdzv-endpoint {cfg.rdzv_endpoint}: the handshake with node 0 failed "
+            raise UserError(f"--rdzv-endpoint {cfg.nodes.rdzv_endpoint}: the handshake with node 0 failed "
                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); check that "
                             "node 0 runs the same parbench command there") from None
         self._watch = _Watch([0])
@@ -397,15 +398,15 @@ class Follower:
     def _handshake(self, cfg, host: str, port: int, digest: str, n_cells: int) -> None:
         """Claim this node's rank, wait (at most --rdzv-timeout) for node 0's hello, send ours,
         and refuse a plan that is not node 0's."""
-        self.store = _client(host, port, 60.0, connect_s=cfg.rdzv_timeout_s)
+        self.store = _client(host, port, 60.0, connect_s=cfg.nodes.rdzv_timeout_s)
         if self.store.add(f"claim/{self.rank}", 1) > 1:
             raise UserError(f"another node already joined as --node-rank {self.rank}; give each node its own rank "
-                            f"from 1 to {cfg.nnodes - 1} (node 0 hosts the rendezvous)")
-        deadline = time.monotonic() + cfg.rdzv_timeout_s
+                            f"from 1 to {cfg.nodes.nnodes - 1} (node 0 hosts the rendezvous)")
+        deadline = time.monotonic() + cfg.nodes.rdzv_timeout_s
         while not self.store.check(["hello"]):
             if time.monotonic() > deadline:
-                raise UserError(f"--rdzv-endpoint {cfg.rdzv_endpoint} answers but no parbench node 0 said hello "
-                                f"within {cfg.rdzv_timeout_s:g}s; is it another job's port?")
+                raise UserError(f"--rdzv-endpoint {cfg.nodes.rdzv_endpoint} answers but no parbench node 0 said hello "
+                                f"within {cfg.nodes.rdzv_timeout_s:g}s; is it another job's port?")
             time.sleep(0.1)
         self.node0 = json.loads(self.store.get("hello"))
         self.me = _hello(cfg, digest, n_cells)
@@ -424,10 +425,10 @@ class Follower:
         try:
             stale = self._watch.stale(self.store)
         except Exception as e:  # noqa: BLE001 - its store went away with it
-            raise NodeLost(f"node 0 at {self.cfg.rdzv_endpoint} stopped answering ({type(e).__name__}); "
+            raise NodeLost(f"node 0 at {self.cfg.nodes.rdzv_endpoint} stopped answering ({type(e).__name__}); "
                            "this node stops") from None
         if stale:
-            raise NodeLost(f"node 0 at {self.cfg.rdzv_endpoint} stopped answering ({stale[0]}); this node stops")
+            raise NodeLost(f"node 0 at {self.cfg.nodes.rdzv_endpoint} stopped answering ({stale[0]}); this node stops")
 
     def _wait_key(self, key: str) -> bytes:
         while True:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 
 from bench.core import backends
-from bench.core.config import RunConfig
 from bench.core.errors import UserError
+from bench.core.settings import RunConfig
 from bench.core.spec import CellSpec, WorkloadFacts, deferred
 from bench.plan.matrix import Group, Planned
 
@@ -95,7 +95,7 @@ def _overhead(cfg, c: CellSpec) -> float:
     work = step_work(c.workload)
     if work is not None and c.scaling == "weak":
         work /= c.n_devices  # n devices each train one device's share of the n-times batch
-    base = cell_overhead(cfg.device, c.backend, c.n_devices if c.n_procs == 1 else 1, c.workload.params,
+    base = cell_overhead(cfg.matrix.device, c.backend, c.n_devices if c.n_procs == 1 else 1, c.workload.params,
                          ranks=c.n_procs, work=work)
     return base * (PROFILE_PASS_FACTOR if deferred(c) else 1.0)
 
@@ -103,7 +103,7 @@ def _overhead(cfg, c: CellSpec) -> float:
 def start_cost(cfg: RunConfig, g: Group) -> float:
     """What a group costs before its first cells are measured: its start-up and the overhead of
     its first three cells; a group that cannot spend this before the deadline is not started."""
-    return GROUP_START_S[cfg.device] + sum(_overhead(cfg, c) for c in g.cells[:3])
+    return GROUP_START_S[cfg.matrix.device] + sum(_overhead(cfg, c) for c in g.cells[:3])
 
 
 def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float,
@@ -118,18 +118,18 @@ def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float,
     if not runnable:
         return cells, "nothing to run"
     n_groups = len({(p.spec.n_procs, p.spec.nnodes, p.spec.backend) for p in runnable})
-    fixed = n_groups * GROUP_START_S[cfg.device] + sum(_overhead(cfg, p.spec) for p in runnable)
+    fixed = n_groups * GROUP_START_S[cfg.matrix.device] + sum(_overhead(cfg, p.spec) for p in runnable)
     if fixed > 1.5 * budget_s:
         raise UserError(f"budget {budget_s:g}s is too small for {len(runnable)} cells in {n_groups} process groups "
                         f"(about {fixed:.0f}s before any timed step); raise --budget or narrow the matrix")
     usable = 0.8 * budget_s * (1 - reserve) - fixed
-    pinned = set(getattr(cfg, "pinned", ()) or ())  # the user's own settings stay as given
-    repeats = cfg.repeats
+    pinned = set(cfg.budget.pinned)  # the user's own settings stay as given
+    repeats = cfg.measurement.repeats
     while "repeats" not in pinned and repeats > 1 and usable / (len(runnable) * repeats) < 0.5:
         repeats -= 1
     cap = max(usable / (len(runnable) * repeats), 0.1)
     if "time_cap_s" in pinned:
-        cap = cfg.time_cap_s
+        cap = cfg.measurement.time_cap_s
     out = []
     for p in cells:
         m0 = p.spec.measure
@@ -140,11 +140,11 @@ def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float,
         out.append(dataclasses.replace(p, spec=dataclasses.replace(p.spec, measure=m)))
     least = min(p.spec.measure.steps for p in out if p.reason is None)
     stop = f"stops adding steps after {cap:.1f}s" if cap > 0 else "has no time cap (--time-cap 0)"
-    if cfg.target_ci > 0:
-        stop += f" (or when its interval is within {cfg.target_ci:.0%})"
+    if cfg.measurement.target_ci > 0:
+        stop += f" (or when its interval is within {cfg.measurement.target_ci:.0%})"
     text = (f"budget {budget_s:g}s: {len(runnable)} cells x {repeats} repeat(s) in {n_groups} process group(s); "
             f"each repeat times at least {least} steps and {stop}; cells the deadline reaches are skipped"
-            + (f"; repeats lowered from {cfg.repeats} to fit" if repeats < cfg.repeats else "")
+            + (f"; repeats lowered from {cfg.measurement.repeats} to fit" if repeats < cfg.measurement.repeats else "")
             + (f"; kept as given: {', '.join(sorted(pinned))}" if pinned else "")
             + (f"; {reserve:.0%} of the budget kept for decisions still open" if reserve else "")
             + ("; tight: expect skipped cells" if usable <= 0 else ""))
@@ -172,7 +172,7 @@ class Pacer:
         self._start: tuple[float, float] | None = None  # (seconds left, modelled cost) of the current group
 
     def fixed(self, g: Group) -> float:
-        return GROUP_START_S[self.cfg.device] + sum(_overhead(self.cfg, c) for c in g.cells)
+        return GROUP_START_S[self.cfg.matrix.device] + sum(_overhead(self.cfg, c) for c in g.cells)
 
     @staticmethod
     def slots(g: Group) -> int:

@@ -13,9 +13,10 @@ from typing import Any
 
 import strategies
 from bench.core import backends, knobs
-from bench.core.config import RunConfig, parse_workload
+from bench.core.config import parse_workload
 from bench.core.errors import UserError
 from bench.core.metrics import Metric, registry
+from bench.core.settings import RunConfig
 from bench.core.spec import ONE_RANK_SKIP, CellSpec, Measure, WorkloadFacts
 from bench.measure.hardware import cpu_threads
 from bench.plan.memory import device_memory, memory_reason
@@ -79,7 +80,7 @@ def plan_devices(device: str, n_devices: int, nnodes: int = 1) -> tuple[int, ...
 
 def cell_nodes(cfg: RunConfig, n_procs: int) -> int:
     """Nodes a cell spans: one-process cells run on node 0 alone, the others on every node."""
-    return cfg.nnodes if n_procs > 1 else 1
+    return cfg.nodes.nnodes if n_procs > 1 else 1
 
 
 def profile_when(cfg: RunConfig) -> str:
@@ -87,17 +88,17 @@ def profile_when(cfg: RunConfig) -> str:
     CUDA, where a GPU profiler session slows the process's later work (bench.train.profile.profile_cell),
     and "inline" on CPU, where there is no such effect to avoid and the pass's rebuild would only
     cost time."""
-    if cfg.profile_at == "auto":
-        return "end" if cfg.device == "cuda" else "inline"
-    return cfg.profile_at
+    if cfg.profiling.profile_at == "auto":
+        return "end" if cfg.matrix.device == "cuda" else "inline"
+    return cfg.profiling.profile_at
 
 
 def check_strategy_names(cfg: RunConfig, run: set[str]) -> None:
     """The strategies [backend_strategies] names are strategies; those [workload_matrix] names are
     strategies of the run (``run``: their names)."""
-    lists = [(f"backend_strategies.{be}", names, None) for be, names in (cfg.backend_strategies or {}).items()]
+    lists = [(f"backend_strategies.{be}", names, None) for be, names in (cfg.matrix.backend_strategies or {}).items()]
     lists += [(f'[workload_matrix."{wl}"] strategies', n.get("strategies", []), run)
-              for wl, n in (cfg.workload_matrix or {}).items()]
+              for wl, n in (cfg.matrix.workload_matrix or {}).items()]
     for where, names, within in lists:
         unknown = [n for n in names if n not in strategies.names()]
         if unknown:
@@ -114,13 +115,13 @@ def planned_workloads(cfg: RunConfig) -> tuple[dict[str, Workload],
     [workload_matrix] narrowing."""
     wls: dict[str, Workload] = {}
     parsed: list[tuple[Workload, WorkloadFacts, dict[str, list]]] = []
-    for text in cfg.workloads:
+    for text in cfg.matrix.workloads:
         name, dims = parse_workload(text)
-        wl, facts = planned(name, dims, seed=cfg.seed, global_batch=cfg.global_batch,
-                            timeout_s=cfg.workload_timeout_s)
+        wl, facts = planned(name, dims, seed=cfg.matrix.seed, global_batch=cfg.matrix.global_batch,
+                            timeout_s=cfg.measurement.workload_timeout_s)
         if wl.name not in wls:
             wls[wl.name] = wl
-            parsed.append((wl, facts, (cfg.workload_matrix or {}).get(text, {})))
+            parsed.append((wl, facts, (cfg.matrix.workload_matrix or {}).get(text, {})))
     return wls, parsed
 
 
@@ -128,29 +129,29 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
     """Every cell of the matrix, each runnable or skipped with its reason; the workloads by name;
     the run's column registry. A single-device reference cell is added for every workload and
     every combination of the training knobs: parity and scaling efficiency need it. A user's
-    workload gets ``cfg.workload_timeout_s`` to import, build and describe itself
+    workload gets ``cfg.measurement.workload_timeout_s`` to import, build and describe itself
     (:func:`bench.workloads.planned`)."""
     wls, parsed = planned_workloads(cfg)
-    strats = expand_strategies(cfg.strategies)
+    strats = expand_strategies(cfg.matrix.strategies)
     check_strategy_names(cfg, {s.name for _, s in strats})
     if not any(s.name == "single" for _, s in strats):
         strats.insert(0, ("single", strategies.get("single")))
-    validate_options(cfg.options, [s for _, s in strats])
+    validate_options(cfg.matrix.options, [s for _, s in strats])
     planner = _Planner(cfg, gpus)
     for _wl, base, narrow in parsed:
         for sp, strat in strats:
             if "strategies" in narrow and strat.name not in narrow["strategies"] and strat.name != "single":
-                continue  # not asked of this workload (RunConfig.workload_matrix)
-            here = narrow.get("backends", cfg.backends)  # this workload's backends
-            for backend in cfg.backends if not strat.one_process else [planner.one_proc_backend]:
+                continue  # not asked of this workload (matrix.workload_matrix)
+            here = narrow.get("backends", cfg.matrix.backends)  # this workload's backends
+            for backend in cfg.matrix.backends if not strat.one_process else [planner.one_proc_backend]:
                 if backend in planner.only and strat.name not in planner.only[backend] and strat.name != "single":
-                    continue  # not asked of this backend (RunConfig.backend_strategies)
+                    continue  # not asked of this backend (matrix.backend_strategies)
                 if backend not in here and strat.name != "single":
-                    continue  # not asked of this workload (RunConfig.workload_matrix)
+                    continue  # not asked of this workload (matrix.workload_matrix)
                 # Weak scaling: the single-device reference runs every global batch a cell trains,
                 # so that each cell has a parity reference of its own batch.
-                asked = [n for n in cfg.world_sizes if n in narrow.get("world_sizes", cfg.world_sizes)]
-                weak = cfg.scaling == "weak"
+                asked = [n for n in cfg.matrix.world_sizes if n in narrow.get("world_sizes", cfg.matrix.world_sizes)]
+                weak = cfg.matrix.scaling == "weak"
                 sizes = (asked if strat.name != "single" else ([1] if not weak else sorted(set(asked))))
                 for n in sizes:
                     facts = dataclasses.replace(base, global_batch=base.global_batch * (n if weak else 1))
@@ -166,13 +167,14 @@ class _Planner:
 
     def __init__(self, cfg: RunConfig, gpus: int):
         self.cfg, self.gpus = cfg, gpus
-        self.measure = Measure(steps=cfg.steps, warmup=cfg.warmup, profile_steps=cfg.profile_steps,
-                               precision=cfg.effective_precision(), seed=cfg.seed, repeats=cfg.repeats,
-                               warmup_max=cfg.warmup_max or 0, settle=cfg.settle, steps_max=cfg.steps_max or 0,
-                               target_ci=cfg.target_ci, time_cap_s=cfg.time_cap_s, profile_at=profile_when(cfg))
-        self.trainings = knobs.combinations(cfg.training or knobs.defaults(), cfg.lr)
-        self.one_proc_backend = backends.for_one_process(cfg.device, cfg.backends)
-        self.only = cfg.backend_strategies or {}
+        m = cfg.measurement
+        self.measure = Measure(steps=m.steps, warmup=m.warmup, profile_steps=cfg.profiling.profile_steps,
+                               precision=cfg.effective_precision(), seed=cfg.matrix.seed, repeats=m.repeats,
+                               warmup_max=m.warmup_max or 0, settle=m.settle, steps_max=m.steps_max or 0,
+                               target_ci=m.target_ci, time_cap_s=m.time_cap_s, profile_at=profile_when(cfg))
+        self.trainings = knobs.combinations(cfg.training.knobs or knobs.defaults(), cfg.training.lr)
+        self.one_proc_backend = backends.for_one_process(cfg.matrix.device, cfg.matrix.backends)
+        self.only = cfg.matrix.backend_strategies or {}
         self.cells: list[Planned] = []
         self.seen: set[tuple] = set()
         self.memory: int | None = None
@@ -193,26 +195,26 @@ class _Planner:
         reason = None
         mine = {o.name for o in strat.options}
         try:
-            options = strat.resolve_options(n, {k: v for k, v in cfg.options.items() if k in mine})
+            options = strat.resolve_options(n, {k: v for k, v in cfg.matrix.options.items() if k in mine})
         except ValueError as e:
             options, reason = {}, str(e)
         cell = CellSpec(cell_id=len(self.cells), workload=facts, strategy=strat.name, strategy_spec=sp,
-                        backend=backend, device=cfg.device, n_devices=n, n_procs=strat.procs(n),
-                        devices=plan_devices(cfg.device, n, nodes), options=options, labels={},
-                        role=strat.role, measure=self.measure, scaling=cfg.scaling, nnodes=nodes,
+                        backend=backend, device=cfg.matrix.device, n_devices=n, n_procs=strat.procs(n),
+                        devices=plan_devices(cfg.matrix.device, n, nodes), options=options, labels={},
+                        role=strat.role, measure=self.measure, scaling=cfg.matrix.scaling, nnodes=nodes,
                         training=training)
         reason = reason or strat.check(cell, gpus=self.gpus) or strat.knob_reason(cell)
         if reason is None and strat.procs(n) == 1 and backend != self.one_proc_backend \
                 and self.one_proc_backend in here:
             reason = (f"{ONE_RANK_SKIP}: its {backend} cell would repeat the "
                       f"{self.one_proc_backend} one, which is measured")
-        if reason is None and cfg.device == "cpu" and n // nodes > cpu_threads() * 4:
+        if reason is None and cfg.matrix.device == "cpu" and n // nodes > cpu_threads() * 4:
             reason = f"{n // nodes} ranks per node > 4 x {cpu_threads()} CPU threads"
         # Every node plans the same matrix (bench.multinode.plan_digest): a run over
         # several nodes, whose memories may differ, skips nothing for memory.
-        if reason is None and cfg.nnodes == 1:
+        if reason is None and cfg.nodes.nnodes == 1:
             if self.memory is None and facts.train_bytes:
-                self.memory = device_memory(cfg.device) or 0
+                self.memory = device_memory(cfg.matrix.device) or 0
             reason = memory_reason(cell, strat.min_share(cell), self.memory, strat.state_share(cell))
         cell = dataclasses.replace(cell, precision_policy=strat.precision_policy(cell))
         if reason is None:
@@ -220,7 +222,8 @@ class _Planner:
         elif policy_reference:
             return  # a one-device cell of the policy that cannot run measures nothing to read against
         self.cells.append(Planned(spec=cell, reason=reason))
-        if reason is None and n > 1 and cfg.scaling == "strong" and cell.precision_policy != self.reference_policy:
+        if (reason is None and n > 1 and cfg.matrix.scaling == "strong"
+                and cell.precision_policy != self.reference_policy):
             # its speed-up is read against one device under its own precision policy (bench.results.derived)
             self.add(sp, strat, facts, backend, 1, here, training, policy_reference=True)
 

@@ -104,6 +104,22 @@ def check_table(path: Path, files: list[Path], footers: Callable[[], list[tuple[
                         f"{MAX_DECODED_BYTES // 2**30} GiB a parbench reader accepts; is it a run folder?")
 
 
+def check_times(df: pd.DataFrame, columns: list[str], source: str) -> None:
+    """Step times are finite and not negative: a row that says otherwise was not written by
+    parbench as it stands (an edited or foreign table), and would be ranked fastest. One line naming
+    the column, the cell and the value."""
+    for col in columns:
+        if col not in df:
+            continue
+        v = pd.to_numeric(df[col], errors="coerce").astype("float64")
+        bad = v.notna() & ((v < 0) | ~np.isfinite(v.fillna(0.0)))
+        if bad.any():
+            i = bad.idxmax()
+            cell = df["cell_id"].get(i) if "cell_id" in df else i
+            raise UserError(f"{source}: {col} of cell {cell} is {float(v[i])!r}, not a time (finite and >= 0); "
+                            "restore the run folder or move the damaged part aside")
+
+
 def safe_name(text: str, limit: int = 80) -> str:
     """A file name made from a string of a run (a workload, a cell, a run id): its letters, digits
     and ``._=-`` (others become ``_``), no leading dot, and when longer than ``limit`` its first

@@ -39,8 +39,9 @@ from bench.core.errors import UserError
 from bench.core.metrics import CORE, Metric, stored
 from bench.measure.fingerprint import fingerprint
 from bench.measure.hardware import gpu_count, gpu_names
-from bench.results.bounds import check_meta_fields, check_table, read_json, typed
+from bench.results.bounds import check_meta_fields, check_table, check_times, read_json, typed
 from bench.results.derived import derive, with_knobs
+from bench.results.lock import RunLock, argv_command
 
 STEP_COLUMNS: dict[str, str] = {
     "run_id": "string", "cell_id": "Int64", "repeat": "Int64", "rank": "Int64", "step": "Int64", "phase": "string",
@@ -109,6 +110,7 @@ class RunWriter:
                 raise
             raise UserError(f"cannot create the run folder {self.dir} ({os_reason(e)}); free space or pass "
                             "a writable --out") from None
+        self.lock = RunLock(self.dir, argv_command())  # one writer per run folder, until close()
         self.run_id = self.dir.name
         # ``tables``: further tables of this run (e.g. serving's requests), name -> column dtypes
         self.schemas = {"cells": cell_schema or CELL_COLUMNS, "steps": STEP_COLUMNS, "comm": COMM_COLUMNS,
@@ -147,6 +149,10 @@ class RunWriter:
             if isinstance(e, OSError):
                 raise write_error(folder / name, e, self.dir) from None
             raise
+
+    def close(self) -> None:
+        """The run folder's lock released: another command may write it (a resume)."""
+        self.lock.release()
 
     def compact(self) -> None:
         """Merge each table's parts into one (at the end of a run: reading 1,000 parts costs
@@ -344,7 +350,9 @@ def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, di
 
     cells = frame(cells, {m.name: m.dtype for m in all_metrics() if m.name in cells or m.name == "role"},
                   source=str(d / "cells.parquet"))
+    check_times(cells, [c for c in cells.columns if c.startswith("step_time_")], str(d / "cells.parquet"))
     steps = read_table(d, "steps", STEP_COLUMNS)
+    check_times(steps, ["step_time_s"], str(d / "steps.parquet"))
     meta = load_meta(d)
     newer = meta.get("schema_version")
     if isinstance(newer, int) and newer > SCHEMA_VERSION:

@@ -134,8 +134,8 @@ class ServeConfig:
         if not (self.slo_ms >= 0 and math.isfinite(self.slo_ms)):
             raise UserError(f"--slo-ms {self.slo_ms:g} must be a positive p99 target in ms (0 or left out: no sweep), "
                             "e.g. --slo-ms 100")
-        if not 0 <= self.sample_hz <= 1000:
-            raise UserError(f"--sample-hz {self.sample_hz:g} must be between 0 (off) and 1000, e.g. --sample-hz 10")
+        if not (self.sample_hz == 0 or 0.01 <= self.sample_hz <= 1000):
+            raise UserError(f"--sample-hz {self.sample_hz:g} must be 0 (off) or from 0.01 to 1000, e.g. --sample-hz 10")
         for proc, s in self.slow.items():
             if not (0 <= proc < max(self.world_sizes, default=1) and 0 <= s < math.inf):
                 raise UserError(f"--slow {proc}={s * 1e3:g}: PROCESS must be 0..{max(self.world_sizes, default=1) - 1} "

@@ -20,6 +20,9 @@ import numpy as np
 
 from bench.core.errors import UserError
 
+#: gamma arrivals: the coefficients of variation whose shape 1/cv^2 numpy draws from
+CV_MIN, CV_MAX = 0.01, 100.0
+
 ARRIVALS = ("poisson", "gamma")
 SIZES = ("fixed", "uniform", "pareto", "lognormal")
 
@@ -60,6 +63,8 @@ class Tenant:
         for key in ("cv", "alpha", "sigma"):  # numpy refuses a shape <= 0; inf or nan draws no finite gap
             if not 0 < getattr(self, key) < math.inf:
                 raise UserError(f"tenant {self.name}: {key} {getattr(self, key)} must be a finite number > 0")
+        if self.arrival == "gamma" and not CV_MIN <= self.cv <= CV_MAX:  # the shape 1/cv^2 overflows past these
+            raise UserError(f"tenant {self.name}: cv {self.cv:g} must be from {CV_MIN:g} to {CV_MAX:g} (1 is Poisson)")
 
 
 def gaps(rng: np.random.Generator, t: Tenant, n: int) -> np.ndarray:

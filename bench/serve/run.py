@@ -214,6 +214,8 @@ class ServeRun:
             if status == "complete":
                 raise
             log.info("meta.json not updated: %s", e)
+        finally:
+            self.writer.close()
 
     def devices(self, world: int) -> list[str]:
         return [f"cuda:{i}" for i in range(world)] if self.cfg.device == "cuda" else [f"cpu:{i}" for i in range(world)]

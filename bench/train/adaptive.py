@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.core.config import RunConfig
+from bench.core.settings import RunConfig
 from bench.core.text import counted
 from bench.decide.recommend import Pick, recommend
 from bench.decide.rules import MAX_REPEATS
@@ -144,7 +144,7 @@ def decide(cfg: RunConfig, kept: dict[int, Pending], writer: RunWriter, work: Pa
         if not wanted:
             break
         left = deadline - time.time()
-        start_s = launch_cost(starts, cfg.device)
+        start_s = launch_cost(starts, cfg.matrix.device)
         caps = [p.spec.measure.time_cap_s for p in kept.values() if p.spec.measure.time_cap_s]
         cap = round_cap(wanted, left, start_s, max(caps) if caps else None)
         chosen = fit(wanted, kept, left, start_s, cap)

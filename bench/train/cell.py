@@ -15,6 +15,7 @@ import strategies
 from bench.core.spec import CellSpec, RankMeasurement
 from bench.multinode.netinfo import device_names
 from bench.workloads import Workload, resolve
+from bench.workloads.base import batch_problem
 from strategies.base import Context
 from strategies.training import compiled_loss, reset_counts
 
@@ -67,7 +68,13 @@ def build(cell: CellSpec, local_rank: int, out: RankMeasurement):
         before = [torch.cuda.memory_allocated(d) for d in devices]
     # Every strategy gets the same global batches, staged on the device before timing starts.
     most = max(m.warmup, m.warmup_max) + max(m.steps, m.steps_max)
-    batches = [ctx.to_device(wl.batch(s)) for s in range(min(most, BATCH_POOL))]
+    batches = []
+    for s in range(min(most, BATCH_POOL)):
+        b = wl.batch(s)
+        problem = batch_problem(wl, b, s)
+        if problem:
+            raise ValueError(f"workload {cell.workload.name}: {problem}")
+        batches.append(ctx.to_device(b))
     if cell.training.compile == "on":
         # Each compiled cell starts from an empty dynamo cache: the blocks of the cells before it
         # share its code objects, and past dynamo's recompile limit a frame silently runs eager.

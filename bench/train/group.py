@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import strategies
 from bench.core import spec
-from bench.core.config import RunConfig
+from bench.core.settings import RunConfig
 from bench.core.spec import CellSpec, GroupPlan
 from bench.plan.matrix import Group
 from bench.results.rows import build_row, failure_row, telemetry_means
@@ -92,7 +92,7 @@ class GroupRun:
         self.clean = True  # no launch of the group was killed (a timeout, a desynchronised error, a lost node)
         self.multi = g.nnodes > 1 and coord is not None
         self.launch_notes: list[str] = []
-        self.grace_s = min(ERROR_GRACE_S, cfg.cell_timeout_s / 2)
+        self.grace_s = min(ERROR_GRACE_S, cfg.measurement.cell_timeout_s / 2)
 
     def run(self) -> bool:
         """Launch until every cell has a row. False when a launch of the group had to be killed
@@ -163,8 +163,8 @@ class GroupRun:
         self.prefix = str(self.work / f"g{self.gid}-a{self.attempt}")
         # The process group's timeout also bounds its rendezvous, inside the start-up: a rank that
         # imports slowly on a loaded machine must not fail the others' rendezvous.
-        gplan = GroupPlan(backend=g.backend, device=cfg.device, n_procs=g.n_procs, events_prefix=self.prefix,
-                          pg_timeout_s=max(cfg.cell_timeout_s, cfg.startup_timeout_s),
+        gplan = GroupPlan(backend=g.backend, device=cfg.matrix.device, n_procs=g.n_procs, events_prefix=self.prefix,
+                          pg_timeout_s=max(cfg.measurement.cell_timeout_s, cfg.measurement.startup_timeout_s),
                           trace_dir=str(self.trace_dir) if self.trace_dir else None,
                           cells=tuple(p.spec if p.awaits_pass or not p.written else unprofiled(p.spec)
                                       for p in self.pending.values()),
@@ -183,8 +183,8 @@ class GroupRun:
         if self.multi:
             rdzv_id = f"{self.writer.run_id}-g{self.gid}-a{self.attempt}"
             self.seq = self.coord.launch(gplan, rdzv_id=rdzv_id, nproc_per_node=nproc)
-            rendezvous = dict(nnodes=g.nnodes, endpoint=cfg.rdzv_endpoint, rdzv_id=rdzv_id,
-                              rdzv_timeout_s=cfg.rdzv_timeout_s, local_addr=self.coord.me["local_addr"])
+            rendezvous = dict(nnodes=g.nnodes, endpoint=cfg.nodes.rdzv_endpoint, rdzv_id=rdzv_id,
+                              rdzv_timeout_s=cfg.nodes.rdzv_timeout_s, local_addr=self.coord.me["local_addr"])
         self.launched = time.time()
         self.marks: dict[str, float | None] = {"first_cell": None, "last_cell": None, "exited": None}
         try:
@@ -202,7 +202,7 @@ class GroupRun:
         self.in_pass = False  # the worker reached the profile pass (every timed repeat of the launch is in)
         # The start-up's own limit, until the first cell starts (then each cell's); on several nodes
         # the rendezvous may also wait for the other nodes' agents to start.
-        self.startup_s = cfg.startup_timeout_s + (cfg.rdzv_timeout_s if self.multi else 0)
+        self.startup_s = cfg.measurement.startup_timeout_s + (cfg.nodes.rdzv_timeout_s if self.multi else 0)
         self.deadline = time.monotonic() + self.startup_s
         self.lost: dict[int, str] = {}
         self.last_remote = 0.0
@@ -275,7 +275,7 @@ class GroupRun:
 
     def _rearm(self) -> None:
         """The cell timeout counts from now."""
-        self.deadline = time.monotonic() + self.cfg.cell_timeout_s
+        self.deadline = time.monotonic() + self.cfg.measurement.cell_timeout_s
 
     def _on_start(self, p: Pending) -> None:
         self.marks["first_cell"] = self.marks["first_cell"] or time.time()
@@ -439,7 +439,7 @@ class GroupRun:
     def _timeout_reason(self, then: str = "; group relaunched") -> str:
         """Which limit ran out: the cell's, or the start-up's (no cell of the launch had started)."""
         if self.started_any or self.in_pass:
-            return f"no result within cell_timeout_s={self.cfg.cell_timeout_s:g}s{then}"
+            return f"no result within cell_timeout_s={self.cfg.measurement.cell_timeout_s:g}s{then}"
         return (f"start-up timeout: the process group did not start within startup_timeout_s={self.startup_s:g}s "
                 "(torchrun, the ranks' imports, rendezvous and warm-up; raise --startup-timeout on a loaded machine)")
 

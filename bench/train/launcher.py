@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.core.config import RunConfig
 from bench.core.errors import UserError
+from bench.core.settings import RunConfig
 from bench.core.values import parse_duration
 from bench.measure.telemetry import start_samplers
 from bench.multinode import plan_digest
@@ -54,22 +54,22 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
     """Run the whole matrix (or, with ``resume``, the cells that run folder has no row for, appended
     to it); returns the run folder. Rows land on disk as cells finish.
 
-    With ``cfg.nnodes > 1`` node 0 does this, hosting the rendezvous and waiting for the other
+    With ``cfg.nodes.nnodes > 1`` node 0 does this, hosting the rendezvous and waiting for the other
     nodes to join with the same plan first; another node follows node 0 instead
     (:func:`bench.multinode.follow.follow`) and returns its own work folder (the tables are on
     node 0)."""
     signals.clear_stop()  # a signal noted by an earlier run in this process is not this run's
     invoked = time.time()  # this invocation's start (a resumed run keeps the first one's created_utc)
     cells, wls, metrics = plan(cfg, gpus)
-    budget_s = parse_duration(cfg.budget) if cfg.budget else None
+    budget_s = parse_duration(cfg.budget.duration) if cfg.budget.duration else None
     plan_text = ""
     if budget_s is not None:
         cells, plan_text = budget_plan(cfg, cells, budget_s, reserve=RESERVE if adaptive(cfg) else 0.0)
     coord = None
-    if cfg.nnodes > 1:
+    if cfg.nodes.nnodes > 1:
         if resume is not None:
             raise UserError("--resume of a run on several nodes is not supported; run it again")
-        if cfg.node_rank > 0:
+        if cfg.nodes.node_rank > 0:
             return _follow_node0(cfg, cells, on_progress)
         coord = _coordinate(cfg, cells)
     try:
@@ -85,6 +85,8 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
     except KeyboardInterrupt as e:
         e.run_dir = run_dir  # type: ignore[attr-defined]  # the command's message names the folder to resume
         raise
+    finally:
+        writer.close()
     return run_dir
 
 
@@ -97,7 +99,7 @@ def _record(cfg: RunConfig, cells: list[Planned], writer: RunWriter, work: Path,
     if coord is not None:
         coord.accept(run_dir)
     become_subreaper()
-    trace_dir = run_dir / "traces" if cfg.trace else None
+    trace_dir = run_dir / "traces" if cfg.profiling.trace else None
     if trace_dir:
         try:
             trace_dir.mkdir(exist_ok=True)
@@ -105,7 +107,7 @@ def _record(cfg: RunConfig, cells: list[Planned], writer: RunWriter, work: Path,
             raise write_error(trace_dir, e, run_dir) from None
     write_meta(run_dir, cfg.to_dict(), workloads=described, plan=plan_text, status="running", **extra)
 
-    sampler, notes = start_samplers(cfg.sample_hz, gpu=cfg.device == "cuda")
+    sampler, notes = start_samplers(cfg.profiling.sample_hz, gpu=cfg.matrix.device == "cuda")
     telemetry = Telemetry(sampler, writer, remote=coord.samples if coord is not None else None)
     survivors: list[str] = []
     status = "failed"  # what meta.json says if something unforeseen stops the run
@@ -136,20 +138,21 @@ def _record(cfg: RunConfig, cells: list[Planned], writer: RunWriter, work: Path,
 def adaptive(cfg: RunConfig) -> bool:
     """Whether the run measures open decisions again: under a budget, on one node, unless turned off
     or the repeats were given (the user chose how many)."""
-    return bool(cfg.adaptive and cfg.budget and cfg.nnodes == 1 and "repeats" not in (cfg.pinned or ()))
+    b = cfg.budget
+    return bool(b.adaptive and b.duration and cfg.nodes.nnodes == 1 and "repeats" not in b.pinned)
 
 
 def _follow_node0(cfg: RunConfig, cells: list[Planned], on_progress: ProgressFn | None) -> Path:
     """A node other than node 0 follows node 0's launches; its work folder."""
 
-    check_out(cfg.out)
+    check_out(cfg.output.out)
     return follow(cfg, plan_digest(cells), len(cells), on_progress=on_progress, module=WORKER)
 
 
 def _coordinate(cfg: RunConfig, cells: list[Planned]):
     """Node 0: host the rendezvous and wait until every node joined with the same plan."""
 
-    check_out(cfg.out)
+    check_out(cfg.output.out)
     coord = Coordinator(cfg, plan_digest(cells), len(cells))
     coord.wait_joined()
     return coord
@@ -182,8 +185,8 @@ def _run_groups(cfg: RunConfig, cells: list[Planned], writer: RunWriter, work: P
     deadline = time.time() + budget_s if budget_s else None
     # the screening pass paces itself to leave the adaptive rounds their share
     screen_end = deadline - RESERVE * budget_s if deadline is not None and adaptive(cfg) else deadline
-    pacer = (Pacer(cfg, groups) if budget_s and cfg.nnodes == 1
-             and "time_cap_s" not in (getattr(cfg, "pinned", ()) or ()) else None)
+    pacer = (Pacer(cfg, groups) if budget_s and cfg.nodes.nnodes == 1
+             and "time_cap_s" not in cfg.budget.pinned else None)
     kept: dict[int, Pending] = {}
     for gid, g in enumerate(groups):
         if pacer is not None:

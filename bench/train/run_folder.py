@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.core.config import RunConfig
 from bench.core.errors import UserError
 from bench.core.metrics import Metric
+from bench.core.settings import RunConfig
 from bench.results.folder import check_out, finished_cells, set_aside_orphans
 from bench.results.store import RunWriter, cell_columns, new_run_id, os_reason, write_meta
 
@@ -26,15 +26,15 @@ def open_run(cfg: RunConfig, metrics: list[Metric], resume: Path | None) -> tupl
     """(run folder, writer, work folder, cell_ids already done): a new run, or the folder of a run
     to resume (appended to; its earlier work files kept)."""
     if resume is None:
-        check_out(cfg.out)
-        run_dir = Path(cfg.out) / new_run_id()
+        check_out(cfg.output.out)
+        run_dir = Path(cfg.output.out) / new_run_id()
         writer = RunWriter(run_dir, cell_schema=cell_columns(metrics))
         work = run_dir / "work"
         _make(work, f"free space or pass a writable --out (the empty run folder {run_dir} can go)")
         return run_dir, writer, work, set()
     run_dir = Path(resume)
+    writer = RunWriter(run_dir, cell_schema=cell_columns(metrics), resume=True)  # locked before it is read
     done = finished_cells(run_dir)
-    writer = RunWriter(run_dir, cell_schema=cell_columns(metrics), resume=True)
     n = 1 + sum(1 for _ in (run_dir / "work").glob("resume*"))
     work = run_dir / "work" / f"resume{n}"
     _make(work, f"free space and run parbench run --resume {run_dir} again")
@@ -128,7 +128,7 @@ def finish_meta(run_dir: Path, cfg: RunConfig, sampler, notes: dict, telemetry: 
         log.debug("samples of the last cell not written: %s", e)
     described = more.pop("described")
     try:
-        write_meta(run_dir, cfg.to_dict(), workloads=described, telemetry=notes, sample_hz=cfg.sample_hz,
+        write_meta(run_dir, cfg.to_dict(), workloads=described, telemetry=notes, sample_hz=cfg.profiling.sample_hz,
                    sampler_ticks=sampler.ticks if sampler else 0, interrupted=more["status"].startswith("interr"),
                    **more)
     except (OSError, UserError) as e:

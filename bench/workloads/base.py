@@ -115,6 +115,19 @@ def build_on(device: torch.device, seed: int, ctor: Callable[[], nn.Module]) -> 
         return ctor()
 
 
+def batch_problem(wl: Workload, batch: object, step: int) -> str | None:
+    """Why ``batch`` (what ``wl.batch(step)`` returned) is not a global batch of ``wl``, or None:
+    it must be a tuple of tensors, each with ``wl.global_batch`` samples in its first dimension (a
+    smaller batch would pass as faster, its samples/s counted on samples never trained)."""
+    if not isinstance(batch, (tuple, list)) or not batch or not all(isinstance(t, Tensor) for t in batch):
+        return f"batch({step}) returned {type(batch).__name__}, not a tuple of tensors (inputs, targets)"
+    sizes = sorted({t.shape[0] if t.dim() else 0 for t in batch})
+    if sizes != [wl.global_batch]:
+        return (f"batch({step}) returned {' and '.join(map(str, sizes))} samples, but the workload's global batch is "
+                f"{wl.global_batch}: return global_batch samples in the first dimension of every tensor")
+    return None
+
+
 def shard(batch: Batch, rank: int, world: int) -> Batch:
     """This rank's contiguous share of a global batch (the batch must divide evenly)."""
     n = batch[0].shape[0]

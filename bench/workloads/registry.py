@@ -12,7 +12,7 @@ from collections.abc import Callable
 from bench.core.errors import UserError
 from bench.core.spec import WorkloadFacts
 from bench.workloads import convnet, gpt, hf, mlp
-from bench.workloads.base import Workload, display_name
+from bench.workloads.base import Workload, batch_problem, display_name
 
 
 def _registry() -> dict[str, Callable[..., Workload]]:
@@ -120,7 +120,16 @@ def planned(spec: str, dims: dict[str, int], *, seed: int, global_batch: int | N
         try:
             wl = _resolve_user(spec, kw, dims, lambda what: doing.__setitem__(0, what))
             doing[0] = "building its model on the meta device"
-            got["facts"] = (wl, wl.facts(spec, dims))
+            facts = wl.facts(spec, dims)
+            doing[0] = "its batch(0)"
+            try:
+                first = wl.batch(0)
+            except Exception as e:  # noqa: BLE001 - the user's loader: named, in one line
+                raise UserError(f"workload {spec!r}: its batch(0) raised {type(e).__name__}: {e}") from None
+            problem = batch_problem(wl, first, 0)
+            if problem:
+                raise UserError(f"workload {spec!r}: {problem}")
+            got["facts"] = (wl, facts)
         except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
             got["error"] = e
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import tests.helpers  # noqa: F401 - imported once here: a factory's own time is what its case measures
+from bench.results.lock import LOCK_NAME
 from tests.faults.harness import Case, check, mounted_tmpfs, params
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -36,7 +37,8 @@ def _rows_whole(tmp: Path, out: str = "out", *, every_cell_ok: bool = True) -> l
     runs = _runs(tmp, out)
     if len(runs) != 1:
         return [f"{len(runs)} run folders under {tmp / out}"]
-    lost = [f"scratch {p.name}" for p in runs[0].glob(".*")] + [f"temporary {p}" for p in runs[0].rglob("*.tmp")]
+    lost = [f"scratch {p.name}" for p in runs[0].glob(".*") if p.name != LOCK_NAME]
+    lost += [f"temporary {p}" for p in runs[0].rglob("*.tmp")]
     if not (runs[0] / "cells.parquet").exists():
         return lost
     try:

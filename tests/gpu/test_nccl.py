@@ -105,7 +105,7 @@ def test_profile_pass_on_cuda_fills_the_breakdown_after_every_timed_step(tmp_pat
     for row in multi.itertuples():
         trace = json.loads((path / "traces" / f"cell{row.cell_id}-rank0-gpu.json").read_text())
         gpu = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") in GPU_CATS]
-        n = cfg.profile_steps
+        n = cfg.profiling.profile_steps
         assert sum(MARKER in e["name"] for e in gpu) >= 2 * n, row.strategy
         windows, _ = step_windows(gpu, n)
         bd, _ = analyze_trace(trace, "cuda", n)

@@ -46,6 +46,8 @@ def setup(tmp: Path, what: str) -> None:
     """Files a case needs, in ``tmp``."""
     if what == "file":
         (tmp / "afile").write_text("x")
+    elif what == "bin-toml":
+        (tmp / "c.toml").write_bytes(b"\xff\xfesteps = 1\n")
     elif what.startswith("toml:"):
         (tmp / "c.toml").write_text(what[5:].replace(";", "\n"))
     elif what == "history":  # a history store holding one run
@@ -70,6 +72,10 @@ def setup(tmp: Path, what: str) -> None:
         elif kind == "no-status":
             RunWriter(d, resume=True).append("cells", [{"cell_id": 7, "workload": "mlp", "strategy": "fsdp",
                                                         "backend": "gloo", "world_size": 2}])
+        elif kind == "negative-median":
+            RunWriter(d, resume=True).append("cells", [{"cell_id": 8, "workload": "mlp", "strategy": "ddp",
+                                                        "backend": "gloo", "world_size": 2, "status": "ok",
+                                                        "step_time_median_s": -1.0}])
         elif kind == "no-meta":
             (d / "meta.json").unlink()
 
@@ -114,7 +120,7 @@ CASES = [
     ("precision-unknown", None, [RUN, "--precision", "fp16"], "precision 'fp16' unknown"),
     ("bf16-on-cpu", None, [RUN, "--precision", "bf16", "--device", "cpu"], "use --precision fp32 on cpu"),
     ("scaling-unknown", None, [RUN, "--scaling", "diagonal"], "scaling 'diagonal' unknown"),
-    ("sample-hz-high", None, [RUN, "--sample-hz", "5000"], "must be between 0 (off) and 1000"),
+    ("sample-hz-high", None, [RUN, "--sample-hz", "5000"], "must be 0 (off) or from 0.01 to 1000"),
     ("cell-timeout-0", None, [RUN, "--cell-timeout", "0"], "--cell-timeout 0: use seconds > 0"),
     ("budget-word", None, [RUN, "--budget", "soon"], "budget 'soon' is not a duration"),
     ("budget-0", None, [RUN, "--budget", "0"], "budget '0' must be longer than 0 s"),
@@ -160,6 +166,8 @@ CASES = [
     ("workload-no-callable", None, [RUN, "--workloads", "tests.helpers:nothing"], "has no callable 'nothing'"),
     ("workload-batch-0", None, [RUN, "--workloads", "tests.helpers:global_batch_zero"],
      "its factory built global_batch=0; it must be an integer >= 1"),
+    ("workload-batch-short", None, [RUN, "--workloads", "tests.helpers:short_batch"],
+     "workload 'tests.helpers:short_batch': batch(0) returned 6 samples, but the workload's global batch is 16"),
     ("strategy-unknown", None, [RUN, "--strategies", "zero3"], "unknown strategy 'zero3'"),
     # not finite: refused up front (otherwise every cell fails inside its ranks and the run exits 0)
     ("time-cap-nan", None, [RUN, "--time-cap", "nan"], "--time-cap nan must be a finite number"),
@@ -181,9 +189,21 @@ CASES = [
      "-o '{tmp}/out.html' is an existing file"),
     ("compare-truncated", "run:truncated-cells", ["compare", "{tmp}/run", "{tmp}/run"], "cannot be read"),
     ("compare-meta-list", "run:meta-list", ["compare", "{tmp}/run", "{tmp}/run"], "holds a JSON list"),
+    ("report-negative-median", "run:negative-median", ["report", "{tmp}/run"],
+     "cells.parquet: step_time_median_s of cell 8 is -1.0, not a time (finite and >= 0)"),
     ("compare-no-status", "run:no-status", ["compare", "{tmp}/run", "{tmp}/run"], "cell(s) 7 have no status"),
     ("report-no-status", "run:no-status", ["report", "{tmp}/run"], "cell(s) 7 have no status"),
     ("compare-missing", None, ["compare", "/a", "/b"], "not a parbench run folder"),
+    # outputs never land on a run's own files, nor two outputs on one file
+    ("export-over-meta", "run", ["export", "{tmp}/run", "--format", "pytest-benchmark", "-o", "{tmp}/run/meta.json"],
+     "-o '{tmp}/run/meta.json' is inside the run folder {tmp}/run, whose files only the run writes"),
+    ("export-into-run", "run", ["export", "{tmp}/run", "--format", "pytest-benchmark", "-o", "{tmp}/run/b.json"],
+     "or under {tmp}/run/report"),
+    ("compare-json-over-markdown", "run", ["compare", "{tmp}/run", "{tmp}/run", "--json", "{tmp}/o.txt",
+                                           "--markdown", "{tmp}/o.txt"], "both name '{tmp}/o.txt'"),
+    ("compare-json-into-run", "run", ["compare", "{tmp}/run", "{tmp}/run", "--json", "{tmp}/run/c.json"],
+     "--json '{tmp}/run/c.json' is inside the run folder"),
+    ("report-into-run-itself", "run", ["report", "{tmp}/run", "-o", "{tmp}/run"], "is inside the run folder"),
     # output files that cannot be written: refused before the work, not a traceback after it
     ("report-out-unwritable", "run", ["report", "{tmp}/run", "-o", "/proc/parbench-report"],
      "report output '/proc/parbench-report' cannot be written"),
@@ -206,7 +226,18 @@ CASES = [
     ("steps-huge", None, [RUN, "--steps", "99999999999999999999"], "steps=99999999999999999999 is more than 1,000,000"),
     ("repeats-huge", None, [RUN, "--repeats", "5000000"], "repeats=5000000 is more than 1,000,000"),
     ("steps-max-huge", None, [RUN, "--steps-max", "2000000"], "steps_max=2000000 is more than 1,000,000"),
-    ("seed-huge", None, [RUN, "--seed", "99999999999999999999"], "seed=99999999999999999999 does not fit 64 bits"),
+    ("seed-huge", None, [RUN, "--seed", "99999999999999999999"], "seed=99999999999999999999 must be from 0 to 2**40"),
+    # the per-step data seed (seed * 1_000_003 + step) would overflow 64 bits inside every rank
+    ("seed-past-2-40", None, [RUN, "--seed", "4611686018427387904"], "(each step's data seed is derived from it"),
+    ("world-size-huge", None, [RUN, "--world-sizes", "99999999999999999999"], "is more than 65,536 (a typo?)"),
+    ("workload-dim-huge", None, [RUN, "--workloads", "mlp[width=99999999999]"],
+     "width=99999999999 is more than 2,147,483,647 (a typo?)"),
+    ("toml-not-utf8", "bin-toml", [RUN, "--config", "{tmp}/c.toml"], "is not UTF-8 text (byte 0); save it as UTF-8"),
+    ("toml-nested-2000", "toml:a = " + "[" * 2000 + "]" * 2000, [RUN, "--config", "{tmp}/c.toml"],
+     "nests its tables or arrays too deep"),
+    ("sample-hz-1e-300", None, [RUN, "--sample-hz", "1e-300"], "must be 0 (off) or from 0.01 to 1000"),
+    ("option-nan", None, [RUN, "--option", "bucket_mb=nan"], "option 'bucket_mb=nan': nan is not a finite number"),
+    ("lr-1e300", None, [RUN, "--lr", "1e300"], "lr=1e+300 must be > 0 and at most 100"),
     ("compare-threshold-word", None, ["compare", "/a", "/b", "--threshold", "x"], "threshold 'x'"),
     # a cap below its count would silently be a fixed count; an empty --out would write into the
     # current folder; a numeric endpoint that is no address would wait out the store's 60 s connect timeout
@@ -390,7 +421,7 @@ def test_a_long_budget_is_a_budget():
 
     assert parse_duration("99999h") == 99999 * 3600
     cfg = build_config(toml=None, flags={"workloads": "mlp", "budget": "99999h", "device": "cpu"}, gpus=0)
-    assert parse_duration(cfg.budget) == 99999 * 3600
+    assert parse_duration(cfg.budget.duration) == 99999 * 3600
     assert parse_duration("1e-07s") == 1e-07  # a tiny budget is a budget; the plan says it is too small
 
 
@@ -415,8 +446,34 @@ def test_argparse_errors_are_one_line_with_the_fix(capsys):
             main(argv)
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"{prog}: error: unrecognized arguments: --bogus") and err.endswith(f"see {prog} -h")
-    with pytest.raises(SystemExit) as e:  # a choice that is not one: named, with the choices
-        main(["run", "--profile-at", "later"])
+    # a choice that is not one: named, with the choices, before anything runs
+    assert main(["run", "--profile-at", "later"]) == 2
     err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and "\n" not in err
-    assert "--profile-at: invalid choice: 'later' (choose from 'auto', 'end', 'inline')" in err
+    assert "\n" not in err and "profile_at 'later' unknown; use auto, end, inline" in err
+
+
+def test_a_run_folder_has_one_writer(tmp_path, capsys):
+    """Two `run --resume` of one folder at once both measured the missing cells and wrote both
+    sets of rows: the second writer is refused in one line that names the holder, before it reads
+    or writes anything; once the first ends, the folder can be resumed."""
+    import json
+
+    from bench.core.config import build_config
+    from bench.results.lock import RunLock
+
+    d = _run_folder(tmp_path)
+    meta = json.loads((d / "meta.json").read_text())
+    meta["config"] = build_config(toml=None, flags={"workloads": "mlp", "strategies": "single", "world_sizes": "1",
+                                                    "device": "cpu", "out": str(tmp_path)}, gpus=0).flat()
+    (d / "meta.json").write_text(json.dumps(meta))
+    held = RunLock(d, "parbench run --resume (a test)")
+    before = sorted(p.name for p in d.rglob("*"))
+    try:
+        code, err = in_process(["run", "--resume", str(d)], capsys)
+    finally:
+        held.release()
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"{d} is being written by parbench run --resume (a test) (pid {os.getpid()}" in err, err
+    assert sorted(p.name for p in d.rglob("*")) == before
+    again = RunLock(d, "after")  # released: the next writer gets it
+    again.release()

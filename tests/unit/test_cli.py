@@ -1,5 +1,7 @@
 """The CLI's contract with users: one-line errors with exit code 2, no traceback."""
 
+import os
+
 import pytest
 
 from bench.cli.main import main
@@ -79,7 +81,9 @@ def test_sigterm_then_resume_runs_only_the_missing_cells(tmp_path, monkeypatch, 
 
     second: list[int] = []
     _fake_groups(monkeypatch, second)
-    assert main(["run", "--resume", str(run_dir), "--no-progress"]) == 0
+    # every cell of the fake groups fails: the resumed run completes, and says that nothing was measured
+    assert main(["run", "--resume", str(run_dir), "--no-progress"]) == 1
+    assert "parbench run: no cell was measured" in capsys.readouterr().err
     assert second and not set(first) & set(second)  # only what the first run had not finished
     ids = read_table(run_dir, "cells")["cell_id"].tolist()
     assert len(ids) == len(set(ids)) and set(first) | set(second) <= set(ids)
@@ -321,8 +325,59 @@ def test_the_run_command_adds_the_model_sized_beyond_one_gpu_on_several_gpus_onl
     run.register(parser.add_subparsers(dest="cmd"))
     monkeypatch.setattr(memory, "beyond_one_device", lambda device="cuda": "gpt-20b[n_layer=24]")
     default = parser.parse_args(["run"])
-    assert run.run_config(default, 4).workloads == ["gpt-200m[global_batch=64]", "gpt-20b[n_layer=24]"]
-    assert run.run_config(default, 1).workloads == ["gpt-200m[global_batch=64]"]
-    assert run.run_config(parser.parse_args(["run", "--device", "cpu"]), 4).workloads == ["mlp", "gpt-tiny", "convnet"]
+    assert run.run_config(default, 4).matrix.workloads == ["gpt-200m[global_batch=64]", "gpt-20b[n_layer=24]"]
+    assert run.run_config(default, 1).matrix.workloads == ["gpt-200m[global_batch=64]"]
+    on_cpu = run.run_config(parser.parse_args(["run", "--device", "cpu"]), 4)
+    assert on_cpu.matrix.workloads == ["mlp", "gpt-tiny", "convnet"]
     mine = run.run_config(parser.parse_args(["run", "--global-batch", "32"]), 4)
-    assert (mine.workloads, mine.global_batch) == (["gpt-200m[global_batch=64]"], 32)
+    assert (mine.matrix.workloads, mine.matrix.global_batch) == (["gpt-200m[global_batch=64]"], 32)
+
+
+LIGHT_PROBE = """
+import contextlib, io, sys
+from bench.cli.main import main
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    try:
+        code = main(sys.argv[1:])
+    except SystemExit as e:
+        code = e.code
+print(code, *sorted(m for m in ("torch", "pandas", "scipy", "matplotlib", "pyarrow") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["compare", "--help"], ["run", "--bogus"],
+                                  ["run", "--device", "cpu", "--steps", "-1"],
+                                  ["run", "--device", "cpu", "--budget", "xx"],
+                                  ["comm", "--help"], ["serve", "--help"]], ids=" ".join)
+def test_help_and_bad_settings_import_no_torch_pandas_scipy_or_matplotlib(argv):
+    """They answer at once: each of those takes seconds to import on a loaded 2-core machine."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", LIGHT_PROBE, *argv], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    code, *heavy = out.stdout.split()
+    assert code in ("0", "2") and heavy == [], (argv, out.stdout, out.stderr[-500:])
+
+
+def test_a_run_where_no_cell_was_measured_exits_1_with_why(tmp_path, capsys):
+    from bench.cli.run import nothing_measured
+    from bench.results.store import RunWriter
+
+    row = {"workload": "mlp", "backend": "gloo", "world_size": 2}
+    failed = RunWriter(tmp_path / "failed")
+    failed.append("cells", [{**row, "cell_id": 0, "strategy": "ddp", "status": "failed", "reason": "boom"},
+                            {**row, "cell_id": 1, "strategy": "fsdp", "status": "timeout", "reason": ""},
+                            {**row, "cell_id": 2, "strategy": "tensor", "status": "skipped", "reason": "x"}])
+    failed.close()
+    assert nothing_measured(tmp_path / "failed") == 1
+    err = capsys.readouterr().err.strip()
+    assert err == ("parbench run: no cell was measured: 1 failed, 1 timeout; the first, mlp ddp x2: boom; exit 1")
+    ok = RunWriter(tmp_path / "ok")
+    ok.append("cells", [{**row, "cell_id": 0, "strategy": "ddp", "status": "failed", "reason": "boom"},
+                        {**row, "cell_id": 1, "strategy": "single", "status": "ok", "reason": ""}])
+    ok.close()
+    skipped = RunWriter(tmp_path / "skipped")  # nothing ran: the summary says why each was skipped
+    skipped.append("cells", [{**row, "cell_id": 0, "strategy": "ddp", "status": "skipped", "reason": "x"}])
+    skipped.close()
+    assert nothing_measured(tmp_path / "ok") == 0 and nothing_measured(tmp_path / "skipped") == 0

@@ -21,6 +21,7 @@ import pytest
 from bench.core.config import build_config
 from bench.core.errors import UserError
 from bench.core.spec import Start
+from bench.results.lock import LOCK_NAME
 from bench.results.store import RunWriter, read_table
 from tests.faults.harness import mounted_tmpfs
 
@@ -38,7 +39,7 @@ def _samples(n: int, seed: int) -> list[dict]:
 
 
 def _scratch(run: Path) -> list[str]:
-    return [p.name for p in run.glob(".*")] + [str(p) for p in run.rglob("*.tmp")]
+    return [p.name for p in run.glob(".*") if p.name != LOCK_NAME] + [str(p) for p in run.rglob("*.tmp")]
 
 
 def test_compaction_out_of_space_keeps_every_part_and_no_scratch(tmp_path, monkeypatch):
@@ -151,7 +152,7 @@ def test_the_error_says_what_the_workload_was_doing(tmp_path, monkeypatch, mod, 
 
 def test_the_workload_timeout_is_a_setting():
     cfg = build_config(toml={"workload_timeout_s": 30}, flags={"startup_timeout_s": 50}, gpus=0)
-    assert cfg.workload_timeout_s == 30.0 and cfg.startup_timeout_s == 50.0
+    assert cfg.measurement.workload_timeout_s == 30.0 and cfg.measurement.startup_timeout_s == 50.0
     with pytest.raises(UserError, match="--workload-timeout 0: use seconds > 0"):
         build_config(toml=None, flags={"workload_timeout_s": 0}, gpus=0)
 

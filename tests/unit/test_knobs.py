@@ -55,8 +55,8 @@ def test_flags_and_toml_reach_the_config():
     # a flag replaces its knob's TOML value, the other TOML knobs stay
     cfg2 = build_config(toml={"training": {"ac": ["full"], "compile": ["off"]}},
                         flags={"device": "cpu", "training": {"ac": ["full"], "compile": "on"}}, gpus=0)
-    assert cfg.training == {"optimizer": ["adamw"], "compile": ["on"], "ac": ["none"]}
-    assert cfg2.training == {"optimizer": ["adamw"], "compile": ["on"], "ac": ["full"]}
+    assert cfg.training.knobs == {"optimizer": ["adamw"], "compile": ["on"], "ac": ["none"]}
+    assert cfg2.training.knobs == {"optimizer": ["adamw"], "compile": ["on"], "ac": ["full"]}
 
 
 def test_every_combination_is_planned_with_its_own_reference():
@@ -203,11 +203,11 @@ def test_a_run_recorded_before_the_knobs_is_not_resumed_as_another_training(tmp_
 
     from bench.cli.run import resumed_config
 
-    old = {k: v for k, v in build_config(toml=None, flags={"device": "cpu"}, gpus=0).__dict__.items()
+    old = {k: v for k, v in build_config(toml=None, flags={"device": "cpu"}, gpus=0).flat().items()
            if k != "training"}
     old["lr"] = 0.01
     (tmp_path / "meta.json").write_text(json.dumps({"config": old}))
     with pytest.raises(UserError, match="without the training knobs.*--optimizer sgd"):
         resumed_config(str(tmp_path), 0)
     (tmp_path / "meta.json").write_text(json.dumps({"config": {**old, "training": {"optimizer": ["sgd"]}}}))
-    assert resumed_config(str(tmp_path), 0).training["optimizer"] == ["sgd"]
+    assert resumed_config(str(tmp_path), 0).training.knobs["optimizer"] == ["sgd"]

@@ -40,8 +40,8 @@ def test_parse_endpoint(text, host, port):
 
 def test_defaults_on_several_nodes_scale_per_node_and_stay_on_loopback():
     cfg = cfg_of(nnodes=2)
-    assert cfg.world_sizes == [1, 2, 4] and cfg.rdzv_endpoint == "127.0.0.1:29400"
-    assert cfg_of().rdzv_endpoint is None and cfg_of().nnodes == 1
+    assert cfg.matrix.world_sizes == [1, 2, 4] and cfg.nodes.rdzv_endpoint == "127.0.0.1:29400"
+    assert cfg_of().nodes.rdzv_endpoint is None and cfg_of().nodes.nnodes == 1
 
 
 def test_plan_on_two_nodes_one_process_cells_on_node_0_and_gpus_per_node():

@@ -99,8 +99,9 @@ def test_the_default_budget_stands_aside_when_the_user_fixes_the_measurement():
 
     cfg = build_config(toml=None, flags={"workloads": "mlp", "strategies": "ddp", "world_sizes": "1,2",
                                          "steps": 10, "warmup": 3, "steps_max": 10, "warmup_max": 3}, gpus=2)
-    assert cfg.budget is None and set(cfg.pinned) == {"steps", "warmup", "steps_max", "warmup_max"}
-    assert build_config(toml=None, flags={"workloads": "mlp"}, gpus=2).budget in ("10m", "600s")  # nothing pinned
+    assert cfg.budget.duration is None and set(cfg.budget.pinned) == {"steps", "warmup", "steps_max", "warmup_max"}
+    # nothing pinned
+    assert build_config(toml=None, flags={"workloads": "mlp"}, gpus=2).budget.duration in ("10m", "600s")
 
     # An explicit budget still plans, but keeps what the user set and says so.
     cfg = build_config(toml=None, flags={"workloads": "mlp", "strategies": "ddp", "world_sizes": "1,2",
@@ -318,7 +319,7 @@ def test_backend_strategies_limit_what_a_backend_runs():
     assert {"tensor", "pipeline-1f1b", "ddp"} <= {p.spec.strategy for p in cells if p.spec.backend == "nccl"}
     # the user's own strategies: every one on every backend
     mine = build_config(toml=None, flags={"strategies": "ddp,tensor"}, gpus=4)
-    assert mine.backend_strategies == {}
+    assert mine.matrix.backend_strategies == {}
     toml = build_config(toml={"backend_strategies": {"gloo": ["ddp"]}}, flags={"strategies": "ddp,tensor"}, gpus=4)
     assert {p.spec.strategy for p in plan(toml, 4)[0] if p.spec.backend == "gloo"} == {"ddp"}
     with pytest.raises(UserError, match="backend_strategies: unknown backend 'mpi'"):

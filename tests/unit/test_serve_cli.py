@@ -53,7 +53,7 @@ def test_bad_input_is_a_user_error(argv):
 def test_errors_of_the_one_tenant_the_flags_make_name_the_flags():
     for argv, flag in ((["--size-min", "9", "--size-max", "3"], "--size-min 9 and --size-max 3"),
                        (["--size-min", "0"], "--size-min 0 must be >= 1"),
-                       (["--arrival", "gamma", "--cv", "-1"], "--cv -1.0 must be a finite number > 0")):
+                       (["--arrival", "gamma", "--cv", "-1"], "--cv -1.0 must be from 0.01 to 100")):
         with pytest.raises(UserError, match="^" + flag) as e:
             config_from_args(_args(*argv), gpus=0)
         assert "tenant t0" not in str(e.value)
@@ -154,3 +154,16 @@ def test_a_serve_cell_prints_within_100_columns():
     assert max(map(len, lines)) <= 100, lines
     assert "957.2 req/s  p50   12.34 ms  p99   31.11 ms" in lines[0] and "n=700  parity 1.2e-06  (!)" in lines[1]
     assert lines[2].endswith(" failed") and lines[3] == "    RuntimeError: pool did not start"
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--arrival", "gamma", "--cv", "1e-300"], "--cv 1e-300 must be from 0.01 to 100"),
+    (["--sample-hz", "1e-300"], "--sample-hz 1e-300 must be 0 (off) or from 0.01 to 1000"),
+])
+def test_values_that_overflow_the_load_generator_or_stop_the_sampler_are_refused(tmp_path, capsys, flags, needle):
+    """A gamma shape of 1/cv^2 = 1e600 overflowed inside numpy; a period of 1e300 s killed the
+    sampler thread while the run went on."""
+    assert parbench(["serve", "--device", "cpu", "--workload", "mlp", "--out", str(tmp_path), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err, err
+    assert list(tmp_path.iterdir()) == []

@@ -68,7 +68,7 @@ def test_slurm_script_runs_one_launcher_per_node_with_the_first_node_as_endpoint
     assert "--kill-on-bad-exit=1" in (log / "srun.args").read_text()
     common = ["-m", "bench", "run", "--nnodes", "2", "--rdzv-endpoint", "node-a:29400", "--out", str(out),
               "--no-progress", "--workloads", "gpt-small", "--strategies", "ddp,fsdp-tp", "--world-sizes", "8",
-              "--steps", "10", "--option", "mesh=2x4"]
+              "--option", "mesh=2x4", "--steps", "10"]
     for rank in (0, 1):
         argv = (log / f"node-{rank}.args").read_text().splitlines()
         assert argv[argv.index("--node-rank") + 1] == str(rank), argv
