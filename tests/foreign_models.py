@@ -378,3 +378,31 @@ def encoder_stack_inert_plan(**dims: int) -> Workload:
     """:func:`encoder_stack` with a tensor-parallel plan that splits nothing (a control): tensor
     parallel cells then run a whole replica per rank and must not be reported ok."""
     return dataclasses.replace(encoder_stack(**dims), name="encoder-stack-inert-plan", tp_plan=split_nothing_plan)
+
+
+# --------------------------------------------------------------------------------------------
+# Small image classifiers with a normalisation layer, as a user writes one (docs/guides/own-model.md):
+# BatchNorm normalises over the batch a rank sees, so under data parallelism each rank's statistics
+# differ from one device's by design; GroupNorm normalises within each sample, so they do not.
+
+def _norm_cnn(name: str, norm, *, seed: int, global_batch: int) -> Workload:
+    def make() -> nn.Module:
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), norm(8), nn.ReLU(),
+                             nn.Conv2d(8, 8, 3, padding=1), norm(8), nn.ReLU(),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+
+    def batch(step: int) -> Batch:
+        g = seeded(seed, step)
+        return torch.randn(global_batch, 3, 8, 8, generator=g), torch.randint(0, 10, (global_batch,), generator=g)
+
+    return Workload(name=name, build=lambda device: build_on(device, seed, make), batch=batch,
+                    loss=F.cross_entropy, global_batch=global_batch, n_blocks=9,
+                    description=f"a CNN with {norm.__name__} (foreign model)")
+
+
+def batchnorm_cnn(*, seed: int = 0, global_batch: int = 16) -> Workload:
+    return _norm_cnn("batchnorm-cnn", nn.BatchNorm2d, seed=seed, global_batch=global_batch)
+
+
+def groupnorm_cnn(*, seed: int = 0, global_batch: int = 16) -> Workload:
+    return _norm_cnn("groupnorm-cnn", lambda c: nn.GroupNorm(2, c), seed=seed, global_batch=global_batch)

@@ -38,8 +38,6 @@ FALLBACK: dict[str, str] = {
     "mfu": "model FLOPs utilisation, for GPUs with a known peak",
     "peak_mem_bytes": "peak memory of the fullest rank",
     "loss_final": "global loss at the last timed step",
-    "parity_tol": "the tolerance parity_ok uses: by precision (fp32 1e-5, bf16 2e-2), 1e-3 in fp32 under Adam "
-                  "and AdamW",
     "parity_ok": "the global loss matched one device's within parity_tol",
     "params": "the model's parameter count",
     "flops_per_sample": "training FLOPs per sample, as the workload gives them",

@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bench.core import knobs
+from bench.results.derived import parity_failure
 
 #: the widest the summary gets, in columns
 WIDTH = 100
@@ -53,8 +54,7 @@ def needs_a_look(cells: pd.DataFrame) -> list[str]:
     ok = cells[cells["status"] == "ok"]
     if "parity_ok" in ok:
         for _, r in ok[ok["parity_ok"] == False].iterrows():  # noqa: E712 - NA is not failed
-            err = _fmt(r.get("parity_rel_err"), ".1e")
-            out.append(f"{_name(r, vary)}: parity with one device failed (rel err {err})")
+            out.append(f"{_name(r, vary)}: {parity_failure(r)}")
     if "stable" in ok:
         for _, r in ok[ok["stable"] == False].iterrows():  # noqa: E712
             out.append(f"{_name(r, vary)}: not stable: {r.get('noise') or ''}")

@@ -324,6 +324,10 @@ def _counts(cfg: SimpleNamespace) -> dict[str, Any]:
     workload_timeout_s = as_float("workload_timeout_s", cfg.workload_timeout_s, "--workload-timeout 120")
     sample_hz = as_float("sample_hz", cfg.sample_hz, "--sample-hz 20")
     lr = None if cfg.lr is None else as_float("lr", cfg.lr, "--lr 3e-4")
+    parity = None if cfg.parity_tol is None else as_float("parity_tol", cfg.parity_tol, "--parity-tol 1e-4")
+    if parity is not None and not 0 < parity < 1:
+        raise UserError(f"--parity-tol {cfg.parity_tol}: a relative tolerance is > 0 and < 1; "
+                        "e.g. --parity-tol 1e-4")
     if lr is not None and not 0 < lr <= LR_MAX:
         raise UserError(f"lr={cfg.lr} must be > 0 and at most {LR_MAX:g}; e.g. --lr 3e-4, or drop it for the "
                         "optimizer's default")
@@ -347,7 +351,8 @@ def _counts(cfg: SimpleNamespace) -> dict[str, Any]:
     if not 0 <= seed <= SEED_MAX:
         raise UserError(f"seed={seed} must be from 0 to 2**40 (each step's data seed is derived from it and must fit "
                         "64 bits); e.g. --seed 0")
-    return dict(steps=steps, warmup=warmup, seed=seed, lr=lr, sample_hz=sample_hz, profile_steps=profile_steps,
+    return dict(steps=steps, warmup=warmup, seed=seed, lr=lr, parity_tol=parity, sample_hz=sample_hz,
+                profile_steps=profile_steps,
                 cell_timeout_s=cell_timeout_s, startup_timeout_s=startup_timeout_s,
                 workload_timeout_s=workload_timeout_s, repeats=repeats,
                 warmup_max=warmup * 4 if cfg.warmup_max is None else as_int("warmup_max", cfg.warmup_max,

@@ -182,7 +182,17 @@ CORE: tuple[Metric, ...] = (
     Metric(name="parity_rel_err", dtype="float64", header="parity err", fmt=".1e", shown=R,
            doc="largest relative difference of the global loss from the reference's, over all steps; filled "
                "when the run is read, except for cells that check their own parity (an ensemble)"),
-    Metric(name="parity_tol", dtype="float64", derived=True),
+    Metric(name="parity_tol", dtype="float64", derived=True,
+           doc="the tolerance parity_ok uses: parity_tol_set when given, else by precision (fp32 1e-5, bf16 2e-2), "
+               "1e-3 in fp32 under Adam and AdamW"),
+    Metric(name="parity_step", dtype="Int64", derived=True,
+           doc="the step (counted from the first, warm-up included) of the largest loss difference from one device"),
+    Metric(name="parity_tol_set", dtype="float64", kind="fact",
+           doc="the parity tolerance given for the cell (--parity-tol, or its workload's parity_tol); empty: the "
+               "default"),
+    Metric(name="batch_norm", dtype="string", kind="fact",
+           doc="the BatchNorm layers of the model (per-rank batch statistics under data parallelism: parity names "
+               "them)"),
     Metric(name="parity_ok", dtype="boolean", header="parity ok", shown=R, derived=True),
     Metric(name="params", dtype="Int64", kind="fact"),
     Metric(name="flops_per_sample", dtype="float64", kind="fact"),

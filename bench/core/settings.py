@@ -113,6 +113,10 @@ class MeasurementSettings:
         300.0, flag="--startup-timeout", kind="float", example="--startup-timeout 300",
         help="seconds a process group may take to start (torchrun, imports, rendezvous, warm-up) before its first "
              "cell (default 300): a loaded machine imports slowly, which is no cell's fault")
+    parity_tol: float | None = setting(
+        None, flag="--parity-tol", kind="float", example="--parity-tol 1e-4",
+        help="relative tolerance of every cell's parity check against one device (default: 1e-5 in fp32, 1e-3 in "
+             "fp32 under Adam and AdamW, 2e-2 in bf16; a workload may set its own)")
     workload_timeout_s: float = setting(
         120.0, flag="--workload-timeout", kind="float", example="--workload-timeout 120",
         help="seconds a package.module:factory workload may take to import and build while the run is planned "

@@ -82,6 +82,12 @@ class WorkloadFacts:
     train_bytes: int | None = None
     # Bytes of the trainable parameters alone: Adam and AdamW keep two values of their dtype for each
     trainable_bytes: int | None = None
+    # The parity tolerance the cells of this workload are judged by, when it is not the default (the
+    # workload's own ``parity_tol``, or --parity-tol); None: by precision and optimizer.
+    parity_tol: float | None = None
+    # The BatchNorm classes the model holds (e.g. "BatchNorm2d"): each rank then normalises over its
+    # share of the batch where one device normalises over all of it, a difference parity names.
+    batch_norm: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

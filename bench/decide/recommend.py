@@ -58,7 +58,7 @@ from bench.decide.rules import (
     rebuild_off,
     text,
 )
-from bench.results.derived import derive
+from bench.results.derived import derive, parity_failure
 
 __all__ = ["Pick", "candidates", "first_screen", "is_false", "reason", "recommend"]
 
@@ -137,7 +137,8 @@ def candidates(cells: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
         why[ok["role"] == "independent"] = "trains independent models"
     if "parity_ok" in ok:
         par = ok["parity_ok"]
-        why[(why == "") & (par == False)] = "parity failed"  # noqa: E712 - pandas boolean
+        failed = (why == "") & (par == False)  # noqa: E712 - pandas boolean
+        why[failed] = [parity_failure(r) for _, r in ok[failed].iterrows()]
         # Never checked is not passed: no reference, or no losses to compare (one device is its own),
         # unless no device could hold the model: then nothing can check it, and the cells that fit
         # are the answer.

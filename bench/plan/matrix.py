@@ -119,6 +119,8 @@ def planned_workloads(cfg: RunConfig) -> tuple[dict[str, Workload],
         name, dims = parse_workload(text)
         wl, facts = planned(name, dims, seed=cfg.matrix.seed, global_batch=cfg.matrix.global_batch,
                             timeout_s=cfg.measurement.workload_timeout_s)
+        if cfg.measurement.parity_tol is not None:  # the run's tolerance over the workload's own
+            facts = dataclasses.replace(facts, parity_tol=cfg.measurement.parity_tol)
         if wl.name not in wls:
             wls[wl.name] = wl
             parsed.append((wl, facts, (cfg.matrix.workload_matrix or {}).get(text, {})))

@@ -30,6 +30,35 @@ def parity_tol(precision: str, optimizer: str) -> float:
     return max(tol, ADAM_FP32_TOL) if optimizer in ("adam", "adamw") else tol
 
 
+def cell_tol(r) -> float:
+    """The tolerance a row's parity is judged by: the one given for it (``parity_tol_set``: the
+    flag, or its workload's), else by its precision and optimizer."""
+    given = getattr(r, "parity_tol_set", None)
+    if given is not None and pd.notna(given) and given > 0:
+        return float(given)
+    return parity_tol(str(r.precision), str(getattr(r, "optimizer", "sgd")))
+
+
+def parity_failure(r) -> str:
+    """Why a row's parity failed, in one clause: its largest difference, the step, the tolerance and
+    how to set it; BatchNorm named where the cell splits the batch over ranks (its statistics then
+    differ from one device's by design, not by rounding)."""
+    def num(key: str, spec: str) -> str:
+        v = r.get(key)
+        return "?" if v is None or pd.isna(v) else format(v, spec)
+
+    step = r.get("parity_step")
+    text = (f"parity with one device failed: rel err {num('parity_rel_err', '.1e')}"
+            + ("" if step is None or pd.isna(step) else f" at step {int(step)}")
+            + f" > tolerance {num('parity_tol', '.0e')} (--parity-tol or the workload's parity_tol sets it)")
+    norm, world = r.get("batch_norm"), r.get("world_size")
+    if isinstance(norm, str) and norm and world is not None and pd.notna(world) and world > 1:
+        text += (f"; the model has {norm}: each rank normalises over its share of the batch, one device over all of "
+                 "it (a difference in semantics, not rounding): torch.nn.SyncBatchNorm.convert_sync_batchnorm in the "
+                 "factory compares like with like")
+    return text
+
+
 def with_knobs(cells: pd.DataFrame) -> pd.DataFrame:
     """Training rows of a run recorded before the training knobs existed read as what they trained
     with (bench.core.knobs.legacy: SGD, eager, no checkpointing); rows of other modes stay without."""
@@ -75,10 +104,10 @@ def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         ref_by.setdefault((r.workload, r.device, r.precision, _training_key(r), r.global_batch if has_gb else None), r)
         ref_by.setdefault((r.workload, r.device, r.precision, _training_key(r), "any"), r)
     policy_refs = _policy_references(cells[ok], has_gb)
-    eff, note, err_col, tol_col, ok_col = ({} for _ in range(5))
+    eff, note, err_col, tol_col, ok_col, step_col = ({} for _ in range(6))
     for r in cells[ok].itertuples():
         i = r.Index
-        tol = parity_tol(str(r.precision), str(getattr(r, "optimizer", "sgd")))
+        tol = cell_tol(r)
         role = str(getattr(r, "role", ""))
         if role == "independent" and pd.notna(r.parity_rel_err):  # checked its own parity
             tol_col[i], ok_col[i] = tol, bool(r.parity_rel_err <= tol)
@@ -125,10 +154,11 @@ def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
             continue
         common = common[common < PARITY_STEPS]
         a, b = mine.loc[common].to_numpy(), theirs.loc[common].to_numpy()
-        err = float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-12)))
-        err_col[i], tol_col[i], ok_col[i] = err, tol, bool(err <= tol)
+        rel = np.abs(a - b) / np.maximum(np.abs(b), 1e-12)
+        err = float(np.max(rel))
+        err_col[i], tol_col[i], ok_col[i], step_col[i] = err, tol, bool(err <= tol), int(common[int(np.argmax(rel))])
     for col, vals in (("scaling_efficiency", eff), ("scaling_note", note), ("parity_rel_err", err_col),
-                      ("parity_tol", tol_col), ("parity_ok", ok_col)):
+                      ("parity_tol", tol_col), ("parity_ok", ok_col), ("parity_step", step_col)):
         if vals:
             cells.loc[list(vals), col] = pd.Series(vals, dtype=cells[col].dtype)
     return cells
@@ -143,7 +173,7 @@ def _with_derived_columns(cells: pd.DataFrame) -> pd.DataFrame:
 
 
 DERIVED = (("scaling_efficiency", "float64"), ("scaling_note", "string"), ("parity_rel_err", "float64"),
-           ("parity_tol", "float64"), ("parity_ok", "boolean"))
+           ("parity_tol", "float64"), ("parity_ok", "boolean"), ("parity_step", "Int64"))
 
 
 def _policy(r) -> str:

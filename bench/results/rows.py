@@ -53,6 +53,7 @@ def base_row(spec: CellSpec) -> dict[str, Any]:
         global_batch=spec.workload.global_batch, params=spec.workload.params, scaling=spec.scaling,
         repeats=m.repeats, profile_at=m.profile_at if m.profile_steps else None,
         flops_per_sample=spec.workload.flops_per_sample, **spec.training.knobs(), lr=spec.training.lr,
+        parity_tol_set=spec.workload.parity_tol, batch_norm=spec.workload.batch_norm,
         precision_policy=spec.precision_policy or None, **spec.labels,
         **{f"option_{k}": v for k, v in spec.options.items()})
 

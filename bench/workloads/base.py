@@ -54,13 +54,21 @@ class Workload:
     # in place (torchtitan keeps each model's parallelize function with the model, since the plan
     # depends on its module names). None: the tensor-parallel strategies skip this workload.
     tp_plan: Callable[..., None] | None = None
+    # The relative tolerance of this workload's parity check against one device, when its own
+    # rounding needs another than the default (by precision and optimizer, bench.results.derived):
+    # a model whose losses drift apart by float rounding faster than most. --parity-tol overrides it.
+    parity_tol: float | None = None
 
     def facts(self, spec: str, dims: dict[str, int]) -> WorkloadFacts:
         """What the planner records of this workload, once: counted on the meta device, without
         allocating (a model that cannot build there keeps no count)."""
-        params, train_bytes, trainable_bytes = self.params, None, None
+        params, train_bytes, trainable_bytes, batch_norm = self.params, None, None, None
         try:
-            built = list(self.build(torch.device("meta")).parameters())
+            model = self.build(torch.device("meta"))
+            built = list(model.parameters())
+            norms = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+                            and not isinstance(m, nn.SyncBatchNorm)})
+            batch_norm = ", ".join(norms) or None
             params = params if params is not None else sum(p.numel() for p in built)
             train_bytes = sum(p.numel() * p.element_size() * (2 if p.requires_grad else 1) for p in built)
             trainable_bytes = sum(p.numel() * p.element_size() for p in built if p.requires_grad)
@@ -69,7 +77,8 @@ class Workload:
         return WorkloadFacts(name=self.name, spec=spec, dims=dict(dims), global_batch=self.global_batch,
                              flops_per_sample=self.flops_per_sample, params=params, n_blocks=self.n_blocks,
                              n_heads=self.n_heads, has_tp_plan=self.tp_plan is not None,
-                             description=self.description, train_bytes=train_bytes, trainable_bytes=trainable_bytes)
+                             description=self.description, train_bytes=train_bytes, trainable_bytes=trainable_bytes,
+                             parity_tol=self.parity_tol, batch_norm=batch_norm)
 
 
 def seeded(seed: int, step: int) -> torch.Generator:

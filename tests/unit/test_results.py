@@ -47,6 +47,27 @@ def test_bf16_tolerance_is_looser():
     assert derive(cells, st).set_index("strategy").loc["ddp", "parity_ok"]
 
 
+def test_a_parity_failure_says_its_step_its_tolerance_and_batch_norm():
+    """The answer to a failed parity names the largest difference, the step, the tolerance and how to
+    set it; a BatchNorm model split over ranks is named as a difference in semantics; a tolerance
+    given for the cell (--parity-tol, or the workload's) is the one it is judged by."""
+    from bench.results.derived import parity_failure
+
+    rows = [cell(0, "single", 1, 100.0), cell(1, "ddp", 2, 150.0), cell(2, "fsdp", 2, 150.0)]
+    for r in rows:
+        r["batch_norm"] = "BatchNorm2d"
+    rows[2]["parity_tol_set"] = 0.1
+    st = frame(steps(0, [2.0, 1.9, 1.8]) + steps(1, [2.0, 1.9, 1.9], ranks=2) + steps(2, [2.0, 1.9, 1.9], ranks=2),
+               STEP_COLUMNS)
+    out = derive(frame(rows, CELL_COLUMNS), st).set_index("strategy")
+    assert not out.loc["ddp", "parity_ok"] and out.loc["ddp", "parity_step"] == 2
+    assert out.loc["fsdp", "parity_ok"] and out.loc["fsdp", "parity_tol"] == 0.1  # 0.056 within the 0.1 given
+    why = parity_failure(out.loc["ddp"].to_dict() | {"world_size": 2})
+    assert why.startswith("parity with one device failed: rel err 5.6e-02 at step 2 > tolerance 1e-05 "
+                          "(--parity-tol or the workload's parity_tol sets it); the model has BatchNorm2d: each rank "
+                          "normalises over its share of the batch"), why
+
+
 def test_writer_keeps_every_finished_cell_on_disk(tmp_path):
     w = RunWriter(tmp_path / "run1")
     w.add(cell(0, "single", 1, 10.0), steps(0, [1.0, 0.9]))
