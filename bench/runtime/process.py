@@ -45,17 +45,19 @@ def free_port() -> int:
 
 
 def child_env(nproc: int, node_rank: int = 0, share: int = 1, *, path: Sequence[str] = (),
-              threads: bool = True, defaults: dict[str, str] | None = None) -> dict[str, str]:
+              threads: bool = True, widest: int = 0, defaults: dict[str, str] | None = None) -> dict[str, str]:
     """The ranks' environment; ``share``: nodes of the run on this machine (their ranks split its
     cores). ``path``: import roots ahead of this process's own; ``threads``: False leaves
-    OMP_NUM_THREADS to the child (a launcher that sets its own ranks' share); ``defaults``: more
-    variables set unless the user's environment sets them."""
+    OMP_NUM_THREADS to the child (a launcher that sets its own ranks' share); ``widest``: the cores
+    are split as if that many ranks ran (the run's largest launch), so that a rank gets the same
+    threads at every world size; ``defaults``: more variables set unless the user's environment sets
+    them."""
     env = dict(os.environ)
     env["PARBENCH_NODE_RANK"] = str(node_rank)  # the worker's leader is the first rank of node 0
     # Workers import exactly what this process imports (the checkout, a user's workload module).
     env["PYTHONPATH"] = os.pathsep.join([*path, *(p for p in sys.path if p), env.get("PYTHONPATH", "")])
     if threads:
-        env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(nproc * share)))
+        env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(max(nproc, widest) * share)))
     for k, v in {**RANK_ENV_DEFAULTS, **(defaults or {})}.items():
         env.setdefault(k, v)
     env[LAUNCHER_ENV] = str(os.getpid())

@@ -188,8 +188,12 @@ class GroupRun:
         self.launched = time.time()
         self.marks: dict[str, float | None] = {"first_cell": None, "last_cell": None, "exited": None}
         try:
+            # On a CPU every rank gets the threads a rank of the run's widest launch gets: a one-rank
+            # cell with every core would measure another machine than its two-rank neighbour.
+            widest = max(cfg.matrix.world_sizes) // g.nnodes if cfg.matrix.device == "cpu" else 0
             self.launch = Launch(self.prefix, nproc, module=WORKER,
-                                 env=child_env(nproc, share=self.coord.share if self.multi else 1), **rendezvous)
+                                 env=child_env(nproc, share=self.coord.share if self.multi else 1, widest=widest),
+                                 **rendezvous)
         except OSError as e:
             if e.filename != self.prefix + ".log":  # not its log file: torchrun itself did not start
                 raise

@@ -123,6 +123,17 @@ def test_ranks_of_nodes_sharing_a_machine_share_its_cores(monkeypatch):
     assert env["OMP_NUM_THREADS"] == "2" and env["PARBENCH_NODE_RANK"] == "1"
 
 
+def test_every_world_size_gets_the_threads_of_a_rank_of_the_widest(monkeypatch):
+    """On a CPU a one-rank cell with every core measured another machine than its two-rank
+    neighbour: each rank gets the share of a rank of the run's widest launch."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    import bench.measure.hardware
+
+    monkeypatch.setattr(bench.measure.hardware, "cpu_threads", lambda: 8)
+    assert [child_env(n, widest=4)["OMP_NUM_THREADS"] for n in (1, 2, 4)] == ["2", "2", "2"]
+    assert child_env(1)["OMP_NUM_THREADS"] == "8"  # no widest given: the launch's own share
+
+
 def test_torchrun_command_uses_c10d_at_the_endpoint_on_several_nodes():
     cmd = torchrun_cmd("p.json", 2, module="bench.train.worker", nnodes=2, endpoint="10.0.0.1:29400",
                        rdzv_id="r-g1-a1", rdzv_timeout_s=60)
