@@ -229,7 +229,7 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
         key.append("global_batch")
     _check_inputs(base, cur, key)
     extra = [c for c in ("cell_id", "status", "reason", "parity_ok", "throughput_samples_s", "step_time_median_s",
-                         "step_time_ci_low_s", "step_time_ci_high_s", *DIMENSIONS) if c not in key]
+                         "step_time_ci_low_s", "step_time_ci_high_s", *DIMENSIONS, *LOAD) if c not in key]
     b = base.reindex(columns=key + extra).drop_duplicates(key).copy()
     c = cur.reindex(columns=key + extra).drop_duplicates(key).copy()
     for df in (b, c):
@@ -253,17 +253,8 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
         row["base_time_s"] = pd.to_numeric(r["step_time_median_s_b"], errors="coerce")
         row["cur_time_s"] = pd.to_numeric(r["step_time_median_s_c"], errors="coerce")
         row["verdict"], row["note"] = _verdict(r, row, bs, cs, run_diff, ctx_b, ctx_c, threshold, alpha, test)
-        if require_repeats and row.get("unit") == "steps" and row["verdict"] in ("regression", "improvement"):
-            row["verdict"], row["note"] = "noisy", (f"{row['verdict']} on one run's steps a side, not trusted "
-                                                    "(default; --single-run to allow it): record >= "
-                                                    f"{min_samples(alpha)} "
-                                                    "repeats or compare --history")
-        few = row.get("history_runs")
-        if (fail_from_runs and few is not None and few < fail_from_runs
-                and row["verdict"] in ("regression", "improvement")):
-            row["verdict"], row["note"] = "noisy", (f"{row['verdict']} on the pooled samples of {few} history "
-                                                    f"run(s), not trusted: this gate decides from "
-                                                    f"{fail_from_runs} runs (--fail-from-runs); {row['note']}")
+        row["verdict"], row["note"] = _trusted(row, load_difference(r), require_repeats=require_repeats,
+                                               fail_from_runs=fail_from_runs, alpha=alpha)
         rows.append(row)
     out = pd.DataFrame(rows)
     for col in ("shift", "shift_low", "shift_high", "p_value", "noise_floor", "n_base", "n_cur", "needed", "unit"):
@@ -274,6 +265,51 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
     if not out["verdict"].isin(COMPARED).any():
         raise UserError(_nothing_compared(out, key))
     return out.drop(columns="_diffs", errors="ignore").sort_values(key).reset_index(drop=True)
+
+
+def _trusted(row: dict, loads: str, *, require_repeats: bool, fail_from_runs: int | None,
+             alpha: float) -> tuple[str, str]:
+    """A regression or improvement the evidence cannot carry, as noisy with why: the two sides
+    measured under different loads (``loads``), one run's steps a side (``require_repeats``), or the
+    pooled samples of a history shorter than ``fail_from_runs``; the row's verdict otherwise."""
+    verdict, note = row["verdict"], row["note"]
+    if verdict not in ("regression", "improvement"):
+        return verdict, note
+    if loads:
+        return "noisy", (f"{verdict} measured under different loads, not trusted: {loads}; measure both sides on a "
+                         "quiet machine")
+    if require_repeats and row.get("unit") == "steps":
+        return "noisy", (f"{verdict} on one run's steps a side, not trusted (default; --single-run to allow it): "
+                         f"record >= {min_samples(alpha)} repeats or compare --history")
+    few = row.get("history_runs")
+    if fail_from_runs and few is not None and few < fail_from_runs:
+        return "noisy", (f"{verdict} on the pooled samples of {few} history run(s), not trusted: this gate decides "
+                         f"from {fail_from_runs} runs (--fail-from-runs); {note}")
+    return verdict, note
+
+
+#: the columns that say how busy the machine was while a cell was measured (the telemetry's)
+LOAD = ("contended", "host_other_cpu_cores")
+#: cores busy outside the benchmark whose difference between the two sides makes a verdict untrustworthy
+LOAD_CORES = 0.5
+
+
+def load_difference(r: pd.Series) -> str:
+    """How the two sides of a merged row were measured under different loads ('' if alike, or not
+    known): one side contended and the other not, or LOAD_CORES more cores busy outside the
+    benchmark on one side. A shift between them is the machine's as much as the code's."""
+    def text(v: Any) -> str:
+        return "" if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v)
+
+    cb, cc = text(r.get("contended_b")), text(r.get("contended_c"))
+    ob, oc = (pd.to_numeric(r.get(f"host_other_cpu_cores_{s}"), errors="coerce") for s in ("b", "c"))
+    busy = (pd.notna(ob) and pd.notna(oc) and abs(float(oc) - float(ob)) >= LOAD_CORES)
+    if bool(cb) == bool(cc) and not busy:
+        return ""
+    cores = f"{float(ob):.1f} vs {float(oc):.1f} cores busy outside the benchmark" if pd.notna(ob) and pd.notna(oc) \
+        else ""
+    sides = f"BASE {cb or 'not contended'}, CURRENT {cc or 'not contended'}" if bool(cb) != bool(cc) else ""
+    return "; ".join(x for x in (cores, sides) if x)
 
 
 def _num(s: pd.Series) -> pd.Series:

@@ -252,3 +252,18 @@ def test_a_one_rank_cell_dropped_from_the_matrix_is_missing_not_broken():
     t = cmp(base, cur)
     assert t.loc["ddp", "verdict"] == "missing" and "no longer in the matrix" in t.loc["ddp", "note"]
     assert t.loc["fsdp", "verdict"] == "broken"  # any other skip of a cell that ran is still a breakage
+
+
+def test_a_shift_measured_under_different_loads_is_noisy_naming_the_loads():
+    """The same code measured once on a quiet machine and once beside a busy loop shifted by 48% in
+    the guide's CI command: the load, not the code, moved it. A verdict needs both sides alike."""
+    base = make_run({"ddp": 1.0, "fsdp": 1.0}, repeats=8, n=10)
+    cur = make_run({"ddp": 1.3, "fsdp": 1.3}, repeats=8, n=10, seed=5)
+    base[0]["host_other_cpu_cores"] = 0.1
+    cur[0]["host_other_cpu_cores"] = [1.4, 0.2]  # ddp beside a busy loop; fsdp on a quiet machine
+    cur[0]["contended"] = ["1.4 cores busy outside the benchmark", None]
+    t = cmp(base, cur)
+    assert t.loc["ddp", "verdict"] == "noisy", t.loc["ddp", "note"]
+    assert t.loc["ddp", "note"].startswith("regression measured under different loads, not trusted: 0.1 vs 1.4 cores "
+                                           "busy outside the benchmark; BASE not contended, CURRENT 1.4 cores busy")
+    assert t.loc["fsdp", "verdict"] == "regression"  # alike: the verdict stands
