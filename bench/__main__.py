@@ -1,7 +1,5 @@
 """``python -m bench ...`` is the ``parbench`` command."""
 
-import sys
+from bench.cli.main import entry
 
-from bench.cli.main import main
-
-sys.exit(main())
+entry()

@@ -416,6 +416,34 @@ def short_batch(*, seed: int = 0, global_batch: int = 16) -> Workload:
     return dataclasses.replace(wl, name="short-batch", batch=lambda step: tuple(t[:6] for t in wl.batch(step)))
 
 
+def factory_exits(*, seed: int = 0) -> Workload:
+    """A user workload factory that asks the whole command to exit."""
+    import sys
+
+    sys.exit(3)
+
+
+def factory_chdir(*, seed: int = 0, global_batch: int = 8) -> Workload:
+    """A user workload factory that changes the working directory (to the system's temporary folder)."""
+    import os
+    import tempfile
+
+    from bench.workloads import resolve
+
+    os.chdir(tempfile.gettempdir())
+    return resolve("mlp", seed=seed, global_batch=global_batch)
+
+
+def factory_thread(*, seed: int = 0, global_batch: int = 8) -> Workload:
+    """A user workload factory that leaves a non-daemon thread running (a data loader's worker)."""
+    import threading
+
+    from bench.workloads import resolve
+
+    threading.Thread(target=time.sleep, args=(3600,), name="user-loader", daemon=False).start()
+    return resolve("mlp", seed=seed, global_batch=global_batch)
+
+
 def factory_raises(*, seed: int = 0) -> Workload:
     """A user workload factory that raises while the run is planned."""
     raise RuntimeError("deliberate failure in the factory [/x]")

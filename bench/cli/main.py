@@ -61,5 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
+def entry() -> None:
+    """The ``parbench`` command (and ``python -m bench``)."""
+    from bench.runtime.ending import exit_with
+
+    exit_with(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

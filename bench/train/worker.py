@@ -285,4 +285,6 @@ def _main(plan: GroupPlan) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from bench.runtime.ending import exit_with
+
+    exit_with(main(), f"parbench rank {os.environ.get('RANK', '?')}")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import logging
+import os
 import threading
 from collections.abc import Callable
 
@@ -13,6 +15,8 @@ from bench.core.errors import UserError
 from bench.core.spec import WorkloadFacts
 from bench.workloads import convnet, gpt, hf, mlp
 from bench.workloads.base import Workload, batch_problem, display_name
+
+log = logging.getLogger("parbench")
 
 
 def _registry() -> dict[str, Callable[..., Workload]]:
@@ -130,12 +134,20 @@ def planned(spec: str, dims: dict[str, int], *, seed: int, global_batch: int | N
             if problem:
                 raise UserError(f"workload {spec!r}: {problem}")
             got["facts"] = (wl, facts)
+        except SystemExit as e:  # the user's code asked the whole command to exit: it may not
+            got["error"] = UserError(f"workload {spec!r}: {doing[0]} called sys.exit({e.code!r}); a factory "
+                                     "returns a Workload (raise an exception to say what is wrong)")
         except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
             got["error"] = e
 
+    here = os.getcwd()
     t = threading.Thread(target=work, name=f"parbench-workload {spec}", daemon=True)
     t.start()
     t.join(timeout_s)
+    if os.getcwd() != here:  # a relative --out would land where the factory went
+        log.warning("workload %r: its factory changed the working directory to %s; parbench went back to %s",
+                    spec, os.getcwd(), here)
+        os.chdir(here)
     if t.is_alive():
         raise UserError(f"workload {spec!r}: {doing[0]} did not return within {timeout_s:g} s; fix it, or give it "
                         "longer with --workload-timeout SECONDS")

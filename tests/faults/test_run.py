@@ -87,6 +87,12 @@ CASES = [
                                           "--workload-timeout", "3"],
          setup=_hanging_module, expect="workload 'hangmod:make': the import of 'hangmod' did not return within 3 s",
          kept=_no_run_started, subprocess=True, env=PATH_ENV, timeout_s=120),
+    # a user factory that leaves a non-daemon thread: the command still ends after its answer, saying so
+    Case("workload-leaves-a-thread", "run", ["run", "--out", "{tmp}/out", *[a for a in TINY if a != "mlp"][:4],
+                                             *TINY[6:], "--strategies", "single", "--world-sizes", "1",
+                                             "--workloads", "tests.helpers:factory_thread"],
+         code=0, expect="parbench: ending with thread(s) still running that parbench did not start (user-loader)",
+         kept=_rows_whole, subprocess=True, env=PATH_ENV, timeout_s=180),
     # the launcher SIGKILLed at each moment of a run: nothing it started outlives it by 5 s
     _sigkill("sigkill-right-after-start", 1.0, "single"),
     _sigkill("sigkill-once-torchrun-is-up", "torchrun started", "single"),

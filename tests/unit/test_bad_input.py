@@ -166,6 +166,8 @@ CASES = [
     ("workload-no-callable", None, [RUN, "--workloads", "tests.helpers:nothing"], "has no callable 'nothing'"),
     ("workload-batch-0", None, [RUN, "--workloads", "tests.helpers:global_batch_zero"],
      "its factory built global_batch=0; it must be an integer >= 1"),
+    ("workload-factory-exits", None, [RUN, "--workloads", "tests.helpers:factory_exits"],
+     "workload 'tests.helpers:factory_exits': its factory factory_exits() called sys.exit(3); a factory returns"),
     ("workload-batch-short", None, [RUN, "--workloads", "tests.helpers:short_batch"],
      "workload 'tests.helpers:short_batch': batch(0) returned 6 samples, but the workload's global batch is 16"),
     ("strategy-unknown", None, [RUN, "--strategies", "zero3"], "unknown strategy 'zero3'"),

@@ -320,3 +320,15 @@ def test_a_launch_arms_both_the_agent_and_its_ranks(tmp_path, monkeypatch):
     process.Launch(str(tmp_path / "g0-a1"), 2, module="bench.train.worker", env={})
     assert seen["cmd"][-4:] == ["-m", "bench.runtime.lifeline", "bench.train.worker", str(tmp_path / "g0-a1.json")]
     assert callable(seen["preexec_fn"]) and seen["start_new_session"]
+
+
+def test_a_factory_that_changes_the_working_directory_is_undone(tmp_path, monkeypatch, caplog):
+    """A relative --out would land where the factory went, and the last line would name a folder
+    that is not there: the planner goes back, and says so."""
+    from bench.workloads.registry import planned
+
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level("WARNING", logger="parbench"):
+        wl, _ = planned("tests.helpers:factory_chdir", {}, seed=0, global_batch=None, timeout_s=60)
+    assert os.getcwd() == str(tmp_path) and wl.global_batch == 8
+    assert "its factory changed the working directory to" in caplog.text and str(tmp_path) in caplog.text
