@@ -28,9 +28,10 @@ def use_text(p: Pick) -> str:
 
 
 def decided_text(p: Pick) -> str:
-    """'decided', 'leading, not decided (what would decide it)' or 'no decision'."""
+    """'decided', 'leading, not decided (what would decide it)' or 'no' (there is no answer: the use
+    column says so, and the because column why)."""
     if p.use is None:
-        return "no decision"
+        return "no"
     return "decided" if p.resolved else f"leading, not decided ({p.open_text()})"
 
 

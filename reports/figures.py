@@ -18,6 +18,7 @@ from bench.core.backends import find as find_backend  # noqa: E402
 from bench.core.metrics import BREAKDOWN_GAP_MAX  # noqa: E402
 from bench.core.text import gap_text  # noqa: E402
 from bench.decide.rules import rebuild_off  # noqa: E402
+from bench.stats.steps import EFFICIENCY_MAX  # noqa: E402
 
 MAX_BARS = 40
 BAR_IN, BASE_IN, WIDTH_IN = 0.24, 1.3, 8.0
@@ -36,7 +37,11 @@ def _ax(ax, size):
 
 
 def cell_label(r) -> str:
-    extra = "".join(f" {r[c]}" for c in ("mesh", "schedule") if c in r and pd.notna(r[c]) and r[c] != "")
+    """'dp-pp 2x2 gloo x4': the strategy, its mesh or schedule where the name does not already say
+    it ('pipeline-1f1b', not 'pipeline-1f1b 1f1b'), the backend and the world size."""
+    words = set(str(r["strategy"]).split("-"))
+    extra = "".join(f" {r[c]}" for c in ("mesh", "schedule") if c in r and pd.notna(r[c]) and r[c] != ""
+                    and not words & set(str(r[c]).split("-")))
     return f"{r['strategy']}{extra} {r['backend']} x{r['world_size']}"
 
 
@@ -89,6 +94,17 @@ def scaling_lines(cells: pd.DataFrame, workload: str, ax=None):
     sizes = sorted(int(x) for x in _ok(cells, workload)["world_size"].unique())
     ax.set_xticks(sizes)
     ax.axhline(1.0, color="k", ls="--", lw=0.8, label="ideal")
+    # Above EFFICIENCY_MAX an efficiency is not physical (noise, a slow reference, another precision):
+    # the axis stops just past it, the band above is shaded, and such points sit on its edge, named.
+    top = EFFICIENCY_MAX + 0.25
+    over = d[d["scaling_efficiency"] > top]
+    if (d["scaling_efficiency"] > EFFICIENCY_MAX).any():
+        ax.axhspan(EFFICIENCY_MAX, top, color="#f4c7c3", alpha=0.5, lw=0, label=f"> {EFFICIENCY_MAX}: not physical")
+    if len(over):
+        ax.set_ylim(top=top)
+        ax.scatter(over["world_size"], [top] * len(over), marker="^", color="#b00", zorder=3, clip_on=False,
+                   label=f"off the axis (up to {over['scaling_efficiency'].max():.1f})")
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("world size (devices)")
     ax.set_ylabel("scaling efficiency (1 = ideal)")
     ax.set_title(f"{workload}: scaling against one device", fontsize=9)

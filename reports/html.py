@@ -51,21 +51,20 @@ details.flags li{margin:2px 0}details.flags summary{cursor:pointer}
 {{ n_skipped }} skipped{% if meta.plan %} &middot; {{ meta.plan }}{% endif %}</p>
 {% macro pick_table(id, rows) %}<table class="pick" id="{{ id }}"><tr><th class="l">workload</th><th class="l">backend</th><th>devices</th>
 <th class="l">use</th><th class="l">decided?</th><th class="l">because</th><th class="l">measured</th><th class="l">try next</th></tr>
-{% for p in rows %}<tr class="{{ 'warn' if p.use is none else '' }}"><td class="l n">{{ p.workload }}{% if p.training %} ({{ p.training }}){% endif %}</td><td class="l n">{{ p.backend }}</td><td>{{ p.world_size }}</td>
+{% for p in rows %}<tr class="{{ 'warn' if p.use is none else '' }}"><td class="l n">{{ p.workload }}{% if p.training %} ({{ p.training }}){% endif %}{% if p.launch_bound %} <span class="muted">launch-bound</span>{% endif %}</td><td class="l n">{{ p.backend }}</td><td>{{ p.world_size }}</td>
 <td class="l n"><b>{{ a.use_text(p) }}</b></td><td class="l">{{ a.decided_text(p) }}</td><td class="l">{{ p.because }}</td>
 <td class="l">{{ a.measured_text(p) }}<br><span class="muted">{{ p.why }}{% if p.excluded %}; left out: {{ p.excluded }}{% endif %}</span></td>
 <td class="l">{{ a.next_text(p) or "-" }}</td></tr>
 {% endfor %}</table>{% endmacro %}
 {% if training %}<h2>Recommendation</h2>
-{% if picks %}{{ pick_table("picks", picks) }}
+{% if picks or toys %}{{ pick_table("picks", picks + toys) }}
+{% if toys %}<p class="muted">Launch-bound: for these workloads {{ a.LAUNCH_BOUND_WHY }}.</p>{% endif %}
 <p class="muted">Decided: every pair the answer rests on (the fastest against one device, and against the library
 default or the runner-up) is either separated beyond the noise or within 3% of each other, on intervals from at
 least three repeats, and nothing blocks it (a contended cell, an unstable one measured once, an efficiency that is
 not physical); leading, not decided: the answer stands until the repeats it names separate the pair.
 Candidates: cells that ran (status ok, which includes the check that the work was really distributed) and
 matched one device (parity ok); independent models (ensemble) are left out.</p>
-{% elif toys %}<p>Every workload of this run is launch-bound: {{ a.LAUNCH_BOUND_WHY }}. Their picks are under
-<a href="#toys">Launch-bound workloads</a> below.</p>
 {% else %}<p>No strategy on more than one device passed; see the failed and skipped cells below.</p>{% endif %}{% endif %}
 {% if serve %}<h2>Serving: what to serve with</h2><table class="pick" id="serve-picks"><tr><th class="l">workload</th><th>devices</th>
 <th class="l">serve with</th><th>req/s</th><th>p99 ms</th><th>target ms</th><th class="l">because</th></tr>
@@ -90,8 +89,6 @@ collectives ran below half of this machine's bandwidth curve (click for each)</s
 {% for f in wl.flags %}<li>{{ f }}</li>{% endfor %}</ul></details>{% endif %}
 {% for img in wl.images %}<img src="data:image/png;base64,{{ img.data }}" alt="{{ img.name }}" title="{{ img.name }}">
 {% endfor %}{% endfor %}
-{% if toys %}<h2 id="toys">Launch-bound workloads</h2><p class="muted">For these workloads {{ a.LAUNCH_BOUND_WHY }}.</p>
-{{ pick_table("toy-picks", toys) }}{% endif %}
 {% if telemetry %}<h2>Telemetry per cell</h2>{% for img in telemetry %}
 <img src="data:image/png;base64,{{ img.data }}" alt="{{ img.name }}">{% endfor %}{% endif %}
 {% if meta.telemetry %}<p class="muted">Telemetry notes: {% for k, v in meta.telemetry.items() %}<code>{{ k }}</code>:

@@ -40,8 +40,10 @@ def default_config(gpus: int, beyond: str | None = None) -> RunConfig:
     """The matrix `parbench run` with no arguments runs on a machine with ``gpus`` GPUs; ``beyond``
     is a workload that no single one of them holds (:func:`bench.plan.memory.beyond_one_device`),
     run on several GPUs only."""
-    if gpus == 0:  # the declared defaults are a CPU machine's, but for a shorter cell timeout
-        return RunConfig.from_flat({"cell_timeout_s": 120.0})
+    if gpus == 0:
+        # The declared defaults are a CPU machine's, with a shorter cell timeout and a budget that ends
+        # the run within 5 minutes on 2 cores (the last third on the decisions still open).
+        return RunConfig.from_flat({"cell_timeout_s": 120.0, "budget": "4m"})
     # Every power of two from 2 up to the GPUs, and all of them; one GPU runs only the single-device
     # reference every workload gets (a strategy on one GPU decides nothing about parallelising).
     sizes = sorted({gpus} | {2**k for k in range(1, 4) if 2**k <= gpus}) if gpus > 1 else [1]

@@ -130,7 +130,7 @@ class BudgetSettings:
 
     duration: str | None = setting(None, flag="--budget", key="budget", example="--budget 10m",
                                    help="time budget for the whole run, e.g. 10m: repeats, steps and caps are planned "
-                                        "to fit (GPU default 10m; 'off' for none)")
+                                        "to fit (default 10m with GPUs, 4m on CPU; 'off' for none)")
     adaptive: bool = setting(True, flag="--no-adaptive", kind="off", example="--no-adaptive",
                              help="under a budget, do not measure again the cells of decisions still open after "
                                   "one repeat")

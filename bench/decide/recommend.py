@@ -38,6 +38,8 @@ from bench.decide.rules import (
     BUBBLE_BOUND,
     COMM_BOUND,
     EQUIVALENT,
+    GROSS_APART,
+    GROSS_SPEEDUP,
     IDLE_BOUND,
     MEMORY_BOUND,
     PairVerdict,
@@ -312,6 +314,9 @@ class Group:
         if rival is not None and (self.default is None or rival.name == self.default.name):
             rows.append((str(rival["strategy"]), rival))
         block = blockers(rows, {k: self.speedup(r) for k, r in rows if r is not self.ref}, self.ws)
+        gross = self._gross_one_device(block)
+        if gross is not None:
+            return gross
         if block:
             # repeats can lift one kind of block: an unstable cell measured in one run
             again = [r for _, r in rows if is_false(r.get("stable")) and not from_repeats(r)]
@@ -334,6 +339,20 @@ class Group:
                        because=f"does not fit one device (single: out of memory); {words}{unchecked}; "
                                f"{out['because']}")
         return out
+
+    def _gross_one_device(self, block: list[str]) -> dict | None:
+        """One device, decided by a margin no noise explains (GROSS_SPEEDUP, GROSS_APART), even where
+        the cells are noisy or contended (``block``) and the finer ranking stays open; None otherwise."""
+        s = self.speedup(self.best) if self.ref is not None else None
+        lo = num(self.best.get("step_time_ci_low_s"))
+        hi = num(self.ref.get("step_time_ci_high_s")) if self.ref is not None else None
+        if s is None or s > GROSS_SPEEDUP or lo is None or hi is None or lo < GROSS_APART * hi:
+            return None
+        once = "" if from_repeats(self.best) and from_repeats(self.ref) else " (one run a cell)"
+        because = (f"every candidate is slower than one device, by at least {1 / s:.1f}x: the best, "
+                   f"{self.best['strategy']}, reaches {s:.2f}x{once}, a gap no noise of this run explains")
+        return dict(use="single", decision="one-device", resolved=True,
+                    because=because + (f" (the finer ranking is open: {'; '.join(block)})" if block else ""))
 
     def _one_device(self, s: float, v: PairVerdict) -> dict:
         """One device: every candidate is slower, or none is faster beyond the noise by more than

@@ -32,6 +32,10 @@ EXPLAINS, EXPLAINS_RATIO = 0.10, 1.5
 #: are apart but whose medians lie within it, run at the same speed for a decision (a practitioner
 #: would not switch strategies for less)
 EQUIVALENT = 0.03
+#: one device wins however noisy the cells: the fastest candidate reaches at most GROSS_SPEEDUP of one
+#: device, and its step's interval starts at least GROSS_APART times past the end of one device's
+#: (on 2 loaded cores the default run's toys gave 0.39x with cvs of 13-50%: no noise seen explains that)
+GROSS_SPEEDUP, GROSS_APART = 0.5, 1.5
 #: an open pair that would need more repeats a cell than this is reported as not decidable by repeats
 MAX_REPEATS = 30
 

@@ -90,7 +90,8 @@ def test_a_run_is_adaptive_under_a_budget_unless_told_or_repeats_given():
     def cfg(**flags):
         return build_config(toml=None, gpus=0, flags={"device": "cpu", **flags})
     assert adaptive(cfg(budget="5m"))
-    assert not adaptive(cfg())  # no budget: nothing to pace by
+    assert adaptive(cfg())  # the CPU default's budget
+    assert not adaptive(cfg(budget="off"))  # no budget: nothing to pace by
     assert not adaptive(cfg(budget="5m", adaptive=False))
     assert not adaptive(cfg(budget="5m", repeats=5))  # the user chose how many
 

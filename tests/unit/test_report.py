@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import pandas as pd
 import pytest
 
 from bench.decide.recommend import first_screen, recommend
@@ -126,7 +127,7 @@ FIRST_SCREEN_PX = chromium.VIEWPORT[1]
 PICKS_JS = """(() => { const rows = id => { const t = document.querySelector(id);
     return t ? Array.from(t.rows).slice(1).map(r => Array.from(r.cells).map(c => c.innerText.trim())) : []; };
   const t = document.querySelector('#picks'), h = document.querySelector('h2');
-  return {bottom: (t || h).getBoundingClientRect().bottom, rows: rows('#picks'), toys: rows('#toy-picks'),
+  return {bottom: (t || h).getBoundingClientRect().bottom, rows: rows('#picks'),
           first: h ? h.nextElementSibling.innerText : ''}; })()"""
 RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
 
@@ -134,9 +135,10 @@ RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
 def shown_pick(p) -> list[str]:
     """What the recommendation row of ``p`` must read: the answer, whether it is decided and why."""
     use = "no decision" if p.use is None else ("one device" if p.use == "single" else p.use)
-    decided = "no decision" if p.use is None else "decided" if p.resolved else \
+    decided = "no" if p.use is None else "decided" if p.resolved else \
         "leading, not decided (needs about 3 repeats a cell)"
-    return [p.workload, p.backend, str(p.world_size), use, decided, p.because]
+    name = p.workload + (" launch-bound" if p.launch_bound else "")
+    return [name, p.backend, str(p.world_size), use, decided, p.because]
 
 
 def assert_page_ok(page: Path, cells) -> chromium.PageCheck:
@@ -148,13 +150,12 @@ def assert_page_ok(page: Path, cells) -> chromium.PageCheck:
         assert 0 < img["w"] <= MAX_W and 0 < img["h"] <= MAX_H, img
     picks = recommend(cells)
     shown = seen.extra
-    real = first_screen([p for p in picks if not p.launch_bound])
-    toys = first_screen([p for p in picks if p.launch_bound])
-    assert len(shown["rows"]) == len(real) and len(shown["toys"]) == len(toys) and picks
+    # every workload in the one table, launch-bound ones marked after the rest
+    shown_picks = first_screen([p for p in picks if not p.launch_bound]) + first_screen([p for p in picks
+                                                                                         if p.launch_bound])
+    assert len(shown["rows"]) == len(shown_picks) and picks
     assert shown["bottom"] <= FIRST_SCREEN_PX  # the answer is on the first screen
-    if not real:  # launch-bound workloads only: the first screen says so and where their picks are
-        assert "Every workload of this run is launch-bound" in shown["first"]
-    for p, row in [*zip(real, shown["rows"]), *zip(toys, shown["toys"])]:
+    for p, row in zip(shown_picks, shown["rows"]):
         assert row[:6] == shown_pick(p), (row, p)
         assert f"{p.winner} {p.step_ms:.1f} ms/step" in row[6] and p.why in row[6]
         # and the fastest is the fastest qualifying cell of the raw table, not just what recommend() said
@@ -383,3 +384,28 @@ def test_an_off_bar_names_a_build_that_ran_off_before_profiling():
     r = pd.Series({"step_time_median_s": 0.075, "unprofiled_step_s": 0.088, "profile_builds": 2.0})
     assert figures.off_label(r, 0.30) == " (! profiled step +30% off the timed one; its build +17.3% off unprofiled)"
     assert figures.off_label(r.replace(0.088, 0.077), 0.30) == " (! profiled step +30% off the timed one)"
+
+
+def test_figure_labels_do_not_repeat_what_the_strategy_name_says():
+    from reports.figures import cell_label
+
+    assert cell_label({"strategy": "pipeline-interleaved", "schedule": "interleaved-1f1b", "backend": "gloo",
+                       "world_size": 2}) == "pipeline-interleaved gloo x2"
+    assert cell_label({"strategy": "pipeline-1f1b", "schedule": "1f1b", "backend": "nccl", "world_size": 4}) == \
+        "pipeline-1f1b nccl x4"
+    assert cell_label({"strategy": "dp-pp", "mesh": "2x2", "schedule": "gpipe", "backend": "nccl",
+                       "world_size": 4}) == "dp-pp 2x2 gpipe nccl x4"
+
+
+def test_the_scaling_figure_marks_efficiencies_that_are_not_physical():
+    """An efficiency of 16 on an axis labelled '1 = ideal' read as a result: the axis stops past the
+    physical limit, the band above it is shaded and the points beyond are marked, with their top."""
+    from reports.figures import scaling_lines
+
+    cells = pd.DataFrame({"workload": ["w"] * 4, "strategy": ["single", "ddp", "ddp", "fsdp"],
+                          "backend": ["gloo"] * 4, "world_size": [1, 2, 4, 2], "status": ["ok"] * 4,
+                          "scaling_efficiency": [1.0, 0.9, 16.0, 1.2], "scaling": ["strong"] * 4})
+    ax = scaling_lines(cells, "w")
+    assert ax.get_ylim()[1] < 2
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "> 1.05: not physical" in labels and "off the axis (up to 16.0)" in labels
