@@ -267,6 +267,10 @@ def read_table(run_dir: str | os.PathLike, name: str, schema: dict[str, str] | N
     files = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
     if not files:
         return frame([], schema or {})
+    odd = [f for f in files if not f.is_file()]  # a FIFO would block its reader for ever
+    if odd:
+        raise UserError(f"{odd[0]} is not a regular file (a pipe, a device or a folder); a run folder's tables "
+                        "are files parbench wrote: move it aside")
     check_table(path, files, lambda: [_footer(f) for f in files])
     try:
         # One dataset over every part (read in parallel). Every part of one writer has one schema

@@ -72,6 +72,8 @@ def setup(tmp: Path, what: str) -> None:
         elif kind == "no-status":
             RunWriter(d, resume=True).append("cells", [{"cell_id": 7, "workload": "mlp", "strategy": "fsdp",
                                                         "backend": "gloo", "world_size": 2}])
+        elif kind == "fifo-part":
+            os.mkfifo(d / "cells.parquet" / "part-999999.parquet")
         elif kind == "negative-median":
             RunWriter(d, resume=True).append("cells", [{"cell_id": 8, "workload": "mlp", "strategy": "ddp",
                                                         "backend": "gloo", "world_size": 2, "status": "ok",
@@ -191,6 +193,9 @@ CASES = [
      "-o '{tmp}/out.html' is an existing file"),
     ("compare-truncated", "run:truncated-cells", ["compare", "{tmp}/run", "{tmp}/run"], "cannot be read"),
     ("compare-meta-list", "run:meta-list", ["compare", "{tmp}/run", "{tmp}/run"], "holds a JSON list"),
+    # a FIFO among the part files blocked report for ever (and SIGTERM did not end it)
+    ("report-fifo-part", "run:fifo-part", ["report", "{tmp}/run"],
+     "part-999999.parquet is not a regular file (a pipe, a device or a folder)"),
     ("report-negative-median", "run:negative-median", ["report", "{tmp}/run"],
      "cells.parquet: step_time_median_s of cell 8 is -1.0, not a time (finite and >= 0)"),
     ("compare-no-status", "run:no-status", ["compare", "{tmp}/run", "{tmp}/run"], "cell(s) 7 have no status"),
