@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.core import knobs, settings
+from bench.core.config import default_config
 from tools.generated import page_main
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "settings.md"
@@ -41,7 +42,7 @@ def _cell(text: str) -> str:
 
 
 def _default(d: settings.Declared) -> str:
-    v = d.default
+    v = default_config(0).flat()[d.key]  # a machine without a GPU's (the declared default, or its overlay)
     if d.kind == "off":
         return "on"
     return "—" if v in (None, {}, []) else f"`{v}`"

@@ -63,9 +63,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """The ``parbench`` command (and ``python -m bench``)."""
+    import traceback
+
     from bench.runtime.ending import exit_with
 
-    exit_with(main())
+    try:
+        code = main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - printed as Python would, then the same ending
+        traceback.print_exc()
+        code = 1
+    exit_with(code)
 
 
 if __name__ == "__main__":

@@ -128,7 +128,8 @@ def build_config(*, toml: dict[str, Any] | None, flags: dict[str, Any], gpus: in
         for key, val in values.items():
             key = key.replace("-", "_")
             if key not in known:
-                raise UserError(f"{source}: unknown setting {key!r}; known: {', '.join(sorted(known))}")
+                raise UserError(f"{source}: unknown setting {key!r}; known: "
+                                f"{', '.join(sorted(k for k in known if k != 'pinned'))}")
             if val is not None:
                 merged[key] = val
     # A device given without its own backends/world sizes gets that device's defaults.

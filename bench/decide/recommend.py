@@ -343,10 +343,17 @@ class Group:
     def _gross_one_device(self, block: list[str]) -> dict | None:
         """One device, decided by a margin no noise explains (GROSS_SPEEDUP, GROSS_APART), even where
         the cells are noisy or contended (``block``) and the finer ranking stays open; None otherwise."""
-        s = self.speedup(self.best) if self.ref is not None else None
-        lo = num(self.best.get("step_time_ci_low_s"))
-        hi = num(self.ref.get("step_time_ci_high_s")) if self.ref is not None else None
-        if s is None or s > GROSS_SPEEDUP or lo is None or hi is None or lo < GROSS_APART * hi:
+        if self.ref is None or bool(text(self.best.get("contended"))) != bool(text(self.ref.get("contended"))):
+            return None  # one side slowed by the machine: not a gap to decide on
+        s = self.speedup(self.best)
+        lo, hi = num(self.best.get("step_time_ci_low_s")), num(self.ref.get("step_time_ci_high_s"))
+        gb_best, gb_ref = num(self.best.get("global_batch")), num(self.ref.get("global_batch"))
+        if s is None or s > GROSS_SPEEDUP or not lo or not hi:
+            return None
+        # in throughput (weak scaling trains more samples a step): even one device's slowest beats
+        # the candidate's fastest by GROSS_APART
+        per = gb_best / gb_ref if gb_best and gb_ref else 1.0
+        if lo < GROSS_APART * hi * per:
             return None
         once = "" if from_repeats(self.best) and from_repeats(self.ref) else " (one run a cell)"
         because = (f"every candidate is slower than one device, by at least {1 / s:.1f}x: the best, "

@@ -297,17 +297,20 @@ LOAD_CORES = 0.5
 def load_difference(r: pd.Series) -> str:
     """How the two sides of a merged row were measured under different loads ('' if alike, or not
     known): one side contended and the other not, or LOAD_CORES more cores busy outside the
-    benchmark on one side. A shift between them is the machine's as much as the code's."""
+    benchmark on one side. A shift between them is the machine's as much as the code's. Only sides
+    that both carry telemetry are weighed (a run with --sample-hz 0, or a history, did not measure
+    its load: "not contended" would be a guess)."""
     def text(v: Any) -> str:
         return "" if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v)
 
-    cb, cc = text(r.get("contended_b")), text(r.get("contended_c"))
     ob, oc = (pd.to_numeric(r.get(f"host_other_cpu_cores_{s}"), errors="coerce") for s in ("b", "c"))
-    busy = (pd.notna(ob) and pd.notna(oc) and abs(float(oc) - float(ob)) >= LOAD_CORES)
+    if pd.isna(ob) or pd.isna(oc):
+        return ""
+    cb, cc = text(r.get("contended_b")), text(r.get("contended_c"))
+    busy = abs(float(oc) - float(ob)) >= LOAD_CORES
     if bool(cb) == bool(cc) and not busy:
         return ""
-    cores = f"{float(ob):.1f} vs {float(oc):.1f} cores busy outside the benchmark" if pd.notna(ob) and pd.notna(oc) \
-        else ""
+    cores = f"{float(ob):.1f} vs {float(oc):.1f} cores busy outside the benchmark"
     sides = f"BASE {cb or 'not contended'}, CURRENT {cc or 'not contended'}" if bool(cb) != bool(cc) else ""
     return "; ".join(x for x in (cores, sides) if x)
 

@@ -50,9 +50,10 @@ def parity_failure(r) -> str:
     step = r.get("parity_step")
     text = (f"parity with one device failed: rel err {num('parity_rel_err', '.1e')}"
             + ("" if step is None or pd.isna(step) else f" at step {int(step)}")
-            + f" > tolerance {num('parity_tol', '.0e')} (--parity-tol or the workload's parity_tol sets it)")
+            + f" > tolerance {num('parity_tol', '.2g')} (--parity-tol or the workload's parity_tol sets it)")
     norm, world = r.get("batch_norm"), r.get("world_size")
-    if isinstance(norm, str) and norm and world is not None and pd.notna(world) and world > 1:
+    splits = r.get("strategy") != "tensor"  # tensor parallelism gives every rank the whole batch
+    if isinstance(norm, str) and norm and splits and world is not None and pd.notna(world) and world > 1:
         text += (f"; the model has {norm}: each rank normalises over its share of the batch, one device over all of "
                  "it (a difference in semantics, not rounding): torch.nn.SyncBatchNorm.convert_sync_batchnorm in the "
                  "factory compares like with like")

@@ -10,7 +10,9 @@ tables and ``meta.json`` are only ever written by the run.
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import sys
 import time
@@ -41,6 +43,13 @@ class RunLock:
             self.file.close()
             raise UserError(f"{run_dir} is being written by {holder}; wait until it ends (then resume it if it "
                             "stopped), or pass another folder") from None
+        except OSError as e:  # a file system without flock (Lustre without -o flock, some NFS and FUSE)
+            if e.errno not in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL):
+                raise
+            logging.getLogger("parbench").warning(
+                "%s: this file system does not lock files (%s); run one writer of the folder at a time",
+                run_dir, e.strerror)
+            return
         self.file.truncate(0)
         self.file.write(json.dumps({"pid": os.getpid(), "command": command,
                                     "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ def open_run(cfg: RunConfig, metrics: list[Metric], resume: Path | None) -> tupl
     to resume (appended to; its earlier work files kept)."""
     if resume is None:
         check_out(cfg.output.out)
-        run_dir = Path(cfg.output.out) / new_run_id()
+        # absolute: every path the ranks get stays valid whatever their working directory
+        run_dir = Path(os.path.abspath(cfg.output.out)) / new_run_id()
         writer = RunWriter(run_dir, cell_schema=cell_columns(metrics))
         work = run_dir / "work"
         _make(work, f"free space or pass a writable --out (the empty run folder {run_dir} can go)")

@@ -129,7 +129,8 @@ def planned(spec: str, dims: dict[str, int], *, seed: int, global_batch: int | N
             try:
                 first = wl.batch(0)
             except Exception as e:  # noqa: BLE001 - the user's loader: named, in one line
-                raise UserError(f"workload {spec!r}: its batch(0) raised {type(e).__name__}: {e}") from None
+                said = " ".join(str(e).split())[:300]
+                raise UserError(f"workload {spec!r}: its batch(0) raised {type(e).__name__}: {said}") from None
             problem = batch_problem(wl, first, 0)
             if problem:
                 raise UserError(f"workload {spec!r}: {problem}")

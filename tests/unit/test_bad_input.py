@@ -484,3 +484,20 @@ def test_a_run_folder_has_one_writer(tmp_path, capsys):
     assert sorted(p.name for p in d.rglob("*")) == before
     again = RunLock(d, "after")  # released: the next writer gets it
     again.release()
+
+
+def test_a_file_system_without_locks_warns_and_writes(tmp_path, monkeypatch, caplog):
+    """Lustre without -o flock (and some NFS and FUSE mounts) answer flock with ENOSYS: the run goes
+    on, saying the folder is not locked, instead of a traceback."""
+    import errno
+    import fcntl
+
+    from bench.results.lock import RunLock
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    with caplog.at_level("WARNING", logger="parbench"):
+        RunLock(tmp_path, "parbench run").release()
+    assert "this file system does not lock files (Function not implemented)" in caplog.text

@@ -243,6 +243,17 @@ def test_one_device_by_a_margin_no_noise_explains_is_decided_on_a_noisy_machine(
     assert p.use is None and not p.resolved
 
 
+def test_the_gross_rule_weighs_throughput_and_steps_aside_for_a_load_on_one_side():
+    # weak scaling: 4x the samples a step, so 3x the step is faster in samples/s, never "one device"
+    p = pick([cell("single", 1, 1.0, repeats=False, scaling="weak"),
+              cell("ddp", 4, 3.0, repeats=False, scaling="weak", global_batch=4 * GB)], ws=4)
+    assert not (p.use == "single" and p.resolved and "no noise" in p.because), p.because
+    # only the candidate contended: the machine may have slowed it, so no gross decision
+    p = pick([cell("single", 1, 0.01, repeats=False),
+              cell("ddp", 2, 0.05, repeats=False, contended="1.2 cores busy outside the benchmark")])
+    assert "no noise of this run explains" not in p.because
+
+
 def test_an_unstable_runner_up_behind_the_library_default_does_not_block_it():
     p = pick([cell("single", 1, 0.200), cell("ddp", 2, 0.100), cell("fsdp", 2, 0.150, stable=False, noise="cv 9%")])
     assert p.use == "ddp" and p.resolved

@@ -267,3 +267,12 @@ def test_a_shift_measured_under_different_loads_is_noisy_naming_the_loads():
     assert t.loc["ddp", "note"].startswith("regression measured under different loads, not trusted: 0.1 vs 1.4 cores "
                                            "busy outside the benchmark; BASE not contended, CURRENT 1.4 cores busy")
     assert t.loc["fsdp", "verdict"] == "regression"  # alike: the verdict stands
+
+
+def test_loads_are_weighed_only_where_both_sides_measured_them():
+    """A base without telemetry (--sample-hz 0, a history) did not measure its load: a contended
+    current side is not reason enough to call its regression noisy."""
+    base = make_run({"ddp": 1.0}, repeats=8, n=10)
+    cur = make_run({"ddp": 1.3}, repeats=8, n=10, seed=5)
+    cur[0]["host_other_cpu_cores"], cur[0]["contended"] = 1.4, "1.4 cores busy outside the benchmark"
+    assert cmp(base, cur).loc["ddp", "verdict"] == "regression"
