@@ -760,6 +760,15 @@ def knob_parity_view(ev: Evidence) -> View:
                 md_table(header, rows, fold=False))
 
 
+def cpu_default_view(ev: Evidence) -> View:
+    rows = [[str(int(r.run)), f"{r.wall_s:.0f}", cell(r.workload) + (" (launch-bound)" if r.launch_bound else ""),
+             f"{r.backend} x{int(r.world_size)}", cell(r.use), cell(r.decided), cell(r.fastest),
+             f"{r.speedup:.2f}x" if present(r.speedup) else "–"] for r in ev.table.itertuples()]
+    header = ["run", "seconds", "workload", "where", "use", "decided?", "fastest candidate", "vs one device"]
+    return View("two runs of the default matrix in a row; repeats as its 4-minute budget planned them", None,
+                md_table(header, rows, fold=False))
+
+
 def generic_view(ev: Evidence) -> View:
     if {"strategy", "world_size", "step_time_median_s", "status"} <= set(ev.table.columns):
         return cells_view(ev)
@@ -805,6 +814,7 @@ SECTIONS = [
                   default_cells_view),
              Part("default-run-h200-x2", "The default GPU run on 2 H200s, with a model beyond one GPU",
                   default_cells_view),
+             Part("cpu-default-2core", "The default CPU run on 2 cores, twice", cpu_default_view),
              Part("breakdown-settled-h200-x2", "Profiled steps after the pass settles, 2 GPUs", settled_view),
              Part("breakdown-markers-h200-x2", "Profiled steps between their markers, 2 GPUs", marker_windows_view),
              Part("profiler-launch-cost-h200", "What recording GPU activity costs a launch", launch_cost_view),
