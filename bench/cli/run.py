@@ -178,6 +178,8 @@ def print_budget_use(run_dir: Path) -> None:
     import json
     from datetime import datetime
 
+    import pandas as pd
+
     from bench.core.values import parse_duration
     from bench.results.store import load_run
 
@@ -195,12 +197,17 @@ def print_budget_use(run_dir: Path) -> None:
         cells, _, _ = load_run(run_dir)
         cut = int((cells["status"].eq("skipped") & cells["reason"].fillna("").str.startswith("time budget")).sum())
         done = int(cells["status"].isin(["ok", "failed", "timeout"]).sum())
+        ran = cells[cells["status"] == "ok"]
+        short = (pd.to_numeric(ran.get("repeats"), errors="coerce") - pd.to_numeric(ran.get("repeats_done"),
+                                                                                   errors="coerce")).clip(lower=0)
+        rounds_cut = int(short.fillna(0).sum()) if "repeats" in ran and "repeats_done" in ran else 0
     except Exception:  # noqa: BLE001 - a summary line, never a reason for the finished run to fail
         return
     print(f"budget {budget}: the run took {took:.0f} s ({took / budget_s:.0%})"
           + (" since its resume" if meta.get("resumed") is not None else "")
-          + f"; {done} cells measured, {cut} cut by the deadline; {len(starts)} process group start-ups took "
-          f"{start_s:.0f} s")
+          + f"; {done} cells measured, {cut} cut by the deadline"
+          + (f", {rounds_cut} repeats asked for but cut by it" if rounds_cut else "")
+          + f"; {len(starts)} process group start-ups took {start_s:.0f} s")
     rounds = meta.get("adaptive")
     if isinstance(rounds, list):
         again = {c for r in rounds if isinstance(r, dict) for c in (r.get("cells") or {})}

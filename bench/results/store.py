@@ -338,6 +338,10 @@ def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, di
     """cells (with derived columns), steps and meta of a run folder; a one-line UserError if it is
     not one."""
     d = Path(run_dir)
+    if not (d / "cells.parquet").exists() and (d / "collectives.parquet").exists():
+        raise UserError(f"{d} is a collective sweep's folder (parbench comm), which has no cells: this command reads "
+                        f"the folders of parbench run and parbench serve; read the sweep with "
+                        f"pandas.read_parquet('{d / 'collectives.parquet'}')")
     if not (d / "cells.parquet").exists():
         raise UserError(f"{d} is not a parbench run folder (no cells.parquet); pass results/<run-id>")
     cells = read_table(d, "cells")

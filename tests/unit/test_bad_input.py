@@ -72,6 +72,11 @@ def setup(tmp: Path, what: str) -> None:
         elif kind == "no-status":
             RunWriter(d, resume=True).append("cells", [{"cell_id": 7, "workload": "mlp", "strategy": "fsdp",
                                                         "backend": "gloo", "world_size": 2}])
+        elif kind == "comm-folder":  # a collective sweep's folder: its own tables, no cells
+            import shutil
+
+            shutil.rmtree(d / "cells.parquet")
+            (d / "collectives.parquet").mkdir()
         elif kind == "fifo-part":
             os.mkfifo(d / "cells.parquet" / "part-999999.parquet")
         elif kind == "negative-median":
@@ -193,6 +198,9 @@ CASES = [
      "-o '{tmp}/out.html' is an existing file"),
     ("compare-truncated", "run:truncated-cells", ["compare", "{tmp}/run", "{tmp}/run"], "cannot be read"),
     ("compare-meta-list", "run:meta-list", ["compare", "{tmp}/run", "{tmp}/run"], "holds a JSON list"),
+    # a folder of another kind: said what it is and what the command reads
+    ("report-comm-folder", "run:comm-folder", ["report", "{tmp}/run"], "{tmp}/run is a collective sweep's folder"),
+    ("compare-comm-folder", "run:comm-folder", ["compare", "{tmp}/run", "{tmp}/run"], "(parbench comm), which has"),
     # a FIFO among the part files blocked report for ever (and SIGTERM did not end it)
     ("report-fifo-part", "run:fifo-part", ["report", "{tmp}/run"],
      "part-999999.parquet is not a regular file (a pipe, a device or a folder)"),

@@ -381,3 +381,23 @@ def test_a_run_where_no_cell_was_measured_exits_1_with_why(tmp_path, capsys):
     skipped.append("cells", [{**row, "cell_id": 0, "strategy": "ddp", "status": "skipped", "reason": "x"}])
     skipped.close()
     assert nothing_measured(tmp_path / "ok") == 0 and nothing_measured(tmp_path / "skipped") == 0
+
+
+def test_the_budget_line_counts_the_repeats_the_deadline_cut(tmp_path, capsys):
+    """--repeats 1000 --budget 1m did 135 repeats and said "0 cut by the deadline"."""
+    import json
+
+    from bench.cli.run import print_budget_use
+    from bench.results.store import RunWriter
+
+    w = RunWriter(tmp_path / "run")
+    w.append("cells", [{"cell_id": i, "workload": "mlp", "strategy": s, "backend": "gloo", "world_size": n,
+                        "status": "ok", "repeats": 1000, "repeats_done": 135} for i, (s, n) in
+                       enumerate([("single", 1), ("ddp", 2)])])
+    w.close()
+    (tmp_path / "run" / "meta.json").write_text(json.dumps({
+        "config": {"budget": "60s"}, "created_utc": "2026-12-02T00:00:00+00:00",
+        "updated_utc": "2026-12-02T00:01:00+00:00"}))
+    print_budget_use(tmp_path / "run")
+    out = capsys.readouterr().out
+    assert "2 cells measured, 0 cut by the deadline, 1730 repeats asked for but cut by it" in out, out
