@@ -37,6 +37,7 @@ from bench.measure.telemetry import start_samplers
 from bench.multinode import plan_digest
 from bench.multinode.follow import follow
 from bench.multinode.nodes import Coordinator
+from bench.plan import estimate
 from bench.plan.budget import Pacer, budget_plan, start_cost
 from bench.plan.matrix import Planned, group, plan, runnable
 from bench.results.folder import check_out
@@ -65,6 +66,9 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
     plan_text = ""
     if budget_s is not None:
         cells, plan_text = budget_plan(cfg, cells, budget_s, reserve=RESERVE if adaptive(cfg) else 0.0)
+    elif cfg.nodes.node_rank == 0:  # what it will take, before it starts (a budget says so in its plan)
+        rate = estimate.device_rate(cfg.matrix.device, max(cfg.matrix.world_sizes))
+        print(estimate.estimate_line(cfg, cells, estimate.estimate_s(cfg, cells, rate)), flush=True)
     coord = None
     if cfg.nodes.nnodes > 1:
         if resume is not None:
