@@ -198,9 +198,11 @@ def print_budget_use(run_dir: Path) -> None:
         cut = int((cells["status"].eq("skipped") & cells["reason"].fillna("").str.startswith("time budget")).sum())
         done = int(cells["status"].isin(["ok", "failed", "timeout"]).sum())
         ran = cells[cells["status"] == "ok"]
-        short = (pd.to_numeric(ran.get("repeats"), errors="coerce") - pd.to_numeric(ran.get("repeats_done"),
-                                                                                   errors="coerce")).clip(lower=0)
-        rounds_cut = int(short.fillna(0).sum()) if "repeats" in ran and "repeats_done" in ran else 0
+        rounds_cut = 0
+        if {"repeats", "repeats_done"} <= set(ran.columns):  # a folder written before repeats_done has neither
+            short = pd.to_numeric(ran["repeats"], errors="coerce") - pd.to_numeric(ran["repeats_done"],
+                                                                                 errors="coerce")
+            rounds_cut = int(short.clip(lower=0).fillna(0).sum())
     except Exception:  # noqa: BLE001 - a summary line, never a reason for the finished run to fail
         return
     print(f"budget {budget}: the run took {took:.0f} s ({took / budget_s:.0%})"

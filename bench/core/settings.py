@@ -312,11 +312,6 @@ def flatten_toml(data: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def given_keys() -> frozenset[str]:
-    """The keys a user may give (flags or TOML): every setting but the ones the run derives."""
-    return frozenset(d.key for d in DECLARED if d.toml)
-
-
 def add_flags(parser: Any, *, sections: tuple[str, ...] | None = None, grouped: bool = True) -> None:
     """The flags of the settings of ``sections`` (default: every section but nodes), one argument
     group per section with ``grouped`` (a parser), else all into ``parser`` (itself a group)."""
