@@ -1,72 +1,20 @@
-"""The strategy registry: adding a strategy is one file, one line here and one parity test.
+"""Parallelism strategies: one file a strategy, their declarations in :mod:`strategies.catalog`
+(no torch), the classes in :mod:`strategies.registry`.
 
-A user's own strategy enters as ``package.module:Class`` (a :class:`strategies.base.Strategy`).
+``strategies.REGISTRY``, ``strategies.get`` and the protocol names load the registry (and torch)
+on first use, so that ``import strategies.catalog`` stays light.
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
-from bench.core.errors import UserError
-from strategies.allreduce import AllReduce, AllReduceBucketed
-from strategies.base import Context, Option, Step, Strategy
-from strategies.chain import Chain, EncoderHead, LayerSplit
-from strategies.dataparallel import DataParallel
-from strategies.ddp import DDPStrategy, DDPZero1
-from strategies.ensemble import Ensemble
-from strategies.fsdp import FSDP, FSDPNoReshard
-from strategies.hybrid import FSDPxTP
-from strategies.pipeline import DPxPipeline, Pipeline, Pipeline1F1B, PipelineInterleaved
-from strategies.single import Single
-from strategies.tensor import TensorParallel
-
-REGISTRY: dict[str, type[Strategy]] = {
-    cls.name: cls
-    for cls in (
-        Single,
-        DataParallel,
-        DDPStrategy,
-        DDPZero1,
-        AllReduce,
-        AllReduceBucketed,
-        FSDP,
-        FSDPNoReshard,
-        LayerSplit,
-        Chain,
-        Pipeline,
-        Pipeline1F1B,
-        PipelineInterleaved,
-        TensorParallel,
-        DPxPipeline,
-        FSDPxTP,
-        Ensemble,
-        EncoderHead,
-    )
-}
-
-__all__ = ["REGISTRY", "Context", "Option", "Step", "Strategy", "get", "names"]
+_REGISTRY_NAMES = frozenset({"REGISTRY", "Context", "Option", "Step", "Strategy", "get", "names"})
+__all__ = sorted(_REGISTRY_NAMES)
 
 
-def names() -> list[str]:
-    return list(REGISTRY)
-
-
-def get(spec: str) -> Strategy:
-    """A strategy instance by registry name or ``package.module:Class``."""
-    if spec in REGISTRY:
-        return REGISTRY[spec]()
-    if ":" not in spec:
-        raise UserError(f"unknown strategy {spec!r}: use one of {', '.join(REGISTRY)}, 'all', "
-                        "or 'package.module:Class'")
-    mod_name, _, attr = spec.partition(":")
-    try:
-        cls = getattr(importlib.import_module(mod_name), attr)
-    except Exception as e:  # noqa: BLE001
-        raise UserError(f"strategy {spec!r}: cannot load ({type(e).__name__}: {e}); "
-                        "check the module is on PYTHONPATH") from None
-    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
-        raise UserError(f"strategy {spec!r} is not a strategies.base.Strategy subclass")
-    inst = cls()
-    if not getattr(inst, "name", None):
-        raise UserError(f"strategy {spec!r} has no name")
-    return inst
+def __getattr__(name: str) -> Any:
+    if name in _REGISTRY_NAMES:
+        return getattr(importlib.import_module("strategies.registry"), name)
+    raise AttributeError(f"module 'strategies' has no attribute {name!r}")

@@ -13,9 +13,11 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
+from strategies import catalog
 from strategies.base import Context, Step, Strategy
+from strategies.catalog import BUCKET_MB
 from strategies.common import local_share, train_step
-from strategies.ddp import BUCKET_MB, data_parallel_check
+from strategies.ddp import data_parallel_check
 from strategies.training import make_optimizer, whole_model
 
 
@@ -47,9 +49,7 @@ def allreduce_mean_bucketed(grads: list[torch.Tensor], cap_bytes: int, *, world:
 
 
 class AllReduce(Strategy):
-    name = "allreduce"
-    summary = "hand-written data parallel: one all-reduce per gradient after backward"
-    needs = "world size <= devices; global batch divisible by world size"
+    declared = catalog.ALLREDUCE
     bucketed = False
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
@@ -76,7 +76,5 @@ class AllReduce(Strategy):
 
 
 class AllReduceBucketed(AllReduce):
-    name = "allreduce-bucketed"
-    summary = "hand-written data parallel: gradients flattened into bucket_mb buffers, then all-reduced"
+    declared = catalog.ALLREDUCE_BUCKETED
     bucketed = True
-    options = (BUCKET_MB,)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import torch
@@ -22,50 +22,10 @@ from bench.core.knobs import Training
 from bench.core.metrics import Metric, check_declared
 from bench.core.spec import CellSpec
 from bench.workloads import Batch, Workload
+from strategies.catalog import MESH, Declaration, Option, option_column
 
-
-@dataclass(frozen=True, kw_only=True)
-class Option:
-    """A strategy option (``--option NAME=VALUE``), validated by type before launch."""
-
-    name: str
-    type: type  # int, float, str or bool
-    default: Any  # None: the strategy fills it in ``resolve_options`` (it depends on the cell)
-    help: str
-    minimum: float | None = None
-    choices: tuple[Any, ...] | None = None
-
-    def parse(self, value: Any) -> Any:
-        """The value as this option's type; ValueError with a one-line reason otherwise."""
-        tp = self.type
-        if tp is bool:
-            if isinstance(value, bool):
-                v = value
-            elif str(value).lower() in ("1", "true", "yes", "on"):
-                v = True
-            elif str(value).lower() in ("0", "false", "no", "off"):
-                v = False
-            else:
-                raise ValueError(f"option {self.name}={value!r} must be true or false")
-        elif tp is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError(f"option {self.name}={value!r} must be an integer, e.g. {self.name}=8")
-            try:
-                v = int(value)
-            except (TypeError, ValueError):
-                raise ValueError(f"option {self.name}={value!r} must be an integer, e.g. {self.name}=8") from None
-        elif tp is float:
-            try:
-                v = float(value)
-            except (TypeError, ValueError):
-                raise ValueError(f"option {self.name}={value!r} must be a number") from None
-        else:
-            v = str(value)
-        if self.minimum is not None and v < self.minimum:
-            raise ValueError(f"option {self.name}={v} must be >= {self.minimum:g}")
-        if self.choices is not None and v not in self.choices:
-            raise ValueError(f"option {self.name}={v!r} must be one of {', '.join(map(str, self.choices))}")
-        return v
+__all__ = ["MESH", "Context", "OneProcessMultiGPU", "Option", "Step", "Strategy", "common_check", "option_column",
+           "policy_text"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,21 +84,12 @@ class Step:
     optimizer: torch.optim.Optimizer | None = None
 
 
-_DTYPES = {int: "Int64", float: "float64", bool: "boolean", str: "string"}
-
-
-def option_column(opt: Option) -> Metric:
-    """The row column recording an option's value for a cell (compare keeps cells of different
-    settings apart: it is a label)."""
-    return Metric(name=f"option_{opt.name}", dtype=_DTYPES.get(opt.type, "string"), kind="label", doc=opt.help)
-
-
-MESH = Metric(name="mesh", dtype="string", kind="label", header="mesh", shown=frozenset({"report"}),
-              doc="the layout the cell ran: dp2xtp2, pp4, split2, ...")
+DECLARED_FIELDS = tuple(f.name for f in fields(Declaration))
 
 
 class Strategy:
-    """Base class: subclasses set the class attributes and implement ``prepare``."""
+    """Base class: subclasses set the class attributes (a built-in takes them from its
+    ``declared`` entry of :mod:`strategies.catalog`) and implement ``prepare``."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
@@ -165,8 +116,17 @@ class Strategy:
     # Why activation checkpointing does not apply to the strategy ("" when it applies, per block).
     no_ac: ClassVar[str] = ""
 
+    # What the decision layer reads (strategies.catalog.Declaration says what each means).
+    default_for: ClassVar[str] = ""
+    param_dtype_column: ClassVar[str] = ""
+    overlap_option: ClassVar[str] = ""
+
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
+        declared = cls.__dict__.get("declared")
+        if isinstance(declared, Declaration):  # a built-in: its declaration lives in strategies.catalog
+            for f in DECLARED_FIELDS:
+                setattr(cls, f, getattr(declared, f))
         check_declared(getattr(cls, "name", cls.__name__), cls.columns())
 
     @classmethod

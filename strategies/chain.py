@@ -14,20 +14,14 @@ from torch import nn
 
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
-from strategies.base import MESH, Context, OneProcessMultiGPU, Step, Strategy, common_check
+from strategies import catalog
+from strategies.base import Context, OneProcessMultiGPU, Step, Strategy, common_check
 from strategies.common import P2P, build_for_sharding, materialize, stage_modules
 from strategies.training import compile_blocks, make_optimizer, prepare_blocks
 
 
 class Chain(Strategy):
-    name = "chain"
-    summary = "hand-written model parallel over ranks: blocking send/recv of activations and gradients"
-    needs = "world size >= 2 and <= blocks; CUDA+NCCL, CUDA+Gloo (through host memory) or CPU+Gloo"
-    min_world = 2
-    labels = (MESH,)
-    distributes = ("comm",)  # activations and gradients cross ranks every step (see pipeline.py)
-    cuts = True
-    compiles = "each rank's stage"
+    declared = catalog.CHAIN
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         r = common_check(cell, gpus=gpus, min_world=self.min_world)
@@ -84,13 +78,8 @@ class Chain(Strategy):
 
 
 class EncoderHead(Chain):
-    name = "encoder-head"
-    summary = "two collaborating models: encoder on rank 0 feeds its output to a head on rank 1 every step"
-    needs = "world size 2; a workload with at least 2 blocks"
+    declared = catalog.ENCODER_HEAD
 
-    # The head may be a sliver of the model (one linear layer): the evidence is the activations and
-    # gradients crossing between the two models every step, not the split of the parameters.
-    distributes = ("comm",)
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         if cell.n_devices != 2:
@@ -103,13 +92,8 @@ class EncoderHead(Chain):
 
 
 class LayerSplit(OneProcessMultiGPU):
-    name = "layersplit"
-    summary = "naive model parallel in one process: blocks placed on several GPUs, activations .to(next)"
-    needs = "CUDA; world size (GPUs used) <= visible GPUs and <= blocks; one process"
+    declared = catalog.LAYERSPLIT
     cpu_reason = "layer split places blocks on several GPUs; on CPU there is one device"
-    labels = (MESH,)
-    cuts = True
-    compiles = "each GPU's stage"
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         reason = super().check(cell, gpus=gpus)

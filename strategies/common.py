@@ -12,10 +12,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from bench.core.config import parse_mesh
-from bench.core.metrics import Metric
 from bench.core.spec import CellSpec
 from bench.workloads import Batch, Workload, shard
-from strategies.base import Context, Option
+from strategies.base import Context
+from strategies.catalog import PLACEMENT_OPTION
 
 
 def build_for_sharding(wl: Workload, ctx: Context) -> nn.Module:
@@ -171,22 +171,6 @@ def _time_blocks(wl: Workload, model: nn.Module, ctx: Context, batch: Batch) -> 
     model.zero_grad(set_to_none=True)
     return out
 
-
-MESH_OPTION = Option(name="mesh", type=str, default=None,
-                     help="2D layout DPxMP for the hybrids, e.g. 2x2 (default: dp=2, the rest model parallel)")
-
-#: Topology-aware placement of the 2D hybrids: which dimension's groups are made of neighbouring
-#: ranks. torchrun gives each node (agent) a contiguous block of global ranks, so neighbouring ranks
-#: share a node: model parallel, which talks every layer, belongs there; data parallel, which talks
-#: once a step, can cross the slower link between nodes.
-PLACEMENTS = ("mp-in-node", "dp-in-node")
-PLACEMENT_OPTION = Option(name="placement", type=str, default="mp-in-node", choices=PLACEMENTS,
-                          help="rank layout of a 2D hybrid: mp-in-node (default) keeps each model-parallel group "
-                               "on neighbouring ranks, inside a node, and data parallel across nodes; dp-in-node "
-                               "the reverse (model parallel crosses nodes)")
-PLACEMENT = Metric(name="mesh_placement", dtype="string", kind="label", header="placement",
-                   shown=frozenset({"report"}),
-                   doc="which mesh dimensions of a 2D hybrid stay inside a node and which cross nodes")
 
 
 def mesh_groups(dp: int, mp: int, placement: str) -> tuple[list[list[int]], list[list[int]]]:

@@ -6,23 +6,17 @@ from torch import nn
 
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
+from strategies import catalog
 from strategies.base import Context, OneProcessMultiGPU, Step
 from strategies.common import train_step
 from strategies.training import make_optimizer
 
 
 class DataParallel(OneProcessMultiGPU):
-    name = "dataparallel"
-    summary = "nn.DataParallel: one process, module replicated on each GPU every step"
-    needs = "CUDA; world size <= visible GPUs; runs in one process"
+    declared = catalog.DATA_PARALLEL
     # On CPU nn.DataParallel silently runs the plain module: that would be a single-device number
     # under a data-parallel name.
     cpu_reason = "nn.DataParallel needs CUDA GPUs (on CPU it silently runs one replica)"
-    # Its replicas are shallow copies made every forward: a block's checkpointed or compiled forward
-    # would stay bound to the original module on the first GPU.
-    compiles = ""
-    no_compile = "nn.DataParallel replicates the module every forward; torch.compile does not follow the replicas"
-    no_ac = "nn.DataParallel's per-forward replicas would call the original block's forward"
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         reason = super().check(cell, gpus=gpus)

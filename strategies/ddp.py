@@ -7,21 +7,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
-from strategies.base import Context, Option, Step, Strategy, common_check
+from strategies import catalog
+from strategies.base import Context, Step, Strategy, common_check
 from strategies.common import local_share, train_step
 from strategies.training import compile_module, make_optimizer, optimizer_class, optimizer_kwargs, prepare_blocks
-
-#: DDP's own default bucket size (torch.nn.parallel.DistributedDataParallel, bucket_cap_mb=25); the
-#: hand-written all-reduce strategies use the same option so the two compare like with like.
-BUCKET_MB = Option(name="bucket_mb", type=float, default=25.0, minimum=0.001,
-                   help="gradient bucket size in MiB (DDP, hand-written bucketed all-reduce, dp-pp)")
-
-
-GRAD_VIEW = Option(name="ddp_grad_as_bucket_view", type=bool, default=False,
-                   help="DDP gradient_as_bucket_view: gradients alias the all-reduce buckets (saves a copy and "
-                        "memory)")
-STATIC_GRAPH = Option(name="ddp_static_graph", type=bool, default=False,
-                      help="DDP static_graph: the set of used parameters never changes (lets DDP skip checks)")
 
 
 class DDPStrategy(Strategy):
@@ -30,10 +19,7 @@ class DDPStrategy(Strategy):
     while backward runs. ``gradient_as_bucket_view`` and ``static_graph`` (off by default in DDP) are
     options (https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html)."""
 
-    name = "ddp"
-    summary = "DistributedDataParallel: bucketed all-reduce overlapped with backward"
-    needs = "world size <= devices; global batch divisible by world size"
-    options = (BUCKET_MB, GRAD_VIEW, STATIC_GRAPH)
+    declared = catalog.DDP
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         return data_parallel_check(cell, gpus=gpus)
@@ -63,8 +49,7 @@ class DDPZero1(DDPStrategy):
     (https://pytorch.org/tutorials/recipes/zero_redundancy_optimizer.html). With SGD, which keeps no
     state, it only adds the broadcasts."""
 
-    name = "ddp-zero1"
-    summary = "DDP with ZeroRedundancyOptimizer: optimizer state sharded over the ranks (ZeRO-1)"
+    declared = catalog.DDP_ZERO1
 
     def state_share(self, cell: CellSpec) -> float:
         return 1 / cell.n_devices

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from bench.core.metrics import Metric
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
+from strategies import catalog
 from strategies.base import Context, Step, Strategy
 from strategies.common import local_share, time_region, train_step
 from strategies.ddp import data_parallel_check
@@ -38,21 +38,7 @@ def build_member(wl: Workload, device: torch.device, seed: int) -> torch.nn.Modu
 
 
 class Ensemble(Strategy):
-    name = "ensemble"
-    summary = "independent models, one per rank, each on its own data; outputs all_gather-ed at the end"
-    needs = "world size <= devices; global batch divisible by world size"
-    min_world = 2
-    role = "independent"
-    # Independent models exchange nothing while training (the all_gather of predictions happens
-    # once, after the timed steps, and is reported as aggregate_bytes).
-    distributes = ()
-    metrics = (
-        Metric(name="aggregate_s", dtype="float64", unit="s", over_ranks="max", higher_is_better=False,
-               doc="all_gather of the members' predictions on one held-out batch"),
-        Metric(name="aggregate_bytes", dtype="float64", unit="B", over_ranks="max"),
-        Metric(name="ensemble_loss", dtype="float64", over_ranks="rank0",
-               doc="loss of the members' mean prediction on the held-out batch"),
-    )
+    declared = catalog.ENSEMBLE
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         return data_parallel_check(cell, gpus=gpus, min_world=self.min_world)

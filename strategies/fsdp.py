@@ -34,28 +34,13 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from bench.core.metrics import Metric
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
-from strategies.base import Context, Option, Step, Strategy, policy_text
+from strategies import catalog
+from strategies.base import Context, Step, Strategy, policy_text
 from strategies.common import build_for_sharding, local_share, materialize, param_count, train_step
 from strategies.ddp import data_parallel_check
 from strategies.training import inner_blocks, make_optimizer, prepare_blocks
-
-RESHARD = Metric(name="reshard_after_forward", dtype="boolean", kind="label",
-                 doc="FSDP2 frees gathered parameters after forward (True) or keeps them for backward")
-PARAM_DTYPE = Metric(name="fsdp_param_dtype", dtype="string", kind="label",
-                     doc="dtype FSDP2 gathers and computes the parameters in (MixedPrecisionPolicy)")
-UNITS_BUILT = Metric(name="fsdp_units_built", dtype="Int64", over_ranks="rank0",
-                     doc="FSDP2 units fully_shard built besides the root (fsdp_units decides which pieces)")
-FSDP_MP = Option(name="fsdp_mp", type=str, default="auto", choices=("auto", "off"),
-                 help="FSDP2 mixed precision: auto = bf16 parameters, fp32 reduction when precision is bf16; "
-                      "off = fp32 parameters under autocast")
-UNITS = Option(name="fsdp_units", type=str, default="inner", choices=("inner", "all"),
-              help="FSDP2 units: inner = one per inner block, first and last pieces (embedding, head) in the root "
-                   "unit (as plain_fsdp); all = every piece its own unit (embedding resharded, as torchtitan)")
-RESHARD_LAST = Option(name="fsdp_reshard_last", type=bool, default=False,
-                      help="FSDP2: also reshard the last block after forward (torchtitan does not)")
 
 
 def mixed_precision(options: dict, precision: str) -> MixedPrecisionPolicy | None:
@@ -98,17 +83,8 @@ def shard_model(wl: Workload, model, mesh, *, reshard: bool, mp: MixedPrecisionP
 
 
 class FSDP(Strategy):
-    name = "fsdp"
-    summary = ("FSDP2 fully_shard per inner block and the root, parameters resharded after forward (ZeRO-3), "
-               "bf16 mixed precision")
-    needs = "world size <= devices; global batch divisible by world size"
+    declared = catalog.FSDP
     reshard = True
-    options = (FSDP_MP, UNITS, RESHARD_LAST)
-    labels = (RESHARD, PARAM_DTYPE)
-    metrics = (UNITS_BUILT,)
-    distributes = ("comm", "sharded")
-    cuts = True
-    compiles = "each inner block, before fully_shard"
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         return data_parallel_check(cell, gpus=gpus)
@@ -135,7 +111,5 @@ class FSDP(Strategy):
 
 
 class FSDPNoReshard(FSDP):
-    name = "fsdp-noreshard"
-    summary = ("FSDP2 fully_shard per inner block and the root, parameters kept gathered from forward to backward "
-               "(ZeRO-2-like)")
+    declared = catalog.FSDP_NORESHARD
     reshard = False

@@ -5,11 +5,9 @@ from __future__ import annotations
 from bench.core.config import parse_mesh
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
-from strategies.base import MESH, Context, Step, Strategy, common_check
+from strategies import catalog
+from strategies.base import Context, Step, Strategy, common_check
 from strategies.common import (
-    MESH_OPTION,
-    PLACEMENT,
-    PLACEMENT_OPTION,
     build_for_sharding,
     hybrid_mesh,
     local_share,
@@ -20,21 +18,13 @@ from strategies.common import (
     train_step,
 )
 from strategies.ddp import divisible
-from strategies.fsdp import FSDP_MP, PARAM_DTYPE, UNITS, UNITS_BUILT, fsdp_policy, mixed_precision, shard_model
-from strategies.tensor import TP_PLAN, apply_tp, compiled_selective_reason, tp_check
+from strategies.fsdp import fsdp_policy, mixed_precision, shard_model
+from strategies.tensor import apply_tp, compiled_selective_reason, tp_check
 from strategies.training import make_optimizer, prepare_blocks
 
 
 class FSDPxTP(Strategy):
-    name = "fsdp-tp"
-    summary = "2D: tensor parallel inside each mesh row, FSDP2 across rows (option mesh='DPxTP')"
-    needs = "world size >= 4 = dp x tp (default dp=2); GPT workload; heads divisible by tp"
-    options = (MESH_OPTION, FSDP_MP, UNITS, TP_PLAN, PLACEMENT_OPTION)
-    labels = (MESH, PARAM_DTYPE, PLACEMENT)
-    metrics = (UNITS_BUILT,)
-    distributes = ("comm", "split")
-    cuts = True
-    compiles = "each inner block, after the tensor-parallel plan, before fully_shard"
+    declared = catalog.FSDP_TP
 
     def knob_reason(self, cell: CellSpec) -> str | None:
         return super().knob_reason(cell) or compiled_selective_reason(cell)

@@ -32,15 +32,12 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 from bench.core import backends
 from bench.core.config import parse_mesh
-from bench.core.metrics import Metric
 from bench.core.spec import CellSpec, WorkloadFacts
 from bench.workloads import Workload
+from strategies import catalog
 from strategies.allreduce import allreduce_mean_bucketed
-from strategies.base import MESH, Context, Option, Step, Strategy, common_check
+from strategies.base import Context, Step, Strategy, common_check
 from strategies.common import (
-    MESH_OPTION,
-    PLACEMENT,
-    PLACEMENT_OPTION,
     block_costs,
     build_for_sharding,
     hybrid_mesh,
@@ -52,42 +49,15 @@ from strategies.common import (
     stage_modules,
     time_region,
 )
-from strategies.ddp import BUCKET_MB
 from strategies.training import compile_blocks, make_optimizer, prepare_blocks
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
 
 
-BALANCE = Option(name="pp_balance", type=str, default="blocks", choices=("blocks", "time", "params"),
-                 help="pipeline stage cut: time = equal measured forward+backward time per stage (each block "
-                      "timed once on the device); blocks = equal numbers of blocks, the first (embedding) and last "
-                      "(head) riding along with the first and last stage; params = equal parameter counts")
-MICRO_BATCHES = Option(name="micro_batches", type=int, default=None, minimum=1,
-                       help="micro-batches per step for the pipelines (default max(4, 2 x stages))")
-
 
 def default_micro_batches(pp: int) -> int:
     return max(4, 2 * pp)
 
-
-def _pair(row, num: str, den: str) -> tuple[float, float] | None:
-    """The row's ``num`` and ``den`` where both are numbers and ``den`` is positive."""
-    a, b = row.get(num), row.get(den)
-    if a is None or b is None or a != a or b != b or b <= 0:
-        return None
-    return a, b
-
-
-def _bubble_measured(row) -> float | None:
-    """Idle fraction of the busiest rank: 1 - busy / median step."""
-    pair = _pair(row, "stage_busy_s", "step_time_median_s")
-    return None if pair is None else max(0.0, 1.0 - pair[0] / pair[1])
-
-
-def _pipeline_gap(row) -> float | None:
-    """Timed median over the step the stages' own times predict, minus 1."""
-    pair = _pair(row, "step_time_median_s", "stage_model_step_s")
-    return None if pair is None else pair[0] / pair[1] - 1
 
 
 def stage_model(busy: list[float], m: int) -> tuple[float, float]:
@@ -97,33 +67,6 @@ def stage_model(busy: list[float], m: int) -> tuple[float, float]:
     step = sum(t) + (m - 1) * max(t)
     return step, 1 - m * max(t) / step
 
-
-PIPELINE_LABELS = (
-    Metric(name="schedule", dtype="string", kind="label", doc="pipeline schedule"),
-    Metric(name="micro_batches", dtype="Int64", kind="label", doc="micro-batches per step"),
-    MESH,
-)
-PIPELINE_METRICS = (
-    Metric(name="stage_busy_s", dtype="float64", unit="s", over_ranks="max",
-           doc="m x forward+backward of one micro-batch through a rank's stages, timed alone (busiest rank)"),
-    Metric(name="stage_blocks", dtype="string", over_ranks="rank0", header="blocks/stage", shown=frozenset({"report"}),
-           doc="blocks in each pipeline stage, first to last (embedding and head count as blocks)"),
-    Metric(name="bubble_theory", dtype="float64", unit="fraction", fmt=".0%", over_ranks="rank0",
-           header="bubble theory", shown=frozenset({"report"}),
-           doc="(p-1)/(m+p-1); (p-1)/(v*m+p-1) interleaved"),
-    Metric(name="bubble_measured", dtype="float64", unit="fraction", fmt=".0%", header="bubble",
-           shown=frozenset({"report"}), higher_is_better=False, derive=_bubble_measured,
-           doc="1 - stage_busy_s / median step time"),
-    Metric(name="stage_model_step_s", dtype="float64", unit="s", over_ranks="rank0",
-           doc="the step the schedule takes with these stages' busy times t_i (per micro-batch): "
-               "sum(t_i) + (m-1) x max(t_i); one loop per rank only"),
-    Metric(name="bubble_stages", dtype="float64", unit="fraction", fmt=".0%", over_ranks="rank0",
-           header="bubble (stages)", shown=frozenset({"report"}),
-           doc="the busiest rank's bubble with these stages: 1 - m x max(t_i) / stage_model_step_s"),
-    Metric(name="pipeline_gap", dtype="float64", unit="fraction", fmt="+.0%", header="vs stages",
-           shown=frozenset({"report"}), higher_is_better=False, derive=_pipeline_gap,
-           doc="median step / stage_model_step_s - 1: time between stages the stage model leaves out"),
-)
 
 
 def pipeline_check(wl: WorkloadFacts, cell: CellSpec, *, pp: int, dp: int, virtual: int) -> str | None:
@@ -222,20 +165,9 @@ class PipelineRunner:
 
 
 class Pipeline(Strategy):
-    name = "pipeline-gpipe"
-    summary = "pipeline (torch.distributed.pipelining), GPipe: all forwards, then all backwards"
-    needs = "NCCL on CUDA or Gloo on CPU; blocks >= stages; global batch divisible by micro_batches"
+    declared = catalog.PIPELINE_GPIPE
     schedule = "gpipe"
     virtual = 1
-    min_world = 2
-    options = (MICRO_BATCHES, BALANCE)
-    labels = PIPELINE_LABELS
-    metrics = PIPELINE_METRICS
-    # A pipeline distributes work and activations, not necessarily parameters: a stage cut by
-    # time can hold most of a model whose parameters sit in cheap layers (a conv net's classifier).
-    # The evidence is the activations and gradients crossing stages every step.
-    distributes = ("comm",)
-    compiles = "each pipeline stage"
 
     def min_share(self, cell: CellSpec) -> float:
         return 1 / self.degrees(cell.n_devices, cell.options)[1]  # pp stages, each replicated dp times
@@ -303,27 +235,19 @@ def pipeline_step(runner: PipelineRunner, wl: Workload, ctx: Context, share, *, 
 
 
 class Pipeline1F1B(Pipeline):
-    name = "pipeline-1f1b"
-    summary = "pipeline (torch.distributed.pipelining), 1F1B: one forward, one backward in steady state"
+    declared = catalog.PIPELINE_1F1B
     schedule = "1f1b"
 
 
 class PipelineInterleaved(Pipeline):
-    name = "pipeline-interleaved"
-    summary = "pipeline, interleaved 1F1B with 2 stages per rank (smaller bubble, more messages)"
-    needs = Pipeline.needs + "; micro_batches divisible by world size"
+    declared = catalog.PIPELINE_INTERLEAVED
     schedule = "interleaved-1f1b"
     virtual = 2
 
 
 class DPxPipeline(Pipeline):
-    name = "dp-pp"
-    summary = "2D: 1F1B pipeline along each mesh row, hand-written bucketed gradient all-reduce across rows"
-    needs = "world size >= 4 = dp x pp (option mesh, default dp=2); NCCL on CUDA or Gloo on CPU"
+    declared = catalog.DP_PP
     schedule = "1f1b"
-    min_world = 4
-    options = (MICRO_BATCHES, BALANCE, MESH_OPTION, BUCKET_MB, PLACEMENT_OPTION)
-    labels = (*Pipeline.labels, PLACEMENT)
 
     def degrees(self, n: int, options: dict) -> tuple[int, int]:
         return parse_mesh(options.get("mesh"), n)

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
+from strategies import catalog
 from strategies.base import Context, Step, Strategy
 from strategies.common import train_step
 from strategies.training import make_optimizer, whole_model
 
 
 class Single(Strategy):
-    name = "single"
-    summary = "one device, no communication: the parity and scaling reference"
-    needs = "world size 1; any device"
-    one_process = True
-    role = "reference"
-    distributes = ()
+    declared = catalog.SINGLE
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         if cell.n_devices != 1:

@@ -15,7 +15,9 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from bench.core.spec import CellSpec, WorkloadFacts
 from bench.workloads import Workload
-from strategies.base import MESH, Context, Option, Step, Strategy, common_check
+from strategies import catalog
+from strategies.base import Context, Step, Strategy, common_check
+from strategies.catalog import TP_PLAN
 from strategies.common import build_for_sharding, materialize, train_step
 from strategies.training import make_optimizer, prepare_blocks
 
@@ -28,15 +30,6 @@ def tp_check(wl: WorkloadFacts, tp: int) -> str | None:
         return f"{wl.n_heads} attention heads do not divide by tensor-parallel degree {tp}"
     return None
 
-
-# Default: the plan that was faster where it was measured. On 4x H100 (gpt-200m, bf16, eager, 3
-# interleaved repeats; docs/evidence/defaults-new-vs-old-h100-x4.parquet) Megatron ran 190 ms/step
-# [166, 196] and torchtitan's sequence-parallel plan 264 ms [256, 292], with 42% less memory (6.0 vs 10.3 GiB): sequence
-# parallelism pays for its extra collectives with torch.compile (--compile on) and async TP, which
-# this suite does not apply. Both stay one option away.
-TP_PLAN = Option(name="tp_plan", type=str, default="megatron", choices=("megatron", "sp"),
-                 help="tensor-parallel plan: megatron = column/row linears (faster in eager mode here), sp = "
-                      "torchtitan's sequence parallel on the norms and loss parallel (less activation memory)")
 
 
 def apply_tp(wl: Workload, model, mesh, ctx: Context):
@@ -62,14 +55,7 @@ def compiled_selective_reason(cell: CellSpec) -> str | None:
 
 
 class TensorParallel(Strategy):
-    name = "tensor"
-    summary = "tensor parallel: the workload's plan (GPT: column-wise then row-wise linears in attention and MLP)"
-    needs = "a workload with a tensor-parallel plan; heads divisible by world size; world size <= devices"
-    labels = (MESH,)
-    options = (TP_PLAN,)
-    distributes = ("comm", "split")
-    cuts = True
-    compiles = "each inner block, after the tensor-parallel plan"
+    declared = catalog.TENSOR
 
     def check(self, cell: CellSpec, *, gpus: int) -> str | None:
         return common_check(cell, gpus=gpus) or tp_check(cell.workload, cell.n_devices)

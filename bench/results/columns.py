@@ -1,18 +1,19 @@
 """Every column the cells table can have: the core metrics, each built-in strategy's declared ones and
-the serving ones. What the summary, the report and compare read to name, order and format columns."""
+the serving ones. What the summary, the report and compare read to name, order and format columns.
+The strategies' columns come from their declarations (strategies.catalog), so this needs no torch."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-import strategies
 from bench.core.metrics import CORE, Metric, registry
 from bench.results.serve_columns import SERVE_METRICS
+from strategies.catalog import DECLARED
 
 
 def all_metrics() -> list[Metric]:
     """The registry over every built-in strategy (what the summary, report and compare read)."""
-    return registry([*(m for cls in strategies.REGISTRY.values() for m in cls.columns()), *SERVE_METRICS])
+    return registry([*(m for d in DECLARED.values() for m in d.columns()), *SERVE_METRICS])
 
 
 def lookup(name: str, metrics: Iterable[Metric] | None = None) -> Metric | None:

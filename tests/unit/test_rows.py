@@ -9,7 +9,7 @@ import pytest
 from bench.core.metrics import Metric
 from bench.core.spec import CellSpec, Measure, RankMeasurement, WorkloadFacts
 from bench.results.rows import build_row, failure_row
-from strategies.pipeline import PIPELINE_METRICS
+from strategies.catalog import PIPELINE_METRICS
 
 
 def spec(*, n=2, device="cuda", precision="bf16", steps=4, warmup=1, flops=1e9, strategy="ddp", labels=None):
