@@ -23,13 +23,20 @@ import jinja2
 import matplotlib
 import pandas as pd
 
+from bench.comm.model import annotate_comm, find_sweep
 from bench.core.errors import UserError
 from bench.core.paths import folder_problem
 from bench.decide.recommend import is_false, recommend
+from bench.gate import history as hist
+from bench.gate.ciout import SHIFT_LEGEND, verdict_rows
+from bench.gate.verdict import Gate, judge
 from bench.results.bounds import safe_name
-from bench.results.store import CELL_COLUMNS, SAMPLE_COLUMNS, frame, load_run, read_table
+from bench.results.columns import lookup, shown
+from bench.results.run import Run, load_run
+from bench.results.store import CELL_COLUMNS, SAMPLE_COLUMNS, frame, read_table
 from bench.runtime.signals import defer_stops
 from reports import answer, figures
+from reports.figures import cell_label
 from reports.serving import serve_section
 
 TEMPLATE = """<!doctype html>
@@ -121,7 +128,6 @@ document.querySelectorAll("#cells th").forEach((th, i) => th.addEventListener("c
 
 def table_columns(columns) -> list:
     """The table's columns: keys and status, the registry's report metrics, then the reason."""
-    from bench.results.columns import lookup, shown
 
     head = [lookup(c) for c in ("workload", "strategy", "backend", "world_size", "status")]
     body = [m for m in shown("report", columns) if m.name not in {h.name for h in head}]
@@ -185,7 +191,6 @@ def _comm_flags(cells: pd.DataFrame, wl: str, annotated: pd.DataFrame | None) ->
     a slower peer explains it (the record includes the wait; the fastest rank's copy shows the link)."""
     if annotated is None or not len(annotated) or "below_curve" not in annotated:
         return []
-    from reports.figures import cell_label
 
     out = []
     ok = cells[(cells["workload"] == wl) & (cells["status"] == "ok")]
@@ -208,7 +213,6 @@ def _annotated_comm(run_dir: Path, meta: dict) -> pd.DataFrame | None:
     if not comm_path.exists():
         return None
     try:
-        from bench.comm.model import annotate_comm, find_sweep
 
         # through read_table: the bounds and types of bench.results.bounds hold here too
         found = run_dir / "collectives.parquet" if (run_dir / "collectives.parquet").exists() else \
@@ -225,7 +229,7 @@ def _annotated_comm(run_dir: Path, meta: dict) -> pd.DataFrame | None:
 STAGE = ".parbench-report.partial"
 
 
-def build_report(run_dir: Path, out: Path | None = None, *, baseline: Path | None = None,
+def build_report(run_dir: Run | Path, out: Path | None = None, *, baseline: Path | None = None,
                  history: Path | None = None, threshold: float | None = None) -> Path:
     """Write ``index.html`` (self-contained) and its PNG figures into ``out`` (default
     RUN_DIR/report); returns the HTML path. ``baseline`` (a run) or ``history`` (a store) adds the
@@ -233,8 +237,8 @@ def build_report(run_dir: Path, out: Path | None = None, *, baseline: Path | Non
     compare``'s). The report is drawn into a hidden folder inside ``out`` and moved
     into place when whole, ``index.html`` last: a report stopped at any moment leaves the previous
     ``index.html`` as it was."""
-    run_dir = Path(run_dir)
-    cells, steps, meta = load_run(run_dir)
+    run = load_run(run_dir)
+    run_dir = Path(run.path)
     out = Path(out) if out else run_dir / "report"
     why = folder_problem(out)
     if why == "it is a file":
@@ -248,7 +252,7 @@ def build_report(run_dir: Path, out: Path | None = None, *, baseline: Path | Non
         logging.getLogger("parbench").info("drawing the report of %s in %s", run_dir, stage)
         # Every string on a figure comes from the run: plain text, never mathtext ("$" in a name).
         with matplotlib.rc_context({"text.parse_math": False}):
-            html = _render(run_dir, cells, steps, meta, stage, baseline, history, threshold)
+            html = _render(run, stage, baseline, history, threshold)
         (stage / "index.html").write_text(html)
         defer_stops(True)  # a stop while the files move is raised once they are all in place
         _publish(stage, out)
@@ -270,14 +274,13 @@ def _publish(stage: Path, out: Path) -> None:
         os.replace(f, dest)
 
 
-def _render(run_dir: Path, cells: pd.DataFrame, steps: pd.DataFrame, meta: dict, out: Path,
-            baseline: Path | None, history: Path | None, threshold: float | None = None) -> str:
+def _render(run: Run, out: Path, baseline: Path | None, history: Path | None, threshold: float | None = None) -> str:
     """The page, its figures written into ``out`` as it goes. A run of serving cells only has no
     training sections (recommendation, figures, the table of cells): its own answer and tables."""
-    loaded = (cells, steps, meta)  # as load_run read them: what `parbench compare` compares
+    run_dir, meta = Path(run.path), run.meta
     # first: a pair with nothing comparable is compare's one-line error, before any figure is drawn
-    comparison = _comparison(run_dir, loaded, baseline, history, out, threshold)
-    everything = frame(cells, CELL_COLUMNS)  # every core column, empty where a run from another tool lacks it
+    comparison = _comparison(run, baseline, history, out, threshold)
+    everything = frame(run.cells, CELL_COLUMNS)  # every core column, empty where a run from another tool lacks it
     serving = everything[everything["mode"] == "serve"] if "mode" in everything else everything.iloc[:0]
     cells = everything.drop(serving.index)  # training cells: figures and the recommendation are about steps
     described = meta.get("workloads") or {}
@@ -289,7 +292,7 @@ def _render(run_dir: Path, cells: pd.DataFrame, steps: pd.DataFrame, meta: dict,
     not_run = everything[everything["status"] != "ok"].sort_values(["status", "workload", "strategy"])
     return jinja2.Environment(autoescape=True).from_string(TEMPLATE).render(
         meta={"run_id": run_dir.name, **meta}, gpus=_gpus(meta.get("gpus")), a=answer, training=len(cells) > 0,
-        picks=picks, toys=toys, workloads=wls, telemetry=_telemetry(run_dir, cells, out),
+        picks=picks, toys=toys, workloads=wls, telemetry=_telemetry(run, cells, out),
         columns=[m.title for m in cols], rows=_cell_rows(cells, cols), not_run=[r for _, r in not_run.iterrows()],
         comparison=comparison,
         serve=serve_section(run_dir, serving, out, _embedded), n_ok=int((everything["status"] == "ok").sum()),
@@ -297,11 +300,11 @@ def _render(run_dir: Path, cells: pd.DataFrame, steps: pd.DataFrame, meta: dict,
         n_bad=int(everything["status"].isin(["failed", "timeout"]).sum()))
 
 
-def _telemetry(run_dir: Path, cells: pd.DataFrame, out: Path) -> list[dict]:
+def _telemetry(run: Run, cells: pd.DataFrame, out: Path) -> list[dict]:
     """Small multiples of GPU utilisation, power and host CPU over each ok cell's timed steps."""
-    if not (run_dir / "samples.parquet").exists():
+    if not run.has_table("samples"):
         return []
-    samples = read_table(run_dir, "samples", SAMPLE_COLUMNS)
+    samples = run.table("samples", SAMPLE_COLUMNS)
     ok = cells[cells["status"] == "ok"]
     found = []
     for metric in ("gpu_util_pct", "power_w", "cpu_util_pct"):
@@ -326,21 +329,18 @@ def _cell_rows(cells: pd.DataFrame, cols: list) -> list[dict]:
     return rows
 
 
-def _comparison(run_dir: Path, loaded: tuple, baseline: Path | None, history: Path | None,
-                out: Path, threshold: float | None = None) -> dict | None:
+def _comparison(run: Run, baseline: Path | None, history: Path | None, out: Path,
+                threshold: float | None = None) -> dict | None:
     """The statistical comparison as an HTML table, regressions first, from the same call and
     settings as ``parbench compare`` (:func:`bench.gate.verdict.judge`); with a history, its trend
     figures for the cells that are not 'same'."""
     if baseline is None and history is None:
         return None
-    from bench.gate.ciout import SHIFT_LEGEND, verdict_rows
-    from bench.gate.verdict import Gate, judge
 
     gate = Gate() if threshold is None else Gate(threshold=threshold)
-    judged = judge(run_dir, baseline=baseline, history=history, gate=gate, loaded=loaded)
+    judged = judge(run, baseline=baseline, history=history, gate=gate)
     figs = []
     if history is not None:
-        from bench.gate import history as hist
 
         trends = out / "trends"
         hist.show(history, judged.machine, gate.threshold, plots=trends)

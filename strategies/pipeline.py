@@ -24,6 +24,7 @@ schedule: time spent between stages (transfers, waits, the schedule's host work)
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -85,11 +86,27 @@ def pipeline_check(wl: WorkloadFacts, cell: CellSpec, *, pp: int, dp: int, virtu
     return None
 
 
+@dataclass(frozen=True, kw_only=True)
+class StageLayout:
+    """Where this rank sits in a pipeline: its schedule, its rank among the ``pp`` stages (each
+    ``virtual`` stages deep), the micro-batches ``m``, the pipeline's process group (None: the
+    default group) and the data-parallel degree ``dp`` around it."""
+
+    schedule: str
+    pp_rank: int
+    pp: int
+    m: int
+    group: dist.ProcessGroup | None = None
+    virtual: int = 1
+    dp: int = 1
+
+
 class PipelineRunner:
     """This rank's stages and schedule; ``run(local_batch)`` does one training step."""
 
-    def __init__(self, wl: Workload, ctx: Context, *, schedule: str, pp_rank: int, pp: int, m: int,
-                 group: dist.ProcessGroup | None, virtual: int = 1, dp: int = 1):
+    def __init__(self, wl: Workload, ctx: Context, layout: StageLayout):
+        schedule, pp_rank, pp, m = layout.schedule, layout.pp_rank, layout.pp, layout.m
+        group, virtual, dp = layout.group, layout.virtual, layout.dp
         self.wl, self.ctx, self.m, self.pp = wl, ctx, m, pp
         n_stages = pp * virtual
         balance = ctx.options.get("pp_balance", "blocks")
@@ -193,8 +210,8 @@ class Pipeline(Strategy):
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         pp = ctx.world_size
-        runner = PipelineRunner(wl, ctx, schedule=self.schedule, pp_rank=ctx.rank, pp=pp,
-                                m=ctx.options["micro_batches"], group=None, virtual=self.virtual)
+        runner = PipelineRunner(wl, ctx, StageLayout(schedule=self.schedule, pp_rank=ctx.rank, pp=pp,
+                                                     m=ctx.options["micro_batches"], virtual=self.virtual))
         return pipeline_step(runner, wl, ctx, lambda b: ctx.to_device(b), dp=1)
 
 
@@ -268,8 +285,8 @@ class DPxPipeline(Pipeline):
         # dp gradients are all-reduced by hand.
         dp, pp = self.degrees(ctx.world_size, ctx.options)
         mesh = hybrid_mesh(ctx.device.type, dp, pp, ctx.options["placement"], ("dp", "pp"))
-        runner = PipelineRunner(wl, ctx, schedule=self.schedule, pp_rank=mesh.get_local_rank("pp"), pp=pp,
-                                m=ctx.options["micro_batches"], group=mesh.get_group("pp"), dp=dp)
+        runner = PipelineRunner(wl, ctx, StageLayout(schedule=self.schedule, pp_rank=mesh.get_local_rank("pp"), pp=pp,
+                                                     m=ctx.options["micro_batches"], group=mesh.get_group("pp"), dp=dp))
         dp_group, dp_rank = mesh.get_group("dp"), mesh.get_local_rank("dp")
         params = [p for mod in runner.mods for p in mod.parameters()]
         cap = int(ctx.options["bucket_mb"] * 2**20)

@@ -112,3 +112,14 @@ def write_run(path: Path, times: dict[str, float], commit: str | None = "c0", me
          "platform": "Linux", "created_utc": "2026-11-26T00:00:00+00:00", **(meta or {})}
     (path / "meta.json").write_text(json.dumps(m))
     return path
+
+
+def frames_compare(base, cur, threshold=0.05, *, base_steps=None, cur_steps=None, base_meta=None, cur_meta=None,
+                   base_samples=None, **gate):
+    """``compare`` of two sides given as frames (a history's samples for BASE's steps), under a gate of
+    ``threshold`` that, unless told, judges one run's steps a side (``require_repeats`` off)."""
+    from bench.gate.compare import Gate, Side, compare
+
+    gate.setdefault("require_repeats", False)
+    return compare(Side(base, base_steps, base_meta, base_samples), Side(cur, cur_steps, cur_meta),
+                   Gate(threshold=threshold, **gate))

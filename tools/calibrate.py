@@ -31,7 +31,8 @@ import numpy as np
 import pandas as pd
 
 from bench.core.errors import UserError
-from bench.gate.compare import compare, parse_threshold, step_times
+from bench.gate.compare import Gate, Side, compare, parse_threshold
+from bench.gate.samples import step_times
 from bench.runtime.process import child_env, run_tree
 
 #: wrapped strategy name -> the strategy it slows down (the cell it is compared with)
@@ -77,9 +78,8 @@ def gate(base: tuple, cur: tuple, threshold: float, single_run: bool = False, **
     """``compare`` of two (cells, steps, meta) runs as ``parbench compare`` does it by default, or
     with ``--single-run`` when ``single_run``."""
     d = shipped_defaults()
-    return compare(base[0], cur[0], threshold, base_steps=base[1], cur_steps=cur[1], base_meta=base[2],
-                   cur_meta=cur[2], test=d["test"], require_repeats=bool(d["require_repeats"]) and not single_run,
-                   **kw)
+    return compare(Side(*base), Side(*cur), Gate(threshold=threshold, test=d["test"],
+                                                 require_repeats=bool(d["require_repeats"]) and not single_run, **kw))
 
 
 def _synthetic_run(draws: list[list[np.ndarray]]) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
@@ -160,7 +160,7 @@ def _run(out: Path, args: argparse.Namespace) -> Path:
 def _load(run_dirs: list[Path], strategy: str) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """One strategy's cell from one or more runs as a single run: the steps of run k become repeat
     k (the slowed twin is relabelled as the strategy it slows)."""
-    from bench.results.store import load_run
+    from bench.results.run import load_run
 
     cells, steps_all, meta = None, [], {}
     for k, d in enumerate(run_dirs):
@@ -212,7 +212,7 @@ def real_pairs(runs: list[Path], args: argparse.Namespace, repeats: int) -> pd.D
 def history_pairs(runs: list[Path], args: argparse.Namespace, k: int = 10) -> pd.DataFrame:
     """CURRENT = run i + k (one run, plain or slowed) against a history of runs i .. i+k-1 (their
     per-run medians: the run-to-run noise measured, as ``compare --history`` does)."""
-    from bench.gate.compare import Samples
+    from bench.gate.samples import Samples
 
     med = {}
     for j, r in enumerate(runs):

@@ -149,7 +149,7 @@ def page() -> str:
         "This page lists every column of the tables in a run folder, `results/<run-id>/`. It is for you",
         "when you read a run with pandas, filter the report's table, or write your own analysis.",
         "",
-        "Read the cells with `bench.results.store.load_run(RUN)`: one row per cell, with the derived",
+        "Read the cells with `bench.results.run.load_run(RUN)`: one row per cell, with the derived",
         "columns added. `pandas.read_parquet(RUN + '/cells.parquet')` reads the stored table as it is.",
         "",
         "Kinds: a **key** identifies a cell across runs (`parbench compare` pairs cells on the keys and",

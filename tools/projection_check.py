@@ -28,9 +28,10 @@ from typing import Any
 import pandas as pd
 
 from bench.comm.model import fit
-from bench.comm.projection import STRATEGIES, check_with_repeats, fixed_variant, project
+from bench.comm.projection import STRATEGIES, Network, check_with_repeats, fixed_variant, project
 from bench.core.errors import UserError
-from bench.results.store import load_run, read_table
+from bench.results.run import load_run
+from bench.results.store import read_table
 
 #: meta.json fields the sidecar keeps, run's and sweep's alike
 META_KEYS = ("run_id", "created_utc", "host", "torch", "cuda", "nccl", "driver", "gpu_count", "gpus", "python",
@@ -92,8 +93,8 @@ def check(run: str | Path, sweeps: list[str], *, backend: str | None = None, gpu
                                                     & cells["strategy"].isin(STRATEGIES), "world_size"].unique()))
     if not worlds:
         raise UserError(f"{run} measured no ok cell of {', '.join(STRATEGIES)} above 2 GPUs: nothing to check")
-    proj = project(cells, comm, fit(sw), worlds=worlds, steps=profile_steps, gpus_per_node=gpus_per_node,
-                   inter_node_gbs=inter_node_gbs, backend=backend, device=device)
+    proj = project(cells, comm, fit(sw), worlds=worlds, steps=profile_steps, backend=backend,
+                   network=Network(gpus_per_node=gpus_per_node, inter_node_gbs=inter_node_gbs, device=device))
     table = check_with_repeats(proj, cells, steps, backend=backend)
     rule = proj.drop_duplicates("strategy").set_index("strategy")
     side = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.cli.common import (
     add_node_flags,
@@ -16,6 +17,9 @@ from bench.cli.common import (
 )
 from bench.core import backends, knobs
 from bench.core.errors import UserError
+
+if TYPE_CHECKING:
+    from bench.results.run import Run
 
 
 def register(sub) -> None:
@@ -47,7 +51,7 @@ def resumed_config(run_dir: str, gpus: int):
     """The settings of the run folder ``run_dir`` (its meta.json), for ``--resume``: the plan, and so
     the cell ids, are the original's."""
     from bench.core.config import validate
-    from bench.results.store import load_meta
+    from bench.results.run import load_meta
 
     d = Path(run_dir)
     if not d.is_dir() or not (d / "meta.json").is_file():
@@ -130,25 +134,27 @@ def after_run(run_dir: Path, *, report: bool, table: bool = False) -> int:
             import pyarrow.parquet  # noqa: F401
             if report:
                 import reports  # noqa: F401 - matplotlib
-        print_summary(run_dir, table=table)
-        print_budget_use(run_dir)
+        from bench.results.run import load_run
+
+        run = load_run(run_dir)  # the one read of the finished run: every part below takes it
+        print_summary(run, table=table)
+        print_budget_use(run)
         if report:
-            print(f"report: {write_report(run_dir)}")
-        print_recommendation(run_dir)  # last: the answer is what the reader of a terminal sees first
-        return nothing_measured(run_dir)
+            print(f"report: {write_report(run)}")
+        print_recommendation(run)  # last: the answer is what the reader of a terminal sees first
+        return nothing_measured(run)
     except KeyboardInterrupt as e:
         e.run_dir = run_dir  # type: ignore[attr-defined]
         return report_interrupt(e, "the run's cells (all of them finished)",
                                 "; write its report with parbench report {where}" if report else "")
 
 
-def nothing_measured(run_dir: Path) -> int:
+def nothing_measured(run: Run | Path) -> int:
     """1, with one line on stderr saying why, when cells ran and none of them is ok (every one failed
     or timed out); 0 otherwise. A run that measured nothing is not a success a script may read on."""
-    from bench.results.store import load_run
+    from bench.results.run import load_run
 
-    cells, _, _ = load_run(run_dir)
-    ran = cells[cells["status"].isin(["ok", "failed", "timeout"])]
+    ran = load_run(run).ran
     if ran.empty or (ran["status"] == "ok").any():
         return 0
     counts = ran["status"].value_counts()
@@ -159,42 +165,41 @@ def nothing_measured(run_dir: Path) -> int:
     return 1
 
 
-def write_report(run_dir: Path) -> Path:
-    """The HTML report of ``run_dir``; a report that cannot be written (a full disk) is one line."""
+def write_report(run: Run) -> Path:
+    """The HTML report of ``run``; a report that cannot be written (a full disk) is one line."""
     from bench.results.store import os_reason
     from reports import build_report
 
     try:
-        return build_report(run_dir)
+        return build_report(run)
     except OSError as e:
-        raise UserError(f"cannot write the report of {run_dir} ({os_reason(e)}); the run's cells are kept: "
-                        f"free space and run parbench report {run_dir}") from None
+        raise UserError(f"cannot write the report of {run.path} ({os_reason(e)}); the run's cells are kept: "
+                        f"free space and run parbench report {run.path}") from None
 
 
-def print_budget_use(run_dir: Path) -> None:
+def print_budget_use(run: Run | Path) -> None:
     """One line after a budgeted run: this invocation's time against the budget (a resumed run got
     the budget afresh), what the deadline cut, and what the process groups' start-ups cost
     (meta.json ``group_starts``). Best effort: a meta.json it cannot read gives no line."""
-    import json
     from datetime import datetime
 
     import pandas as pd
 
     from bench.core.values import parse_duration
-    from bench.results.store import load_run
+    from bench.results.run import load_run
 
     try:
-        meta = json.loads((run_dir / "meta.json").read_text())
-        budget = (meta.get("config") or {}).get("budget")
+        run = load_run(run)
+        meta, budget = run.meta, run.meta.budget
         if not budget:
             return
         budget_s = parse_duration(budget)
         end = datetime.fromisoformat(meta["updated_utc"]).timestamp()
         start = meta.get("invoked_unix") or datetime.fromisoformat(meta["created_utc"]).timestamp()
         took = end - float(start)
-        starts = [g for g in meta.get("group_starts") or [] if g.get("launched_unix", start) >= start]
+        starts = [g for g in meta.group_starts if g.get("launched_unix", start) >= start]
         start_s = sum(float(g.get("start_s") or 0.0) for g in starts)
-        cells, _, _ = load_run(run_dir)
+        cells = run.cells
         cut = int((cells["status"].eq("skipped") & cells["reason"].fillna("").str.startswith("time budget")).sum())
         done = int(cells["status"].isin(["ok", "failed", "timeout"]).sum())
         ran = cells[cells["status"] == "ok"]
@@ -219,7 +224,7 @@ def print_budget_use(run_dir: Path) -> None:
                              "time left)")
 
 
-def print_recommendation(run_dir: Path, console=None) -> None:
+def print_recommendation(run: Run | Path, console=None) -> None:
     """The report's first screen, as the last lines of `parbench run` (plain text, never markup):
     per workload, backend and world size the answer, whether it is decided, why, what was measured
     and what to try next; launch-bound (toy) workloads after the rest, one line each."""
@@ -229,12 +234,10 @@ def print_recommendation(run_dir: Path, console=None) -> None:
 
     from bench.cli.summary import end_console
     from bench.decide.recommend import recommend
-    from bench.results.store import load_run
+    from bench.results.run import load_run
     from reports import answer
 
-    cells, _, _ = load_run(run_dir)
-    if "mode" in cells:  # a row without a mode is a training row
-        cells = cells[cells["mode"].fillna("train") != "serve"]
+    cells = load_run(run).training
     real, toys = answer.split(recommend(cells))
     console = console or end_console()
 

@@ -7,6 +7,7 @@ plain text: names and reasons can hold brackets (never markup).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from rich import box
@@ -16,6 +17,9 @@ from rich.text import Text
 
 from bench.core import knobs
 from bench.results.derived import parity_failure
+
+if TYPE_CHECKING:
+    from bench.results.run import Run
 
 #: the widest the summary gets, in columns
 WIDTH = 100
@@ -78,16 +82,15 @@ def best_cells(cells: pd.DataFrame) -> pd.DataFrame:
     return best.assign(ran=best.set_index(keys).index.map(ran.groupby(keys).size())).sort_values(keys)
 
 
-def print_summary(run_dir: Path, console: Console | None = None, *, table: bool = False) -> None:
+def print_summary(run: Run | Path, console: Console | None = None, *, table: bool = False) -> None:
     """The end of a run: the compact summary, or with ``table`` every cell."""
-    from bench.results.store import load_run
+    from bench.results.run import load_run
 
-    cells, _, _ = load_run(run_dir)
-    if "mode" in cells:
-        cells = cells[cells["mode"].fillna("train") != "serve"]
+    run = load_run(run)
+    cells = run.training
     console = console or end_console()
     if table:
-        print_table(run_dir, cells, console)
+        print_table(run.path, cells, console)
         return
     counts = cells["status"].value_counts()
     order = [s for s in ("ok", "failed", "timeout", "skipped") if s in counts] + \
@@ -106,7 +109,7 @@ def print_summary(run_dir: Path, console: Console | None = None, *, table: bool 
         console.print(Text(f"skipped ({len(skipped)}), by reason:"))
         for reason, n in skipped["reason"].fillna("").value_counts().items():
             console.print(Text("  " + _clip(f"{n} x {reason}", console.width - 2)))
-    console.print(Text(f"every cell: parbench report {run_dir} (or --table on the run)"))
+    console.print(Text(f"every cell: parbench report {run.path} (or --table on the run)"))
 
 
 def _print_best(cells: pd.DataFrame, console: Console) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench.comm.worker import GB, busbw_factor
+from bench.comm.ops import GB, busbw_factor
 
 #: every op name seen in NCCL traces (record_param_comms, kernel names) and Gloo spans -> sweep op
 OP_NAMES: dict[str, str] = {

@@ -28,13 +28,14 @@ each repeat of the measured cell, and the repeats of the 1- and 2-GPU inputs.
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from bench.comm.model import CommModel, normalize_op, sweep_size
+from bench.comm.model import CommModel, annotate_comm, fit, normalize_op, predict_comm, sweep_size
 
 STRATEGIES = ("ddp", "fsdp", "tensor")
 
@@ -138,18 +139,27 @@ def _inputs(c1: pd.Series, c2: pd.Series, comm_df: pd.DataFrame, model: CommMode
             "step2": float(c2["step_time_median_s"]), "comp2": float(c2["compute_time_s"])}
 
 
+@dataclass(frozen=True, kw_only=True)
+class Network:
+    """The machine a projection assumes beyond the measured cells: GPUs a node, the link between
+    nodes, and the device the model's curve was fitted on (None: any)."""
+
+    gpus_per_node: int = 8
+    inter_node_gbs: float = 50.0
+    inter_node_latency_s: float = 10e-6
+    device: str | None = None
+
+
 def project(cells: pd.DataFrame, comm_df: pd.DataFrame, model: CommModel, *, strategies: tuple[str, ...] = STRATEGIES,
-            worlds: tuple[int, ...] = (4, 8, 16, 64), steps: int = 2, gpus_per_node: int = 8,
-            inter_node_gbs: float = 50.0, inter_node_latency_s: float = 10e-6, backend: str = "nccl",
-            device: str | None = None) -> pd.DataFrame:
+            worlds: tuple[int, ...] = (4, 8, 16, 64), steps: int = 2, network: Network | None = None,
+            backend: str = "nccl") -> pd.DataFrame:
     """One row per (strategy, world size): projected step time (both variants and the fixed one),
     its parts, the fixed variant's inputs, and the measured step time and the fixed prediction's
     relative error where ``cells`` has that world size."""
+    net = asdict(network or Network())
     single = _cell(cells, "single", 1)
     if single is None:
         raise ValueError("cells has no ok 'single' cell at world size 1: the projection needs it for compute")
-    net = {"gpus_per_node": gpus_per_node, "inter_node_gbs": inter_node_gbs,
-           "inter_node_latency_s": inter_node_latency_s, "device": device}
     rows = []
     for s in strategies:
         c2 = _cell(cells[cells["backend"].isin([backend, "none"])], s, 2)
@@ -168,7 +178,7 @@ def project(cells: pd.DataFrame, comm_df: pd.DataFrame, model: CommModel, *, str
             meas = _cell(cells[cells["backend"] == backend], s, n)
             m_step = float(meas["step_time_median_s"]) if meas is not None else math.nan
             rows.append({"kind": "projected", "strategy": s, "backend": backend, "world_size": n,
-                         "nodes": math.ceil(n / gpus_per_node), "compute_s": comp, "comm_model_s": mn,
+                         "nodes": math.ceil(n / net["gpus_per_node"]), "compute_s": comp, "comm_model_s": mn,
                          "overlap_frac_2gpu": ov, "comm_efficiency_2gpu": 1 / eff if eff else math.nan,
                          "comm_model_2gpu_s": m2, "comm_fastest_2gpu_s": f["fast2"], "comm_recorded_2gpu_s": f["meas2"],
                          "variant_fixed": f["variant"], "pred_step_fixed_s": fixed,
@@ -176,7 +186,7 @@ def project(cells: pd.DataFrame, comm_df: pd.DataFrame, model: CommModel, *, str
                          "pred_step_unanchored_s": comp + (1 - ov) * mn, "measured_step_s": m_step,
                          "err_fixed": fixed / m_step - 1,
                          "measured_compute_s": float(meas["compute_time_s"]) if meas is not None else math.nan,
-                         "inter_node_gbs": inter_node_gbs if n > gpus_per_node else math.nan})
+                         "inter_node_gbs": net["inter_node_gbs"] if n > net["gpus_per_node"] else math.nan})
     return pd.DataFrame(rows)
 
 
@@ -304,7 +314,6 @@ def plot_projection(proj: pd.DataFrame, path: str | Path, title: str = "") -> Pa
 def annotate_summary(comm_df: pd.DataFrame, sweep: pd.DataFrame, device: str | None = "cuda") -> pd.DataFrame:
     """Per (cell, op): calls, median achieved busbw, median curve busbw, median ratio, share of calls
     below half the curve and share of those a late peer explains."""
-    from bench.comm.model import annotate_comm
 
     a = annotate_comm(comm_df, sweep, device=device)
     a = a[a["ratio"].notna()]
@@ -319,8 +328,6 @@ def main(argv: list[str] | None = None) -> int:
     fit the model, check the projection against the run's measured cells, project further,
     annotate the run's recorded calls; writes CSVs and projection.png into DIR, prints tables."""
     import argparse
-
-    from bench.comm.model import fit, predict_comm
 
     ap = argparse.ArgumentParser(prog="python -m bench.comm.projection")
     ap.add_argument("--sweep", nargs="+", required=True, help="collectives.parquet file(s)")
@@ -349,8 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     pc = predict_comm(comm, model, steps=args.profile_steps, device="cuda")
     print("\nper cell, comm per rank and step: measured (sum of call durations) vs model:")
     print(pc.round(5).to_string(index=False))
-    proj = project(cells, comm, model, steps=args.profile_steps, gpus_per_node=args.gpus_per_node,
-                   inter_node_gbs=args.inter_node_gbs, device="cuda")
+    proj = project(cells, comm, model, steps=args.profile_steps,
+                   network=Network(gpus_per_node=args.gpus_per_node, inter_node_gbs=args.inter_node_gbs, device="cuda"))
     proj.to_csv(out / "projection.csv", index=False)
     plot_projection(proj, out / "projection.png", title=f"{Path(args.run).name}: PROJECTED beyond the measured cells")
     print("\nfixed variant per family (from the 2-GPU cell: fixed_variant):")

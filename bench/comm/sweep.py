@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from bench.comm.model import fit
 from bench.comm.worker import OPS, size_ladder
 from bench.core.errors import UserError
 from bench.core.spec import CollectiveGroupSpec, dump
@@ -165,7 +166,6 @@ def run_sweep(cfg: CommConfig, on_group: GroupFn | None = None) -> Path:
     rows, done)`` reports progress: rows None as a group starts, its rows so far after each op, and
     done once its rows are in the table. A stop signal is raised only while a group runs or between
     groups; meta.json says how the sweep ended."""
-    from bench.comm.model import fit
 
     check_out(cfg.out)  # an unwritable --out is a one-line error, before any group starts
     signals.clear_stop()  # a signal noted by an earlier run in this process is not this run's

@@ -36,28 +36,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.comm.ops import DTYPE_NAMES, OPS  # noqa: F401 - OPS: the worker's import point too
+from bench.comm.ops import DTYPE_NAMES, GB, OPS, busbw_factor  # noqa: F401 - OPS: the worker's import point too
 from bench.core import backends
 from bench.core.spec import CollectiveGroupSpec, load
 from bench.results.identity import start_row
 
 DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16)))
-GB = 1e9  # nccl-tests reports GB/s with GB = 1e9 bytes
 #: the reason recorded in the rows of send/recv under a backend without point-to-point for the
 #: device's tensors (Gloo on CUDA: the sender fails with 'writev ... Bad address' and the receiver
 #: waits for ever, so it is not attempted)
 NO_P2P = "{backend} send/recv takes CPU tensors only (CUDA: 'writev ... Bad address', then the receiver hangs)"
-
-
-def busbw_factor(op: str, n: int) -> float:
-    """nccl-tests' correction from algorithm to bus bandwidth for ``n`` ranks."""
-    if n <= 1:
-        return 1.0
-    if op == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    return 1.0  # broadcast, reduce, sendrecv
 
 
 def size_ladder(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:

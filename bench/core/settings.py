@@ -14,6 +14,7 @@ The module is torch-free: the CLI builds its flags from it before anything heavy
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,17 +24,17 @@ from bench.core import knobs
 _UNSET: Any = dataclasses.MISSING
 
 
-def setting(default: Any = _UNSET, *, factory: Any = _UNSET, flag: str | None = None, kind: str = "str",
-            help: str, example: str = "", key: str | None = None, choices: tuple[str, ...] = (),
-            toml: bool = True) -> Any:
-    """One setting's field. ``flag``: its ``parbench run`` flag (None: TOML only); ``kind``: how the
-    flag reads its value (int, float, str, on: a switch that sets true, off: one that sets false,
-    option: a repeatable KEY=VALUE); ``key``: its name in TOML and meta.json when not the field's;
-    ``toml``: False for a value the run derives (never given)."""
+def setting(default: Any = _UNSET, *, flag: str | None = None, kind: str = "str", help: str, example: str = "",
+            key: str | None = None, choices: tuple[str, ...] = (), toml: bool = True) -> Any:
+    """One setting's field. ``default``: a list or dict default is copied for each config; ``flag``:
+    its ``parbench run`` flag (None: TOML only); ``kind``: how the flag reads its value (int, float,
+    str, on: a switch that sets true, off: one that sets false, option: a repeatable KEY=VALUE);
+    ``key``: its name in TOML and meta.json when not the field's; ``toml``: False for a value the run
+    derives (never given)."""
     meta = {"setting": True, "flag": flag, "kind": kind, "help": help, "example": example, "key": key,
             "choices": choices, "toml": toml}
-    if factory is not _UNSET:
-        return field(default_factory=factory, metadata=meta)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -42,15 +43,15 @@ class MatrixSettings:
     """What runs: the workloads, strategies, backends and world sizes, and the data they share."""
 
     workloads: list[str] = setting(
-        factory=lambda: ["mlp", "gpt-tiny", "convnet"], flag="--workloads",
+        default=["mlp", "gpt-tiny", "convnet"], flag="--workloads",
         help="comma list: mlp, convnet, gpt-tiny..gpt-200m, name[dim=N,...], hf:llama[...] or package.module:factory",
         example="--workloads gpt-tiny,mlp")
-    strategies: list[str] = setting(factory=lambda: ["all"], flag="--strategies", example="--strategies ddp,fsdp",
+    strategies: list[str] = setting(default=["all"], flag="--strategies", example="--strategies ddp,fsdp",
                                     help="comma list of strategies, or 'all' (default)")
-    backends: list[str] = setting(factory=lambda: ["gloo"], flag="--backends",
+    backends: list[str] = setting(default=["gloo"], flag="--backends",
                                   help="comma list: nccl, gloo (default: nccl and gloo with GPUs, gloo without)",
                                   example="--backends nccl")
-    world_sizes: list[int] = setting(factory=lambda: [1, 2], flag="--world-sizes",
+    world_sizes: list[int] = setting(default=[1, 2], flag="--world-sizes",
                                      help="comma list of world sizes (default: 1,2 on CPU; 2, 4, 8 up to every GPU)",
                                      example="--world-sizes 1,2,4")
     device: str = setting("cpu", flag="--device", choices=("cpu", "cuda"),
@@ -66,14 +67,14 @@ class MatrixSettings:
     precision: str = setting("auto", flag="--precision", choices=("auto", "fp32", "bf16"), example="--precision fp32",
                              help="auto (default: bf16 on cuda, fp32 on cpu), fp32 or bf16")
     options: dict[str, Any] = setting(
-        factory=dict, flag="--option", kind="option", example="--option micro_batches=8",
+        default={}, flag="--option", kind="option", example="--option micro_batches=8",
         help="strategy option, repeatable: mesh=2x2, micro_batches=8, bucket_mb=25 (TOML: [options])")
     backend_strategies: dict[str, list[str]] = setting(
-        factory=dict, example='[backend_strategies] gloo = ["ddp"]',
+        default={}, example='[backend_strategies] gloo = ["ddp"]',
         help="per backend, the only strategies it runs; a backend not named runs every strategy of the run (the "
              "default GPU matrix asks Gloo only how DDP fares without NCCL)")
     workload_matrix: dict[str, dict[str, list]] = setting(
-        factory=dict, example='[workload_matrix."gpt-20b"] strategies = ["fsdp"]',
+        default={}, example='[workload_matrix."gpt-20b"] strategies = ["fsdp"]',
         help="per workload (as written in workloads), the part of the run's strategies, backends and world sizes it "
              "runs; its single-device reference is planned all the same")
 
@@ -134,7 +135,7 @@ class BudgetSettings:
     adaptive: bool = setting(True, flag="--no-adaptive", kind="off", example="--no-adaptive",
                              help="under a budget, do not measure again the cells of decisions still open after "
                                   "one repeat")
-    pinned: list[str] = setting(factory=list, toml=False,
+    pinned: list[str] = setting(default=[], toml=False,
                                 help="the measurement settings the user gave: a budget plan keeps them as given")
 
 
@@ -143,7 +144,7 @@ class TrainingSettings:
     """How the cells train: each knob of bench.core.knobs a list of values (several expand the matrix:
     every combination runs, against a one-device reference trained the same way), and the rate."""
 
-    knobs: dict[str, list[str]] = setting(factory=knobs.defaults, key="training",
+    knobs: dict[str, list[str]] = setting(default=knobs.defaults(), key="training",
                                           example='[training] compile = ["off", "on"]',
                                           help="the training knobs, each a list of values (see `parbench list`)")
     lr: float | None = setting(None, flag="--lr", kind="float", example="--lr 3e-4",

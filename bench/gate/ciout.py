@@ -17,7 +17,8 @@ import pandas as pd
 from bench.core import knobs
 from bench.core.errors import UserError
 from bench.gate.compare import FAILING, KEY, OPTIONAL_KEY
-from bench.results.store import load_run
+from bench.gate.samples import step_times
+from bench.results.run import load_run
 
 #: markdown order: what needs a look first
 ORDER = ["regression", "broken", "noisy", "incomparable", "missing", "new", "fixed", "improvement", "not run", "same"]
@@ -243,8 +244,6 @@ def pytest_benchmark_json(run_dir: str | os.PathLike) -> dict[str, Any]:
     except ImportError:
         raise UserError("export --format pytest-benchmark needs pytest-benchmark; "
                         "pip install pytest-benchmark") from None
-
-    from bench.gate.compare import step_times
 
     cells, steps, meta = load_run(run_dir)
     st = step_times(steps)

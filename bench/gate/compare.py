@@ -29,6 +29,7 @@ such rows say so. Against a history, CURRENT is tested against the per-run media
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,12 +39,12 @@ import pandas as pd
 from bench.core import knobs
 from bench.core.errors import UserError
 from bench.core.spec import ONE_RANK_SKIP
+from bench.gate.samples import MIN_REPEATS, Samples, cell_samples
+from bench.results.columns import key_columns
 from bench.stats.ranktests import ALPHA, min_samples, run_test, runs_needed, samples_needed, shift_test
 
 KEY = ["workload", "strategy", "backend", "device", "world_size"]
 OPTIONAL_KEY = ["mesh", "micro_batches", "schedule"]
-#: repeats needed before per-repeat medians replace per-step times as the samples
-MIN_REPEATS = 3  # repeats are the samples from 3 on; a verdict past noisy needs min_samples() = 5 a side
 #: verdicts that fail a CI job
 FAILING = ("regression", "broken")
 #: verdicts that mean "these two cells were measured against each other"
@@ -62,15 +63,6 @@ FIXES = {
 }
 
 
-@dataclass(frozen=True)
-class Samples:
-    """The samples of one cell: step times in seconds, and what one sample is."""
-
-    values: np.ndarray
-    unit: str  # "repeats", "steps", or "runs" (per-run medians of a history, one value per run)
-    runs: int | None = None  # a history's baseline: how many runs the values came from
-
-
 def parse_threshold(text: str) -> float:
     """'5%' or '5' or '0.05' -> 0.05 (a fraction)."""
     t = str(text).strip()
@@ -85,32 +77,6 @@ def parse_threshold(text: str) -> float:
     if not 0 < frac < 1:
         raise UserError(f"threshold {text!r} must be between 0% and 100%; e.g. --threshold 5%")
     return frac
-
-
-def step_times(steps: pd.DataFrame) -> pd.DataFrame:
-    """Timed steps, one row per (cell_id, [repeat,] step): the slowest rank's time is the step's."""
-    if steps is None or steps.empty or "step_time_s" not in steps:
-        return pd.DataFrame(columns=["cell_id", "repeat", "step", "step_time_s"])
-    s = steps[steps["phase"] == "timed"] if "phase" in steps else steps
-    by = ["cell_id", "repeat", "step"] if "repeat" in s else ["cell_id", "step"]
-    out = s.groupby(by, dropna=False)["step_time_s"].max().reset_index()
-    if "repeat" not in out:
-        out["repeat"] = 0
-    out = out[np.isfinite(out["step_time_s"].astype(float)) & (out["step_time_s"] > 0)]
-    return out
-
-
-def cell_samples(steps: pd.DataFrame, min_repeats: int = MIN_REPEATS) -> dict[int, Samples]:
-    """cell_id -> its samples: per-repeat medians when it has >= min_repeats repeats, else steps."""
-    st = step_times(steps)
-    out: dict[int, Samples] = {}
-    for cid, g in st.groupby("cell_id"):
-        per_rep = g.groupby("repeat")["step_time_s"].median()
-        if len(per_rep) >= min_repeats:
-            out[int(cid)] = Samples(per_rep.to_numpy(float), "repeats")
-        else:
-            out[int(cid)] = Samples(g["step_time_s"].to_numpy(float), "steps")
-    return out
 
 
 def decide(r: dict, threshold: float, alpha: float = ALPHA) -> tuple[str, str]:
@@ -195,12 +161,44 @@ def _ci_fallback(b: pd.Series, c: pd.Series, threshold: float) -> tuple[str, str
     return "same", note
 
 
-def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
-            base_steps: pd.DataFrame | None = None, cur_steps: pd.DataFrame | None = None,
-            base_meta: dict | None = None, cur_meta: dict | None = None,
-            base_samples: dict[int, Samples] | None = None, alpha: float = ALPHA,
-            test: str = "mannwhitneyu", min_repeats: int = MIN_REPEATS,
-            require_repeats: bool = False, fail_from_runs: int = 0) -> pd.DataFrame:
+#: the step-time slowdown that fails when none is given
+DEFAULT_THRESHOLD = "5%"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gate:
+    """What turns a comparison into verdicts; the defaults are ``parbench compare``'s."""
+
+    threshold: float = parse_threshold(DEFAULT_THRESHOLD)
+    alpha: float = ALPHA
+    test: str = "mannwhitneyu"
+    # a cell measured once a side is at most noisy: one run's steps do not show run-to-run drift
+    require_repeats: bool = True
+    # with a history: a regression on fewer runs than this is reported as noisy
+    fail_from_runs: int = 0
+    min_repeats: int = MIN_REPEATS
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a comparison: a run's cells with its steps and meta.json, or a history's
+    stable values, whose per-run medians (``samples``) stand in for the steps."""
+
+    cells: pd.DataFrame
+    steps: pd.DataFrame | None = None
+    meta: Mapping[str, Any] | None = None
+    samples: dict[int, Samples] | None = None
+
+    @classmethod
+    def of(cls, run: Any) -> Side:
+        """A :class:`bench.results.run.Run` (or its ``cells, steps, meta``), or a Side as it is."""
+        if isinstance(run, Side):
+            return run
+        cells, steps, meta = run
+        return cls(cells, steps, meta)
+
+
+def compare(base: Any, cur: Any, gate: Gate | None = None) -> pd.DataFrame:
     """One row per cell present in either run; raises UserError when nothing could be compared.
 
     Columns: the key columns, ``base_status``, ``cur_status``, ``base_tput``, ``cur_tput``,
@@ -213,14 +211,17 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
     resolve a noisy cell), ``verdict``, ``note``,
     ``ci_overlap`` (whether the two medians' intervals overlap; shown, never the verdict).
 
-    ``require_repeats``: a cell tested on one run's steps a side is at most ``noisy``, since that
-    test cannot see run-to-run drift. ``fail_from_runs``: against a history whose stable segment
-    holds fewer runs than this (so its runs' samples were pooled, not tested against their
-    run-to-run spread), a cell is at most ``noisy`` too (a CI gate's first runs after a new baseline).
+    ``base`` and ``cur`` are :class:`Side` values or runs. ``gate.require_repeats``: a cell tested on
+    one run's steps a side is at most ``noisy``, since that test cannot see run-to-run drift.
+    ``gate.fail_from_runs``: against a history whose stable segment holds fewer runs than this (so
+    its runs' samples were pooled, not tested against their run-to-run spread), a cell is at most
+    ``noisy`` too (a CI gate's first runs after a new baseline).
     """
+    gate = gate or Gate()
+    bside, cside = Side.of(base), Side.of(cur)
+    base, cur = bside.cells, cside.cells
     # The cell's identity comes from the metric registry: core keys and every strategy label and
     # option column both runs have (a cell run with other settings is another cell).
-    from bench.results.columns import key_columns
 
     key = [c for c in key_columns(set(base.columns) & set(cur.columns)) if c in base.columns and c in cur.columns]
     key = KEY + [c for c in key if c not in KEY]
@@ -236,10 +237,11 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
         for k in key:
             df[k] = _norm_key(df[k])
     m = b.merge(c, on=key, how="outer", suffixes=("_b", "_c"), indicator=True)
-    bs = base_samples if base_samples is not None else cell_samples(base_steps, min_repeats)
-    cs = cell_samples(cur_steps, min_repeats)
-    ctx_b, ctx_c = run_context(base_meta), run_context(cur_meta)
-    run_diff = [(k, f"{k} {ctx_b[k]} vs {ctx_c[k]}") for k in ("torch", "nccl") if _differs(ctx_b[k], ctx_c[k])]
+    ctx_b, ctx_c = run_context(bside.meta), run_context(cside.meta)
+    pairing = _Pairing(
+        base=bside.samples if bside.samples is not None else cell_samples(bside.steps, gate.min_repeats),
+        cur=cell_samples(cside.steps, gate.min_repeats), ctx_b=ctx_b, ctx_c=ctx_c, gate=gate,
+        run_diff=[(k, f"{k} {ctx_b[k]} vs {ctx_c[k]}") for k in ("torch", "nccl") if _differs(ctx_b[k], ctx_c[k])])
     rows = []
     for _, r in m.iterrows():
         row: dict[str, Any] = {k: r[k] for k in key}
@@ -252,9 +254,8 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
         row["ci_overlap"] = bool(lo_c <= hi_b and lo_b <= hi_c)  # shown beside the verdict, never deciding it
         row["base_time_s"] = pd.to_numeric(r["step_time_median_s_b"], errors="coerce")
         row["cur_time_s"] = pd.to_numeric(r["step_time_median_s_c"], errors="coerce")
-        row["verdict"], row["note"] = _verdict(r, row, bs, cs, run_diff, ctx_b, ctx_c, threshold, alpha, test)
-        row["verdict"], row["note"] = _trusted(row, load_difference(r), require_repeats=require_repeats,
-                                               fail_from_runs=fail_from_runs, alpha=alpha)
+        row["verdict"], row["note"] = _verdict(r, row, pairing)
+        row["verdict"], row["note"] = _trusted(row, load_difference(r), gate)
         rows.append(row)
     out = pd.DataFrame(rows)
     for col in ("shift", "shift_low", "shift_high", "p_value", "noise_floor", "n_base", "n_cur", "needed", "unit"):
@@ -267,8 +268,7 @@ def compare(base: pd.DataFrame, cur: pd.DataFrame, threshold: float, *,
     return out.drop(columns="_diffs", errors="ignore").sort_values(key).reset_index(drop=True)
 
 
-def _trusted(row: dict, loads: str, *, require_repeats: bool, fail_from_runs: int | None,
-             alpha: float) -> tuple[str, str]:
+def _trusted(row: dict, loads: str, gate: Gate) -> tuple[str, str]:
     """A regression or improvement the evidence cannot carry, as noisy with why: the two sides
     measured under different loads (``loads``), one run's steps a side (``require_repeats``), or the
     pooled samples of a history shorter than ``fail_from_runs``; the row's verdict otherwise."""
@@ -278,13 +278,13 @@ def _trusted(row: dict, loads: str, *, require_repeats: bool, fail_from_runs: in
     if loads:
         return "noisy", (f"{verdict} measured under different loads, not trusted: {loads}; measure both sides on a "
                          "quiet machine")
-    if require_repeats and row.get("unit") == "steps":
+    if gate.require_repeats and row.get("unit") == "steps":
         return "noisy", (f"{verdict} on one run's steps a side, not trusted (default; --single-run to allow it): "
-                         f"record >= {min_samples(alpha)} repeats or compare --history")
+                         f"record >= {min_samples(gate.alpha)} repeats or compare --history")
     few = row.get("history_runs")
-    if fail_from_runs and few is not None and few < fail_from_runs:
+    if gate.fail_from_runs and few is not None and few < gate.fail_from_runs:
         return "noisy", (f"{verdict} on the pooled samples of {few} history run(s), not trusted: this gate decides "
-                         f"from {fail_from_runs} runs (--fail-from-runs); {note}")
+                         f"from {gate.fail_from_runs} runs (--fail-from-runs); {note}")
     return verdict, note
 
 
@@ -319,10 +319,24 @@ def _num(s: pd.Series) -> pd.Series:
     return pd.to_numeric(s, errors="coerce")
 
 
-def _verdict(r: pd.Series, row: dict, bs: dict, cs: dict, run_diff: list[tuple[str, str]], ctx_b: dict,
-             ctx_c: dict, threshold: float, alpha: float, test: str) -> tuple[str, str]:
+@dataclass(frozen=True)
+class _Pairing:
+    """What every merged row of one comparison is judged with: each side's samples by cell id, the
+    runs' contexts, the differences of the runs themselves, and the gate."""
+
+    base: dict[int, Samples]
+    cur: dict[int, Samples]
+    ctx_b: dict[str, Any]
+    ctx_c: dict[str, Any]
+    run_diff: list[tuple[str, str]]
+    gate: Gate
+
+
+def _verdict(r: pd.Series, row: dict, pairing: _Pairing) -> tuple[str, str]:
     """The verdict of one merged row; fills the test's columns into ``row`` (an incomparable row's
     differences, (kind, text) pairs, into ``_diffs``)."""
+    bs, cs, run_diff, ctx_b, ctx_c = pairing.base, pairing.cur, pairing.run_diff, pairing.ctx_b, pairing.ctx_c
+    threshold, alpha, test = pairing.gate.threshold, pairing.gate.alpha, pairing.gate.test
     if r["_merge"] == "right_only":
         return "new", ""
     if r["_merge"] == "left_only":

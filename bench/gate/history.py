@@ -30,9 +30,14 @@ import pandas as pd
 
 from bench.core import knobs
 from bench.core.errors import UserError
-from bench.gate.compare import DIMENSIONS, KEY, MIN_REPEATS, OPTIONAL_KEY, Samples, cell_samples
+from bench.core.paths import folder_problem
+from bench.gate.ciout import cell_name
+from bench.gate.compare import DIMENSIONS, KEY, OPTIONAL_KEY
+from bench.gate.samples import MIN_REPEATS, Samples, cell_samples
 from bench.results.bounds import depth, safe_name
-from bench.results.store import frame, load_run, read_table, require_columns
+from bench.results.migrate import training_knobs
+from bench.results.run import load_run
+from bench.results.store import frame, read_table, require_columns
 from bench.runtime.signals import defer_stops
 from bench.stats.changepoints import detect_steps, quartiles
 
@@ -230,8 +235,10 @@ def _stored(path: Path) -> pd.DataFrame:
     require_columns(df, _STORED_NEEDS, str(path))
     df = frame(df, _STORED_TYPES, source=str(path))
     df[["status", "unit"]] = df[["status", "unit"]].fillna("")
-    for name, value in knobs.legacy().items():  # a run stored before the knobs trained with these
-        df[name] = df[name].replace("", None).fillna(value) if name in df else value
+    for name in knobs.NAMES:
+        if name in df:
+            df[name] = df[name].replace("", None)
+    training_knobs(df)  # a run stored before the knobs trained with the legacy ones
     try:
         df["samples"] = [np.asarray(x if x is not None else [], float).ravel() for x in df["samples"]]
     except (TypeError, ValueError):
@@ -241,7 +248,6 @@ def _stored(path: Path) -> pd.DataFrame:
 
 def cell_label(row: pd.Series | dict) -> str:
     """'workload/strategy/backend/device/wsN' (+ mesh etc. when set): the name of a series."""
-    from bench.gate.ciout import cell_name
 
     return cell_name(row)
 
@@ -323,7 +329,6 @@ def show(store: str | os.PathLike, machine: str | None = None, threshold: float 
     trend PNG per cell under ``plots`` when given."""
     _, rows = load(store, machine)
     if plots is not None:  # before any figure, so an unwritable --plots fails before the analysis
-        from bench.core.paths import folder_problem
 
         why = folder_problem(plots)
         if why:

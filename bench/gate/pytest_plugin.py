@@ -20,18 +20,20 @@ from __future__ import annotations
 import dataclasses
 import gc
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+import strategies
 from bench.core import backends, knobs
 from bench.core.errors import UserError
 from bench.workloads import resolve
+from strategies.base import Context
 
 
 def _context(device: Any, **kw: Any) -> Any:
     """A one-rank strategies.base.Context, filling only the fields this version of it has."""
-    from strategies.base import Context
 
     names = {f.name for f in dataclasses.fields(Context)}
     base = dict(rank=0, world_size=1, local_rank=0, device=device, devices=(device,),
@@ -50,26 +52,39 @@ def _one_rank_group() -> bool:
     return True
 
 
-def run_cell(benchmark: Any, workload: Any, strategy: Any = "single", *, steps: int = 20, warmup: int = 3,
-             device: str = "cpu", precision: str = "fp32", seed: int = 0, lr: float | None = None,
-             optimizer: str = "adamw", compile: str = "off", ac: str = "none",
-             global_batch: int | None = None, options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Build the cell, warm it up, and time ``steps`` steps as pytest-benchmark rounds.
+@dataclass(frozen=True, kw_only=True)
+class BenchCell:
+    """One world-size-1 cell the fixture times: what ``parbench_cell(workload, strategy, **kw)``
+    takes. ``optimizer``, ``compile`` and ``ac`` are the training knobs (bench.core.knobs), ``lr``
+    the learning rate (None: the optimizer's default). ``workload``: a name or
+    ``package.module:factory`` spec, or a bench.workloads.Workload; ``strategy``: a registry name or
+    ``package.module:Class``, or a strategies.base.Strategy."""
 
-    ``optimizer``, ``compile`` and ``ac`` are the training knobs (bench.core.knobs), ``lr`` the
-    learning rate (None: the optimizer's default).
+    workload: Any
+    strategy: Any = "single"
+    steps: int = 20
+    warmup: int = 3
+    device: str = "cpu"
+    precision: str = "fp32"
+    seed: int = 0
+    lr: float | None = None
+    optimizer: str = "adamw"
+    compile: str = "off"
+    ac: str = "none"
+    global_batch: int | None = None
+    options: dict[str, Any] | None = None
 
-    ``workload``: a name or ``package.module:factory`` spec, or a bench.workloads.Workload.
-    ``strategy``: a registry name or ``package.module:Class``, or a strategies.base.Strategy.
-    Returns the median step time, throughput and the cell's facts (also in ``extra_info``)."""
+
+def run_cell(benchmark: Any, cell: BenchCell) -> dict[str, Any]:
+    """Build ``cell``, warm it up, and time its steps as pytest-benchmark rounds. Returns the median
+    step time, throughput and the cell's facts (also in ``extra_info``)."""
     import torch
     import torch.distributed as dist
 
-    import strategies
-
-    wl = resolve(workload, seed=seed, global_batch=global_batch) if isinstance(workload, str) else workload
-    strat = strategies.get(strategy) if isinstance(strategy, str) else strategy
-    dev = torch.device(device)
+    c = cell
+    wl = resolve(c.workload, seed=c.seed, global_batch=c.global_batch) if isinstance(c.workload, str) else c.workload
+    strat = strategies.get(c.strategy) if isinstance(c.strategy, str) else c.strategy
+    dev = torch.device(c.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         pytest.skip("CUDA asked for but not available")
     if getattr(strat, "min_world", 1) > 1:
@@ -77,12 +92,13 @@ def run_cell(benchmark: Any, workload: Any, strategy: Any = "single", *, steps: 
                         "size 1: use parbench run, then parbench export --format pytest-benchmark")
     started = _one_rank_group()  # strategies that use a backend need a group; the rest ignore it
     try:
-        opts = dict(options or {})
+        opts = dict(c.options or {})
         if hasattr(strat, "resolve_options"):  # declared options with their defaults, validated
             opts = strat.resolve_options(1, opts)
-        training = knobs.combinations(knobs.validate({"optimizer": optimizer, "compile": compile, "ac": ac}), lr)[0]
-        ctx = _context(dev, seed=seed, precision=precision, training=training, options=opts)
-        batches = [ctx.to_device(wl.batch(s)) for s in range(warmup + steps)]
+        chosen = knobs.validate({"optimizer": c.optimizer, "compile": c.compile, "ac": c.ac})
+        training = knobs.combinations(chosen, c.lr)[0]
+        ctx = _context(dev, seed=c.seed, precision=c.precision, training=training, options=opts)
+        batches = [ctx.to_device(wl.batch(s)) for s in range(c.warmup + c.steps)]
         step = strat.prepare(wl, ctx)
         feed = iter(batches)
 
@@ -95,7 +111,7 @@ def run_cell(benchmark: Any, workload: Any, strategy: Any = "single", *, steps: 
                 torch.cuda.synchronize(dev)
 
         # One round per step, every step on its own batch, warm-up rounds untimed.
-        benchmark.pedantic(target, setup=setup, rounds=steps, warmup_rounds=warmup, iterations=1)
+        benchmark.pedantic(target, setup=setup, rounds=c.steps, warmup_rounds=c.warmup, iterations=1)
     finally:
         # The model goes before the group it started: a DDP reducer still alive at
         # destroy_process_group can hold the group's last reference, and Gloo's teardown then joins
@@ -104,7 +120,7 @@ def run_cell(benchmark: Any, workload: Any, strategy: Any = "single", *, steps: 
         if started:
             gc.collect()
             dist.destroy_process_group()
-    info = dict(workload=wl.name, strategy=strat.name, device=dev.type, precision=precision, **training.knobs(),
+    info = dict(workload=wl.name, strategy=strat.name, device=dev.type, precision=c.precision, **training.knobs(),
                 global_batch=int(wl.global_batch), world_size=1)
     stats = getattr(benchmark, "stats", None)
     median = stats.stats.median if stats is not None and getattr(stats, "stats", None) else float("nan")
@@ -120,6 +136,6 @@ def parbench_cell(benchmark: Any) -> Callable[..., dict[str, Any]]:
     one world-size-1 cell of any workload and strategy into this test's ``benchmark``."""
 
     def run(workload: Any, strategy: Any = "single", **kw: Any) -> dict[str, Any]:
-        return run_cell(benchmark, workload, strategy, **kw)
+        return run_cell(benchmark, BenchCell(workload=workload, strategy=strategy, **kw))
 
     return run

@@ -19,6 +19,7 @@ from typing import Any
 
 from bench.core.rankenv import RANK_ENV_DEFAULTS
 from bench.measure.hardware import cpu_threads
+from bench.measure.topology import topology
 
 #: variables recorded: these prefixes, or these exact names
 ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "NVIDIA_", "OMP_", "MKL_", "GLOO_", "PYTORCH_", "KMP_")
@@ -107,7 +108,6 @@ def fingerprint() -> dict[str, Any]:
                           "load_avg": list(os.getloadavg()), "env": environment(env), "gpu_state": gpu_state()}
     if fp["gpu_state"]:
         try:
-            from bench.measure.topology import topology
 
             fp["topology"] = topology()
         except Exception as e:  # noqa: BLE001 - a fingerprint never stops a run

@@ -14,6 +14,7 @@ import time
 from typing import Any, Protocol
 
 from bench.measure.host import HostSource
+from bench.measure.nvml import NvmlSource
 
 
 class Source(Protocol):
@@ -86,7 +87,6 @@ def start_samplers(hz: float, *, gpu: bool) -> tuple[Sampler | None, dict[str, s
         return None, {"samplers": "off (sample_hz = 0)"}
     sources: list[Source] = [HostSource()]
     if gpu:
-        from bench.measure.nvml import NvmlSource
 
         try:
             sources.append(NvmlSource())

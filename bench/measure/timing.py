@@ -48,7 +48,6 @@ class StepTimer:
             return [s.elapsed_time(e) / 1e3 for s, e in self._events]
         return list(self._cpu)
 
-
     def starts(self, t0: float) -> list[float]:
         """Unix start time of each step. On CUDA the steps run back to back on the device from
         ``t0`` (taken after a synchronize), so start k is t0 + the durations before it."""

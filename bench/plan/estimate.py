@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 from bench.core.spec import CellSpec
+from bench.measure.hardware import cpu_threads, gpu_names, peak_flops, threads_per_rank
 from bench.plan.budget import GROUP_START_S, _overhead
 from bench.plan.matrix import Planned
 
@@ -44,7 +45,6 @@ def cpu_rate(threads: int, seconds: float = 0.15) -> float:
 def device_rate(device: str, widest: int) -> float | None:
     """The FLOP/s one rank is assumed to train at: measured on a CPU, from the peak on a GPU (None
     for a GPU not in the peak table)."""
-    from bench.measure.hardware import cpu_threads, gpu_names, peak_flops, threads_per_rank
 
     if device == "cpu":
         return cpu_rate(threads_per_rank(max(widest, 1) if cpu_threads() > 1 else 1))

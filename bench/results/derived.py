@@ -60,17 +60,6 @@ def parity_failure(r) -> str:
     return text
 
 
-def with_knobs(cells: pd.DataFrame) -> pd.DataFrame:
-    """Training rows of a run recorded before the training knobs existed read as what they trained
-    with (bench.core.knobs.legacy: SGD, eager, no checkpointing); rows of other modes stay without."""
-    train = cells["mode"].fillna("train") == "train" if "mode" in cells else pd.Series(True, index=cells.index)
-    for name, value in knobs.legacy().items():
-        if name not in cells:
-            cells[name] = pd.Series(pd.NA, index=cells.index, dtype="string")
-        cells.loc[train & cells[name].isna(), name] = value
-    return cells
-
-
 def _training_key(r) -> tuple:
     return tuple(getattr(r, name, None) for name in knobs.NAMES)
 

@@ -39,8 +39,7 @@ from bench.core.errors import UserError
 from bench.core.metrics import CORE, Metric, stored
 from bench.measure.fingerprint import fingerprint
 from bench.measure.hardware import gpu_count, gpu_names
-from bench.results.bounds import check_meta_fields, check_table, check_times, read_json, typed
-from bench.results.derived import derive, with_knobs
+from bench.results.bounds import check_table, typed
 from bench.results.lock import RunLock, argv_command
 
 STEP_COLUMNS: dict[str, str] = {
@@ -332,69 +331,6 @@ def _read_parts_one_by_one(files: list[Path]) -> pd.DataFrame:
         return _pandas(pa.concat_tables(tables, promote_options="permissive"))
     except pa.ArrowException:
         return pd.concat([_pandas(t) for t in tables], ignore_index=True)
-
-
-def load_run(run_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
-    """cells (with derived columns), steps and meta of a run folder; a one-line UserError if it is
-    not one."""
-    d = Path(run_dir)
-    if not (d / "cells.parquet").exists() and (d / "collectives.parquet").exists():
-        raise UserError(f"{d} is a collective sweep's folder (parbench comm), which has no cells: this command reads "
-                        f"the folders of parbench run and parbench serve; read the sweep with "
-                        f"pandas.read_parquet('{d / 'collectives.parquet'}')")
-    if not (d / "cells.parquet").exists():
-        raise UserError(f"{d} is not a parbench run folder (no cells.parquet); pass results/<run-id>")
-    cells = read_table(d, "cells")
-    require_columns(cells, ["cell_id", "workload", "strategy", "backend", "world_size", "status"],
-                    str(d / "cells.parquet"))
-    missing = cells["cell_id"][cells["status"].isna()]
-    if len(missing):  # every row parbench writes has one: this table was edited or damaged
-        raise UserError(f"{d / 'cells.parquet'}: cell(s) {', '.join(map(str, list(missing)[:5]))} have no status; "
-                        "restore the run folder or move the damaged part aside")
-    # A serving cell of a run folder from an older parbench says "error" for "failed": read as
-    # failed, so the readers (summary, report, compare) see the one status vocabulary.
-    cells["status"] = cells["status"].replace({"error": "failed"})
-    from bench.results.columns import all_metrics
-
-    cells = frame(cells, {m.name: m.dtype for m in all_metrics() if m.name in cells or m.name == "role"},
-                  source=str(d / "cells.parquet"))
-    check_times(cells, [c for c in cells.columns if c.startswith("step_time_")], str(d / "cells.parquet"))
-    steps = read_table(d, "steps", STEP_COLUMNS)
-    check_times(steps, ["step_time_s"], str(d / "steps.parquet"))
-    meta = load_meta(d)
-    newer = meta.get("schema_version")
-    if isinstance(newer, int) and newer > SCHEMA_VERSION:
-        import logging
-
-        logging.getLogger("parbench").warning(
-            "%s was written by a newer parbench (schema %d; this one reads %d): columns it does not know are "
-            "passed through unread and derived ones may be wrong; upgrade parbench to read it", d, newer,
-            SCHEMA_VERSION)
-    cells = derive(with_knobs(cells), steps)
-    order = [c for c in CELL_COLUMNS if c in cells] + [c for c in cells.columns if c not in CELL_COLUMNS]
-    return cells[order].sort_values("cell_id", kind="stable").reset_index(drop=True), steps, meta
-
-
-#: meta.json fields parbench reads, and the JSON types each may have (null is always allowed)
-META_FIELDS: dict[str, tuple[type, ...]] = {
-    **dict.fromkeys(("run_id", "created_utc", "git_commit", "host", "platform", "python", "plan"), (str,)),
-    **dict.fromkeys(("torch", "nccl", "cuda"), (str, int, float)),
-    **dict.fromkeys(("config", "workloads", "telemetry", "fingerprint", "serve_sweep"), (dict,)),
-    "gpus": (list,), "schema_version": (int,),
-}
-
-
-def load_meta(d: Path) -> dict[str, Any]:
-    """meta.json of a run folder ({} without one), within the size and nesting bounds of
-    :mod:`bench.results.bounds` and with the fields of META_FIELDS of their types."""
-    p = Path(d) / "meta.json"
-    if not p.is_file():
-        return {}
-    meta = read_json(p, "restore it or delete it to load the run without metadata")
-    if not isinstance(meta, dict):
-        raise UserError(f"{p} holds a JSON {type(meta).__name__}, not an object; delete it to load the run")
-    check_meta_fields(meta, p, META_FIELDS)
-    return meta
 
 
 def _git_commit() -> str | None:

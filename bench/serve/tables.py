@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.results.store import load_run, read_table
+from bench.results.run import load_run
+from bench.results.store import read_table
 
 
 def ms(v: float) -> str:

@@ -30,7 +30,8 @@ from bench.decide.recommend import Pick, recommend
 from bench.decide.rules import MAX_REPEATS
 from bench.plan.budget import GROUP_START_S
 from bench.plan.matrix import Planned, group
-from bench.results.store import RunWriter, load_run
+from bench.results.run import load_run
+from bench.results.store import RunWriter
 from bench.train.group import Progress, ProgressFn, run_group
 from bench.train.pending import Pending
 from bench.train.run_folder import Telemetry

@@ -14,7 +14,8 @@ import time
 import pytest
 
 from bench.results.columns import all_metrics
-from bench.results.store import RunWriter, cell_columns, load_run, read_table
+from bench.results.run import load_run
+from bench.results.store import RunWriter, cell_columns, read_table
 
 N_CELLS, SAMPLES_PER_CELL, STEPS_PER_CELL = 1000, 1000, 20
 #: the scale with benchmarks disabled (the default suite): what is written, not how fast

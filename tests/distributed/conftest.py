@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.results.store import load_run
+from bench.results.run import load_run
 from tests.distributed.runs import FAULTS, QUICK, ZOO_WORKLOAD, run
 
 

@@ -12,7 +12,8 @@ from bench.core import spec
 from bench.core.config import build_config
 from bench.core.metrics import BREAKDOWN_GAP_MAX
 from bench.core.spec import GroupPlan
-from bench.results.store import load_run, read_table
+from bench.results.run import load_run
+from bench.results.store import read_table
 from bench.stats.steps import slowest_steps, timed_median
 from bench.train import adaptive
 from bench.train import launcher as launch

@@ -18,7 +18,8 @@ import pandas as pd
 import psutil
 import pytest
 
-from bench.results.store import load_run, read_table
+from bench.results.run import load_run
+from bench.results.store import read_table
 from tests.procs import saved
 
 pytestmark = pytest.mark.distributed

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 import strategies
-from bench.results.store import load_run
+from bench.results.run import load_run
 from tests.distributed.runs import run as run_folder
 
 pytestmark = pytest.mark.distributed

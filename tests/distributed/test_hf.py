@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bench.results.store import load_run
+from bench.results.run import load_run
 from bench.runtime.process import free_port
 from tests.distributed.runs import QUICK, run
 

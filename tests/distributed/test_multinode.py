@@ -19,7 +19,7 @@ import time
 import pandas as pd
 import pytest
 
-from bench.results.store import load_run
+from bench.results.run import load_run
 from tests.distributed.agents import free_port, leftovers, run_dir, start, wait_all
 from tests.procs import saved
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.results.store import load_run
+from bench.results.run import load_run
 from tests.distributed.agents import ROOT, leftovers, run_dir, start, wait_all
 from tests.procs import saved
 

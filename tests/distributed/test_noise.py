@@ -10,7 +10,7 @@ import time
 import pytest
 
 from bench.core.config import build_config
-from bench.results.store import load_run
+from bench.results.run import load_run
 from bench.train import launcher as launch
 from tests.procs import saved
 

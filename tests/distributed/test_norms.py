@@ -8,7 +8,7 @@ import pytest
 from bench.cli.summary import needs_a_look
 from bench.core.config import build_config
 from bench.decide.recommend import candidates
-from bench.results.store import load_run
+from bench.results.run import load_run
 from bench.train import launcher as launch
 
 pytestmark = pytest.mark.distributed

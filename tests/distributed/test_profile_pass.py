@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.results.store import load_run
+from bench.results.run import load_run
 from tests.distributed.runs import QUICK, ZOO_WORKLOAD
 from tests.distributed.runs import run as run_folder
 

@@ -10,7 +10,8 @@ import sys
 import pandas as pd
 import pytest
 
-from bench.results.store import load_run, read_table
+from bench.results.run import load_run
+from bench.results.store import read_table
 from tests.procs import saved
 
 pytestmark = pytest.mark.distributed

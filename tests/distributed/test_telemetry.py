@@ -12,7 +12,7 @@ from bench.core.config import build_config
 from bench.measure.hardware import cpu_threads
 from bench.measure.host import HostSource
 from bench.measure.telemetry import Sampler
-from bench.results.store import load_run
+from bench.results.run import load_run
 from bench.train import launcher as launch
 
 

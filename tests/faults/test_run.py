@@ -32,7 +32,7 @@ def _runs(tmp: Path, out: str = "out") -> list[Path]:
 def _rows_whole(tmp: Path, out: str = "out", *, every_cell_ok: bool = True) -> list[str]:
     """What is lost or left half-done in the case's one run folder: rows that do not read back,
     cells that did not finish (``every_cell_ok``), scratch copies and temporary files."""
-    from bench.results.store import load_run
+    from bench.results.run import load_run
 
     runs = _runs(tmp, out)
     if len(runs) != 1:
@@ -223,7 +223,7 @@ def busy_cores():
 
 
 def _every_cell_contended_none_timed_out(tmp: Path) -> list[str]:
-    from bench.results.store import load_run
+    from bench.results.run import load_run
 
     lost = _rows_whole(tmp)
     if lost:

@@ -7,7 +7,7 @@ import torch
 
 from bench.core.config import build_config
 from bench.measure.hardware import gpu_count
-from bench.results.store import load_run
+from bench.results.run import load_run
 from bench.train import launcher as launch
 from bench.train.profile import PROFILE_BUILDS, PROFILE_PASSES
 

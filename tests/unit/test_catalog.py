@@ -42,7 +42,7 @@ READ_A_RUN = BLOCK_TORCH + """
 import contextlib, io, pathlib, shutil, tempfile
 from bench.cli.main import main
 from bench.cli.run import after_run
-from bench.results.store import load_run
+from bench.results.run import load_run
 import strategies.catalog
 src, tmp = sys.argv[1], pathlib.Path(tempfile.mkdtemp())
 run = tmp / "run"

@@ -8,15 +8,14 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from bench.gate.ciout import benchmark_json, junit, markdown, pytest_benchmark_json, write_outputs
-from bench.gate.compare import compare
-from tests.regress_helpers import make_run, write_run
+from tests.regress_helpers import frames_compare, make_run, write_run
 
 
 @pytest.fixture(scope="module")
 def table():
     base = make_run({"ddp": 1.0, "single": 1.0, "fsdp": 1.0, "x|<b>": 1.0})
     cur = make_run({"ddp": 1.2, "single": 1.0, "fsdp": 1.0, "x|<b>": 1.0}, statuses={"fsdp": "failed"}, seed=1)
-    return compare(base[0], cur[0], 0.05, base_steps=base[1], cur_steps=cur[1])
+    return frames_compare(base[0], cur[0], 0.05, base_steps=base[1], cur_steps=cur[1])
 
 
 def test_markdown(table):

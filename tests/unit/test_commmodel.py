@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from bench.comm.model import annotate_comm, fit, fit_alpha_beta, normalize_op, predict_comm
-from bench.comm.worker import busbw_factor
+from bench.comm.ops import busbw_factor
 
 RUN4 = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "four-gpus-h100"
 SIZES = [2**k for k in range(10, 31)]  # 1 KiB .. 1 GiB

@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 
 from bench.core.errors import UserError
-from bench.gate.compare import compare
 from bench.gate.history import add, baseline, fingerprint, read_index, show
-from bench.results.store import load_run
+from bench.results.run import load_run
 from bench.stats.changepoints import detect_steps
-from tests.regress_helpers import write_run
+from tests.regress_helpers import frames_compare, write_run
 
 
 def fill(tmp_path, levels, store=None, **kw):
@@ -87,12 +86,12 @@ def test_compare_against_the_last_stable_value(tmp_path):
     assert pooled[0].unit == "steps" and len(pooled[0].values) == 4 * 30
     for t, verdict in ((1.2, "same"), (1.3, "regression"), (1.0, "improvement")):
         cells, steps, m = load_run(write_run(tmp_path / f"cur{t}", {"ddp": t, "single": 1.0}, seed=99))
-        out = compare(base, cells, 0.05, base_samples=samples, cur_steps=steps, base_meta=meta,
+        out = frames_compare(base, cells, 0.05, base_samples=samples, cur_steps=steps, base_meta=meta,
                       cur_meta=m).set_index("strategy")
         assert out.loc["ddp", "verdict"] == verdict
     cells, steps, m = load_run(write_run(tmp_path / "newtorch", {"ddp": 1.2}, meta={"torch": "9"}))
     with pytest.raises(UserError, match="torch"):
-        compare(base, cells, 0.05, base_samples=samples, cur_steps=steps, base_meta=meta, cur_meta=m)
+        frames_compare(base, cells, 0.05, base_samples=samples, cur_steps=steps, base_meta=meta, cur_meta=m)
 
 
 def test_repeats_are_not_runs(tmp_path):
@@ -105,11 +104,11 @@ def test_repeats_are_not_runs(tmp_path):
     base, samples, meta = baseline(five)
     assert samples[0].unit == "runs" and len(samples[0].values) == 5
     cells, steps, m = load_run(write_run(tmp_path / "cur", {"ddp": 1.0, "single": 1.0}, repeats=3, n=10, seed=99))
-    out = compare(base, cells, 0.05, base_samples=samples, cur_steps=steps, base_meta=meta,
+    out = frames_compare(base, cells, 0.05, base_samples=samples, cur_steps=steps, base_meta=meta,
                   cur_meta=m).set_index("strategy")
     assert out.loc["ddp", "unit"] == "runs" and out.loc["ddp", "n_base"] == 5 and out.loc["ddp", "n_cur"] == 3
     base, samples, meta = baseline(two)
-    out = compare(base, cells, 0.05, base_samples=samples, cur_steps=steps, base_meta=meta,
+    out = frames_compare(base, cells, 0.05, base_samples=samples, cur_steps=steps, base_meta=meta,
                   cur_meta=m).set_index("strategy")
     assert out.loc["ddp", "unit"] == "repeats" and "holds 2 run(s), too few" in out.loc["ddp", "note"]
 
@@ -121,8 +120,8 @@ def test_fail_from_runs_reports_a_pooled_regression(tmp_path):
     base, samples, meta = baseline(store)
     cells, steps, m = load_run(write_run(tmp_path / "cur", {"ddp": 1.5, "single": 1.0}, repeats=5, n=10, seed=7))
     kw = dict(base_samples=samples, cur_steps=steps, base_meta=meta, cur_meta=m)
-    assert compare(base, cells, 0.05, **kw).set_index("strategy").loc["ddp", "verdict"] == "regression"
-    out = compare(base, cells, 0.05, fail_from_runs=4, **kw).set_index("strategy")
+    assert frames_compare(base, cells, 0.05, **kw).set_index("strategy").loc["ddp", "verdict"] == "regression"
+    out = frames_compare(base, cells, 0.05, fail_from_runs=4, **kw).set_index("strategy")
     assert out.loc["ddp", "verdict"] == "noisy"
     assert "pooled samples of 1 history run(s)" in out.loc["ddp", "note"]
     assert out.loc["single", "verdict"] == "same"

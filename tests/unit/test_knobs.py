@@ -12,7 +12,8 @@ from bench.core import knobs
 from bench.core.config import build_config
 from bench.core.errors import UserError
 from bench.plan.matrix import plan
-from bench.results.derived import derive, with_knobs
+from bench.results.derived import derive
+from bench.results.migrate import upgrade
 from bench.workloads import resolve
 from strategies.base import Context
 from strategies.training import checkpoint_blocks, inner_blocks, make_optimizer
@@ -145,7 +146,8 @@ def _cells(**over):
 
 
 def test_runs_recorded_before_the_knobs_read_as_sgd_eager_no_checkpointing():
-    cells = with_knobs(pd.DataFrame([_cells(), _cells(cell_id=1, mode="serve")]))
+    cells, done = upgrade(pd.DataFrame([_cells(), _cells(cell_id=1, mode="serve")]))
+    assert "training knobs of runs before them" in done
     assert list(cells.loc[0, ["optimizer", "compile", "ac"]]) == ["sgd", "off", "none"]
     assert pd.isna(cells.loc[1, "optimizer"])
 

@@ -14,7 +14,9 @@ import pandas as pd
 import pytest
 
 from bench.comm.model import CommModel
+from bench.comm.ops import busbw_factor
 from bench.comm.projection import (
+    Network,
     calls_per_step,
     check_table,
     check_with_repeats,
@@ -26,7 +28,6 @@ from bench.comm.projection import (
     project,
     repeat_medians,
 )
-from bench.comm.worker import busbw_factor
 
 RUN4 = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "four-gpus-h100"
 ALPHA, BUSBW = {2: 20e-6, 4: 25e-6}, {2: 300.0, 4: 330.0}
@@ -101,8 +102,9 @@ def test_fixed_variant_on_the_committed_run_is_model(run4):
 
 def test_projection_beyond_one_node_is_capped_by_the_network(run4):
     cells, comm = run4
-    fast = project(cells, comm, model(), worlds=(8, 16), inter_node_gbs=1000.0).set_index(["strategy", "world_size"])
-    slow = project(cells, comm, model(), worlds=(8, 16), inter_node_gbs=25.0).set_index(["strategy", "world_size"])
+    key = ["strategy", "world_size"]
+    fast = project(cells, comm, model(), worlds=(8, 16), network=Network(inter_node_gbs=1000.0)).set_index(key)
+    slow = project(cells, comm, model(), worlds=(8, 16), network=Network(inter_node_gbs=25.0)).set_index(key)
     assert slow.loc[("ddp", 8), "comm_model_s"] == pytest.approx(fast.loc[("ddp", 8), "comm_model_s"])
     assert slow.loc[("ddp", 16), "comm_model_s"] > 5 * fast.loc[("ddp", 16), "comm_model_s"]
     assert slow.loc[("ddp", 16), "nodes"] == 2 and slow["measured_step_s"].isna().all()

@@ -9,14 +9,15 @@ import pandas as pd
 import pytest
 
 from bench.core.errors import UserError
-from bench.gate.compare import Samples, compare, decide, failed, parse_threshold, step_times
-from bench.results.derived import with_knobs
+from bench.gate.compare import decide, failed, parse_threshold
+from bench.gate.samples import Samples, step_times
+from bench.results.migrate import upgrade
 from bench.stats.ranktests import ALPHA, min_samples, shift_test
-from tests.regress_helpers import make_run
+from tests.regress_helpers import frames_compare, make_run
 
 
 def cmp(base, cur, thr=0.05, **kw):
-    return compare(base[0], cur[0], thr, base_steps=base[1], cur_steps=cur[1], **kw).set_index("strategy")
+    return frames_compare(base[0], cur[0], thr, base_steps=base[1], cur_steps=cur[1], **kw).set_index("strategy")
 
 
 def test_verdicts():
@@ -76,11 +77,11 @@ def test_against_run_to_run_noise():
     base = (make_run({"ddp": 1.0})[0], {0: Samples(runs, "runs")})
     for t, verdict in ((1.08, "noisy"), (2.0, "regression")):
         cells, steps = make_run({"ddp": t}, seed=9)
-        r = compare(base[0], cells, 0.05, base_samples=base[1], cur_steps=steps).iloc[0]
+        r = frames_compare(base[0], cells, 0.05, base_samples=base[1], cur_steps=steps).iloc[0]
         assert r["verdict"] == verdict and r["unit"] == "runs"
     quiet = {0: Samples(np.exp(rng.normal(0, 0.002, 12)), "runs")}
     cells, steps = make_run({"ddp": 1.06}, seed=9)
-    assert compare(base[0], cells, 0.05, base_samples=quiet, cur_steps=steps).iloc[0]["verdict"] == "regression"
+    assert frames_compare(base[0], cells, 0.05, base_samples=quiet, cur_steps=steps).iloc[0]["verdict"] == "regression"
 
 
 def test_step_time_is_the_slowest_rank():
@@ -145,7 +146,7 @@ def test_key_dtypes_that_agree_in_value_join():
 
 def test_no_steps_falls_back_to_intervals():
     base, cur = make_run({"ddp": 1.0}), make_run({"ddp": 1.5})
-    t = compare(base[0], cur[0], 0.05).set_index("strategy")
+    t = frames_compare(base[0], cur[0], 0.05).set_index("strategy")
     assert t.loc["ddp", "verdict"] == "regression" and "intervals" in t.loc["ddp", "note"]
 
 
@@ -223,14 +224,14 @@ def test_a_cell_trained_another_way_is_incomparable_naming_the_knob():
     base = make_run({"ddp": 1.0, "fsdp": 1.0})
     cur = make_run({"ddp": 0.9, "fsdp": 1.0}, optimizer="adamw", compile="off", ac="none", seed=1)
     cur[0].loc[cur[0].strategy == "fsdp", "optimizer"] = "sgd"
-    t = cmp((with_knobs(base[0]), base[1]), cur)
+    t = cmp((upgrade(base[0])[0], base[1]), cur)
     assert t.loc["fsdp", "verdict"] == "same" and t.loc["ddp", "verdict"] == "incomparable"
     why = ("training differ: optimizer sgd -> adamw: measure both sides with the same training knobs (--optimizer, "
            "--compile, --ac), or keep this pair as a new baseline")
     assert t.loc["ddp", "note"] == why
     cur[0]["optimizer"] = "adamw"
     with pytest.raises(UserError, match=re.escape(f"incomparable: {why}")):
-        cmp((with_knobs(base[0]), base[1]), cur)
+        cmp((upgrade(base[0])[0], base[1]), cur)
 
 
 def test_too_few_repeats_give_no_interval_rather_than_an_infinite_one():

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from bench.decide.recommend import first_screen, recommend
-from bench.results.store import RunWriter, load_run
+from bench.results.run import load_run
+from bench.results.store import RunWriter
 from reports import build_report, figures
 from tests import chromium
 

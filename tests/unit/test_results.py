@@ -3,7 +3,8 @@ import pytest
 
 from bench.core.errors import UserError
 from bench.results.derived import derive
-from bench.results.store import CELL_COLUMNS, STEP_COLUMNS, RunWriter, frame, load_run
+from bench.results.run import load_run
+from bench.results.store import CELL_COLUMNS, STEP_COLUMNS, RunWriter, frame
 
 
 def cell(cid, strategy, ws, tput, precision="fp32"):

@@ -132,7 +132,7 @@ def test_nan_answers_are_not_parity():
 
 @pytest.mark.parametrize("best, said", [(960.0, "960 req/s"), (None, "none (no rate tried met the target)")])
 def test_the_sweep_line_names_the_offered_rate_or_none(monkeypatch, capsys, best, said):
-    import bench.results.store as store
+    import bench.results.run as store
     from bench.cli import serve as cli_serve
 
     found = {"slo_p99_s": 0.05, "max_rate_rps": best, "note": None if best else "no rate tried met the target"}

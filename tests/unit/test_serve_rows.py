@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from bench.core.metrics import registry
-from bench.results.store import RunWriter, cell_columns, load_run, read_table
+from bench.results.run import load_run
+from bench.results.store import RunWriter, cell_columns, read_table
 from bench.serve import schema
 from bench.serve.policies import JoinShortestQueue, simulate
 from bench.serve.run import parity_err

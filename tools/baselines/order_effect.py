@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench.results.store import load_run
+from bench.results.run import load_run
 
 START = "(first in its processes)"
 

@@ -38,7 +38,7 @@ pb() { python3 -m bench run --no-progress --out "$R/$1" "${@:2}"; }
 show() {  # short table of the latest run under $R/$1
   python3 - "$(ls -d "$R/$1"/*/ | tail -n 1)" <<'PY'
 import sys, pandas as pd
-from bench.results.store import load_run
+from bench.results.run import load_run
 c = load_run(sys.argv[1])[0]
 cols = [x for x in ["strategy", "backend", "world_size", "mesh", "status", "step_time_median_s", "repeat_spread",
         "throughput_samples_s", "scaling_efficiency", "mfu", "peak_mem_bytes", "parity_rel_err", "param_share",
@@ -89,7 +89,7 @@ two)
   python3 - "$OUT/plain.jsonl" "$R" <<'PY'
 import json, sys, glob, pandas as pd
 plain = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-from bench.results.store import load_run
+from bench.results.run import load_run
 cells = load_run(glob.glob(sys.argv[2] + "/two/*/")[0])[0]
 print("harness vs plain loop (same model, batches, optimizer; mean step time over 20 steps):")
 for p in plain:
@@ -114,7 +114,7 @@ overhead)
 import sys, glob, pandas as pd
 print("sampler overhead (ddp nccl x2, gpt-200m, 60 steps):")
 for hz in ("0", "20", "100", "0b"):
-    from bench.results.store import load_run
+    from bench.results.run import load_run
     c = load_run(glob.glob(f"{sys.argv[1]}/hz{hz}/*/")[0])[0]
     r = c[c.strategy == "ddp"].iloc[0]
     print(f"  {hz:>4s} Hz: median {r.step_time_median_s*1e3:.3f} ms  CI [{r.step_time_ci_low_s*1e3:.3f}, "

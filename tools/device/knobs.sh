@@ -17,7 +17,7 @@ cells() {  # the latest run under $R/$1 as $OUT/$1-cells.csv, and its short tabl
   python3 - "$(ls -d "$R/$1"/*/ | tail -n 1)" "$OUT/$1-cells.csv" <<'PY'
 import sys
 import pandas as pd
-from bench.results.store import load_run
+from bench.results.run import load_run
 c = load_run(sys.argv[1])[0]
 cols = [x for x in ["strategy", "world_size", "global_batch", "optimizer", "compile", "ac", "status",
         "step_time_median_s", "step_time_ci_low_s", "step_time_ci_high_s", "peak_mem_bytes", "compile_s",

@@ -31,7 +31,7 @@ serve() { local log="$OUT/device_serve_$PART.log"; timeout "$1" python3 -m bench
 capacity() {  # C: requests/s the closed loop achieved on $WMAX GPUs, per GPU x 2 (levels run at ws 2 and 4)
   [ -s "$OUT/capacity.txt" ] || python3 - "$OUT" <<'PY' > "$OUT/capacity.txt"
 import sys, glob, pandas as pd
-from bench.results.store import load_run
+from bench.results.run import load_run
 rows = []
 for d in glob.glob(sys.argv[1] + "/*/cells.parquet"):
     c, _, _ = load_run(d[:-len("/cells.parquet")])

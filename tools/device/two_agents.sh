@@ -105,7 +105,7 @@ $py - "$out" "$cpu" <<'EOF'
 import collections, json, re, statistics, sys
 from pathlib import Path
 from tools.baselines.interleave import verdict
-from bench.results.store import load_run
+from bench.results.run import load_run
 
 out, cpu = Path(sys.argv[1]), sys.argv[2] == "1"
 
