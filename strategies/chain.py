@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from bench.core.mesh import Mesh
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies import catalog
@@ -30,7 +31,7 @@ class Chain(Strategy):
         return r
 
     def label_values(self, cell: CellSpec) -> dict:
-        return {"mesh": f"chain{cell.n_devices}"}
+        return {"mesh": Mesh.line("chain", cell.n_devices).label}
 
     def stages(self, wl: Workload, model: nn.Module, world: int) -> list[nn.Module]:
         return stage_modules(wl, model, world)
@@ -102,7 +103,7 @@ class LayerSplit(OneProcessMultiGPU):
         return reason
 
     def label_values(self, cell: CellSpec) -> dict:
-        return {"mesh": f"split{cell.n_devices}"}
+        return {"mesh": Mesh.line("split", cell.n_devices).label}
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         devices = list(ctx.devices)

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from bench.core.config import parse_mesh
+from bench.core.mesh import Mesh
 from bench.core.spec import CellSpec
 from bench.workloads import Batch, Workload, shard
 from strategies.base import Context
@@ -197,11 +197,17 @@ def _crosses(groups: list[list[int]], per_node: int) -> bool:
     return any(len({r // per_node for r in g}) > 1 for g in groups)
 
 
+def cell_mesh(options: dict, world: int, model: str) -> Mesh:
+    """The 2D mesh of a hybrid cell (data parallel x ``model`` parallel) from its options."""
+    return Mesh.grid(options.get("mesh"), world, model)
+
+
 def placement_check(cell: CellSpec, mp_name: str) -> str | None:
     """On several nodes, the dimension ``placement`` keeps inside a node must fit in one."""
     if cell.nnodes <= 1:
         return None
-    dp, mp = parse_mesh(cell.options.get("mesh"), cell.n_devices)
+    mesh = cell_mesh(cell.options, cell.n_devices, mp_name)
+    dp, mp = mesh.dp, mesh.mp
     placement = cell.options.get("placement") or PLACEMENT_OPTION.default
     per = cell.n_procs // cell.nnodes
     dps, mps = mesh_groups(dp, mp, placement)
@@ -217,8 +223,8 @@ def placement_label(cell: CellSpec, mp_name: str) -> str:
     """'tp within nodes, dp across 2 nodes' (or 'one node')."""
     if cell.nnodes <= 1:
         return "one node"
-    dp, mp = parse_mesh(cell.options.get("mesh"), cell.n_devices)
-    dps, mps = mesh_groups(dp, mp, cell.options.get("placement") or PLACEMENT_OPTION.default)
+    mesh = cell_mesh(cell.options, cell.n_devices, mp_name)
+    dps, mps = mesh_groups(mesh.dp, mesh.mp, cell.options.get("placement") or PLACEMENT_OPTION.default)
     per = cell.n_procs // cell.nnodes
 
     def where(groups):
@@ -231,9 +237,10 @@ def mesh_check(cell: CellSpec) -> str | None:
     """Divisibility checks of a 2D (dp x mp) mesh cell."""
     w = cell.n_devices
     try:
-        dp, mp = parse_mesh(cell.options.get("mesh"), w)
+        mesh = cell_mesh(cell.options, w, "mp")
     except ValueError as e:
         return str(e)
+    dp, mp = mesh.dp, mesh.mp
     if w < 4 or dp < 2 or mp < 2:
         return f"a 2D mesh needs both degrees >= 2 (world size >= 4); got world size {w}"
     if dp * mp != w:

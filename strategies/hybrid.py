@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from bench.core.config import parse_mesh
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies import catalog
 from strategies.base import Context, Step, Strategy, common_check
 from strategies.common import (
     build_for_sharding,
+    cell_mesh,
     hybrid_mesh,
     local_share,
     materialize,
@@ -36,17 +36,17 @@ class FSDPxTP(Strategy):
         r = common_check(cell, gpus=gpus) or mesh_check(cell) or placement_check(cell, "tp")
         if r:
             return r
-        dp, tp = parse_mesh(cell.options["mesh"], cell.n_devices)
-        return tp_check(cell.workload, tp) or divisible(cell.workload.global_batch, dp)
+        mesh = cell_mesh(cell.options, cell.n_devices, "tp")
+        return tp_check(cell.workload, mesh.mp) or divisible(cell.workload.global_batch, mesh.dp)
 
     def label_values(self, cell: CellSpec) -> dict:
-        dp, tp = parse_mesh(cell.options["mesh"], cell.n_devices)
         mp = mixed_precision(cell.options, cell.measure.precision)
-        return {"mesh": f"dp{dp}xtp{tp}", "fsdp_param_dtype": "bf16" if mp else "fp32",
-                "mesh_placement": placement_label(cell, "tp")}
+        return {"mesh": cell_mesh(cell.options, cell.n_devices, "tp").label,
+                "fsdp_param_dtype": "bf16" if mp else "fp32", "mesh_placement": placement_label(cell, "tp")}
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
-        dp, tp = parse_mesh(ctx.options["mesh"], ctx.world_size)
+        grid = cell_mesh(ctx.options, ctx.world_size, "tp")
+        dp, tp = grid.dp, grid.mp
         mesh = hybrid_mesh(ctx.device.type, dp, tp, ctx.options["placement"], ("dp", "tp"))
         model = build_for_sharding(wl, ctx)
         loss_ctx = apply_tp(wl, model, mesh["tp"], ctx)

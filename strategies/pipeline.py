@@ -32,7 +32,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from bench.core import backends
-from bench.core.config import parse_mesh
+from bench.core.mesh import Mesh
 from bench.core.spec import CellSpec, WorkloadFacts
 from bench.workloads import Workload
 from strategies import catalog
@@ -41,6 +41,7 @@ from strategies.base import Context, Step, Strategy, common_check
 from strategies.common import (
     block_costs,
     build_for_sharding,
+    cell_mesh,
     hybrid_mesh,
     local_share,
     materialize,
@@ -189,9 +190,14 @@ class Pipeline(Strategy):
     def min_share(self, cell: CellSpec) -> float:
         return 1 / self.degrees(cell.n_devices, cell.options)[1]  # pp stages, each replicated dp times
 
+    def mesh(self, n: int, options: dict) -> Mesh:
+        """The cell's layout: n pipeline stages (a 2D hybrid: data parallel x pipeline)."""
+        return Mesh.line("pp", n)
+
     def degrees(self, n: int, options: dict) -> tuple[int, int]:
         """(data-parallel, pipeline) degrees."""
-        return 1, n
+        mesh = self.mesh(n, options)
+        return mesh.dp, mesh.degree("pp")
 
     def resolve_options(self, n_devices: int, given: dict) -> dict:
         out = super().resolve_options(n_devices, given)
@@ -204,9 +210,8 @@ class Pipeline(Strategy):
             cell.workload, cell, pp=cell.n_devices, dp=1, virtual=self.virtual)
 
     def label_values(self, cell: CellSpec) -> dict:
-        dp, pp = self.degrees(cell.n_devices, cell.options)
         return {"schedule": self.schedule, "micro_batches": cell.options["micro_batches"],
-                "mesh": f"pp{pp}" if dp == 1 else f"dp{dp}xpp{pp}"}
+                "mesh": self.mesh(cell.n_devices, cell.options).label}
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         pp = ctx.world_size
@@ -266,8 +271,8 @@ class DPxPipeline(Pipeline):
     declared = catalog.DP_PP
     schedule = "1f1b"
 
-    def degrees(self, n: int, options: dict) -> tuple[int, int]:
-        return parse_mesh(options.get("mesh"), n)
+    def mesh(self, n: int, options: dict) -> Mesh:
+        return cell_mesh(options, n, "pp")
 
     def label_values(self, cell: CellSpec) -> dict:
         return {**super().label_values(cell), "mesh_placement": placement_label(cell, "pp")}

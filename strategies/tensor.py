@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from torch.distributed.device_mesh import init_device_mesh
 
+from bench.core.mesh import Mesh
 from bench.core.spec import CellSpec, WorkloadFacts
 from bench.workloads import Workload
 from strategies import catalog
@@ -61,7 +62,7 @@ class TensorParallel(Strategy):
         return common_check(cell, gpus=gpus) or tp_check(cell.workload, cell.n_devices)
 
     def label_values(self, cell: CellSpec) -> dict:
-        return {"mesh": f"tp{cell.n_devices}"}
+        return {"mesh": Mesh.line("tp", cell.n_devices).label}
 
     def knob_reason(self, cell: CellSpec) -> str | None:
         return super().knob_reason(cell) or compiled_selective_reason(cell)

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from bench.core.errors import UserError
+from bench.core.mesh import Mesh
 from bench.core.rendezvous import validate_nodes
 from bench.core.values import as_float, as_int, int_list, parse_duration, split_list
 
@@ -402,30 +403,16 @@ def _check_caps(cfg: SimpleNamespace, c: dict[str, Any]) -> None:
         raise UserError(f"settle={c['settle']} and target_ci={c['target_ci']} must be fractions in [0, 1) (0: off)")
 
 
-def parse_mesh(text: str | None, world: int) -> tuple[int, int]:
-    """'2x2' -> (2, 2): (data-parallel degree, model-parallel degree). None: dp=2, the rest model
-    parallel. The one mesh parser: config validation and the 2D strategies both call it."""
-    if text is None:
-        return (2, max(world // 2, 1))
-    m = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", str(text).lower())
-    if not m:
-        raise ValueError(f"mesh {text!r} must look like 2x2 (data parallel x model parallel)")
-    dp, mp = int(m[1]), int(m[2])
-    if dp < 1 or mp < 1:
-        raise ValueError(f"mesh {text!r}: both degrees must be >= 1, e.g. 2x2")
-    return dp, mp
-
-
 def _check_mesh(cfg: SimpleNamespace) -> None:
     """An explicit mesh's rank count is one of the world sizes."""
     if "mesh" not in cfg.options:
         return
     try:
-        dp, mp = parse_mesh(cfg.options["mesh"], 0)
+        size = Mesh.grid(cfg.options["mesh"], 0, "mp").size
     except ValueError as e:
         raise UserError(str(e)) from None
-    if dp * mp not in cfg.world_sizes:
-        raise UserError(f"mesh {cfg.options['mesh']} has {dp * mp} ranks but world sizes are "
-                        f"{cfg.world_sizes}; add {dp * mp} to --world-sizes or change the mesh")
+    if size not in cfg.world_sizes:
+        raise UserError(f"mesh {cfg.options['mesh']} has {size} ranks but world sizes are "
+                        f"{cfg.world_sizes}; add {size} to --world-sizes or change the mesh")
 
 

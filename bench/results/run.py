@@ -89,7 +89,7 @@ class Meta(Mapping[str, Any]):
 
 class Run:
     """One run folder's cells (one row per cell, every column typed, upgraded and derived), steps
-    and metadata, with the views its readers share. Unpacks as ``cells, steps, meta``."""
+    and metadata, with the views its readers share. Unpacks, and indexes, as ``cells, steps, meta``."""
 
     def __init__(self, cells: pd.DataFrame, steps: pd.DataFrame | None = None, meta: Mapping[str, Any] | None = None,
                  *, path: Path | None = None, upgraded: tuple[str, ...] = ()):
@@ -134,6 +134,10 @@ class Run:
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.cells, self.steps, self.meta))
+
+    def __getitem__(self, i: int) -> Any:
+        """``run[0]`` is the cells, ``run[1]`` the steps, ``run[2]`` the meta (as the tuple scripts read)."""
+        return (self.cells, self.steps, self.meta)[i]
 
     @cached_property
     def training(self) -> pd.DataFrame:

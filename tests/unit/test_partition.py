@@ -1,6 +1,6 @@
 import pytest
 
-from bench.core.config import parse_mesh
+from bench.core.mesh import Mesh
 from strategies.common import partition
 
 
@@ -17,11 +17,17 @@ def test_partition_is_contiguous_covering_and_balanced():
         partition([1, 2], 3)
 
 
-def test_mesh_parsing():
-    assert parse_mesh(None, 8) == (2, 4)
-    assert parse_mesh("4x2", 8) == (4, 2)
+def test_a_mesh_is_one_typed_value_from_its_option_to_its_label():
+    default = Mesh.grid(None, 8, "tp")
+    assert (default.dp, default.mp, default.size, default.label) == (2, 4, 8, "dp2xtp4")
+    given = Mesh.grid("4x2", 8, "pp")
+    assert (given.dp, given.degree("pp"), given.label) == (4, 2, "dp4xpp2")
+    assert Mesh.from_label(given.label) == given and Mesh.from_label("pp4") == Mesh.line("pp", 4)
+    assert Mesh((("dp", 1), ("pp", 4))).label == "pp4"  # one replica: the pipeline alone
     with pytest.raises(ValueError, match="2x2"):
-        parse_mesh("4", 4)
+        Mesh.grid("4", 4, "tp")
+    with pytest.raises(ValueError, match="dp2xtp2"):
+        Mesh.from_label("2x2")
 
 
 def test_fsdp_units_leave_embedding_and_head_in_the_root_by_default():
