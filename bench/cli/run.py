@@ -230,12 +230,12 @@ def print_recommendation(run_dir: Path, console=None) -> None:
     from bench.cli.summary import end_console
     from bench.decide.recommend import recommend
     from bench.results.store import load_run
-    from reports import answer
+    from reports import words
 
     cells, _, _ = load_run(run_dir)
     if "mode" in cells:  # a row without a mode is a training row
         cells = cells[cells["mode"].fillna("train") != "serve"]
-    real, toys = answer.split(recommend(cells))
+    real, toys = words.split(recommend(cells))
     console = console or end_console()
 
     def say(line: str, indent: str) -> None:
@@ -244,18 +244,5 @@ def print_recommendation(run_dir: Path, console=None) -> None:
                                   break_on_hyphens=False):
             console.print(Text(part), soft_wrap=True)
 
-    if not real and not toys:
-        say("recommendation: no strategy on more than one device passed", "")
-        return
-    say("recommendation:" if real else f"recommendation: every workload is launch-bound: {answer.LAUNCH_BOUND_WHY}",
-        "")
-    for p in real:
-        first, *rest = answer.lines(p)
-        say(first, "  ")
-        for line in rest:
-            say(line, "    ")
-    if toys:
-        if real:
-            say(f"launch-bound workloads ({answer.LAUNCH_BOUND_WHY}):", "")
-        for p in toys:
-            say(answer.lines(p)[0], "  ")
+    for line, indent in words.screen(real, toys):
+        say(line, indent)
