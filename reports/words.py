@@ -47,10 +47,6 @@ def split(decisions: list[Decision]) -> tuple[list[Decision], list[Decision]]:
     return [p for p in ordered if not p.launch_bound], [p for p in ordered if p.launch_bound]
 
 
-def title(p: Decision) -> str:
-    return p.title
-
-
 def head(p: Decision) -> str:
     """How the first line of a decision starts: its title and a colon."""
     return f"{p.title}: "

@@ -9,10 +9,11 @@ The fastest candidate is the ``winner`` (a measured fact); what to ``use`` follo
    unstable in one run or contended, or an efficiency is not physical;
 2. one device when every candidate is slower than it, or none is faster beyond the noise by more
    than ``EQUIVALENT``;
-3. the library default (DDP; FSDP when the model does not fit one device or DDP ran out of memory)
-   unless another candidate is faster beyond the noise by more than ``EQUIVALENT``, and then that one, with what in its
-   breakdown makes it faster; a model that does not fit one device says so, with the memory
-   headroom of what to use.
+3. the library default (the strategy declared ``default_for="fits"``, DDP; the one declared for
+   ``"sharded"``, FSDP, when the model does not fit one device or the first ran out of memory)
+   unless another candidate is faster beyond the noise by more than ``EQUIVALENT``, and then that
+   one, with what in its breakdown makes it faster; a model that does not fit one device says so,
+   with the memory headroom of what to use.
 
 Each decision rests on pairs of cells (the fastest against one device, and against the library
 default or the runner-up), judged from throughput intervals by :func:`bench.decide.rules.judge_pair`:

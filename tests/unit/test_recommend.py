@@ -590,3 +590,14 @@ def test_each_way_of_training_gets_its_own_pick_against_its_own_reference():
     assert on.speedup == pytest.approx(0.100 / 0.060) and off.speedup == pytest.approx(0.200 / 0.110)
     assert on.title == "gpt, nccl x2, compile=on" and off.title == "gpt, nccl x2, compile=off"
     assert recommend(pd.DataFrame(rows[:3]))[0].training == {}  # one way of training: nothing to name
+
+
+def test_the_reference_is_found_by_its_declared_role_where_rows_carry_none():
+    rows = [cell("single", 1, 0.100), cell("ddp", 2, 0.150), cell("fsdp", 2, 0.200)]
+    bare = pd.DataFrame(rows).drop(columns="role")
+    (p,) = recommend(bare)
+    assert p.kind == DecisionKind.ONE_DEVICE and p.speedup == pytest.approx(0.1 / 0.15)
+    # a cell in the reference role is the reference whatever its strategy is called
+    renamed = [{**rows[0], "strategy": "one-gpu"}] + rows[1:]
+    (p,) = recommend(pd.DataFrame(renamed))
+    assert p.use == "one-gpu" and p.kind == DecisionKind.ONE_DEVICE
