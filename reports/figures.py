@@ -17,7 +17,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from bench.core.backends import find as find_backend  # noqa: E402
 from bench.core.metrics import BREAKDOWN_GAP_MAX  # noqa: E402
 from bench.core.text import gap_text  # noqa: E402
-from bench.decide.rules import rebuild_off  # noqa: E402
+from bench.decide.rules import is_reference, rebuild_off  # noqa: E402
 from bench.stats.steps import EFFICIENCY_MAX  # noqa: E402
 
 MAX_BARS = 40
@@ -81,7 +81,7 @@ def scaling_lines(cells: pd.DataFrame, workload: str, ax=None):
     drawn apart; 1.0 is ideal. World sizes are the integer ticks that were run."""
     ax = _ax(ax, (WIDTH_IN, 3.6))
     d = _ok(cells, workload)
-    d = d[d["scaling_efficiency"].notna() & (d["strategy"] != "single")]
+    d = d[d["scaling_efficiency"].notna() & ~is_reference(d)]
     if "scaling" not in d:
         d = d.assign(scaling="strong")
     for (strat, backend, mode), g in d.groupby(["strategy", "backend", d["scaling"].fillna("strong")]):
@@ -209,22 +209,6 @@ def breakdown_bars(cells: pd.DataFrame, workload: str, ax=None):
     # Inside, top right: the fastest (shortest) bars are at the top. A legend above the Axes, centred
     # on it, ran past the figure's right edge when the cell labels are long and pushed the Axes off it.
     ax.legend(fontsize=6, loc="upper right", ncol=1)
-    return ax
-
-
-def memory_bars(cells: pd.DataFrame, workload: str, ax=None):
-    """Peak allocated memory per device (max over ranks), GiB, smallest first."""
-    d = _ok(cells, workload)
-    d = d[d["peak_mem_bytes"].notna()].sort_values("peak_mem_bytes").head(MAX_BARS)
-    ax = _ax(ax, (WIDTH_IN, BASE_IN + BAR_IN * len(d)))
-    y = np.arange(len(d))
-    ax.barh(y, d["peak_mem_bytes"].to_numpy(float) / 2**30,
-            color=[_color(b) for b in d["backend"]])
-    ax.set_yticks(y, [cell_label(r) for _, r in d.iterrows()], fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("peak memory per device (GiB, max over ranks)")
-    ax.set_title(f"{workload}: memory", fontsize=9)
-    _backend_legend(ax, d["backend"])
     return ax
 
 

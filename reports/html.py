@@ -1,7 +1,7 @@
 """The HTML report: one self-contained page that answers which strategy, why, at what cost, and
 what changed.
 
-The first screen is the recommendation (``bench.decide.recommend``, in :mod:`reports.answer`'s words)
+The first screen is the recommendation (``bench.decide.recommend``, in :mod:`reports.words`' words)
 per workload, backend and world size: what to use or that there is no decision, whether it is
 decided, why, what was measured and what to try next; launch-bound (toy) workloads have their own
 section further down. Then, per workload, figures sized to their content (embedded as base64 PNG,
@@ -26,7 +26,7 @@ import pandas as pd
 from bench.comm.model import annotate_comm, find_sweep
 from bench.core.errors import UserError
 from bench.core.paths import folder_problem
-from bench.decide.recommend import is_false, recommend
+from bench.decide.recommend import is_false, is_reference, recommend
 from bench.gate import history as hist
 from bench.gate.ciout import SHIFT_LEGEND, verdict_rows
 from bench.gate.verdict import Gate, judge
@@ -35,7 +35,7 @@ from bench.results.columns import lookup, shown
 from bench.results.run import Run, load_run
 from bench.results.store import CELL_COLUMNS, SAMPLE_COLUMNS, frame, read_table
 from bench.runtime.signals import defer_stops
-from reports import answer, figures
+from reports import figures, words
 from reports.figures import cell_label
 from reports.serving import serve_section
 
@@ -58,9 +58,9 @@ details.flags li{margin:2px 0}details.flags summary{cursor:pointer}
 {{ n_skipped }} skipped{% if meta.plan %} &middot; {{ meta.plan }}{% endif %}</p>
 {% macro pick_table(id, rows) %}<table class="pick" id="{{ id }}"><tr><th class="l">workload</th><th class="l">backend</th><th>devices</th>
 <th class="l">use</th><th class="l">decided?</th><th class="l">because</th><th class="l">measured</th><th class="l">try next</th></tr>
-{% for p in rows %}<tr class="{{ 'warn' if p.use is none else '' }}"><td class="l n">{{ p.workload }}{% if p.training %} ({{ p.training }}){% endif %}{% if p.launch_bound %} <span class="muted">launch-bound</span>{% endif %}</td><td class="l n">{{ p.backend }}</td><td>{{ p.world_size }}</td>
-<td class="l n"><b>{{ a.use_text(p) }}</b></td><td class="l">{{ a.decided_text(p) }}</td><td class="l">{{ p.because }}</td>
-<td class="l">{{ a.measured_text(p) }}<br><span class="muted">{{ p.why }}{% if p.excluded %}; left out: {{ p.excluded }}{% endif %}</span></td>
+{% for p in rows %}<tr class="{{ 'warn' if p.use is none else '' }}"><td class="l n">{{ p.workload }}{% if a.training_text(p) %} ({{ a.training_text(p) }}){% endif %}{% if p.launch_bound %} <span class="muted">launch-bound</span>{% endif %}</td><td class="l n">{{ p.backend }}</td><td>{{ p.world_size }}</td>
+<td class="l n"><b>{{ a.use_text(p) }}</b></td><td class="l">{{ a.decided_text(p) }}</td><td class="l">{{ a.because_text(p) }}</td>
+<td class="l">{{ a.measured_text(p) }}<br><span class="muted">{{ a.bound_text(p) }}{% if p.excluded %}; left out: {{ a.excluded_text(p) }}{% endif %}</span></td>
 <td class="l">{{ a.next_text(p) or "-" }}</td></tr>
 {% endfor %}</table>{% endmacro %}
 {% if training %}<h2>Recommendation</h2>
@@ -169,7 +169,7 @@ def _workload_figures(cells: pd.DataFrame, wl: str, out: Path, annotated: pd.Dat
     if ok.empty:
         return []
     kinds = [("throughput", lambda: figures.throughput_bars(cells, wl))]
-    multi = ok[ok["strategy"] != "single"]
+    multi = ok[~is_reference(ok)]
     if multi["scaling_efficiency"].notna().any() and ok["world_size"].nunique() > 1:
         kinds.append(("scaling", lambda: figures.scaling_lines(cells, wl)))
     if "compute_time_s" in ok and ok["compute_time_s"].notna().any():
@@ -287,11 +287,11 @@ def _render(run: Run, out: Path, baseline: Path | None, history: Path | None, th
     annotated = _annotated_comm(run_dir, meta)
     wls = [{"name": wl, "description": described.get(wl, ""), "flags": _comm_flags(cells, wl, annotated),
             "images": _workload_figures(cells, wl, out, annotated)} for wl in cells["workload"].dropna().unique()]
-    picks, toys = answer.split(recommend(cells, None))
+    picks, toys = words.split(recommend(cells, None))
     cols = table_columns(cells.columns)
     not_run = everything[everything["status"] != "ok"].sort_values(["status", "workload", "strategy"])
     return jinja2.Environment(autoescape=True).from_string(TEMPLATE).render(
-        meta={"run_id": run_dir.name, **meta}, gpus=_gpus(meta.get("gpus")), a=answer, training=len(cells) > 0,
+        meta={"run_id": run_dir.name, **meta}, gpus=_gpus(meta.get("gpus")), a=words, training=len(cells) > 0,
         picks=picks, toys=toys, workloads=wls, telemetry=_telemetry(run, cells, out),
         columns=[m.title for m in cols], rows=_cell_rows(cells, cols), not_run=[r for _, r in not_run.iterrows()],
         comparison=comparison,

@@ -992,19 +992,9 @@ def _basis(rows: pd.DataFrame) -> str:
 def said_for(screen: str, workload: str, backend: str, ws: int) -> str:
     """What a printed recommendation list says to do for one backend and world size, on one line
     ('' if it has no such pick): the pick's line and its continuations, not the fine print under it."""
-    picks: list[str] = []
-    own = False  # on the pick's own lines (indented 6), not yet on its fine print (indented 4)
-    for line in screen.splitlines():
-        indent = len(line) - len(line.lstrip(" "))
-        if indent == 2:
-            picks.append(line.strip())
-            own = True
-        elif picks and own and indent == 6:
-            picks[-1] += " " + line.strip()
-        else:
-            own = False
-    head = f"{workload}, {backend} x{ws}: "
-    return next((p[len(head):] for p in picks if p.startswith(head)), "")
+    from reports.words import said
+
+    return said(screen, workload, backend, ws)
 
 
 def readme_block(name: str, where: dict[str, list[str]]) -> str:

@@ -235,10 +235,10 @@ def print_recommendation(run: Run | Path, console=None) -> None:
     from bench.cli.summary import end_console
     from bench.decide.recommend import recommend
     from bench.results.run import load_run
-    from reports import answer
+    from reports import words
 
     cells = load_run(run).training
-    real, toys = answer.split(recommend(cells))
+    real, toys = words.split(recommend(cells))
     console = console or end_console()
 
     def say(line: str, indent: str) -> None:
@@ -247,18 +247,5 @@ def print_recommendation(run: Run | Path, console=None) -> None:
                                   break_on_hyphens=False):
             console.print(Text(part), soft_wrap=True)
 
-    if not real and not toys:
-        say("recommendation: no strategy on more than one device passed", "")
-        return
-    say("recommendation:" if real else f"recommendation: every workload is launch-bound: {answer.LAUNCH_BOUND_WHY}",
-        "")
-    for p in real:
-        first, *rest = answer.lines(p)
-        say(first, "  ")
-        for line in rest:
-            say(line, "    ")
-    if toys:
-        if real:
-            say(f"launch-bound workloads ({answer.LAUNCH_BOUND_WHY}):", "")
-        for p in toys:
-            say(answer.lines(p)[0], "  ")
+    for line, indent in words.screen(real, toys):
+        say(line, indent)

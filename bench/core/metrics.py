@@ -175,6 +175,9 @@ CORE: tuple[Metric, ...] = (
                "(weak) or global batch (strong)); with weak scaling this equals t(1) / t(n)"),
     Metric(name="scaling_note", dtype="string", derived=True, header="scaling note", shown=S,
            doc="why the scaling efficiency is not to be read as a number (above 1.05, unstable reference)"),
+    Metric(name="scaling_unphysical", dtype="boolean", derived=True,
+           doc="the scaling efficiency is above 1.05 with nothing to explain it (noise or a slow reference): "
+               "no decision rests on the cell"),
     Metric(name="mfu", dtype="float64", unit="fraction", header="MFU", fmt=".1%", shown=S, higher_is_better=True),
     Metric(name="peak_mem_bytes", dtype="float64", unit="B", header="peak GiB", scale=2**-30, fmt=".2f", shown=R,
            over_ranks="max", higher_is_better=False),

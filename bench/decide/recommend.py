@@ -9,10 +9,11 @@ The fastest candidate is the ``winner`` (a measured fact); what to ``use`` follo
    unstable in one run or contended, or an efficiency is not physical;
 2. one device when every candidate is slower than it, or none is faster beyond the noise by more
    than ``EQUIVALENT``;
-3. the library default (DDP; FSDP when the model does not fit one device or DDP ran out of memory)
-   unless another candidate is faster beyond the noise by more than ``EQUIVALENT``, and then that one, with what in its
-   breakdown makes it faster; a model that does not fit one device says so, with the memory
-   headroom of what to use.
+3. the library default (the strategy declared ``default_for="fits"``, DDP; the one declared for
+   ``"sharded"``, FSDP, when the model does not fit one device or the first ran out of memory)
+   unless another candidate is faster beyond the noise by more than ``EQUIVALENT``, and then that
+   one, with what in its breakdown makes it faster; a model that does not fit one device says so,
+   with the memory headroom of what to use.
 
 Each decision rests on pairs of cells (the fastest against one device, and against the library
 default or the runner-up), judged from throughput intervals by :func:`bench.decide.rules.judge_pair`:
@@ -21,138 +22,75 @@ separated with medians within it), or the pair is
 open (the intervals overlap more than that, or one comes from a single run). A decision is
 ``resolved`` when none of its pairs is open; an open one names its cells (``open_cells``: what the
 run's adaptive repeats measure again) and about how many repeats a cell would close it
-(``repeats_needed``), and what it points to stands until they do. When nothing scales,
-``next_step`` says what to try. ``launch_bound`` marks picks of a workload whose step measures
-launches more than the strategy.
+(``repeats_needed``), and what it points to stands until they do. When nothing scales, its
+``tips`` say what to try. ``launch_bound`` marks decisions of a workload whose step measures
+launches more than the strategy. Each is a :class:`bench.decide.decision.Decision`, its evidence
+as data; :mod:`reports.words` says it in sentences.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 
 import pandas as pd
 
 from bench.core import knobs
-from bench.core.text import gap_text, lead
+from bench.decide.decision import (
+    Against,
+    Decision,
+    DecisionKind,
+    Excluded,
+    ExcludedKind,
+    Fit,
+    Ground,
+    Pair,
+    Verdict,
+)
 from bench.decide.rules import (
-    BUBBLE_BOUND,
-    COMM_BOUND,
-    EQUIVALENT,
     GROSS_APART,
     GROSS_SPEEDUP,
-    IDLE_BOUND,
-    MEMORY_BOUND,
     PairVerdict,
     blockers,
-    breakdown_off,
+    bounds,
     capacity_from,
-    faster_because,
+    declared,
     from_repeats,
-    headroom,
     is_false,
+    is_reference,
     judge_pair,
     launch_bound,
+    lead_reasons,
     library_default,
-    next_step,
     num,
     overlap,
     ran_out,
-    rebuild_off,
     text,
+    tips,
 )
 from bench.results.derived import derive, parity_failure
 
-__all__ = ["Pick", "candidates", "first_screen", "is_false", "reason", "recommend"]
-
-
-
-@dataclass(frozen=True, kw_only=True)
-class Pick:
-    workload: str
-    backend: str
-    world_size: int
-    winner: str  # the fastest candidate
-    step_ms: float  # the winner's median step
-    runner_up: str | None
-    margin: float | None  # runner-up step / winner step - 1
-    significant: bool | None  # winner vs runner-up beyond the noise (None: not judged)
-    same_speed: bool = False  # winner and runner-up within EQUIVALENT of each other (judge_pair)
-    why: str  # what bounds the winner's step
-    candidates: int
-    excluded: str  # what was left out and why
-    speedup: float | None = None  # winner's throughput against the single-device cell of the same workload
-    use: str | None = None  # what the rules point to ("single": one device); None: no decision
-    decision: str = ""  # undecided | one-device | library | faster | fastest
-    resolved: bool = False  # the decision rests on intervals from repeats and nothing blocks it
-    because: str = ""  # why ``use`` (or why no decision)
-    next_step: str = ""  # what to try when nothing scales
-    launch_bound: bool = False  # the workload's step measures launches more than the strategy
-    fits_one_device: bool | None = None  # False: the single-device cell ran out of memory
-    headroom: float | None = None  # free share of the device at the peak of ``use``
-    open_cells: tuple[int, ...] = ()  # cells an unresolved decision needs measured again
-    repeats_needed: int | None = None  # about how many repeats a cell would resolve it (None: not known)
-    minutes_needed: float | None = None  # about how long those repeats take, from the cells' own repeats
-    training: str = ""  # the group's values of the knobs the run varies ('compile=on'; '' for none)
-
-    def line(self) -> str:
-        """The pick as one line of plain text: a decision says "use", one still open says "not
-        decided" and what would decide it, no decision says why."""
-        head = "use" if self.resolved else f"not decided ({self.open_text()}):"
-        if self.decision == "undecided":
-            body = f"no decision: {self.because}; fastest: {self.winner} ({self._numbers()})"
-        elif self.decision == "one-device":
-            body = f"use one device; {self.because}" if self.resolved else f"{head} one device leads; {self.because}"
-        elif self.use == self.winner:
-            body = f"{head} {self.use} {'leads ' if not self.resolved else ''}({self._numbers()}); {self.because}"
-        else:
-            body = f"{head} {self.use}, the library default; {self.because}"
-        tail = [self.why] + ([self.next_step] if self.next_step else [])
-        return f"{self.title}: {body}; " + "; ".join(tail) + \
-            (f" [{self.excluded}]" if self.excluded else "")
-
-    @property
-    def title(self) -> str:
-        """'gpt-tiny, gloo x2' (and the knobs the run varies: 'gpt-tiny, gloo x2, compile=on')."""
-        return f"{self.workload}, {self.backend} x{self.world_size}" + (f", {self.training}" if self.training else "")
-
-    def open_text(self) -> str:
-        """What would resolve an open decision, in a few words."""
-        if self.repeats_needed is None:
-            return "more repeats would not separate them" if self.open_cells else "nothing to repeat"
-        took = f", ~{self.minutes_needed:.0f} min" if self.minutes_needed is not None and self.minutes_needed >= 1 \
-            else (", under a minute" if self.minutes_needed is not None else "")
-        return f"needs about {self.repeats_needed} repeats a cell{took}"
-
-    def _numbers(self) -> str:
-        out = f"{self.step_ms:.1f} ms/step"
-        if self.speedup is not None:
-            out += f", {self.speedup:.2f}x one device" if self.speedup >= 1 else \
-                f", slower than one device: {self.speedup:.2f}x"
-        return out
+__all__ = ["Decision", "Pick", "candidates", "first_screen", "is_false", "is_reference", "recommend"]
 
 
 def candidates(cells: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
-    """(cells that qualify, reason per excluded ran-ok cell)."""
+    """(cells that qualify, an :class:`Excluded` per excluded ran-ok cell)."""
     ok = cells[cells["status"] == "ok"]
-    why = pd.Series("", index=ok.index, dtype="object")
+    why = pd.Series(None, index=ok.index, dtype="object")
     if "role" in ok:
-        why[ok["role"] == "independent"] = "trains independent models"
+        for i in ok.index[ok["role"] == "independent"]:
+            why[i] = Excluded(strategy=str(ok.at[i, "strategy"]), kind=ExcludedKind.INDEPENDENT)
     if "parity_ok" in ok:
         par = ok["parity_ok"]
-        failed = (why == "") & (par == False)  # noqa: E712 - pandas boolean
-        why[failed] = [parity_failure(r) for _, r in ok[failed].iterrows()]
+        failed = why.isna() & (par == False)  # noqa: E712 - pandas boolean
+        for i, r in ok[failed].iterrows():
+            why[i] = Excluded(strategy=str(r["strategy"]), kind=ExcludedKind.PARITY_FAILED, detail=parity_failure(r))
         # Never checked is not passed: no reference, or no losses to compare (one device is its own),
         # unless no device could hold the model: then nothing can check it, and the cells that fit
         # are the answer.
-        unchecked = (why == "") & par.isna() & (ok["world_size"] > 1) & ~_beyond_one_device(cells, ok)
-        why[unchecked] = "parity not checked (no single-device reference)"
-    return ok[why == ""], why[why != ""]
-
-
-def is_reference(cells: pd.DataFrame) -> pd.Series:
-    """The single-device reference cells (strategy single, or a cell in the reference role)."""
-    ref = cells["strategy"] == "single"
-    return ref | (cells["role"] == "reference") if "role" in cells else ref
+        unchecked = why.isna() & par.isna() & (ok["world_size"] > 1) & ~_beyond_one_device(cells, ok)
+        for i in ok.index[unchecked]:
+            why[i] = Excluded(strategy=str(ok.at[i, "strategy"]), kind=ExcludedKind.PARITY_UNCHECKED)
+    return ok[why.isna()], why[why.notna()]
 
 
 def _beyond_one_device(cells: pd.DataFrame, ok: pd.DataFrame) -> pd.Series:
@@ -165,63 +103,37 @@ def _beyond_one_device(cells: pd.DataFrame, ok: pd.DataFrame) -> pd.Series:
     return pd.Series([tuple(k) in gone for k in ok[keys].astype(str).to_numpy()], index=ok.index, dtype=bool)
 
 
-def reason(r: pd.Series, gpu_mem: float | None = None) -> str:
-    """One line of why a cell's step takes what it takes, from its measurements."""
-    parts = []
-    exposed, compute, idle = r.get("exposed_comm_s"), r.get("compute_time_s"), r.get("idle_frac")
-    # A breakdown whose profiled step is far from the timed one describes another step: none of its
-    # shares says what bounds the timed step (the bubble, from the timed step, and memory still do).
-    off = breakdown_off(r)
-    if off is not None:
-        exposed = compute = idle = None
-    # Fractions of the profiled step (the breakdown's own step), never of the timed one: the
-    # profiler stretches a step, and a share above 100% would be nonsense.
-    span = r.get("profiled_step_s")
-    if (span is None or pd.isna(span)) and all(pd.notna(v) for v in (exposed, compute, idle)) and idle < 1:
-        span = (compute + exposed) / (1 - idle)
-    if pd.notna(exposed) and span is not None and pd.notna(span) and span > 0 and exposed / span >= COMM_BOUND:
-        parts.append(f"communication-bound ({exposed / span:.0%} of the step is exposed communication)")
-    bubble = r.get("bubble_measured")
-    if pd.notna(bubble) and bubble >= BUBBLE_BOUND:
-        parts.append(f"pipeline bubble {bubble:.0%}")
-    mem = r.get("peak_mem_bytes")
-    if gpu_mem and pd.notna(mem) and mem / gpu_mem >= MEMORY_BOUND:
-        parts.append(f"memory-bound ({mem / gpu_mem:.0%} of the GPU)")
-    if not parts and pd.notna(idle) and idle >= IDLE_BOUND:
-        parts.append(f"launch-bound ({idle:.0%} of the step the device is idle)")
-    if not parts and off is not None:
-        moved = rebuild_off(r)
-        parts.append(f"bound not known (its profiled step is {gap_text(off)} off the timed one" + (
-            f"; built again for profiling it ran {gap_text(moved)} off unprofiled: its step moves from build "
-            "to build)" if moved is not None else ")"))
-    elif not parts and (compute is None or pd.isna(compute)):
-        # no breakdown (profiling off, or the profile pass failed or was cut): no bound is claimed
-        note = r.get("profile_note")
-        parts.append("bound not known (no breakdown" + (f": {note})" if isinstance(note, str) and note else ")"))
-    elif not parts:
-        mfu = r.get("mfu")
-        parts.append(f"compute-bound (MFU {mfu:.0%})" if pd.notna(mfu) else "compute-bound")
-    if is_false(r.get("stable")):
-        parts.append(f"noisy: {r.get('noise')}")
-    note = r.get("scaling_note")
-    if note is not None and not pd.isna(note):
-        parts.append(f"scaling: {note}")
-    return "; ".join(parts)
-
-
 def _with_scaling_notes(cells: pd.DataFrame) -> pd.DataFrame:
-    """Cells with the run's scaling efficiency and note, derived here when the table lacks them
-    (a compact evidence table keeps only the measured columns)."""
+    """Cells with the run's scaling efficiency, note and flag, derived here when the table lacks
+    the flag (a compact evidence table keeps only the measured columns)."""
     need = {"cell_id", "workload", "device", "precision", "status", "world_size", "throughput_samples_s"}
-    if "scaling_note" in cells or not need <= set(cells.columns):
+    if "scaling_unphysical" in cells or not need <= set(cells.columns):
         return cells
     d = derive(cells, pd.DataFrame())
-    return cells.assign(scaling_efficiency=d["scaling_efficiency"], scaling_note=d["scaling_note"])
+    return cells.assign(scaling_efficiency=d["scaling_efficiency"], scaling_note=d["scaling_note"],
+                        scaling_unphysical=d["scaling_unphysical"])
 
 
 def _ids(rows: list[pd.Series]) -> tuple[int, ...]:
     """The cell ids of ``rows`` (those that have one), each once."""
     return tuple(dict.fromkeys(int(r["cell_id"]) for r in rows if r is not None and pd.notna(r.get("cell_id"))))
+
+
+def _cell(r: pd.Series) -> int | None:
+    cid = num(r.get("cell_id"))
+    return None if cid is None else int(cid)
+
+
+def _pair(against: Against, a: pd.Series, b: pd.Series, v: PairVerdict | None = None) -> Pair:
+    """The pair of ``a`` (the fastest) and ``b`` as judged (``v``; judged here when not given)."""
+    v = v or judge_pair(a, b)
+    sa, sb = num(a.get("step_time_median_s")), num(b.get("step_time_median_s"))
+    repeated = from_repeats(a) and from_repeats(b)
+    ov = overlap(a, b)
+    return Pair(against=against, a=_cell(a), b=_cell(b), a_strategy=text(a.get("strategy")),
+                b_strategy=text(b.get("strategy")), verdict=v.state,
+                lead=sb / sa - 1 if sa and sb is not None else None, need=v.need, repeated=repeated,
+                apart=None if ov is None or not repeated else not ov)
 
 
 def _with_open(out: dict, rows: list[pd.Series], v: PairVerdict) -> dict:
@@ -265,8 +177,8 @@ class Group:
         here = self.trained_alike(cells[(cells["workload"] == self.wl) & (cells["backend"] == self.be)
                                         & (cells["world_size"] == self.ws)])
         self.oom_here = here[ran_out(here)]
-        sharding = self.oom is not None or (self.oom_here["strategy"] == "ddp").any()
-        self.default = library_default(self.g, sharding)
+        fits_default = any(declared(s, "default_for") == "fits" for s in self.oom_here["strategy"])
+        self.default = library_default(self.g, self.oom is not None or fits_default)
 
     def trained_alike(self, cells: pd.DataFrame) -> pd.DataFrame:
         """The rows of ``cells`` trained with this group's training knobs."""
@@ -305,42 +217,43 @@ class Group:
         return self.g.iloc[1] if len(self.g) > 1 else None
 
     def decide(self) -> dict:
-        """use, decision, resolved, because, the cells an open decision needs measured again and
-        about how many repeats a cell would close it (and, where it applies, fits_one_device, headroom)."""
+        """The decision's kind, ground, use, resolved, pairs and blockers, the cells an open decision
+        needs measured again and about how many repeats a cell would close it (and, where the model
+        does not fit one device, its fit)."""
         rival = self.rival()
-        rows = ([("one device", self.ref)] if self.ref is not None else []) + [(str(self.best["strategy"]), self.best)]
+        rows = ([(self.ref, True)] if self.ref is not None else []) + [(self.best, False)]
         # The rival counts when the pick rests on beating it; a runner-up behind the library default
         # cannot overturn it (an unstable one only widens its own interval).
         if rival is not None and (self.default is None or rival.name == self.default.name):
-            rows.append((str(rival["strategy"]), rival))
-        block = blockers(rows, {k: self.speedup(r) for k, r in rows if r is not self.ref}, self.ws)
+            rows.append((rival, False))
+        block = tuple(blockers([(r, ref, None if ref else self.speedup(r)) for r, ref in rows], self.ws))
         gross = self._gross_one_device(block)
         if gross is not None:
             return gross
         if block:
             # repeats can lift one kind of block: an unstable cell measured in one run
-            again = [r for _, r in rows if is_false(r.get("stable")) and not from_repeats(r)]
-            return dict(use=None, decision="undecided", resolved=False, because="; ".join(block),
+            again = [r for r, _ in rows if is_false(r.get("stable")) and not from_repeats(r)]
+            return dict(kind=DecisionKind.UNDECIDED, ground=Ground.BLOCKED, blockers=block, resolved=False,
                         open_cells=_ids(again), repeats_needed=3 if again else None)
         s = self.speedup(self.best)  # None without a reference
         vs_ref = judge_pair(self.best, self.ref) if self.ref is not None else None
         # one device unless a candidate is faster (an open pair with a faster median leads, unresolved)
-        if s is not None and vs_ref is not None and (s < 1 or vs_ref.state in ("b", "same")):
+        if s is not None and vs_ref is not None and (s < 1 or vs_ref.state in (Verdict.B, Verdict.SAME)):
             return self._one_device(s, vs_ref)
         out = self._strategy(rival)
-        if vs_ref is not None and vs_ref.state == "open":  # using it at all rests on beating one device
-            out = _with_open(out, [self.best, self.ref], vs_ref)
+        if vs_ref is not None:
+            out["pairs"] = (_pair(Against.ONE_DEVICE, self.best, self.ref, vs_ref), *out.get("pairs", ()))
+            if vs_ref.state == Verdict.OPEN:  # using it at all rests on beating one device
+                out = _with_open(out, [self.best, self.ref], vs_ref)
         if self.oom is not None:
             used = self.g.loc[self.g["strategy"] == out["use"]].iloc[0]
-            free, words = headroom(used, self.gpu_mem)
-            # No device ran the whole model, so nothing checked the strategy's losses against it.
-            unchecked = "; parity not checked (no device ran the whole model)" if pd.isna(used.get("parity_ok")) else ""
-            out.update(fits_one_device=False, headroom=free,
-                       because=f"does not fit one device (single: out of memory); {words}{unchecked}; "
-                               f"{out['because']}")
+            peak = num(used.get("peak_mem_bytes"))
+            out["fit"] = Fit(fits_one_device=False, peak_bytes=peak, device_bytes=self.gpu_mem or None,
+                             headroom=1 - peak / self.gpu_mem if peak is not None and self.gpu_mem else None,
+                             reference=text(self.oom.get("strategy")), parity_checked=pd.notna(used.get("parity_ok")))
         return out
 
-    def _gross_one_device(self, block: list[str]) -> dict | None:
+    def _gross_one_device(self, block: tuple) -> dict | None:
         """One device, decided by a margin no noise explains (GROSS_SPEEDUP, GROSS_APART), even where
         the cells are noisy or contended (``block``) and the finer ranking stays open; None otherwise."""
         if self.ref is None or bool(text(self.best.get("contended"))) != bool(text(self.ref.get("contended"))):
@@ -355,96 +268,97 @@ class Group:
         per = gb_best / gb_ref if gb_best and gb_ref else 1.0
         if lo < GROSS_APART * hi * per:
             return None
-        once = "" if from_repeats(self.best) and from_repeats(self.ref) else " (one run a cell)"
-        because = (f"every candidate is slower than one device, by at least {1 / s:.1f}x: the best, "
-                   f"{self.best['strategy']}, reaches {s:.2f}x{once}, a gap no noise of this run explains")
-        return dict(use="single", decision="one-device", resolved=True,
-                    because=because + (f" (the finer ranking is open: {'; '.join(block)})" if block else ""))
+        pair = _pair(Against.ONE_DEVICE, self.best, self.ref, PairVerdict(Verdict.B))
+        return dict(kind=DecisionKind.ONE_DEVICE, ground=Ground.GROSS, use=text(self.ref.get("strategy")),
+                    resolved=True, blockers=block, pairs=(pair,))
 
     def _one_device(self, s: float, v: PairVerdict) -> dict:
         """One device: every candidate is slower, or none is faster beyond the noise by more than
         EQUIVALENT."""
-        best = self.best["strategy"]
-        if s < 1:
-            because = f"every candidate is slower than one device: the best, {best}, reaches {s:.2f}x"
-        elif v.state == "same":
-            because = f"no candidate is faster than one device: the best, {best}, reaches {s:.2f}x, within " \
-                      f"{EQUIVALENT:.0%}"
-        else:
-            because = f"no candidate is faster than one device beyond the noise: the best, {best}, reaches {s:.2f}x"
-        out = dict(use="single", decision="one-device", resolved=True, because=because)
-        return _with_open(out, [self.ref, self.best], v) if v.state == "open" else out
+        ground = Ground.SLOWER if s < 1 else Ground.SAME_AS_ONE if v.state == Verdict.SAME else \
+            Ground.NOT_BEYOND_NOISE
+        out = dict(kind=DecisionKind.ONE_DEVICE, ground=ground, use=text(self.ref.get("strategy")), resolved=True,
+                   pairs=(_pair(Against.ONE_DEVICE, self.best, self.ref, v),))
+        return _with_open(out, [self.ref, self.best], v) if v.state == Verdict.OPEN else out
 
     def _strategy(self, rival: pd.Series | None) -> dict:
         best, name = self.best, str(self.best["strategy"])
+        library = DecisionKind.LIBRARY if self.default is not None else DecisionKind.FASTEST
         if rival is None:
-            out = dict(use=name, decision="library" if self.default is not None else "fastest",
-                       resolved=from_repeats(best), because="the only strategy that passed")
+            out = dict(use=name, kind=library, ground=Ground.ONLY, resolved=from_repeats(best))
             return out if from_repeats(best) else {**out, "open_cells": _ids([best]), "repeats_needed": 3}
-        margin = rival["step_time_median_s"] / best["step_time_median_s"] - 1
-        other, v = str(rival["strategy"]), judge_pair(best, rival)
-        vs = {"a": "beyond the noise", "same": f"within {EQUIVALENT:.0%}, the same speed",
-              "b": "within the noise", "open": "within the noise" if from_repeats(best) and from_repeats(rival)
-              else "in one run"}[v.state]
+        v = judge_pair(best, rival)
+        pairs = (_pair(Against.RIVAL, best, rival, v),)
         if self.default is None or self.default.name == best.name:
-            kind = "the library default" if self.default is not None else "the fastest (no library default ran)"
-            out = dict(use=name, decision="library" if self.default is not None else "fastest", resolved=True,
-                       because=f"{kind}, {lead(margin)} ahead of {other} {vs}")
-            return _with_open(out, [best, rival], v) if v.state == "open" else out
-        why = faster_because(best, rival)
-        if v.state == "a":
-            return dict(use=name, decision="faster", resolved=True,
-                        because=f"{lead(margin)} faster than {other} (library default) beyond the noise: {why}")
-        out = dict(use=other, decision="library", resolved=True,
-                   because=f"{name} leads it by {lead(margin)} {vs}" + (f" ({why})" if v.state == "open" else "")
-                   + ("; it stands until repeats say otherwise" if v.state == "open" else ""))
-        return _with_open(out, [best, rival], v) if v.state == "open" else out
+            out = dict(use=name, kind=library, ground=Ground.AHEAD, resolved=True, pairs=pairs)
+        elif v.state == Verdict.A:
+            return dict(use=name, kind=DecisionKind.FASTER, ground=Ground.FASTER, resolved=True, pairs=pairs,
+                        reasons=tuple(lead_reasons(best, rival)))
+        else:
+            why = tuple(lead_reasons(best, rival)) if v.state == Verdict.OPEN else ()
+            out = dict(use=str(rival["strategy"]), kind=DecisionKind.LIBRARY, ground=Ground.DEFAULT_STANDS,
+                       resolved=True, pairs=pairs, reasons=why)
+        return _with_open(out, [best, rival], v) if v.state == Verdict.OPEN else out
 
-    def excluded(self, why: pd.Series) -> str:
+    def excluded(self, why: pd.Series) -> tuple[Excluded, ...]:
         """What of this group was left out, and why: candidates that did not qualify, cells that ran
         out of memory."""
         left = self.cells.loc[why.index]
         left = self.trained_alike(left[(left["workload"] == self.wl) & (left["backend"] == self.be)
                                        & (left["world_size"] == self.ws)])
-        notes = [f"{r.strategy}: {why[i]}" for i, r in left.iterrows()]
-        notes += [f"{s}: out of memory" for s in self.oom_here["strategy"]]
-        return "; ".join(notes)
+        return tuple([why[i] for i in left.index]
+                     + [Excluded(strategy=str(s), kind=ExcludedKind.OUT_OF_MEMORY) for s in self.oom_here["strategy"]])
+
+    def decision(self, cells: pd.DataFrame, excluded: pd.Series, vary: list[str],
+                 elsewhere: dict[tuple[str, int], float]) -> Decision:
+        win, speed = self.best, self.speedup(self.best)
+        pairs: tuple[Pair, ...] = ()
+        if len(self.g) > 1:
+            pairs = (_pair(Against.RUNNER_UP, win, self.g.iloc[1]),)
+        made = _priced(cells, self.decide())
+        made["pairs"] = made.get("pairs", ()) + pairs
+        stable, note = win.get("stable"), win.get("scaling_note")
+        return Decision(
+            workload=str(self.wl), backend=str(self.be), world_size=self.ws,
+            knobs={k: str(v) for k, v in self.knobs.items()},
+            training={k: str(self.knobs[k]) for k in knobs.NAMES if k in vary and k in self.knobs},
+            winner=str(win["strategy"]), runner_up=str(self.g.iloc[1]["strategy"]) if len(self.g) > 1 else None,
+            step_ms=float(win["step_time_median_s"]) * 1e3, speedup=speed, candidates=len(self.g),
+            bounds=tuple(bounds(win, self.gpu_mem)), noise=f"{win.get('noise')}" if is_false(stable) else None,
+            scaling_note=None if note is None or pd.isna(note) else f"{note}",
+            tips=tuple(tips(win, backend=str(self.be), ws=self.ws, speedup=speed, elsewhere=elsewhere)),
+            excluded=self.excluded(excluded),
+            launch_bound=launch_bound(self.ref if self.ref is not None else win), **made)
 
 
-def recommend(cells: pd.DataFrame, gpu_mem: float | None = None) -> list[Pick]:
-    """One pick per (workload, backend, world size >= 2) that has a candidate."""
+def recommend(cells: pd.DataFrame, gpu_mem: float | None = None) -> list[Decision]:
+    """One decision per (workload, backend, world size >= 2, way of training) that has a candidate."""
     cells = _with_scaling_notes(cells)
     good, excluded = candidates(cells)
     by = ["workload", "backend", "world_size", *(k for k in knobs.NAMES if k in good)]
     groups = [Group(cells, g, gpu_mem) for _, g in good[good["world_size"] >= 2].groupby(by, sort=True, dropna=False)]
-    vary = knobs.varying(good)  # a pick names the knobs the run compared
+    vary = knobs.varying(good)  # a decision names the knobs the run compared
     best_speed = {(gr.wl, gr.be, gr.ws, knobs.short(gr.knobs, vary)): gr.speedup(gr.best) for gr in groups}
     out = []
     for gr in groups:
-        win = gr.best
-        runner, margin, sig, same = None, None, None, False
-        if len(gr.g) > 1:
-            second = gr.g.iloc[1]
-            margin = float(second["step_time_median_s"] / win["step_time_median_s"] - 1)
-            ov = overlap(win, second)
-            judged = from_repeats(win) and from_repeats(second)
-            runner, sig = str(second["strategy"]), (None if (ov is None or not judged) else not ov)
-            same = judge_pair(win, second).state == "same"
-        speed = gr.speedup(win)
         elsewhere = {(be, ws): s for (wl, be, ws, tr), s in best_speed.items()
                      if wl == gr.wl and tr == knobs.short(gr.knobs, vary) and s is not None}
-        out.append(Pick(
-            workload=str(gr.wl), backend=str(gr.be), world_size=gr.ws, training=knobs.short(gr.knobs, vary),
-            winner=str(win["strategy"]),
-            step_ms=float(win["step_time_median_s"]) * 1e3, runner_up=runner, margin=margin, significant=sig,
-            same_speed=same, why=reason(win, gr.gpu_mem), candidates=len(gr.g), excluded=gr.excluded(excluded),
-            speedup=speed,
-            next_step=next_step(win, backend=str(gr.be), ws=gr.ws, speedup=speed, elsewhere=elsewhere),
-            launch_bound=launch_bound(gr.ref if gr.ref is not None else win), **_priced(cells, gr.decide())))
+        out.append(gr.decision(cells, excluded, vary, elsewhere))
     return out
 
 
-def first_screen(picks: list[Pick]) -> list[Pick]:
-    """Picks in the order the first screen shows them: real-model picks before launch-bound ones;
+def first_screen(decisions: list[Decision]) -> list[Decision]:
+    """Decisions in the order the first screen shows them: real-model ones before launch-bound ones;
     within each, resolved decisions, then leading ones, then those without a decision."""
-    return sorted(picks, key=lambda p: (p.launch_bound, not p.resolved, p.use is None))
+    return sorted(decisions, key=lambda p: (p.launch_bound, not p.resolved, p.use is None))
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(Decision))
+
+
+def Pick(**kw) -> Decision:  # noqa: N802 - builds the record its callers know by that name
+    """A Decision from flat keywords: its own fields, ``decision`` for its kind; the keywords of
+    the rendered texts (``why``, ``excluded``, ``margin``, ``significant``, ...) are dropped."""
+    if "decision" in kw:
+        kw["kind"] = DecisionKind(kw.pop("decision"))
+    return Decision(**{k: v for k, v in kw.items() if k in _FIELDS and not (k == "excluded" and isinstance(v, str))})

@@ -16,8 +16,19 @@ from dataclasses import dataclass
 import pandas as pd
 
 from bench.core.metrics import BREAKDOWN_GAP_MAX
-from bench.core.text import gap_text
+from bench.decide.decision import (
+    Blocker,
+    BlockerKind,
+    Bound,
+    BoundKind,
+    LeadReason,
+    PartKind,
+    Tip,
+    TipKind,
+    Verdict,
+)
 from bench.stats.steps import EFFICIENCY_MAX
+from strategies.catalog import DECLARED
 
 #: thresholds of the "why" line, as fractions of the step
 COMM_BOUND, BUBBLE_BOUND, IDLE_BOUND, MEMORY_BOUND = 0.30, 0.20, 0.30, 0.90
@@ -39,17 +50,25 @@ GROSS_SPEEDUP, GROSS_APART = 0.5, 1.5
 #: an open pair that would need more repeats a cell than this is reported as not decidable by repeats
 MAX_REPEATS = 30
 
-#: Strategies whose parallelism PyTorch itself implements (torch.nn.parallel, FSDP2,
-#: torch.distributed.tensor, torch.distributed.pipelining); the others are written by hand here to
-#: show a cost (per-parameter all-reduce, blocks chained over ranks without micro-batches).
-LIBRARY = frozenset({"ddp", "fsdp", "fsdp-noreshard", "fsdp-tp", "tensor", "pipeline-gpipe", "pipeline-1f1b",
-                     "pipeline-interleaved", "dp-pp", "dataparallel"})
-#: what PyTorch documents as the way to train a model that fits one device on several, and the way
-#: when it does not (parameters, gradients and optimizer state sharded)
-DATA_PARALLEL_DEFAULT, SHARDED_DEFAULT = "ddp", "fsdp"
-
 _OOM = re.compile(r"out of memory|OutOfMemoryError|can't allocate memory|CUBLAS_STATUS_ALLOC_FAILED", re.I)
 _CAPACITY = re.compile(r"total capacity of ([0-9.]+) GiB", re.I)
+
+
+def declared(strategy, name: str) -> str:
+    """What a built-in strategy declares in :mod:`strategies.catalog` ('' for another strategy)."""
+    d = DECLARED.get(text(strategy))
+    return getattr(d, name) if d is not None else ""
+
+
+def is_reference(cells: pd.DataFrame) -> pd.Series:
+    """The single-device reference cells: in the reference role, or, for a row without one, of a
+    strategy declared in that role."""
+    by_name = pd.Series([declared(s, "role") == "reference" for s in cells["strategy"]], index=cells.index,
+                        dtype=bool)
+    if "role" not in cells:
+        return by_name
+    role = cells["role"].astype("string").fillna("")
+    return ((role == "reference") | ((role == "") & by_name)).astype(bool)
 
 
 def is_false(v) -> bool:
@@ -90,16 +109,6 @@ def _tput_interval(r: pd.Series) -> tuple[float, float] | None:
     return t * med / hi, t * med / lo
 
 
-def faster_beyond_noise(a: pd.Series, b: pd.Series) -> bool | None:
-    """True when ``a``'s throughput interval lies wholly above ``b``'s, False when they overlap or
-    ``b`` is ahead, None when not judged (an interval is missing or not built from repeats).
-    Throughput, not step time, so a reference at another global batch (weak scaling) compares too."""
-    ia, ib = _tput_interval(a), _tput_interval(b)
-    if ia is None or ib is None or not (from_repeats(a) and from_repeats(b)):
-        return None
-    return bool(ia[0] > ib[1])
-
-
 def repeats_of(r: pd.Series) -> int:
     """The repeats a cell's interval rests on (3 when the table does not say and the basis is repeats)."""
     n = num(r.get("repeats_done"))
@@ -108,13 +117,13 @@ def repeats_of(r: pd.Series) -> int:
 
 @dataclass(frozen=True)
 class PairVerdict:
-    """How two cells compare for a decision: ``"same"`` (both intervals within EQUIVALENT of each
+    """How two cells compare for a decision: ``SAME`` (both intervals within EQUIVALENT of each
     other, or separated with medians within EQUIVALENT: the difference cannot matter, even where it
-    is beyond the noise), ``"a"`` or ``"b"`` is faster beyond the noise by more than EQUIVALENT, or
-    ``"open"`` (the intervals overlap by more than that, or one is not from repeats); ``need`` is
+    is beyond the noise), ``A`` or ``B`` is faster beyond the noise by more than EQUIVALENT, or
+    ``OPEN`` (the intervals overlap by more than that, or one is not from repeats); ``need`` is
     about how many repeats a cell would close an open pair (None: closed, or past MAX_REPEATS)."""
 
-    state: str
+    state: Verdict
     need: int | None = None
 
 
@@ -126,20 +135,20 @@ def judge_pair(a: pd.Series, b: pd.Series) -> PairVerdict:
     inside what is left of that band (same speed), whichever comes first."""
     ia, ib = _tput_interval(a), _tput_interval(b)
     if ia is None or ib is None:
-        return PairVerdict("open", None)
+        return PairVerdict(Verdict.OPEN, None)
     if not (from_repeats(a) and from_repeats(b)):
-        return PairVerdict("open", 3)
+        return PairVerdict(Verdict.OPEN, 3)
     # the same speed first: both intervals inside the band, so no difference between them can matter
     if max(ia[1], ib[1]) / min(ia[0], ib[0]) - 1 <= EQUIVALENT:
-        return PairVerdict("same")
+        return PairVerdict(Verdict.SAME)
     if ia[0] > ib[1] or ib[0] > ia[1]:
         # Separated: the lead is real, and the medians are its best estimate. Read at the medians,
         # not at the intervals' edges, the answer for a pair does not depend on how wide this
         # run's intervals happen to be.
         ta, tb = num(a.get("throughput_samples_s")), num(b.get("throughput_samples_s"))
         if max(ta, tb) / min(ta, tb) - 1 <= EQUIVALENT:
-            return PairVerdict("same")
-        return PairVerdict("a" if ia[0] > ib[1] else "b")
+            return PairVerdict(Verdict.SAME)
+        return PairVerdict(Verdict.A if ia[0] > ib[1] else Verdict.B)
     mid_a, mid_b = (ia[0] + ia[1]) / 2, (ib[0] + ib[1]) / 2
     half = (ia[1] - ia[0]) / (2 * mid_a) + (ib[1] - ib[0]) / (2 * mid_b)
     gap = abs(mid_a - mid_b) / min(mid_a, mid_b)
@@ -148,7 +157,7 @@ def judge_pair(a: pd.Series, b: pd.Series) -> PairVerdict:
         factors.append((half / (EQUIVALENT - gap)) ** 2)
     n = min(repeats_of(a), repeats_of(b))
     need = math.ceil(n * min(factors)) if factors else None
-    return PairVerdict("open", need if need is not None and need <= MAX_REPEATS else None)
+    return PairVerdict(Verdict.OPEN, need if need is not None and need <= MAX_REPEATS else None)
 
 
 def is_oom(reason) -> bool:
@@ -170,40 +179,41 @@ def capacity_from(reason) -> float | None:
 
 
 def library_default(g: pd.DataFrame, sharding: bool) -> pd.Series | None:
-    """The candidate a practitioner takes unless another is faster beyond the noise: FSDP when the
-    model must be sharded, DDP otherwise (the other of the two when the first did not qualify)."""
-    order = (SHARDED_DEFAULT, DATA_PARALLEL_DEFAULT) if sharding else (DATA_PARALLEL_DEFAULT, SHARDED_DEFAULT)
-    for name in order:
-        hit = g[g["strategy"] == name]
+    """The candidate a practitioner takes unless another is faster beyond the noise: the strategy
+    declared the default for a model that must be sharded when it must, else the one declared for a
+    model that fits (the other of the two when the first did not qualify)."""
+    order = ("sharded", "fits") if sharding else ("fits", "sharded")
+    case = [declared(s, "default_for") for s in g["strategy"]]
+    for want in order:
+        hit = g[[c == want for c in case]]
         if len(hit):
             return hit.iloc[0]
     return None
 
 
-def blockers(rows: list[tuple[str, pd.Series]], speedups: dict[str, float | None], ws: int) -> list[str]:
-    """Why no decision can rest on these cells, one entry per kind: cells the run marks unstable
-    and measured in one run (an unstable cell with repeats has an interval from its repeat medians,
-    which carries its noise: it widens the interval instead of blocking), cells measured on a
-    contended host, efficiencies that are not physical (the run's scaling note, or above
-    EFFICIENCY_MAX when the table has no note). ``rows`` are (label, row); ``speedups`` by label. A
-    reference the run marks unstable shows up as its own row, not again in each candidate's note."""
+def blockers(rows: list[tuple[pd.Series, bool, float | None]], ws: int) -> list[Blocker]:
+    """Why no decision can rest on these cells, by kind: cells the run marks unstable and measured
+    in one run (an unstable cell with repeats has an interval from its repeat medians, which carries
+    its noise: it widens the interval instead of blocking), cells measured on a contended host,
+    efficiencies that are not physical (the run's ``scaling_unphysical``, or above EFFICIENCY_MAX
+    when the table has no scaling note). ``rows`` are (row, is the reference, speed-up). A reference
+    the run marks unstable shows up as its own row, not again in each candidate's note."""
     unstable, busy, unphysical = [], [], []
-    for label, r in rows:
-        noise, host = text(r.get("noise")), text(r.get("contended"))
+    for r, ref, s in rows:
+        def one(kind, detail):
+            cid = num(r.get("cell_id"))
+            return Blocker(kind=kind, strategy=text(r.get("strategy")), cell=None if cid is None else int(cid),
+                           reference=ref, detail=detail)
         if is_false(r.get("stable")) and not from_repeats(r):
-            unstable.append(f"{label} ({noise})" if noise else label)
-        elif host:
-            busy.append(f"{label} ({host})")
-        note, s = text(r.get("scaling_note")), speedups.get(label)
-        if "not physical" in note:
-            unphysical.append(f"{label} ({note.split(';')[0]})")
+            unstable.append(one(BlockerKind.NOT_STABLE, text(r.get("noise"))))
+        elif text(r.get("contended")):
+            busy.append(one(BlockerKind.CONTENDED, text(r.get("contended"))))
+        note, flag = text(r.get("scaling_note")), r.get("scaling_unphysical")
+        if flag is not None and not pd.isna(flag) and bool(flag):
+            unphysical.append(one(BlockerKind.UNPHYSICAL, note.split(";")[0]))
         elif not note and s is not None and s / ws > EFFICIENCY_MAX:
-            unphysical.append(f"{label} (efficiency {s / ws:.2f} > {EFFICIENCY_MAX})")
-    out = []
-    for kind, names in (("not stable", unstable), ("contended", busy), ("efficiency not physical", unphysical)):
-        if names:
-            out.append(f"{kind}: {', '.join(names)}")
-    return out
+            unphysical.append(one(BlockerKind.UNPHYSICAL, s / ws))
+    return unstable + busy + unphysical
 
 
 def _span(r: pd.Series) -> float | None:
@@ -242,58 +252,78 @@ def rebuild_off(r: pd.Series) -> float | None:
     return gap if gap is not None and abs(gap) > BREAKDOWN_GAP_MAX else None
 
 
-def faster_because(win: pd.Series, other: pd.Series) -> str:
-    """Why ``win`` steps faster than ``other``, from the parts of their breakdowns that differ. A
-    breakdown whose profiled step is more than BREAKDOWN_GAP_MAX off the timed one describes another
-    step: its times say nothing here (its counts of calls and bytes still do)."""
-    off = [(name, g) for name, g in ((text(win.get("strategy")), breakdown_off(win)),
-                                     (text(other.get("strategy")), breakdown_off(other))) if g is not None]
+def lead_reasons(win: pd.Series, other: pd.Series) -> list[LeadReason]:
+    """Why ``win`` steps faster than ``other``, from the parts of their breakdowns that differ (the
+    first three). A breakdown whose profiled step is more than BREAKDOWN_GAP_MAX off the timed one
+    describes another step: its times say nothing here (its counts of calls and bytes still do)."""
+    gaps = breakdown_off(win), breakdown_off(other)
+    off = any(g is not None for g in gaps)
     parts = []
-    ms = 1e3
-    # FSDP's MixedPrecisionPolicy keeps bf16 copies of the parameters for the step; autocast (the
-    # other strategies' bf16) casts fp32 parameters at every use: less compute for the same model.
+    # A strategy that declares a parameter dtype column keeps bf16 copies of the parameters for the
+    # step (FSDP's MixedPrecisionPolicy); autocast (the others' bf16) casts fp32 parameters at every
+    # use: less compute for the same model.
     a, b = num(win.get("compute_time_s")), num(other.get("compute_time_s"))
-    cast = (text(win.get("fsdp_param_dtype")) == "bf16" and text(other.get("fsdp_param_dtype")) != "bf16"
+    own, theirs = declared(win.get("strategy"), "param_dtype_column"), declared(other.get("strategy"),
+                                                                                 "param_dtype_column")
+    cast = (bool(own) and text(win.get(own)) == "bf16" and not (theirs and text(other.get(theirs)) == "bf16")
             and not off and a is not None and b is not None and a < b)
     if cast:  # the compute it saves says so; "less compute" would repeat the numbers
-        parts.append(f"its parameters are bf16 (FSDP's MixedPrecisionPolicy) where {text(other.get('strategy'))} "
-                     f"casts fp32 ones under autocast (compute {a * ms:.1f} vs {b * ms:.1f} ms a step)")
-    timed = [("exposed_comm_s", "exposed communication")] + ([] if cast else [("compute_time_s", "compute")])
-    timed = timed if not off else []
-    for col, what in timed:
+        parts.append(LeadReason(part=PartKind.PARAM_DTYPE, winner=a, other=b))
+    timed = [("exposed_comm_s", PartKind.EXPOSED_COMM)] + ([] if cast else [("compute_time_s", PartKind.COMPUTE)])
+    for col, part in timed if not off else []:
         a, b = num(win.get(col)), num(other.get(col))
         if a is not None and b and (b - a) / b >= EXPLAINS:
-            parts.append(f"less {what} ({a * ms:.1f} vs {b * ms:.1f} ms a step)")
-    for col, what, fmt in (("comm_calls_per_step", "fewer calls", "{:.0f}"),
-                           ("comm_bytes_per_step", "fewer bytes", "{:.0f} MiB")):
+            parts.append(LeadReason(part=part, winner=a, other=b))
+    for col, part in (("comm_calls_per_step", PartKind.CALLS), ("comm_bytes_per_step", PartKind.BYTES)):
         a, b = num(win.get(col)), num(other.get(col))
-        scale = 2**-20 if "bytes" in col else 1
         if a is not None and b and b >= EXPLAINS_RATIO * a:
-            parts.append(f"{what} ({fmt.format(a * scale)} vs {fmt.format(b * scale)} a step)")
+            parts.append(LeadReason(part=part, winner=a, other=b))
     # the bubble is measured against the timed step; idle is a share of the profiled one
-    for col, what in ([("idle_frac", "less idle")] if not off else []) + [("bubble_measured", "smaller bubble")]:
+    for col, part in ([("idle_frac", PartKind.IDLE)] if not off else []) + [("bubble_measured", PartKind.BUBBLE)]:
         a, b = num(win.get(col)), num(other.get(col))
         if a is not None and b is not None and b - a >= EXPLAINS:
-            parts.append(f"{what} ({a:.0%} vs {b:.0%} of the step)")
+            parts.append(LeadReason(part=part, winner=a, other=b))
     if off:
-        parts.append("the times of the breakdown do not say why (" + ", ".join(
-            f"{n}'s profiled step is {gap_text(g)} off its timed one" for n, g in off) + ")")
+        parts.append(LeadReason(part=PartKind.BREAKDOWN_OFF, winner=gaps[0], other=gaps[1]))
     if parts:
-        return ", ".join(parts[:3])
+        return parts[:3]
     if num(win.get("compute_time_s")) is None or num(other.get("compute_time_s")) is None:
-        return "no breakdown says why (profiling off)"
-    return "no part of the breakdown differs by 10%"
+        return [LeadReason(part=PartKind.NO_BREAKDOWN)]
+    return [LeadReason(part=PartKind.NONE_DIFFERS)]
 
 
-def headroom(r: pd.Series, gpu_mem: float | None) -> tuple[float | None, str]:
-    """(free share of the device at the cell's peak, the words for it)."""
-    peak = num(r.get("peak_mem_bytes"))
-    if peak is None:
-        return None, "peak memory not measured"
-    if not gpu_mem:
-        return None, f"peak {peak / 2**30:.1f} GiB (device size not known)"
-    free = 1 - peak / gpu_mem
-    return free, f"peak {peak / 2**30:.1f} of {gpu_mem / 2**30:.1f} GiB, {free:.0%} headroom"
+def bounds(r: pd.Series, gpu_mem: float | None = None) -> list[Bound]:
+    """What bounds a cell's step, from its measurements."""
+    parts = []
+    exposed, compute, idle = (num(r.get(k)) for k in ("exposed_comm_s", "compute_time_s", "idle_frac"))
+    # A breakdown whose profiled step is far from the timed one describes another step: none of its
+    # shares says what bounds the timed step (the bubble, from the timed step, and memory still do).
+    off = breakdown_off(r)
+    if off is not None:
+        exposed = compute = idle = None
+    # Fractions of the profiled step (the breakdown's own step), never of the timed one: the
+    # profiler stretches a step, and a share above 100% would be nonsense.
+    span = num(r.get("profiled_step_s"))
+    if span is None and None not in (exposed, compute, idle) and idle < 1:
+        span = (compute + exposed) / (1 - idle)
+    if exposed is not None and span is not None and span > 0 and exposed / span >= COMM_BOUND:
+        parts.append(Bound(kind=BoundKind.COMMUNICATION, value=exposed / span))
+    bubble = num(r.get("bubble_measured"))
+    if bubble is not None and bubble >= BUBBLE_BOUND:
+        parts.append(Bound(kind=BoundKind.BUBBLE, value=bubble))
+    mem = num(r.get("peak_mem_bytes"))
+    if gpu_mem and mem is not None and mem / gpu_mem >= MEMORY_BOUND:
+        parts.append(Bound(kind=BoundKind.MEMORY, value=mem / gpu_mem))
+    if not parts and idle is not None and idle >= IDLE_BOUND:
+        parts.append(Bound(kind=BoundKind.LAUNCH, value=idle))
+    if not parts and off is not None:
+        parts.append(Bound(kind=BoundKind.OFF, value=off, moved=rebuild_off(r)))
+    elif not parts and compute is None:
+        # no breakdown (profiling off, or the profile pass failed or was cut): no bound is claimed
+        parts.append(Bound(kind=BoundKind.NO_BREAKDOWN, note=text(r.get("profile_note"))))
+    elif not parts:
+        parts.append(Bound(kind=BoundKind.COMPUTE, value=num(r.get("mfu"))))
+    return parts
 
 
 def launch_bound(r: pd.Series | None) -> bool:
@@ -305,32 +335,32 @@ def launch_bound(r: pd.Series | None) -> bool:
     return (step is not None and step < LAUNCH_STEP_S) or (idle is not None and idle >= LAUNCH_IDLE)
 
 
-def next_step(best: pd.Series, *, backend: str, ws: int, speedup: float | None,
-              elsewhere: dict[tuple[str, int], float]) -> str:
-    """One short line of what to try when nothing scales (the best candidate is slower than one
-    device, or below SCALES_POORLY efficiency); '' otherwise. ``elsewhere``: the best speed-up of
+def tips(best: pd.Series, *, backend: str, ws: int, speedup: float | None,
+         elsewhere: dict[tuple[str, int], float]) -> list[Tip]:
+    """What to try when nothing scales (the best candidate is slower than one device, or below
+    SCALES_POORLY efficiency), the first three; none otherwise. ``elsewhere``: the best speed-up of
     the same workload per (backend, world size)."""
     if speedup is None or (speedup >= 1 and speedup / ws >= SCALES_POORLY):
-        return ""
-    tips = []
+        return []
+    out = []
     better = {k: s for k, s in elsewhere.items() if s > max(speedup, 1) and k != (backend, ws)}
     other_be = [(k, s) for k, s in better.items() if k[1] == ws and k[0] != backend]
     if other_be:
         (be, _), s = max(other_be, key=lambda kv: kv[1])
-        tips.append(f"the {be} backend ({s:.2f}x at x{ws})")
+        out.append(Tip(kind=TipKind.BACKEND, name=str(be), value=float(s)))
     elif backend == "gloo" and text(best.get("device")) == "cuda":
-        tips.append("the nccl backend")
+        out.append(Tip(kind=TipKind.BACKEND, name="nccl"))
     fewer = [(k, s) for k, s in better.items() if k[0] == backend and k[1] < ws]
     if fewer:
         (_, w), s = max(fewer, key=lambda kv: kv[1])
-        tips.append(f"fewer devices (x{w} reaches {s:.2f}x)")
+        out.append(Tip(kind=TipKind.FEWER_DEVICES, size=int(w), value=float(s)))
     gb, share, idle = num(best.get("global_batch")), comm_share(best), num(best.get("idle_frac"))
     step = num(best.get("step_time_median_s"))
     if (share is not None and share >= COMM_BOUND) or (idle is not None and idle >= IDLE_BOUND) \
             or (step is not None and step < LAUNCH_STEP_S):
-        now = f" ({gb / ws:g} samples now)" if gb else ""
-        tips.append(f"a bigger batch per device{now}")
-    bucket = num(best.get("option_bucket_mb"))
-    if share is not None and share >= COMM_BOUND and bucket is not None:
-        tips.append(f"another --option bucket_mb (now {bucket:g} MiB) for more overlap")
-    return "try " + "; ".join(tips[:3]) if tips else ""
+        out.append(Tip(kind=TipKind.BIGGER_BATCH, value=gb / ws if gb else None))
+    option = declared(best.get("strategy"), "overlap_option")
+    now = num(best.get(f"option_{option}")) if option else None
+    if share is not None and share >= COMM_BOUND and now is not None:
+        out.append(Tip(kind=TipKind.OVERLAP_OPTION, name=option, value=now))
+    return out[:3]

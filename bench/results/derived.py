@@ -94,7 +94,7 @@ def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         ref_by.setdefault((r.workload, r.device, r.precision, _training_key(r), r.global_batch if has_gb else None), r)
         ref_by.setdefault((r.workload, r.device, r.precision, _training_key(r), "any"), r)
     policy_refs = _policy_references(cells[ok], has_gb)
-    eff, note, err_col, tol_col, ok_col, step_col = ({} for _ in range(6))
+    eff, note, unphysical, err_col, tol_col, ok_col, step_col = ({} for _ in range(7))
     for r in cells[ok].itertuples():
         i = r.Index
         tol = cell_tol(r)
@@ -114,23 +114,9 @@ def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         if tput is not None and pd.notna(tput) and tput > 0 and pd.notna(r.throughput_samples_s):
             e = r.throughput_samples_s / (r.world_size * tput)
             eff[i] = e
-            notes = []
-            # FSDP's MixedPrecisionPolicy computes in bf16 parameters, the reference in fp32 parameters
-            # under autocast (on 2 H100s, gpt-200m at global batch 64, FSDP x2 reaches an efficiency of
-            # 1.09; an fsdp_mp=off cell does not separate that from noise).
-            if e > EFFICIENCY_MAX:
-                own_dtype = getattr(r, "fsdp_param_dtype", None)
-                cast = str(r.precision) == "bf16" and isinstance(own_dtype, str) and own_dtype == "bf16"
-                why = ("likely the precision: its parameters are bf16 (MixedPrecisionPolicy), the reference's "
-                       "fp32 under autocast" if cast else "not physical, noise or a slow reference")
-                notes.append(f"efficiency {e:.2f} > {EFFICIENCY_MAX}: {why}")
-            stable = getattr(scale_ref, "stable", None)
-            if stable is not None and not pd.isna(stable) and not bool(stable):
-                notes.append("the single-device reference is not stable")
-            if policy_note:
-                notes.append(policy_note)
-            if notes:
-                note[i] = "; ".join(notes)
+            text, unphysical[i] = _scaling_note(r, e, scale_ref, policy_note)
+            if text:
+                note[i] = text
         ref = find(gb)
         if ref is None or role == "independent":
             continue
@@ -147,11 +133,35 @@ def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         rel = np.abs(a - b) / np.maximum(np.abs(b), 1e-12)
         err = float(np.max(rel))
         err_col[i], tol_col[i], ok_col[i], step_col[i] = err, tol, bool(err <= tol), int(common[int(np.argmax(rel))])
-    for col, vals in (("scaling_efficiency", eff), ("scaling_note", note), ("parity_rel_err", err_col),
-                      ("parity_tol", tol_col), ("parity_ok", ok_col), ("parity_step", step_col)):
+    for col, vals in (("scaling_efficiency", eff), ("scaling_note", note), ("scaling_unphysical", unphysical),
+                      ("parity_rel_err", err_col), ("parity_tol", tol_col), ("parity_ok", ok_col),
+                      ("parity_step", step_col)):
         if vals:
             cells.loc[list(vals), col] = pd.Series(vals, dtype=cells[col].dtype)
     return cells
+
+
+def _scaling_note(r, e: float, scale_ref, policy_note: str | None) -> tuple[str, bool]:
+    """(why a cell's scaling efficiency ``e`` is not to be read as a number, '' when it is; whether
+    it is not physical: above EFFICIENCY_MAX with nothing to explain it)."""
+    notes = []
+    unphysical = False
+    # FSDP's MixedPrecisionPolicy computes in bf16 parameters, the reference in fp32 parameters
+    # under autocast (on 2 H100s, gpt-200m at global batch 64, FSDP x2 reaches an efficiency of
+    # 1.09; an fsdp_mp=off cell does not separate that from noise).
+    if e > EFFICIENCY_MAX:
+        own_dtype = getattr(r, "fsdp_param_dtype", None)
+        cast = str(r.precision) == "bf16" and isinstance(own_dtype, str) and own_dtype == "bf16"
+        why = ("likely the precision: its parameters are bf16 (MixedPrecisionPolicy), the reference's "
+               "fp32 under autocast" if cast else "not physical, noise or a slow reference")
+        notes.append(f"efficiency {e:.2f} > {EFFICIENCY_MAX}: {why}")
+        unphysical = not cast
+    stable = getattr(scale_ref, "stable", None)
+    if stable is not None and not pd.isna(stable) and not bool(stable):
+        notes.append("the single-device reference is not stable")
+    if policy_note:
+        notes.append(policy_note)
+    return "; ".join(notes), unphysical
 
 
 def _with_derived_columns(cells: pd.DataFrame) -> pd.DataFrame:
@@ -162,7 +172,8 @@ def _with_derived_columns(cells: pd.DataFrame) -> pd.DataFrame:
     return cells
 
 
-DERIVED = (("scaling_efficiency", "float64"), ("scaling_note", "string"), ("parity_rel_err", "float64"),
+DERIVED = (("scaling_efficiency", "float64"), ("scaling_note", "string"), ("scaling_unphysical", "boolean"),
+           ("parity_rel_err", "float64"),
            ("parity_tol", "float64"), ("parity_ok", "boolean"), ("parity_step", "Int64"))
 
 

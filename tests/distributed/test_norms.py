@@ -27,4 +27,4 @@ def test_groupnorm_passes_and_batchnorm_is_named(tmp_path):
     assert lines and "the model has BatchNorm2d: each rank normalises over its share of the batch" in lines[0]
     assert "at step" in lines[0] and "> tolerance 0.001" in lines[0], lines
     _, why = candidates(cells)
-    assert any("BatchNorm2d" in w for w in why), why
+    assert any("BatchNorm2d" in w.detail for w in why), why

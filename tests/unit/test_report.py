@@ -7,10 +7,11 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
+from bench.decide.decision import BoundKind, DecisionKind, ExcludedKind
 from bench.decide.recommend import first_screen, recommend
 from bench.results.run import load_run
 from bench.results.store import RunWriter
-from reports import build_report, figures
+from reports import build_report, figures, words
 from tests import chromium
 
 MAX_W, MAX_H = 1400, 1600  # pixels: no figure taller than about a screen and a half
@@ -69,11 +70,12 @@ def test_recommendation_matches_the_data(tmp_path):
     nccl = picks[("nccl", 2)]
     assert nccl.winner == "ddp" and nccl.runner_up == "fsdp"  # the ensemble is left out: other models
     assert nccl.margin == pytest.approx(0.09 / 0.055 - 1) and nccl.significant
-    assert "ensemble: trains independent models" in nccl.excluded
+    assert ("ensemble", ExcludedKind.INDEPENDENT) in [(e.strategy, e.kind) for e in nccl.excluded]
     assert nccl.speedup == pytest.approx(0.1 / 0.055)
-    assert "communication-bound" in nccl.why
+    assert nccl.bounds[0].kind == BoundKind.COMMUNICATION
     fsdp = next(p for p in recommend(cells[cells["strategy"] != "ddp"]) if (p.backend, p.world_size) == ("nccl", 2))
-    assert fsdp.why.startswith("bound not known (its profiled step is +12.0% off the timed one)")
+    assert (fsdp.bounds[0].kind, fsdp.bounds[0].value) == (BoundKind.OFF, pytest.approx(0.12))
+    assert words.bound_text(fsdp).startswith("bound not known (its profiled step is +12.0% off the timed one)")
 
 
 def test_report_is_self_contained_and_figures_fit(tmp_path):
@@ -135,11 +137,11 @@ RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
 
 def shown_pick(p) -> list[str]:
     """What the recommendation row of ``p`` must read: the answer, whether it is decided and why."""
-    use = "no decision" if p.use is None else ("one device" if p.use == "single" else p.use)
+    use = "no decision" if p.use is None else ("one device" if p.kind == DecisionKind.ONE_DEVICE else p.use)
     decided = "no" if p.use is None else "decided" if p.resolved else \
         "leading, not decided (needs about 3 repeats a cell)"
     name = p.workload + (" launch-bound" if p.launch_bound else "")
-    return [name, p.backend, str(p.world_size), use, decided, p.because]
+    return [name, p.backend, str(p.world_size), use, decided, words.because_text(p)]
 
 
 def assert_page_ok(page: Path, cells) -> chromium.PageCheck:
@@ -158,7 +160,7 @@ def assert_page_ok(page: Path, cells) -> chromium.PageCheck:
     assert shown["bottom"] <= FIRST_SCREEN_PX  # the answer is on the first screen
     for p, row in zip(shown_picks, shown["rows"]):
         assert row[:6] == shown_pick(p), (row, p)
-        assert f"{p.winner} {p.step_ms:.1f} ms/step" in row[6] and p.why in row[6]
+        assert f"{p.winner} {p.step_ms:.1f} ms/step" in row[6] and words.bound_text(p) in row[6]
         # and the fastest is the fastest qualifying cell of the raw table, not just what recommend() said
         same = cells[(cells["workload"] == p.workload) & (cells["backend"] == p.backend)
                      & (cells["world_size"] == p.world_size) & (cells["status"] == "ok")
@@ -257,7 +259,7 @@ def test_a_cell_without_a_breakdown_claims_no_bound():
     recommendation said 'compute-bound' by default: a claim nothing measured."""
     import pandas as pd
 
-    from bench.decide.recommend import reason
+    from reports.words import why as reason
 
     measured = pd.Series({"compute_time_s": 0.05, "exposed_comm_s": 0.001, "idle_frac": 0.01, "mfu": 0.4})
     assert reason(measured).startswith("compute-bound (MFU 40%)")
