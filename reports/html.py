@@ -17,6 +17,7 @@ import base64
 import logging
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
@@ -26,7 +27,9 @@ import pandas as pd
 from bench.comm.model import annotate_comm, find_sweep
 from bench.core.errors import UserError
 from bench.core.paths import folder_problem
-from bench.decide.recommend import is_false, is_reference, recommend
+from bench.decide import picks
+from bench.decide.decision import Decision
+from bench.decide.recommend import is_false, is_reference
 from bench.gate import history as hist
 from bench.gate.ciout import SHIFT_LEGEND, verdict_rows
 from bench.gate.verdict import Gate, judge
@@ -230,13 +233,15 @@ STAGE = ".parbench-report.partial"
 
 
 def build_report(run_dir: Run | Path, out: Path | None = None, *, baseline: Path | None = None,
-                 history: Path | None = None, threshold: float | None = None) -> Path:
+                 history: Path | None = None, threshold: float | None = None,
+                 decisions: list[Decision] | None = None) -> Path:
     """Write ``index.html`` (self-contained) and its PNG figures into ``out`` (default
     RUN_DIR/report); returns the HTML path. ``baseline`` (a run) or ``history`` (a store) adds the
     comparison, regressions first, judged at ``threshold`` (a fraction; default ``parbench
     compare``'s). The report is drawn into a hidden folder inside ``out`` and moved
     into place when whole, ``index.html`` last: a report stopped at any moment leaves the previous
-    ``index.html`` as it was."""
+    ``index.html`` as it was. ``decisions``: the run's (:mod:`bench.decide.picks`), when the caller
+    holds them."""
     run = load_run(run_dir)
     run_dir = Path(run.path)
     out = Path(out) if out else run_dir / "report"
@@ -252,7 +257,8 @@ def build_report(run_dir: Run | Path, out: Path | None = None, *, baseline: Path
         logging.getLogger("parbench").info("drawing the report of %s in %s", run_dir, stage)
         # Every string on a figure comes from the run: plain text, never mathtext ("$" in a name).
         with matplotlib.rc_context({"text.parse_math": False}):
-            html = _render(run, stage, baseline, history, threshold)
+            html = _render(run, stage, Against(baseline, history, threshold),
+                           decisions if decisions is not None else picks.of(run))
         (stage / "index.html").write_text(html)
         defer_stops(True)  # a stop while the files move is raised once they are all in place
         _publish(stage, out)
@@ -274,12 +280,22 @@ def _publish(stage: Path, out: Path) -> None:
         os.replace(f, dest)
 
 
-def _render(run: Run, out: Path, baseline: Path | None, history: Path | None, threshold: float | None = None) -> str:
+@dataclass(frozen=True)
+class Against:
+    """What the report compares the run with: a baseline run, or a history store, at ``threshold``
+    (None: parbench compare's)."""
+
+    baseline: Path | None = None
+    history: Path | None = None
+    threshold: float | None = None
+
+
+def _render(run: Run, out: Path, against: Against, decisions: list[Decision]) -> str:
     """The page, its figures written into ``out`` as it goes. A run of serving cells only has no
     training sections (recommendation, figures, the table of cells): its own answer and tables."""
     run_dir, meta = Path(run.path), run.meta
     # first: a pair with nothing comparable is compare's one-line error, before any figure is drawn
-    comparison = _comparison(run, baseline, history, out, threshold)
+    comparison = _comparison(run, against, out)
     everything = frame(run.cells, CELL_COLUMNS)  # every core column, empty where a run from another tool lacks it
     serving = everything[everything["mode"] == "serve"] if "mode" in everything else everything.iloc[:0]
     cells = everything.drop(serving.index)  # training cells: figures and the recommendation are about steps
@@ -287,12 +303,12 @@ def _render(run: Run, out: Path, baseline: Path | None, history: Path | None, th
     annotated = _annotated_comm(run_dir, meta)
     wls = [{"name": wl, "description": described.get(wl, ""), "flags": _comm_flags(cells, wl, annotated),
             "images": _workload_figures(cells, wl, out, annotated)} for wl in cells["workload"].dropna().unique()]
-    picks, toys = words.split(recommend(cells, None))
+    real, toys = words.split(decisions)
     cols = table_columns(cells.columns)
     not_run = everything[everything["status"] != "ok"].sort_values(["status", "workload", "strategy"])
     return jinja2.Environment(autoescape=True).from_string(TEMPLATE).render(
         meta={"run_id": run_dir.name, **meta}, gpus=_gpus(meta.get("gpus")), a=words, training=len(cells) > 0,
-        picks=picks, toys=toys, workloads=wls, telemetry=_telemetry(run, cells, out),
+        picks=real, toys=toys, workloads=wls, telemetry=_telemetry(run, cells, out),
         columns=[m.title for m in cols], rows=_cell_rows(cells, cols), not_run=[r for _, r in not_run.iterrows()],
         comparison=comparison,
         serve=serve_section(run_dir, serving, out, _embedded), n_ok=int((everything["status"] == "ok").sum()),
@@ -329,11 +345,11 @@ def _cell_rows(cells: pd.DataFrame, cols: list) -> list[dict]:
     return rows
 
 
-def _comparison(run: Run, baseline: Path | None, history: Path | None, out: Path,
-                threshold: float | None = None) -> dict | None:
+def _comparison(run: Run, against: Against, out: Path) -> dict | None:
     """The statistical comparison as an HTML table, regressions first, from the same call and
     settings as ``parbench compare`` (:func:`bench.gate.verdict.judge`); with a history, its trend
     figures for the cells that are not 'same'."""
+    baseline, history, threshold = against.baseline, against.history, against.threshold
     if baseline is None and history is None:
         return None
 

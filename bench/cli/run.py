@@ -134,14 +134,17 @@ def after_run(run_dir: Path, *, report: bool, table: bool = False) -> int:
             import pyarrow.parquet  # noqa: F401
             if report:
                 import reports  # noqa: F401 - matplotlib
+        from bench.decide import picks
         from bench.results.run import load_run
 
         run = load_run(run_dir)  # the one read of the finished run: every part below takes it
+        decisions = picks.decide(run)  # decided once, kept in the folder, rendered by terminal and report
+        picks.store(run, decisions)
         print_summary(run, table=table)
         print_budget_use(run)
         if report:
-            print(f"report: {write_report(run)}")
-        print_recommendation(run)  # last: the answer is what the reader of a terminal sees first
+            print(f"report: {write_report(run, decisions)}")
+        print_recommendation(run, decisions=decisions)  # last: the answer is what a terminal's reader sees first
         return nothing_measured(run)
     except KeyboardInterrupt as e:
         e.run_dir = run_dir  # type: ignore[attr-defined]
@@ -165,13 +168,14 @@ def nothing_measured(run: Run | Path) -> int:
     return 1
 
 
-def write_report(run: Run) -> Path:
-    """The HTML report of ``run``; a report that cannot be written (a full disk) is one line."""
+def write_report(run: Run, decisions: list | None = None) -> Path:
+    """The HTML report of ``run`` (with its ``decisions``); a report that cannot be written (a full
+    disk) is one line."""
     from bench.results.store import os_reason
     from reports import build_report
 
     try:
-        return build_report(run)
+        return build_report(run, decisions=decisions)
     except OSError as e:
         raise UserError(f"cannot write the report of {run.path} ({os_reason(e)}); the run's cells are kept: "
                         f"free space and run parbench report {run.path}") from None
@@ -224,7 +228,7 @@ def print_budget_use(run: Run | Path) -> None:
                              "time left)")
 
 
-def print_recommendation(run: Run | Path, console=None) -> None:
+def print_recommendation(run: Run | Path, console=None, *, decisions: list | None = None) -> None:
     """The report's first screen, as the last lines of `parbench run` (plain text, never markup):
     per workload, backend and world size the answer, whether it is decided, why, what was measured
     and what to try next; launch-bound (toy) workloads after the rest, one line each."""
@@ -233,12 +237,11 @@ def print_recommendation(run: Run | Path, console=None) -> None:
     from rich.text import Text
 
     from bench.cli.summary import end_console
-    from bench.decide.recommend import recommend
+    from bench.decide import picks
     from bench.results.run import load_run
     from reports import words
 
-    cells = load_run(run).training
-    real, toys = words.split(recommend(cells))
+    real, toys = words.split(decisions if decisions is not None else picks.of(load_run(run)))
     console = console or end_console()
 
     def say(line: str, indent: str) -> None:
