@@ -9,19 +9,19 @@ def register(sub) -> None:
 
 
 def cmd_list(args) -> int:
-    import strategies
-    from bench import workloads
     from bench.core import settings
+    from bench.workloads import catalog as workloads
+    from strategies.catalog import DECLARED
 
     print("workloads:")
-    for n in workloads.names():
-        print(f"  {n:<20} {workloads.resolve(n).description}")
-    hf = workloads.hf  # imports no transformers: listing needs none
-    print(f"  hf:<model_type>[k=v]  a Hugging Face causal LM from its config, no weights: {', '.join(hf.FAMILIES)}"
-          f"\n  {'':<20} keys: the config's (hidden_size=512,...), seq_len, global_batch; needs: {hf.INSTALL}")
+    for n, description in workloads.BUILTIN.items():
+        print(f"  {n:<20} {description}")
+    print(f"  hf:<model_type>[k=v]  a Hugging Face causal LM from its config, no weights: "
+          f"{', '.join(workloads.HF_FAMILIES)}\n  {'':<20} keys: the config's (hidden_size=512,...), seq_len, "
+          f"global_batch; needs: {workloads.HF_INSTALL}")
     print("  package.module:factory  your own: a factory returning bench.workloads.Workload")
     print("strategies:")
-    for n, cls in strategies.REGISTRY.items():
+    for n, cls in DECLARED.items():
         how = f"compiles {cls.compiles}" if cls.compiles else f"cannot compile: {cls.no_compile}"
         print(f"  {n:<20} {cls.summary}\n  {'':<20} needs: {cls.needs}\n  {'':<20} {how}"
               + (f"; no checkpointing: {cls.no_ac}" if cls.no_ac else ""))

@@ -45,9 +45,10 @@ from torch import Tensor, nn
 
 from bench.core.errors import UserError
 from bench.workloads.base import Workload, display_name, init_by_name, seeded
+from bench.workloads.catalog import HF_INSTALL
 
 PREFIX = "hf:"
-INSTALL = "pip install 'parbench[hf]' (or pip install transformers)"
+INSTALL = HF_INSTALL
 
 _DECODER = {"hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
             "intermediate_size": 1536, "vocab_size": 8192}

@@ -64,3 +64,13 @@ def test_reading_a_run_folder_imports_no_torch():
     fixture = os.path.join(os.path.dirname(__file__), "..", "fixtures", "runs", "check-h100-x4")
     out = subprocess.run([sys.executable, "-c", READ_A_RUN, fixture], capture_output=True, text=True, timeout=300)
     assert out.stdout.split() == ["0", "0", "0", "0", "False"], (out.stdout[-800:], out.stderr[-2000:])
+
+
+def test_the_workload_catalog_says_what_each_built_in_workload_is():
+    from bench import workloads
+    from bench.workloads import catalog, hf
+
+    assert list(catalog.BUILTIN) == workloads.names()
+    for name, description in catalog.BUILTIN.items():
+        assert workloads.resolve(name).description == description, name
+    assert catalog.HF_FAMILIES == tuple(hf.FAMILIES)

@@ -348,8 +348,8 @@ print(code, *sorted(m for m in ("torch", "pandas", "scipy", "matplotlib", "pyarr
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["compare", "--help"], ["run", "--bogus"],
                                   ["run", "--device", "cpu", "--steps", "-1"],
                                   ["run", "--device", "cpu", "--budget", "xx"],
-                                  ["comm", "--help"], ["serve", "--help"]], ids=" ".join)
-def test_help_and_bad_settings_import_no_torch_pandas_scipy_or_matplotlib(argv):
+                                  ["comm", "--help"], ["serve", "--help"], ["list"]], ids=" ".join)
+def test_help_list_and_bad_settings_import_no_torch_pandas_scipy_or_matplotlib(argv):
     """They answer at once: each of those takes seconds to import on a loaded 2-core machine."""
     import subprocess
     import sys
