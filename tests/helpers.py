@@ -560,3 +560,17 @@ class _ForwardCrashes(torch.nn.Module):
 def forward_crashes(*, seed: int = 0, global_batch: int = 8) -> Workload:
     """A servable user workload whose forward kills its process (SIGSEGV)."""
     return _classifier("forward-crashes", _ForwardCrashes)
+
+
+def factory_os_exit(*, seed: int = 0) -> Workload:
+    """A user workload factory that ends the process it runs in, past every handler."""
+    import os
+
+    os._exit(7)
+
+
+def factory_crashes(*, seed: int = 0) -> Workload:
+    """A user workload factory that crashes the interpreter (a bad pointer in an extension)."""
+    import ctypes
+
+    ctypes.string_at(0)

@@ -3,12 +3,17 @@ resolved to a Workload."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import faulthandler
 import importlib
 import inspect
 import logging
 import os
+import select
+import signal
 import threading
+import time
 from collections.abc import Callable
 
 from bench.core.errors import UserError
@@ -117,6 +122,7 @@ def planned(spec: str, dims: dict[str, int], *, seed: int, global_batch: int | N
         kw["global_batch"] = global_batch
     if ":" not in spec:
         resolve(spec)  # the error that names the built-in workloads
+    _ends_the_process(spec, kw, dims, timeout_s)
     doing = ["its factory"]
     got: dict[str, object] = {}
 
@@ -155,6 +161,71 @@ def planned(spec: str, dims: dict[str, int], *, seed: int, global_batch: int | N
     if "error" in got:
         raise got["error"]  # type: ignore[misc]
     return got["facts"]  # type: ignore[return-value]
+
+
+#: the last line a forked dry run writes when the user's code returned (or raised) to it
+_RETURNED = "\0returned"
+
+
+def _ends_the_process(spec: str, kw: dict, dims: dict[str, int], timeout_s: float) -> None:
+    """A user's workload code run once in a forked copy of this process first: code that ends the
+    process it runs in (``os._exit``, a crash in an extension) ends the copy, and this names it in
+    one UserError, where in this process it would end ``parbench run`` without a word. Code that
+    raises, hangs or returns is left to the build that follows, which says so in its own words. No
+    fork (not POSIX): nothing is tried."""
+    if not hasattr(os, "fork"):
+        return
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the copy: the user's code, then out without running the parent's exit handlers
+        os.close(read)
+        faulthandler.disable()  # a crash of the copy is this function's to say, in one line
+        quiet = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(quiet, 1)  # what the user's code prints, it prints once: in the build that follows
+        os.dup2(quiet, 2)
+        try:
+            wl = _resolve_user(spec, kw, dims, lambda what: os.write(write, f"{what}\n".encode()))
+            os.write(write, b"building its model on the meta device\n")
+            wl.facts(spec, dims)
+            os.write(write, b"its batch(0)\n")
+            wl.batch(0)
+        except BaseException:  # noqa: BLE001, S110 - said by the build in this process
+            pass
+        os.write(write, f"{_RETURNED}\n".encode())
+        os._exit(0)
+    os.close(write)
+    said, ended = _read_until(read, time.monotonic() + timeout_s)
+    if not ended:  # still running at the deadline: the build that follows times out in its own words
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        return
+    _, status = os.waitpid(pid, 0)
+    if said and said[-1] == _RETURNED:
+        return
+    code = os.waitstatus_to_exitcode(status)
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    doing = said[-1] if said else "its import"
+    raise UserError(f"workload {spec!r}: {doing} ended the process ({how}) while the run was planned; a factory "
+                    "returns a Workload (raise an exception to say what is wrong)")
+
+
+def _read_until(fd: int, deadline: float) -> tuple[list[str], bool]:
+    """The lines written to ``fd`` until it closes, the dry run's last word arrives or ``deadline``
+    (time.monotonic) passes, and whether the dry run ended."""
+    buf, ended = b"", False
+    try:
+        while not ended:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                break
+            chunk = os.read(fd, 4096)
+            buf += chunk
+            # closed, or the copy's last word (a process the user's code started may hold it open)
+            ended = not chunk or f"{_RETURNED}\n".encode() in buf
+    finally:
+        os.close(fd)
+    return buf.decode(errors="replace").splitlines(), ended
 
 
 def _named(wl: Workload, base: str, dims: dict[str, int]) -> Workload:

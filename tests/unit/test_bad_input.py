@@ -175,6 +175,11 @@ CASES = [
      "its factory built global_batch=0; it must be an integer >= 1"),
     ("workload-factory-exits", None, [RUN, "--workloads", "tests.helpers:factory_exits"],
      "workload 'tests.helpers:factory_exits': its factory factory_exits() called sys.exit(3); a factory returns"),
+    ("workload-factory-os-exit", None, [RUN, "--workloads", "tests.helpers:factory_os_exit"],
+     "workload 'tests.helpers:factory_os_exit': its factory factory_os_exit() ended the process (exit code 7) while "
+     "the run was planned"),
+    ("workload-factory-crashes", None, [RUN, "--workloads", "tests.helpers:factory_crashes"],
+     "its factory factory_crashes() ended the process (killed by SIGSEGV) while the run was planned"),
     ("workload-batch-short", None, [RUN, "--workloads", "tests.helpers:short_batch"],
      "workload 'tests.helpers:short_batch': batch(0) returned 6 samples, but the workload's global batch is 16"),
     ("strategy-unknown", None, [RUN, "--strategies", "zero3"], "unknown strategy 'zero3'"),
