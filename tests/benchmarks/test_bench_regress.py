@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.gate.compare import compare
 from bench.gate.history import add, baseline, show
 from bench.results.store import CELL_COLUMNS, STEP_COLUMNS, frame
+from tests.regress_helpers import frames_compare
 
 CELLS, STEPS = 1000, 20
 
@@ -34,7 +34,7 @@ def runs():
 
 def test_compare_1000_cells(benchmark, runs):
     (bc, bs), (cc, cs) = runs
-    t = benchmark(compare, bc, cc, 0.05, base_steps=bs, cur_steps=cs)
+    t = benchmark(frames_compare, bc, cc, 0.05, base_steps=bs, cur_steps=cs)
     assert len(t) == CELLS and (t["verdict"] == "regression").mean() > 0.95
 
 
