@@ -21,19 +21,17 @@ import dataclasses
 import logging
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
-from bench.core.settings import RunConfig
 from bench.core.text import counted
 from bench.decide.recommend import Pick, recommend
 from bench.decide.rules import MAX_REPEATS
 from bench.plan.budget import GROUP_START_S
 from bench.plan.matrix import Planned, group
-from bench.results.store import RunWriter, load_run
-from bench.train.group import Progress, ProgressFn, run_group
+from bench.results.store import load_run
+from bench.train.context import GroupContext, Progress
+from bench.train.group import run_group
 from bench.train.pending import Pending
-from bench.train.run_folder import Telemetry
 
 log = logging.getLogger("parbench")
 
@@ -131,11 +129,12 @@ def fit(wanted: list[Ask], kept: dict[int, Pending], left_s: float, start_s: flo
     return chosen
 
 
-def decide(cfg: RunConfig, kept: dict[int, Pending], writer: RunWriter, work: Path, telemetry: Telemetry,
-           report: ProgressFn, *, deadline: float, trace_dir: Path | None, survivors: list[str],
-           starts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def decide(ctx: GroupContext) -> list[dict[str, Any]]:
     """Rounds of repeats for the open decisions until none is left that repeats can close, the
-    time left fits none, or MAX_ROUNDS; returns what each round did (for meta.json)."""
+    time left fits none, or MAX_ROUNDS (``ctx.deadline``: the run's, never None here); returns what
+    each round did (for meta.json). The cells measured so far are ``ctx.kept``."""
+    cfg, kept, writer, report, starts = ctx.cfg, ctx.kept, ctx.writer, ctx.report, ctx.starts
+    deadline = float(ctx.deadline if ctx.deadline is not None else time.time())
     done: list[dict[str, Any]] = []
     for k in range(1, MAX_ROUNDS + 1):
         cells, _, _ = load_run(writer.dir)
@@ -164,8 +163,7 @@ def decide(cfg: RunConfig, kept: dict[int, Pending], writer: RunWriter, work: Pa
                 break
             report(Progress(kind="more", group=g.label, n=len(g.cells)))  # counted as each group starts
             report(Progress(kind="group", group=g.label, n=len(g.cells)))
-            run_group(g, f"d{k}.{i}", cfg, writer, work, telemetry, report, trace_dir, deadline, survivors,
-                      starts=starts, kept=kept, again=again)
+            run_group(g, f"d{k}.{i}", ctx, again=again)
         done.append({"round": k, "cap_s": cap, "open": [a.pick.title
                                           for a in wanted],
                      "cells": {str(c): t for c, t in chosen.items()}, "seconds": round(time.time() - t0, 1)})
