@@ -134,7 +134,7 @@ def decide(ctx: GroupContext) -> list[dict[str, Any]]:
     time left fits none, or MAX_ROUNDS (``ctx.deadline``: the run's, never None here); returns what
     each round did (for meta.json). The cells measured so far are ``ctx.kept``."""
     cfg, kept, writer, report, starts = ctx.cfg, ctx.kept, ctx.writer, ctx.report, ctx.starts
-    deadline = float(ctx.deadline if ctx.deadline is not None else time.time())
+    deadline = ctx.deadline if ctx.deadline is not None else time.time()  # none: no round fits
     done: list[dict[str, Any]] = []
     for k in range(1, MAX_ROUNDS + 1):
         cells, _, _ = load_run(writer.dir)
