@@ -1,6 +1,6 @@
 """What travels together through a training run: the plan of this invocation (:class:`RunPlan`)
-and what every launch of the run shares (:class:`GroupContext`), instead of a dozen parameters
-handed from the launcher to each group, each launch and each adaptive round."""
+and what every launch of the run shares (:class:`GroupContext`), one object each, handed from the
+launcher to each group, each launch and each adaptive round."""
 
 from __future__ import annotations
 

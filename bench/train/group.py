@@ -193,7 +193,7 @@ class GroupRun:
                     a.launch.kill(grace_s=1.0)
                     raise
         finally:
-            a.remote = self.nodes.finish()  # stops no longer deferred: one while the other nodes answer stops at once
+            a.remote = self.nodes.finish()  # outside the deferral: a stop while the other nodes answer raises at once
 
     def _step(self) -> bool:
         """One poll of the launch; True when following it ends (it exited or was stopped)."""
