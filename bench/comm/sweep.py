@@ -10,9 +10,7 @@ after every group, so a stopped sweep keeps the groups that finished.
 from __future__ import annotations
 
 import json
-import logging
 import os
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -28,12 +26,12 @@ from bench.core.spec import CollectiveGroupSpec, dump
 from bench.measure.topology import topology
 from bench.results.folder import check_out
 from bench.results.identity import start_row
-from bench.results.store import new_run_id, write_meta
+from bench.results.session import RunSession
+from bench.results.store import new_run_id
 from bench.runtime import signals
 from bench.runtime.process import Launch, become_subreaper, child_env
 
 WORKER = "bench.comm.worker"
-log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
@@ -165,23 +163,21 @@ def run_sweep(cfg: CommConfig, on_group: GroupFn | None = None) -> Path:
     """The whole sweep; returns the run folder (tables rewritten after every group). ``on_group(group,
     rows, done)`` reports progress: rows None as a group starts, its rows so far after each op, and
     done once its rows are in the table. A stop signal is raised only while a group runs or between
-    groups; meta.json says how the sweep ended."""
+    groups; meta.json says how the sweep ended (:class:`bench.results.session.RunSession`)."""
 
     check_out(cfg.out)  # an unwritable --out is a one-line error, before any group starts
-    signals.clear_stop()  # a signal noted by an earlier run in this process is not this run's
     become_subreaper()  # a rank whose torchrun agent dies is re-parented here, where its tree is killed
     run_dir = Path(cfg.out) / new_run_id()
     work = run_dir / "work"
     work.mkdir(parents=True)
     topo = topology()
-    write_meta(run_dir, cfg.to_dict(), command="comm", topology=topo, status="running")
     note = on_group or (lambda _g, _rows, _done: None)
     rows: list[dict[str, Any]] = []
-    status = "failed"  # what meta.json says if something unforeseen stops the sweep
     # a stop signal is only noted, and raised where nothing is half written: before a group starts
     # and while one runs (follow), never between a group's end and its rows in the table
-    signals.defer_stops(True)
-    try:
+    with RunSession(run_dir, cfg.to_dict(), fields=lambda _status: {"command": "comm", "topology": topo},
+                    defer=True) as session:
+        session.begin()
         for group in cfg.groups(work):
             signals.check_stop()
             note(group, None, False)
@@ -194,30 +190,7 @@ def run_sweep(cfg: CommConfig, on_group: GroupFn | None = None) -> Path:
         if len(ok):
             write_atomic(fit(ok).fits, run_dir / "comm_model.parquet")
         signals.check_stop()  # a stop noted while the last group was written
-        status = "complete"
-    except KeyboardInterrupt as e:  # a stop signal: the caller names the folder with the finished groups
-        status = f"interrupted by {signal.Signals(getattr(e, 'signum', signal.SIGINT)).name}"
-        e.run_dir = run_dir  # type: ignore[attr-defined]
-        raise
-    except UserError as e:
-        status = f"stopped: {e}"
-        raise
-    finally:
-        signals.defer_stops(False)
-        _finish_meta(run_dir, cfg, topo, status)
     return run_dir
-
-
-def _finish_meta(run_dir: Path, cfg: CommConfig, topo: Any, status: str) -> None:
-    """meta.json with how the sweep ended; when it did not complete, a failure here (a full disk)
-    must not hide what stopped it."""
-    try:
-        write_meta(run_dir, cfg.to_dict(), command="comm", topology=topo, status=status,
-                   interrupted=status.startswith("interrupted"))
-    except (OSError, UserError) as e:
-        if status == "complete":
-            raise
-        log.info("meta.json not updated: %s", e)
 
 
 def summary_table(df: pd.DataFrame, sizes: tuple[int, ...] = (2**10, 2**20, 2**24, 2**28, 2**30)) -> str:

@@ -30,8 +30,6 @@ as data; :mod:`reports.words` says it in sentences.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pandas as pd
 
 from bench.core import knobs
@@ -69,7 +67,7 @@ from bench.decide.rules import (
 )
 from bench.results.derived import derive, parity_failure
 
-__all__ = ["Decision", "Pick", "candidates", "first_screen", "is_false", "is_reference", "recommend"]
+__all__ = ["Decision", "candidates", "first_screen", "is_false", "is_reference", "recommend"]
 
 
 def candidates(cells: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
@@ -351,14 +349,3 @@ def first_screen(decisions: list[Decision]) -> list[Decision]:
     """Decisions in the order the first screen shows them: real-model ones before launch-bound ones;
     within each, resolved decisions, then leading ones, then those without a decision."""
     return sorted(decisions, key=lambda p: (p.launch_bound, not p.resolved, p.use is None))
-
-
-_FIELDS = frozenset(f.name for f in dataclasses.fields(Decision))
-
-
-def Pick(**kw) -> Decision:  # noqa: N802 - builds the record its callers know by that name
-    """A Decision from flat keywords: its own fields, ``decision`` for its kind; the keywords of
-    the rendered texts (``why``, ``excluded``, ``margin``, ``significant``, ...) are dropped."""
-    if "decision" in kw:
-        kw["kind"] = DecisionKind(kw.pop("decision"))
-    return Decision(**{k: v for k, v in kw.items() if k in _FIELDS and not (k == "excluded" and isinstance(v, str))})

@@ -45,16 +45,25 @@ def check_stop() -> None:
 
 
 @contextmanager
-def stops_held():
-    """A stop signal inside the block is noted and raised when it ends: for imports of compiled
-    extensions (matplotlib, pyarrow), whose initialisation turns an exception raised inside it into an
-    ImportError and can leave the interpreter unable to exit cleanly."""
+def deferred():
+    """Stop signals inside the block are only noted (:func:`defer_stops` on): the block's loop raises
+    them at its :func:`check_stop`. Nestable: the state before the block is restored when it ends."""
     held = _IN_GROUP[0]
     defer_stops(True)
     try:
         yield
     finally:
         defer_stops(held)
+
+
+@contextmanager
+def stops_held():
+    """A stop signal inside the block is noted and raised when it ends: for imports of compiled
+    extensions (matplotlib, pyarrow), whose initialisation turns an exception raised inside it into an
+    ImportError and can leave the interpreter unable to exit cleanly."""
+    held = _IN_GROUP[0]
+    with deferred():
+        yield
     if not held:
         check_stop()
 

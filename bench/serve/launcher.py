@@ -40,6 +40,23 @@ class ServeError(RuntimeError):
 POLL_S = 0.2
 
 
+@dataclass(frozen=True, kw_only=True)
+class CellLoad:
+    """How a cell is served besides its requests and policy: ``clients`` > 0 for a closed loop (no
+    new request after ``closed_s`` seconds when that is > 0), the batch policy's limits, the slowed
+    processes (``slow_s``: process -> seconds added per batch), the router's seed, the tenants a
+    pinned placement pins, and how long the cell may take."""
+
+    clients: int = 0
+    batch_max: int = 1
+    batch_wait_s: float = 0.0
+    slow_s: dict[int, float] = field(default_factory=dict)
+    seed: int = 0
+    tenants: tuple[str, ...] = ()
+    timeout_s: float = 600.0
+    closed_s: float = 0.0
+
+
 @dataclass
 class CellResult:
     """What one cell produced: per-request records and per-process stats."""
@@ -155,21 +172,20 @@ class Pool:
         self.group.stop(grace_s=grace_s)
 
     # --- one cell --------------------------------------------------------------------------
-    def run_cell(self, *, policy: str, requests: list[Request], clients: int = 0, batch_max: int = 1,
-                 batch_wait_s: float = 0.0, slow_s: dict[int, float] | None = None, seed: int = 0,
-                 tenants: list[str] = (), timeout_s: float = 600.0, closed_s: float = 0.0) -> CellResult:
-        """Serve ``requests`` (open loop at their arrivals; closed loop with ``clients`` when > 0,
-        the clients sending no new request after ``closed_s`` seconds when that is > 0)."""
-        n = self.entries
-        router: Router = Pinned(n, seed, tenants) if self.placement == "pinned-tenants" else \
-            make_router(policy if self.placement == "replicas" else "round-robin", n, seed)
+    def run_cell(self, *, policy: str, requests: list[Request], load: CellLoad | None = None) -> CellResult:
+        """Serve ``requests`` (open loop at their arrivals; closed loop with ``load.clients`` when > 0,
+        the clients sending no new request after ``load.closed_s`` seconds when that is > 0)."""
+        load = load or CellLoad()
+        n, timeout_s = self.entries, load.timeout_s
+        router: Router = Pinned(n, load.seed, load.tenants) if self.placement == "pinned-tenants" else \
+            make_router(policy if self.placement == "replicas" else "round-robin", n, load.seed)
         batching = router.batching  # only the batch policy batches: the others serve one request at a time
         source = "shared" if (router.pick("", [0] * n) == SHARED and self.shared_q is not None) else "own"
-        cfg = {"source": source, "batch_max": batch_max if batching else 1, "batch_wait_s": batch_wait_s,
-               "slow_s": slow_s or {}}
+        cfg = {"source": source, "batch_max": load.batch_max if batching else 1, "batch_wait_s": load.batch_wait_s,
+               "slow_s": dict(load.slow_s)}
         for q in self.own:
             q.put(("begin", cfg))
-        cell = _Cell(self, router, requests, clients=clients, closed_s=closed_s, timeout_s=timeout_s)
+        cell = _Cell(self, router, requests, clients=load.clients, closed_s=load.closed_s, timeout_s=timeout_s)
         rx = threading.Thread(target=cell.receive, name="parbench-serve-rx", daemon=True)
         rx.start()
         cell.dispatch()

@@ -22,13 +22,13 @@ import torch
 from bench.core.errors import UserError
 from bench.core.metrics import registry
 from bench.core.spec import ServeCellSpec, outcome
-from bench.measure.telemetry import start_samplers
 from bench.results.identity import start_row
-from bench.results.store import RunWriter, cell_columns, new_run_id, write_meta
+from bench.results.session import RUNNING, RunSession, Samplers
+from bench.results.store import RunWriter, cell_columns, new_run_id
 from bench.runtime import signals
 from bench.serve import schema, steady, sweep
 from bench.serve.config import Load, ServeConfig
-from bench.serve.launcher import Pool, ServeError
+from bench.serve.launcher import CellLoad, Pool, ServeError
 from bench.serve.loadgen import closed_sizes, schedule
 from bench.serve.models import ServeModel, resolve_precision, run_grouped
 from bench.workloads import Workload, planned
@@ -172,14 +172,28 @@ class ServeRun:
         self.cell_id = 0
         self.warmups: list[dict[str, Any]] = []  # per pool: sizes served before its first cell, seconds
         self.on_cell = on_cell or (lambda row: None)
-        self.sampler = None
         self.items = _probe_items(self.sm)
         self.ref = _guarded_reference(cfg, self.sm, self.items, self.wl.name) if cfg.parity else None
         self.rows: list[dict[str, Any]] = []
+        self.summary: dict[str, Any] = {}  # the rate sweep's and the noisy neighbour's results, for meta.json
         # the run folder only once the workload and task are known good: bad input leaves no folder
         self.dir = Path(cfg.out) / new_run_id()
         self.writer = RunWriter(self.dir, cell_schema=cell_columns(registry(schema.SERVE_METRICS)),
                                 tables=schema.TABLES)
+        self.session = RunSession(self.dir, cfg.to_dict(), writer=self.writer, fields=self._meta,
+                                  samplers=Samplers(cfg.sample_hz, cfg.device == "cuda"), defer=True)
+        self.session.drain = lambda: self.append("samples", self.session.take())
+
+    @property
+    def sampler(self):
+        """The run's sampler (None before the run began, or with sample_hz 0)."""
+        return self.session.sampler
+
+    def _meta(self, status: str) -> dict[str, Any]:
+        """meta.json's serving fields: the samplers' notes; once the run ended, the sweep's results and
+        each pool's warm-up."""
+        more = {} if status == RUNNING else {"serve_sweep": self.summary, "serve_warmup": self.warmups}
+        return {"mode": "serve", "sampler_notes": self.session.notes, **more}
 
     def append(self, table: str, rows: list[dict[str, Any]]) -> None:
         """Rows to one of the run's tables; a full disk or a folder gone read-only stops the run with
@@ -200,22 +214,6 @@ class ServeRun:
                 f.write(f"--- {where}: {e}\n{e.detail}\n")
         except OSError as err:
             log.info("errors.log not written: %s", err)
-
-    def finish(self, notes: dict[str, Any], summary: dict[str, Any], status: str) -> None:
-        """Stop the sampler and write the final meta.json. When the run did not complete, a failure
-        here (a full disk) must not hide what stopped it: it is logged instead."""
-        try:
-            if self.sampler is not None:
-                self.append("samples", self.sampler.drain())
-                self.sampler.stop()
-            write_meta(self.dir, self.cfg.to_dict(), mode="serve", sampler_notes=notes, serve_sweep=summary,
-                       serve_warmup=self.warmups, status=status, interrupted=status.startswith("interrupted"))
-        except (OSError, UserError) as e:
-            if status == "complete":
-                raise
-            log.info("meta.json not updated: %s", e)
-        finally:
-            self.writer.close()
 
     def devices(self, world: int) -> list[str]:
         return [f"cuda:{i}" for i in range(world)] if self.cfg.device == "cuda" else [f"cpu:{i}" for i in range(world)]
@@ -254,11 +252,12 @@ class ServeRun:
             row["serve_requests"] = len(reqs)
             row["nproc"] = len(pool.specs)
             try:
-                res = pool.run_cell(policy=policy, requests=reqs, clients=load.clients, batch_max=self.cfg.batch_max,
-                                    batch_wait_s=self.cfg.batch_wait_ms / 1e3, slow_s=self.cfg.slow,
-                                    seed=self.cfg.seed + self.cell_id, tenants=[t.name for t in load.tenants],
-                                    timeout_s=self.cfg.cell_timeout_s,
-                                    closed_s=0.0 if self.cfg.max_requests else self.cfg.duration_s)
+                how = CellLoad(clients=load.clients, batch_max=self.cfg.batch_max,
+                               batch_wait_s=self.cfg.batch_wait_ms / 1e3, slow_s=dict(self.cfg.slow or {}),
+                               seed=self.cfg.seed + self.cell_id, tenants=tuple(t.name for t in load.tenants),
+                               timeout_s=self.cfg.cell_timeout_s,
+                               closed_s=0.0 if self.cfg.max_requests else self.cfg.duration_s)
+                res = pool.run_cell(policy=policy, requests=reqs, load=how)
             except ServeError as e:
                 signals.check_stop()  # processes that a stop signal ended: the stop is the news, not a failed cell
                 failure = str(e)
@@ -317,32 +316,16 @@ def run(cfg: ServeConfig, on_cell: Callable[[dict[str, Any]], None] | None = Non
     as each pool starts. A stop signal (see :mod:`bench.runtime.signals`) is raised only between
     cells or while one is served, never between a finished cell's rows; the cells that finished keep
     their rows, and meta.json says the run was interrupted."""
-    signals.clear_stop()  # a signal noted by an earlier run in this process is not this run's
     sr = ServeRun(cfg, on_cell)
-    sr.sampler, notes = start_samplers(cfg.sample_hz, gpu=cfg.device == "cuda")
-    summary: dict[str, Any] = {}
-    status = "failed"  # what meta.json says if something unforeseen stops the run
-    signals.defer_stops(True)
-    try:
-        write_meta(sr.dir, cfg.to_dict(), mode="serve", sampler_notes=notes, status="running")
+    with sr.session:
+        sr.session.begin()
         for world in cfg.world_sizes:
             for placement in cfg.placements:
                 policies = cfg.policies if placement == "replicas" else \
                     ["pinned" if placement == "pinned-tenants" else "-"]
                 (on_pool or (lambda _p, _w: None))(placement, world)
-                _placement(sr, placement, world, policies, summary)
+                _placement(sr, placement, world, policies, sr.summary)
         signals.check_stop()  # a stop noted while the last cell was written
-        status = "complete"
-    except KeyboardInterrupt as e:  # a stop signal: the caller names the folder with the finished cells
-        status = f"interrupted by {signal.Signals(getattr(e, 'signum', signal.SIGINT)).name}"
-        e.run_dir = sr.dir  # type: ignore[attr-defined]
-        raise
-    except UserError as e:
-        status = f"stopped: {e}"
-        raise
-    finally:
-        signals.defer_stops(False)
-        sr.finish(notes, summary, status)
     return sr.dir
 
 

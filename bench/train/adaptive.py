@@ -21,20 +21,18 @@ import dataclasses
 import logging
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
-from bench.core.settings import RunConfig
 from bench.core.text import counted
-from bench.decide.recommend import Pick, recommend
+from bench.decide import picks as run_picks
+from bench.decide.decision import Decision
 from bench.decide.rules import MAX_REPEATS
 from bench.plan.budget import GROUP_START_S
 from bench.plan.matrix import Planned, group
 from bench.results.run import load_run
-from bench.results.store import RunWriter
-from bench.train.group import Progress, ProgressFn, run_group
+from bench.train.context import GroupContext, Progress
+from bench.train.group import run_group
 from bench.train.pending import Pending
-from bench.train.run_folder import Telemetry
 
 log = logging.getLogger("parbench")
 
@@ -54,7 +52,7 @@ class Ask:
     in all, and per cell (repeats to add, seconds a repeat spends outside its timed steps, seconds
     of timed steps a repeat took), from each cell's own repeats so far."""
 
-    pick: Pick
+    pick: Decision
     targets: dict[int, int]
     slots: tuple[tuple[int, float, float], ...]
 
@@ -72,7 +70,7 @@ def repeat_parts(p: Pending) -> tuple[float, float]:
     return max(wall - t, 0.0), t
 
 
-def asks(picks: list[Pick], kept: dict[int, Pending]) -> list[Ask]:
+def asks(picks: list[Decision], kept: dict[int, Pending]) -> list[Ask]:
     """The open decisions that repeats can close, real workloads first, then the cheapest."""
     out = []
     for p in picks:
@@ -132,15 +130,15 @@ def fit(wanted: list[Ask], kept: dict[int, Pending], left_s: float, start_s: flo
     return chosen
 
 
-def decide(cfg: RunConfig, kept: dict[int, Pending], writer: RunWriter, work: Path, telemetry: Telemetry,
-           report: ProgressFn, *, deadline: float, trace_dir: Path | None, survivors: list[str],
-           starts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def decide(ctx: GroupContext) -> list[dict[str, Any]]:
     """Rounds of repeats for the open decisions until none is left that repeats can close, the
-    time left fits none, or MAX_ROUNDS; returns what each round did (for meta.json)."""
+    time left fits none, or MAX_ROUNDS (``ctx.deadline``: the run's, never None here); returns what
+    each round did (for meta.json). The cells measured so far are ``ctx.kept``."""
+    cfg, kept, writer, report, starts = ctx.cfg, ctx.kept, ctx.writer, ctx.report, ctx.starts
+    deadline = ctx.deadline if ctx.deadline is not None else time.time()  # none: no round fits
     done: list[dict[str, Any]] = []
     for k in range(1, MAX_ROUNDS + 1):
-        cells, _, _ = load_run(writer.dir)
-        picks = recommend(cells)
+        picks = run_picks.decide(load_run(writer.dir))  # the folder as this round left it
         wanted = asks(picks, kept)
         if not wanted:
             break
@@ -165,8 +163,7 @@ def decide(cfg: RunConfig, kept: dict[int, Pending], writer: RunWriter, work: Pa
                 break
             report(Progress(kind="more", group=g.label, n=len(g.cells)))  # counted as each group starts
             report(Progress(kind="group", group=g.label, n=len(g.cells)))
-            run_group(g, f"d{k}.{i}", cfg, writer, work, telemetry, report, trace_dir, deadline, survivors,
-                      starts=starts, kept=kept, again=again)
+            run_group(g, f"d{k}.{i}", ctx, again=again)
         done.append({"round": k, "cap_s": cap, "open": [a.pick.title
                                           for a in wanted],
                      "cells": {str(c): t for c, t in chosen.items()}, "seconds": round(time.time() - t0, 1)})

@@ -13,23 +13,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
 
 import strategies
 from bench.core import spec
-from bench.core.settings import RunConfig
 from bench.core.spec import CellSpec, GroupPlan
 from bench.plan.matrix import Group
 from bench.results.rows import build_row, failure_row, telemetry_means
-from bench.results.store import RunWriter, write_error
+from bench.results.store import write_error
 from bench.runtime import signals
 from bench.runtime.crash import earliest
 from bench.runtime.process import Launch, child_env
+from bench.train.attempt import Attempt
+from bench.train.context import GroupContext, Progress, ProgressFn
+from bench.train.nodes import nodes_for
 from bench.train.pending import Pending, unprofiled
-from bench.train.run_folder import Telemetry, startup_record
+from bench.train.run_folder import startup_record
+
+__all__ = ["ERROR_GRACE_S", "WORKER", "GroupRun", "Progress", "ProgressFn", "run_group"]
 
 log = logging.getLogger("parbench")
 WORKER = "bench.train.worker"  # the module every rank runs
@@ -44,67 +45,40 @@ WORKER = "bench.train.worker"  # the module every rank runs
 ERROR_GRACE_S = 5.0
 
 
-@dataclass(frozen=True, kw_only=True)
-class Progress:
-    """What the launcher tells its caller: the plan (``n`` runnable cells), ``n`` more cell runs
-    about to start (a group of an adaptive round), a note, a group starts (``n`` cells), a cell
-    starts or is done."""
-
-    kind: Literal["plan", "more", "note", "group", "start", "done"]
-    group: str
-    cell: CellSpec | None = None
-    n: int = 0
-    status: str = ""
-    text: str = ""
-
-
-ProgressFn = Callable[[Progress], None]
-
-
 class GroupRun:
     """Run a group's cells (all their repeats, in rounds), relaunching after a timeout or a crash,
     until every cell has a row. Processes of a launch still alive when it ended are killed and
-    named in ``survivors`` (and in the reason of the cell that was running). A group on several
-    nodes is launched on every node through ``coord`` (:class:`bench.multinode.nodes.Coordinator`);
-    the other nodes' rank errors and crash reasons count as this node's, and a node that stops
-    answering fails the cell that was running and every later cell of the group. Each launch's
-    start-up and teardown, split into phases (:func:`bench.train.run_folder.startup_record`), is
-    appended to ``starts``.
+    named in ``ctx.survivors`` (and in the reason of the cell that was running). A group on several
+    nodes is launched on every node (:class:`bench.train.nodes.ManyNodes`); the other nodes' rank
+    errors and crash reasons count as this node's, and a node that stops answering fails the cell
+    that was running and every later cell of the group. Each launch's start-up and teardown, split
+    into phases (:func:`bench.train.run_folder.startup_record`), is appended to ``ctx.starts``.
 
     The group's state lives across launches (the cells still pending, the attempt, whether a launch
-    had to be killed); each launch resets its own (:meth:`_launch`), and each kind of event and each
-    way a launch ends has a method of its own."""
+    had to be killed); each launch has its own (:class:`bench.train.attempt.Attempt`, ``self.a``),
+    and each kind of event and each way a launch ends has a method of its own. ``again``: cells
+    measured before, to be measured up to their spec's repeats (their rows are superseded)."""
 
-    def __init__(self, g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work: Path,
-                 telemetry: Telemetry, on_progress: ProgressFn, trace_dir: Path | None,
-                 deadline_unix: float | None = None, survivors: list[str] | None = None, coord=None,
-                 starts: list[dict[str, Any]] | None = None, kept: dict[int, Pending] | None = None,
-                 again: dict[int, Pending] | None = None):
-        self.g, self.gid, self.cfg, self.writer, self.work = g, gid, cfg, writer, work
-        self.telemetry, self.on_progress, self.trace_dir = telemetry, on_progress, trace_dir
-        self.deadline_unix, self.coord, self.starts = deadline_unix, coord, starts
-        self.survivors = survivors if survivors is not None else []
-        # ``again``: cells measured before, to be measured up to their spec's repeats (their rows
-        # are superseded); ``kept`` receives every cell whose row is written, for later launches
-        self.kept = kept if kept is not None else {}
+    def __init__(self, g: Group, gid: int | str, ctx: GroupContext, again: dict[int, Pending] | None = None):
+        self.g, self.gid, self.ctx, self.cfg = g, gid, ctx, ctx.cfg
+        self.nodes = nodes_for(g.nnodes, ctx.cfg, ctx.coord)
         self.pending = {c.cell_id: (again or {}).get(c.cell_id) or Pending(spec=c) for c in g.cells}
         self.attempt = 0
         self.clean = True  # no launch of the group was killed (a timeout, a desynchronised error, a lost node)
-        self.multi = g.nnodes > 1 and coord is not None
-        self.launch_notes: list[str] = []
-        self.grace_s = min(ERROR_GRACE_S, cfg.measurement.cell_timeout_s / 2)
+        self.a: Attempt | None = None  # the launch running, or the last one
+        self.grace_s = min(ERROR_GRACE_S, self.cfg.measurement.cell_timeout_s / 2)
 
     def run(self) -> bool:
         """Launch until every cell has a row. False when a launch of the group had to be killed
         (the budget's pacer leaves it out of its pace)."""
         while self.pending:
             self.attempt += 1
-            self.launch_notes.clear()
-            gone = self.coord.lost() if self.multi else {}
+            self.a = None
+            gone = self.nodes.lost()
             if gone:
                 self._on_node_gone(gone)
                 return False
-            self._launch()
+            self.a = self._launch()
             self._follow()
             self._settle()
         return self.clean
@@ -127,26 +101,30 @@ class GroupRun:
         del self.pending[c.cell_id]
         if p.written and len(p.repeats) <= p.written and status is None:
             # measured again but no new repeat came (the deadline): its row stands as written
-            self.on_progress(Progress(kind="done", group=self.g.label, cell=c, status=str(p.row["status"])))
+            self._done(c, str(p.row["status"]))
             return
         if p.written and row.get("status") != "ok":
             # a cell measured again that failed this time keeps the row it has (its earlier repeats
             # stand); the failure is noted
             self.note(f"{self.g.label}: cell {c.cell_id} ({c.strategy}) measured again failed, its earlier "
                       f"row stands: {row.get('reason') or row.get('status')}")
-            self.on_progress(Progress(kind="done", group=self.g.label, cell=c, status=str(p.row["status"])))
+            self._done(c, str(p.row["status"]))
             return
-        self.writer.add(row, steps, comm)
+        self.ctx.writer.add(row, steps, comm)
         p.row, p.written = row, len(p.repeats)
         if row.get("status") == "ok":
-            self.kept[c.cell_id] = p
+            self.ctx.kept[c.cell_id] = p
         log.info("%s: cell %d (%s %s) %s", self.g.label, c.cell_id, c.strategy, c.workload.name, row["status"])
-        self.on_progress(Progress(kind="done", group=self.g.label, cell=c, status=row["status"]))
+        self._done(c, row["status"])
+
+    def _done(self, c: CellSpec, status: str) -> None:
+        self.ctx.report(Progress(kind="done", group=self.g.label, cell=c, status=status))
 
     def note(self, text: str) -> None:
         """A note on this launch: in ``survivors``, the log, and the reason of the cell it fails."""
-        self.survivors.append(text)
-        self.launch_notes.append(text)
+        self.ctx.survivors.append(text)
+        if self.a is not None:
+            self.a.notes.append(text)
         log.warning(text)
 
     def _on_node_gone(self, gone: dict[int, str]) -> None:
@@ -157,98 +135,87 @@ class GroupRun:
 
     # --- one launch
 
-    def _launch(self) -> None:
-        """Write the plan of the cells left and start torchrun for it (on every node when multi)."""
-        g, cfg = self.g, self.cfg
-        self.prefix = str(self.work / f"g{self.gid}-a{self.attempt}")
+    def _plan(self, prefix: str) -> GroupPlan:
+        """The plan of the cells left, for the launch whose files start with ``prefix``."""
+        g, cfg, trace_dir = self.g, self.cfg, self.ctx.trace_dir
         # The process group's timeout also bounds its rendezvous, inside the start-up: a rank that
         # imports slowly on a loaded machine must not fail the others' rendezvous.
-        gplan = GroupPlan(backend=g.backend, device=cfg.matrix.device, n_procs=g.n_procs, events_prefix=self.prefix,
-                          pg_timeout_s=max(cfg.measurement.cell_timeout_s, cfg.measurement.startup_timeout_s),
-                          trace_dir=str(self.trace_dir) if self.trace_dir else None,
-                          cells=tuple(p.spec if p.awaits_pass or not p.written else unprofiled(p.spec)
-                                      for p in self.pending.values()),
-                          earlier={str(k): p.steps() for k, p in self.pending.items() if p.repeats},
-                          settled={str(k): s for k, p in self.pending.items() if (s := p.settled()) is not None},
-                          held={str(k): s for k, p in self.pending.items()
-                                if p.written and p.awaits_pass and (s := p.span()) is not None},
-                          deadline_unix=self.deadline_unix)
+        return GroupPlan(backend=g.backend, device=cfg.matrix.device, n_procs=g.n_procs, events_prefix=prefix,
+                         pg_timeout_s=max(cfg.measurement.cell_timeout_s, cfg.measurement.startup_timeout_s),
+                         trace_dir=str(trace_dir) if trace_dir else None,
+                         cells=tuple(p.spec if p.awaits_pass or not p.written else unprofiled(p.spec)
+                                     for p in self.pending.values()),
+                         earlier={str(k): p.steps() for k, p in self.pending.items() if p.repeats},
+                         settled={str(k): s for k, p in self.pending.items() if (s := p.settled()) is not None},
+                         held={str(k): s for k, p in self.pending.items()
+                               if p.written and p.awaits_pass and (s := p.span()) is not None},
+                         deadline_unix=self.ctx.deadline)
+
+    def _launch(self) -> Attempt:
+        """Write the plan of the cells left and start torchrun for it (on every node of the group)."""
+        g, cfg, writer = self.g, self.cfg, self.ctx.writer
+        prefix = str(self.ctx.work / f"g{self.gid}-a{self.attempt}")
+        gplan = self._plan(prefix)
         try:
-            Path(self.prefix + ".json").write_text(spec.dump(gplan))
+            Path(prefix + ".json").write_text(spec.dump(gplan))
         except OSError as e:
-            raise write_error(Path(self.prefix + ".json"), e, self.writer.dir) from None
+            raise write_error(Path(prefix + ".json"), e, writer.dir) from None
         nproc = g.n_procs // g.nnodes
-        self.seq = -1
-        rendezvous: dict[str, Any] = {}
-        if self.multi:
-            rdzv_id = f"{self.writer.run_id}-g{self.gid}-a{self.attempt}"
-            self.seq = self.coord.launch(gplan, rdzv_id=rdzv_id, nproc_per_node=nproc)
-            rendezvous = dict(nnodes=g.nnodes, endpoint=cfg.nodes.rdzv_endpoint, rdzv_id=rdzv_id,
-                              rdzv_timeout_s=cfg.nodes.rdzv_timeout_s, local_addr=self.coord.me["local_addr"])
-        self.launched = time.time()
-        self.marks: dict[str, float | None] = {"first_cell": None, "last_cell": None, "exited": None}
+        rendezvous = self.nodes.start(gplan, f"{writer.run_id}-g{self.gid}-a{self.attempt}", nproc)
+        launched = time.time()
         try:
             # On a CPU every rank gets the threads a rank of the run's widest launch gets: a one-rank
             # cell with every core would measure another machine than its two-rank neighbour.
             widest = max(cfg.matrix.world_sizes) // g.nnodes if cfg.matrix.device == "cpu" else 0
-            self.launch = Launch(self.prefix, nproc, module=WORKER,
-                                 env=child_env(nproc, share=self.coord.share if self.multi else 1, widest=widest),
-                                 **rendezvous)
+            launch = Launch(prefix, nproc, module=WORKER, env=child_env(nproc, share=self.nodes.share, widest=widest),
+                            **rendezvous)
         except OSError as e:
-            if e.filename != self.prefix + ".log":  # not its log file: torchrun itself did not start
+            if e.filename != prefix + ".log":  # not its log file: torchrun itself did not start
                 raise
-            raise write_error(Path(self.prefix + ".log"), e, self.writer.dir) from None
-        log.info("%s attempt %d: torchrun started (pid %d)", g.label, self.attempt, self.launch.proc.pid)
-        self.current: CellSpec | None = None
-        self.errors: dict[int, tuple[float, str]] = {}  # cell -> (when, "rank R: reason") of its first error
-        self.desync_at: float | None = None  # when to stop a group still inside a cell that a rank failed
-        self.started_any = self.stopped = self.timed_out = False
-        self.in_pass = False  # the worker reached the profile pass (every timed repeat of the launch is in)
-        # The start-up's own limit, until the first cell starts (then each cell's); on several nodes
-        # the rendezvous may also wait for the other nodes' agents to start.
-        self.startup_s = cfg.measurement.startup_timeout_s + (cfg.nodes.rdzv_timeout_s if self.multi else 0)
-        self.deadline = time.monotonic() + self.startup_s
-        self.lost: dict[int, str] = {}
-        self.last_remote = 0.0
-        self.remote: dict[int, dict[str, Any]] = {}
+            raise write_error(Path(prefix + ".log"), e, writer.dir) from None
+        log.info("%s attempt %d: torchrun started (pid %d)", g.label, self.attempt, launch.proc.pid)
+        # on several nodes the rendezvous may also wait for the other nodes' agents to start
+        return Attempt(number=self.attempt, prefix=prefix, launch=launch, launched=launched,
+                       startup_s=cfg.measurement.startup_timeout_s + self.nodes.rdzv_wait_s)
 
     def _follow(self) -> None:
         """Handle the launch's events until it exits or has to be stopped. A stop signal is raised
         only between handled events; the cells measured before it keep their rows."""
-        self.queue: list[spec.Event] = []  # read but not yet handled: a signal between the two must not lose them
-        signals.defer_stops(True)
+        a = self.a
         try:
-            while not self._step():
-                time.sleep(0.05)
-        except BaseException as stop:
-            if isinstance(stop, KeyboardInterrupt):
-                self._on_interrupt()
-            self.launch.kill(grace_s=1.0)
-            raise
+            with signals.deferred():
+                try:
+                    while not self._step():
+                        time.sleep(0.05)
+                except BaseException as stop:
+                    if isinstance(stop, KeyboardInterrupt):
+                        self._on_interrupt()
+                    a.launch.kill(grace_s=1.0)
+                    raise
         finally:
-            signals.defer_stops(False)
-            self.remote = self.coord.finish_launch(self.seq) if self.multi else {}
+            a.remote = self.nodes.finish()  # outside the deferral: a stop while the other nodes answer raises at once
 
     def _step(self) -> bool:
         """One poll of the launch; True when following it ends (it exited or was stopped)."""
+        a = self.a
         signals.check_stop()
-        exited = self.launch.exited()
-        self.queue.extend(self.launch.events.poll())
-        if self.multi and (exited or time.monotonic() - self.last_remote > 0.25):
-            self.last_remote = time.monotonic()
-            self.queue.extend(self.coord.events(self.seq))  # the other nodes' ranks' errors
-            self.lost = self.coord.lost()
-        while self.queue:
-            self.handle(self.queue[0])
-            self.queue.pop(0)
+        exited = a.launch.exited()
+        a.queue.extend(a.launch.events.poll())
+        remote = self.nodes.poll(exited)
+        if remote is not None:
+            a.queue.extend(remote[0])
+            a.lost = remote[1]
+        while a.queue:
+            self.handle(a.queue[0])
+            a.queue.pop(0)
         if exited:
-            self.marks["exited"] = time.time()
+            a.marks["exited"] = time.time()
             return True
-        if self.lost:
+        if a.lost:
             self._on_node_lost()
-        elif self.desync_at is not None and time.monotonic() > self.desync_at:
+        elif a.desync_at is not None and time.monotonic() > a.desync_at:
             self._on_desync()
-        elif time.monotonic() > self.deadline:
+        elif time.monotonic() > a.deadline:
             self._on_timeout()
         else:
             return False
@@ -258,14 +225,15 @@ class GroupRun:
 
     def handle(self, ev: spec.Event) -> None:
         """One event of a rank: a cell starts, fails on a rank, or is measured (its row)."""
+        a = self.a
         if isinstance(ev, spec.Stopped):
-            self.stopped = True
+            a.stopped = True
             return
         p = self.pending.get(ev.cell_id)
         if p is None:
             return
         if isinstance(ev, spec.Start) and ev.repeat == spec.PROFILE_PASS:
-            self.current, self.in_pass = p.spec, True
+            a.current, a.in_pass = p.spec, True
             self._rearm()
             log.info("%s: profile pass of cell %d (%s) started", self.g.label, p.spec.cell_id, p.spec.strategy)
         elif isinstance(ev, spec.Profiled):
@@ -279,34 +247,37 @@ class GroupRun:
 
     def _rearm(self) -> None:
         """The cell timeout counts from now."""
-        self.deadline = time.monotonic() + self.cfg.measurement.cell_timeout_s
+        self.a.rearm(self.cfg.measurement.cell_timeout_s)
 
     def _on_start(self, p: Pending) -> None:
-        self.marks["first_cell"] = self.marks["first_cell"] or time.time()
-        self.current, self.started_any = p.spec, True
+        a = self.a
+        a.marks["first_cell"] = a.marks["first_cell"] or time.time()
+        a.current, a.started_any = p.spec, True
         self._rearm()
         log.info("%s: cell %d (%s %s) started", self.g.label, p.spec.cell_id, p.spec.strategy, p.spec.workload.name)
-        self.on_progress(Progress(kind="start", group=self.g.label, cell=p.spec))
+        self.ctx.report(Progress(kind="start", group=self.g.label, cell=p.spec))
 
     def _on_cell_error(self, p: Pending, ev: spec.Error) -> None:
         # The earliest error is the cause; a peer's later one is usually its consequence. (Across
         # nodes the stamps are each host's wall clock: skew can reorder errors that came within it
         # of each other.)
-        self.errors[p.spec.cell_id] = earliest(self.errors.get(p.spec.cell_id), (ev.t, f"rank {ev.rank}: {ev.reason}"))
-        if self.g.n_procs > 1 and self.desync_at is None:
-            self.desync_at = time.monotonic() + self.grace_s
+        a = self.a
+        a.errors[p.spec.cell_id] = earliest(a.errors.get(p.spec.cell_id), (ev.t, f"rank {ev.rank}: {ev.reason}"))
+        if self.g.n_procs > 1 and a.desync_at is None:
+            a.desync_at = time.monotonic() + self.grace_s
 
     def _on_measured(self, p: Pending, ev: spec.Measured) -> None:
         """A repeat of the cell is in; the cell's row when it was the last (or a rank failed)."""
-        samples = self.telemetry.take()
+        a, telemetry = self.a, self.ctx.telemetry
+        samples = telemetry.take()
         window = ev.ranks[0].window if ev.ranks and ev.ranks[0].window else None
         p.telemetry.append(telemetry_means(samples, p.spec, window) if window else {})
-        self.telemetry.flush()
+        telemetry.flush()
         p.repeats.append(ev.ranks)
-        self.marks["last_cell"] = time.time()
+        a.marks["last_cell"] = time.time()
         p.wall_s += ev.wall_s
         p.repeat_wall_s.append(ev.wall_s)
-        self.current, self.desync_at = None, None
+        a.current, a.desync_at = None, None
         self._rearm()
         failed = any(r.status != "ok" for r in ev.ranks)
         if failed or (p.timed() and not p.awaits_pass):
@@ -314,18 +285,19 @@ class GroupRun:
 
     def _on_profiled(self, p: Pending, ev: spec.Profiled) -> None:
         """The cell's profile pass is in: its row, with a note if the pass failed."""
-        self.telemetry.take()
-        self.telemetry.flush()
-        self.marks["last_cell"] = time.time()  # teardown starts after the last pass
-        self.current, self.desync_at = None, None
+        a = self.a
+        self.ctx.telemetry.take()
+        self.ctx.telemetry.flush()
+        a.marks["last_cell"] = time.time()  # teardown starts after the last pass
+        a.current, a.desync_at = None, None
         self._rearm()
-        self.errors.pop(p.spec.cell_id, None)  # a failed pass is the row's note, not the cell's failure
+        a.errors.pop(p.spec.cell_id, None)  # a failed pass is the row's note, not the cell's failure
         self.finish(p, profile_note=p.merge_profile(ev))
 
     def _on_interrupt(self) -> None:
         """A stop signal: a cell measured just before it is finished (its row must not be lost)."""
         try:
-            for ev in [*self.queue, *self.launch.events.poll()]:
+            for ev in [*self.a.queue, *self.a.launch.events.poll()]:
                 if isinstance(ev, spec.Measured | spec.Profiled):
                     self.handle(ev)
             # every timed repeat in, its profile pass not: the timing is the row
@@ -337,34 +309,35 @@ class GroupRun:
     # --- stopping a launch
 
     def _on_node_lost(self) -> None:
-        self.note(f"{self.g.label} attempt {self.attempt}: " + "; ".join(f"node {r} stopped answering ({w})"
-                                                                       for r, w in sorted(self.lost.items())))
-        self.launch.kill()
+        a = self.a
+        self.note(f"{a.head(self.g.label)}: " + "; ".join(f"node {r} stopped answering ({w})"
+                                                        for r, w in sorted(a.lost.items())))
+        a.launch.kill()
         self.clean = False
 
     def _on_desync(self) -> None:
-        self.note(f"{self.g.label} attempt {self.attempt}: after a rank's error the other ranks had not finished "
+        self.note(f"{self.a.head(self.g.label)}: after a rank's error the other ranks had not finished "
                   f"the cell {self.grace_s:g}s later (desynchronised): group stopped"
                   + ("" if len(self.pending) <= 1 else " and relaunched for its remaining cells"))
-        self.launch.kill()
+        self.a.launch.kill()
         self.clean = False
 
     def _on_timeout(self) -> None:
-        self.timed_out, self.clean = True, False
-        left = self.launch.kill()
+        a = self.a
+        a.timed_out, self.clean = True, False
+        left = a.launch.kill()
         if left:  # ignored SIGTERM: worth knowing, its CPU time skewed the cell
-            self.note(f"{self.g.label} attempt {self.attempt}: killed with SIGKILL after ignoring SIGTERM: "
-                      + ", ".join(left))
+            self.note(f"{a.head(self.g.label)}: killed with SIGKILL after ignoring SIGTERM: " + ", ".join(left))
 
     # --- after a launch
 
     def _settle(self) -> None:
         """Record the launch's start-up, kill what outlived it, and give rows to the cells it
         ended; the cells left run in the next launch."""
-        if self.starts is not None:
-            self.starts.append(startup_record(self.g.label, self.attempt, self.launched, self.marks, Path(self.prefix)))
+        a = self.a
+        self.ctx.starts.append(startup_record(self.g.label, self.attempt, a.launched, a.marks, Path(a.prefix)))
         self._kill_survivors()
-        if self.stopped or (self.launch.returncode == 0 and not self.timed_out):
+        if a.stopped or (a.launch.returncode == 0 and not a.timed_out):
             self._on_ended()
             return
         if not self.pending:
@@ -374,20 +347,21 @@ class GroupRun:
         # relaunch's rounds skip them). Killed before the pass (a hang or crash in another cell's timed
         # repeat): cells already timed wait for the relaunch's pass, and are never the victim.
         done = [p for p in self.pending.values() if p.timed()]
-        if self.in_pass or (done and not self.started_any):
+        if a.in_pass or (done and not a.started_any):
             self._on_pass_broken(done)
-            if self.in_pass or not self.pending:
+            if a.in_pass or not self.pending:
                 return
         self._on_crash()
 
     def _kill_survivors(self) -> None:
         """No process of this launch may outlive it (a rank that lost its agent would run on beside
         the next launch and skew its times): a survivor is killed and named."""
-        head = f"{self.g.label} attempt {self.attempt}"
-        left = self.launch.survivors()
+        a = self.a
+        head = a.head(self.g.label)
+        left = a.launch.survivors()
         if left:
             self.note(f"{head}: still running after torchrun exited, killed: " + ", ".join(left))
-        for r, info in sorted(self.remote.items()):
+        for r, info in sorted(a.remote.items()):
             if info.get("survivors"):
                 self.note(f"{head}: node {r}: still running after torchrun exited, killed: "
                           + ", ".join(info["survivors"]))
@@ -397,7 +371,7 @@ class GroupRun:
         for p in list(self.pending.values()):
             if p.repeats:
                 self.finish(p, profile_note="profile pass not run: "
-                            + ("the time budget's deadline passed" if self.stopped else "the group ended without it")
+                            + ("the time budget's deadline passed" if self.a.stopped else "the group ended without it")
                             if p.awaits_pass and not p.written else "")
             else:
                 self.finish(p, "skipped", "time budget: the run's deadline passed before this cell's turn")
@@ -405,63 +379,63 @@ class GroupRun:
     def _on_pass_broken(self, done: list[Pending]) -> None:
         """The launch was killed or crashed in (or before) the profile pass: the timed cells it hit
         keep their timing, with a note saying why the pass is missing."""
-        why = self._timeout_reason(then="") if self.timed_out else self.launch.crash_reason(self.g.n_procs)
-        if self.launch_notes:
-            why += "; " + "; ".join(self.launch_notes)
-        hit = [p for p in done if self.current is not None and p.spec.cell_id == self.current.cell_id] or done
+        a = self.a
+        why = self._timeout_reason(then="") if a.timed_out else a.launch.crash_reason(self.g.n_procs)
+        if a.notes:
+            why += "; " + "; ".join(a.notes)
+        hit = [p for p in done if a.current is not None and p.spec.cell_id == a.current.cell_id] or done
         for p in hit:
-            err = self.errors.get(p.spec.cell_id)
-            self.finish(p, profile_note=f"profile pass {'did not finish' if self.in_pass else 'did not run'}: "
+            err = a.errors.get(p.spec.cell_id)
+            self.finish(p, profile_note=f"profile pass {'did not finish' if a.in_pass else 'did not run'}: "
                                         f"{err[1] if err else why}")
 
     def _victims(self) -> list[CellSpec]:
         """Who gets the blame: the cell that was running; if none had started, every remaining cell
         (the group itself could not start), so that the group never relaunches forever."""
-        victims = ([self.current] if self.current is not None
-                   else ([] if self.started_any else [p.spec for p in self.pending.values()]))
+        a = self.a
+        victims = ([a.current] if a.current is not None
+                   else ([] if a.started_any else [p.spec for p in self.pending.values()]))
         return victims or [next(iter(self.pending.values())).spec]
 
     def _on_crash(self) -> None:
         """The launch was killed or crashed in a timed repeat: the cell(s) to blame fail with the
         rank's error, the timeout, or the crash's reason; the rest run in the relaunch."""
+        a = self.a
         for v in self._victims():
-            if v.cell_id in self.errors:
-                status, reason = "failed", self.errors[v.cell_id][1]
-            elif self.timed_out:
+            if v.cell_id in a.errors:
+                status, reason = "failed", a.errors[v.cell_id][1]
+            elif a.timed_out:
                 status, reason = "timeout", self._timeout_reason()
             else:
                 status, reason = "failed", self._crash_reason()
-            gone = self.coord.lost() if self.multi else {}
-            if gone and not self.lost:  # seen after the launch ended (its ranks saw only a closed connection)
+            gone = self.nodes.lost()
+            if gone and not a.lost:  # seen after the launch ended (its ranks saw only a closed connection)
                 reason += "; " + "; ".join(f"node {r} stopped answering ({w})" for r, w in sorted(gone.items()))
-            if self.launch_notes:
-                reason += "; " + "; ".join(self.launch_notes)
-            self.telemetry.take()
-            self.telemetry.flush()
+            if a.notes:
+                reason += "; " + "; ".join(a.notes)
+            self.ctx.telemetry.take()
+            self.ctx.telemetry.flush()
             self.finish(self.pending[v.cell_id], status, reason)
 
     def _timeout_reason(self, then: str = "; group relaunched") -> str:
         """Which limit ran out: the cell's, or the start-up's (no cell of the launch had started)."""
-        if self.started_any or self.in_pass:
+        a = self.a
+        if a.started_any or a.in_pass:
             return f"no result within cell_timeout_s={self.cfg.measurement.cell_timeout_s:g}s{then}"
-        return (f"start-up timeout: the process group did not start within startup_timeout_s={self.startup_s:g}s "
+        return (f"start-up timeout: the process group did not start within startup_timeout_s={a.startup_s:g}s "
                 "(torchrun, the ranks' imports, rendezvous and warm-up; raise --startup-timeout on a loaded machine)")
 
     def _crash_reason(self) -> str:
         """The crash as this node saw it; the root cause may be on another node (its rank died;
         this node's peers only saw the connection close), so their own reasons come first."""
-        reason = self.launch.crash_reason(self.g.n_procs)
-        theirs = [f"node {r}: {i['reason']}" for r, i in sorted(self.remote.items()) if i.get("reason")]
+        reason = self.a.launch.crash_reason(self.g.n_procs)
+        theirs = [f"node {r}: {i['reason']}" for r, i in sorted(self.a.remote.items()) if i.get("reason")]
         if theirs:
             reason = "; ".join(theirs) + f"; node 0: {reason}"
         return reason
 
 
-def run_group(g: Group, gid: int | str, cfg: RunConfig, writer: RunWriter, work: Path, telemetry: Telemetry,
-              on_progress: ProgressFn, trace_dir: Path | None, deadline_unix: float | None = None,
-              survivors: list[str] | None = None, coord=None, starts: list[dict[str, Any]] | None = None,
-              kept: dict[int, Pending] | None = None, again: dict[int, Pending] | None = None) -> bool:
+def run_group(g: Group, gid: int | str, ctx: GroupContext, again: dict[int, Pending] | None = None) -> bool:
     """Run one group's cells until each has a row (:class:`GroupRun`); False when a launch of the
-    group had to be killed."""
-    return GroupRun(g, gid, cfg, writer, work, telemetry, on_progress, trace_dir, deadline_unix, survivors,
-                    coord=coord, starts=starts, kept=kept, again=again).run()
+    group had to be killed. ``again``: cells measured before, measured up to their spec's repeats."""
+    return GroupRun(g, gid, ctx, again).run()

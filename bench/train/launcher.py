@@ -24,8 +24,8 @@ while the other nodes follow its commands (:mod:`bench.multinode`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,6 @@ from typing import Any
 from bench.core.errors import UserError
 from bench.core.settings import RunConfig
 from bench.core.values import parse_duration
-from bench.measure.telemetry import start_samplers
 from bench.multinode import plan_digest
 from bench.multinode.follow import follow
 from bench.multinode.nodes import Coordinator
@@ -42,13 +41,14 @@ from bench.plan.budget import Pacer, budget_plan, start_cost
 from bench.plan.matrix import Planned, group, plan, runnable
 from bench.results.folder import check_out
 from bench.results.rows import failure_row
-from bench.results.store import RunWriter, write_error, write_meta
+from bench.results.session import RUNNING, Fields, RunSession, Samplers
+from bench.results.store import RunWriter, write_error
 from bench.runtime import signals
 from bench.runtime.process import become_subreaper
 from bench.train.adaptive import RESERVE, decide
-from bench.train.group import WORKER, Progress, ProgressFn, run_group
-from bench.train.pending import Pending
-from bench.train.run_folder import Telemetry, earlier_starts, finish_meta, open_run
+from bench.train.context import GroupContext, Progress, ProgressFn, RunPlan
+from bench.train.group import WORKER, run_group
+from bench.train.run_folder import Telemetry, earlier_starts, open_run
 
 
 def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, resume: Path | None = None) -> Path:
@@ -82,61 +82,62 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
         if coord is not None:
             coord.close("failed")
         raise
-    try:
-        _record(cfg, [p for p in cells if p.spec.cell_id not in done], writer, work, on_progress, coord=coord,
-                described={n: w.description for n, w in wls.items()}, plan_text=plan_text, budget_s=budget_s,
-                extra=_meta_extra(run_dir, resume, done, invoked, coord))
-    except KeyboardInterrupt as e:
-        e.run_dir = run_dir  # type: ignore[attr-defined]  # the command's message names the folder to resume
-        raise
-    finally:
-        writer.close()
+    todo = RunPlan(cells=[p for p in cells if p.spec.cell_id not in done],
+                   described={n: w.description for n, w in wls.items()}, text=plan_text, budget_s=budget_s)
+    _record(cfg, todo, writer, work, on_progress or (lambda _p: None), coord,
+            _meta_extra(run_dir, resume, done, invoked, coord))
     return run_dir
 
 
-def _record(cfg: RunConfig, cells: list[Planned], writer: RunWriter, work: Path, on_progress: ProgressFn | None, *,
-            coord, described: dict[str, str], plan_text: str, budget_s: float | None, extra: dict[str, Any]) -> None:
-    """Run the cells into the open run folder: meta.json, the telemetry, every group, the final
-    meta.json, then one part per table. A write that fails (a full disk) stops it with one line;
-    the rows already written stay."""
+def _record(cfg: RunConfig, todo: RunPlan, writer: RunWriter, work: Path, report: ProgressFn,
+            coord: Coordinator | None, extra: dict[str, Any]) -> None:
+    """Run the cells into the open run folder (:class:`bench.results.session.RunSession`):
+    meta.json, the telemetry, every group, the final meta.json, then one part per table. A write
+    that fails (a full disk) stops it with one line; the rows already written stay. The session
+    ends however the run does: the writer is closed and, on several nodes, the other nodes told."""
     run_dir = writer.dir
-    if coord is not None:
-        coord.accept(run_dir)
-    become_subreaper()
-    trace_dir = run_dir / "traces" if cfg.profiling.trace else None
-    if trace_dir:
-        try:
-            trace_dir.mkdir(exist_ok=True)
-        except OSError as e:
-            raise write_error(trace_dir, e, run_dir) from None
-    write_meta(run_dir, cfg.to_dict(), workloads=described, plan=plan_text, status="running", **extra)
-
-    sampler, notes = start_samplers(cfg.profiling.sample_hz, gpu=cfg.matrix.device == "cuda")
-    telemetry = Telemetry(sampler, writer, remote=coord.samples if coord is not None else None)
     survivors: list[str] = []
-    status = "failed"  # what meta.json says if something unforeseen stops the run
-    try:
-        _run_groups(cfg, cells, writer, work, telemetry, on_progress or (lambda _p: None), trace_dir=trace_dir,
-                    plan_text=plan_text, budget_s=budget_s, survivors=survivors, coord=coord,
-                    starts=extra["group_starts"], meta=extra)
-        status = "complete"
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM / SIGHUP (Interrupted, which carries its signal)
-        status = f"interrupted by {signal.Signals(getattr(e, 'signum', signal.SIGINT)).name}"
-        raise
-    except UserError as e:
-        status = f"stopped: {e}"
-        raise
-    finally:
-        problem = finish_meta(run_dir, cfg, sampler, notes, telemetry, described=described, plan=plan_text,
-                              status=status, survivors=survivors, **extra)
-        if coord is not None:
-            coord.close(status)
-    if problem:  # the run itself completed, but its last samples or its meta.json could not be written
-        raise UserError(problem)
+    session = RunSession(run_dir, cfg.to_dict(), writer=writer,
+                         samplers=Samplers(cfg.profiling.sample_hz, cfg.matrix.device == "cuda"))
+    session.fields = _meta_fields(cfg, todo, session, survivors, extra)
+    if coord is not None:
+        session.at_end(coord.close)
     # One part per table from here on (reading a long run's thousands of parts costs seconds);
     # only after a complete run: an interrupted one keeps its parts for --resume.
     if not os.environ.get("PARBENCH_KEEP_PARTS"):
-        writer.compact()
+        session.after_complete(writer.compact)
+    with session:
+        if coord is not None:
+            coord.accept(run_dir)
+        become_subreaper()
+        trace_dir = run_dir / "traces" if cfg.profiling.trace else None
+        if trace_dir:
+            try:
+                trace_dir.mkdir(exist_ok=True)
+            except OSError as e:
+                raise write_error(trace_dir, e, run_dir) from None
+        session.begin()
+        telemetry = Telemetry(session.sampler, writer, remote=coord.samples if coord is not None else None)
+        session.drain = telemetry.last
+        ctx = GroupContext(cfg=cfg, writer=writer, work=work, telemetry=telemetry, report=report,
+                           trace_dir=trace_dir, survivors=survivors, starts=extra["group_starts"], coord=coord)
+        _run_groups(todo, ctx, extra)
+
+
+def _meta_fields(cfg: RunConfig, todo: RunPlan, session: RunSession, survivors: list[str],
+                 extra: dict[str, Any]) -> Fields:
+    """meta.json's training fields: the workloads, the budget's plan and ``extra``
+    (:func:`_meta_extra`); once the run ended, also the telemetry's notes and ticks and the notes on
+    processes that outlived their launch."""
+
+    def fields(status: str) -> dict[str, Any]:
+        if status == RUNNING:
+            return {"workloads": todo.described, "plan": todo.text, **extra}
+        ticks = session.sampler.ticks if session.sampler is not None else 0
+        return {"workloads": todo.described, "telemetry": session.notes, "sample_hz": cfg.profiling.sample_hz,
+                "sampler_ticks": ticks, "plan": todo.text, "survivors": survivors, **extra}
+
+    return fields
 
 
 def adaptive(cfg: RunConfig) -> bool:
@@ -174,24 +175,23 @@ def _meta_extra(run_dir: Path, resume: Path | None, done: set[int], invoked: flo
     return extra
 
 
-def _run_groups(cfg: RunConfig, cells: list[Planned], writer: RunWriter, work: Path, telemetry: Telemetry,
-                report: ProgressFn, *, trace_dir: Path | None, plan_text: str, budget_s: float | None,
-                survivors: list[str], coord, starts: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+def _run_groups(todo: RunPlan, ctx: GroupContext, meta: dict[str, Any]) -> None:
     """The skipped cells' rows, then every group in turn; under a budget, a group that cannot start
     before the deadline is skipped, and the pacer re-plans each group's time cap. Then, when the run
     is adaptive, the rounds for the decisions still open (recorded in ``meta`` as ``adaptive``)."""
+    cfg, writer, report, cells, budget_s = ctx.cfg, ctx.writer, ctx.report, todo.cells, todo.budget_s
     writer.append("cells", [failure_row(p.spec, status="skipped", reason=p.reason)
                             for p in cells if p.reason is not None])
     groups = group(cells)
     report(Progress(kind="plan", group="", n=runnable(cells)))
-    if plan_text:
-        report(Progress(kind="note", group="", text=plan_text))
+    if todo.text:
+        report(Progress(kind="note", group="", text=todo.text))
     deadline = time.time() + budget_s if budget_s else None
+    ctx = dataclasses.replace(ctx, deadline=deadline)
     # the screening pass paces itself to leave the adaptive rounds their share
     screen_end = deadline - RESERVE * budget_s if deadline is not None and adaptive(cfg) else deadline
     pacer = (Pacer(cfg, groups) if budget_s and cfg.nodes.nnodes == 1
              and "time_cap_s" not in cfg.budget.pinned else None)
-    kept: dict[int, Pending] = {}
     for gid, g in enumerate(groups):
         if pacer is not None:
             g = pacer.next_group(gid, screen_end - time.time())
@@ -203,11 +203,8 @@ def _run_groups(cfg: RunConfig, cells: list[Planned], writer: RunWriter, work: P
                 report(Progress(kind="done", group=g.label, cell=c, status="skipped"))
             continue
         report(Progress(kind="group", group=g.label, n=len(g.cells)))
-        clean = run_group(g, gid, cfg, writer, work, telemetry, report, trace_dir, deadline, survivors,
-                          coord=coord, starts=starts, kept=kept)
+        clean = run_group(g, gid, ctx)
         if pacer is not None:
             pacer.group_done(screen_end - time.time(), clean=clean is not False)
     if deadline is not None and adaptive(cfg):
-        rounds = decide(cfg, kept, writer, work, telemetry, report, deadline=deadline, trace_dir=trace_dir,
-                        survivors=survivors, starts=starts)
-        meta["adaptive"] = rounds
+        meta["adaptive"] = decide(ctx)

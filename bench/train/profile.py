@@ -13,6 +13,8 @@ import statistics
 import tempfile
 import time
 import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,23 @@ from bench.train.events import one_line
 from bench.train.timed import CHUNK, past_deadline
 
 
+@dataclass(frozen=True)
+class Built:
+    """A built cell as its profiled passes run it: its step, the batches it steps through, the cell,
+    the device and the cell's backend."""
+
+    step: Any
+    batches: Sequence[Any]
+    cell: CellSpec
+    device: torch.device
+    backend: backends.Backend
+
+    def run(self, k: int) -> None:
+        """Step ``k`` of a pass, on the batch the timed steps' order gives it after the warm-up."""
+        m = self.cell.measure
+        self.step.run(self.batches[(m.warmup + k % m.steps) % len(self.batches)])
+
+
 def activities(device: torch.device, backend: backends.Backend, *, timing: bool) -> list[ProfilerActivity]:
     """What a profiled pass records. The timing pass records the least that still shows the step's
     communication: GPU activity alone where the backend communicates in kernels (NCCL), since host
@@ -44,8 +63,7 @@ def activities(device: torch.device, backend: backends.Backend, *, timing: bool)
     return [ProfilerActivity.CPU, ProfilerActivity.CUDA]
 
 
-def profile_steps(step, batches, cell: CellSpec, device: torch.device, trace_path: Path | None, *,
-                  n: int, acts: list[ProfilerActivity], shapes: bool = False,
+def profile_steps(b: Built, trace_path: Path | None, *, n: int, acts: list[ProfilerActivity], shapes: bool = False,
                   drain: bool | None = None) -> dict[str, Any]:
     """Run ``n`` steps under torch.profiler recording ``acts`` (with the ops' input shapes when
     ``shapes``), after one profiled step whose events are discarded; returns the Chrome trace of
@@ -57,7 +75,7 @@ def profile_steps(step, batches, cell: CellSpec, device: torch.device, trace_pat
     timed steps do; any other pass (or one told ``drain``) enters its ``n`` steps with the ranks
     together and the device drained, so that its window (first to last event) holds those steps
     and nothing before."""
-    m = cell.measure
+    device = b.device
     cuda = device.type == "cuda"
     mark = (lambda: torch.cuda._sleep(0)) if cuda else (lambda: None)
     if drain is None:
@@ -73,7 +91,7 @@ def profile_steps(step, batches, cell: CellSpec, device: torch.device, trace_pat
         for k in range(n + 1):
             with record_function("parbench_step"):
                 mark()
-                step.run(batches[(m.warmup + k % m.steps) % len(batches)])
+                b.run(k)
                 mark()
             if k == 0 and drain:
                 if cuda:
@@ -94,19 +112,18 @@ def profile_steps(step, batches, cell: CellSpec, device: torch.device, trace_pat
             path.unlink(missing_ok=True)
 
 
-def unprofiled_steps(step, batches, cell: CellSpec, device: torch.device, n: int) -> float:
+def unprofiled_steps(b: Built, n: int) -> float:
     """The median of ``n`` steps run as the profiled ones are (the same batches, back to back after
     the ranks meet) but without the profiler, timed as the timed steps are (CUDA events on the
     step's stream; the host clock on CPU). They settle the rebuilt cell further before anything is
     profiled; far from the timed median, the pass was still settling when they ran, or the cell
     built again steps at another speed (see :func:`profile_cell`)."""
-    m = cell.measure
-    timer = StepTimer(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    timer = StepTimer(b.device)
+    if b.device.type == "cuda":
+        torch.cuda.synchronize(b.device)
     dist.barrier()
     for k in range(n):
-        timer.time(lambda k=k: step.run(batches[(m.warmup + (k + 1) % m.steps) % len(batches)]))
+        timer.time(lambda k=k: b.run(k + 1))
     return statistics.median(timer.times())
 
 
@@ -128,22 +145,21 @@ CHECK_STEPS = CHUNK
 Kept = tuple[float, float, dict[str, Any]]
 
 
-def timing_pass(step, batches, cell: CellSpec, device: torch.device, backend: backends.Backend,
-                n: int, plain: float | None = None) -> tuple[float, dict[str, Any]]:
+def timing_pass(b: Built, n: int, plain: float | None = None) -> tuple[float, dict[str, Any]]:
     """One timing pass: ``n`` unprofiled steps (their median; ``plain`` when the caller has just
     timed them), then ``n`` steps profiled with :func:`activities` (the Chrome trace)."""
     if plain is None:
-        plain = unprofiled_steps(step, batches, cell, device, n)
-    acts = activities(device, backend, timing=True)
-    timing = profile_steps(step, batches, cell, device, None, n=n, acts=acts)
+        plain = unprofiled_steps(b, n)
+    acts = activities(b.device, b.backend, timing=True)
+    timing = profile_steps(b, None, n=n, acts=acts)
     if acts == [ProfilerActivity.CUDA] and not has_gpu_events(timing):
         # Some builds record no kernels in a GPU-only session: the host side as well, then.
         both = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
-        timing = profile_steps(step, batches, cell, device, None, n=n, acts=both)
+        timing = profile_steps(b, None, n=n, acts=both)
     elif acts == [ProfilerActivity.CUDA] and not has_markers(timing, n):
         # Without its step markers a back-to-back trace has no steps to cut (the warm-up's last
         # kernels run into the first): again from a drained device, read first to last kernel.
-        timing = profile_steps(step, batches, cell, device, None, n=n, acts=acts, drain=True)
+        timing = profile_steps(b, None, n=n, acts=acts, drain=True)
     return plain, timing
 
 
@@ -162,8 +178,7 @@ def close(kept: Kept | None) -> bool:
     return kept is not None and kept[0] <= BREAKDOWN_GAP_MAX
 
 
-def timing_passes(step, batches, cell: CellSpec, plan: GroupPlan, device: torch.device, backend: backends.Backend,
-                  n: int, target_s: float | None, kept: Kept | None = None,
+def timing_passes(b: Built, plan: GroupPlan, n: int, target_s: float | None, kept: Kept | None = None,
                   plain: float | None = None) -> tuple[Kept | None, int]:
     """Timing passes on this build until one is :func:`close` (or PROFILE_PASSES ran, or the run's
     deadline passed after the first): the closest of them and of ``kept`` (a former build's), and
@@ -172,9 +187,9 @@ def timing_passes(step, batches, cell: CellSpec, plan: GroupPlan, device: torch.
     one pass."""
     passes = 0
     while passes < PROFILE_PASSES and not (passes and (close(kept) or past_deadline(plan.deadline_unix))):
-        plain, timing = timing_pass(step, batches, cell, device, backend, n, plain if not passes else None)
+        plain, timing = timing_pass(b, n, plain if not passes else None)
         passes += 1
-        span = analyze_trace(timing, device.type, n, backend)[0].get("profiled_step_s")
+        span = analyze_trace(timing, b.device.type, n, b.backend)[0].get("profiled_step_s")
         gap = gap_over_ranks(span, target_s)
         if gap is None:  # no timed median, or a rank without a profiled step: nothing to hold it to
             return kept or (0.0, plain, timing), passes
@@ -183,8 +198,7 @@ def timing_passes(step, batches, cell: CellSpec, plan: GroupPlan, device: torch.
     return kept, passes
 
 
-def profile_into(out: RankMeasurement, step, batches, cell: CellSpec, plan: GroupPlan, device: torch.device,
-                 backend: backends.Backend, *, n: int, full: bool, target_s: float | None = None,
+def profile_into(out: RankMeasurement, b: Built, plan: GroupPlan, *, n: int, full: bool, target_s: float | None = None,
                  kept: Kept | None = None, passes: int = 0) -> None:
     """``n`` profiled steps into ``out``: the communication per step (the distribution check's
     evidence) always; with ``full``, the breakdown and the collectives' durations from the closest
@@ -199,14 +213,15 @@ def profile_into(out: RankMeasurement, step, batches, cell: CellSpec, plan: Grou
     BREAKDOWN_GAP_MAX from the timed median (over ranks, as the cell's ``breakdown_gap``), and
     ``profile_passes`` says how many ran. Without a timed median (a relaunch that runs only the
     group's profile passes), one pass; past the run's deadline, no further one."""
+    cell, device, backend = b.cell, b.device, b.backend
     base = Path(plan.trace_dir) / f"cell{cell.cell_id}-rank{out.rank}" if plan.trace_dir and full else None
     # Input shapes cost the launching thread time on every op; only a host-side backend's byte
     # counts need them, a kernel backend's come with its own records (record_param_comms).
     shapes = not backend.comm_in_kernels()
     if full and not passes:
-        kept, passes = timing_passes(step, batches, cell, plan, device, backend, n, target_s)
-    records = profile_steps(step, batches, cell, device, base and base.with_suffix(".json"), n=n,
-                            acts=activities(device, backend, timing=False), shapes=shapes)
+        kept, passes = timing_passes(b, plan, n, target_s)
+    records = profile_steps(b, base and base.with_suffix(".json"), n=n, acts=activities(device, backend, timing=False),
+                            shapes=shapes)
     if full and kept is not None:
         _, plain, timing = kept
         if base is not None:
@@ -259,24 +274,24 @@ def profile_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, warmup: int,
             _, device, batches, step, _ = build(cell, local_rank, out)
             for k in range(max(warmup, 1)):
                 step.run(batches[k % len(batches)])
+            b = Built(step, batches, cell, device, be)
             last = target_s is None or builds == PROFILE_BUILDS
             plain = None
             if not last:
-                plain = unprofiled_steps(step, batches, cell, device, max(n, CHECK_STEPS))
+                plain = unprofiled_steps(b, max(n, CHECK_STEPS))
                 gap = gap_over_ranks(plain, target_s)
                 last = gap is None or past_deadline(plan.deadline_unix)
                 if not last and abs(gap) > BREAKDOWN_GAP_MAX:
-                    step = batches = None  # this build steps at another speed: build it again
+                    step = batches = b = None  # this build steps at another speed: build it again
                     release(cell)
                     continue
-            kept, more = timing_passes(step, batches, cell, plan, device, be, n, target_s, kept, plain)
+            kept, more = timing_passes(b, plan, n, target_s, kept, plain)
             passes += more
             if last or close(kept) or past_deadline(plan.deadline_unix):
                 break
-            step = batches = None  # every pass on this build was off: build it again
+            step = batches = b = None  # every pass on this build was off: build it again
             release(cell)
-        profile_into(out, step, batches, cell, plan, device, be, n=n, full=True, target_s=target_s,
-                     kept=kept, passes=passes)
+        profile_into(out, b, plan, n=n, full=True, target_s=target_s, kept=kept, passes=passes)
         if out.breakdown:
             out.breakdown["profile_builds"] = builds
     except Exception as e:  # noqa: BLE001 - a failed pass leaves the cell's timing alone
@@ -284,7 +299,7 @@ def profile_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, warmup: int,
         if os.environ.get("PARBENCH_DEBUG"):
             traceback.print_exc()
     finally:
-        step = None
+        step = b = None
         release(cell)
     out.profile_s = time.perf_counter() - tp
     return out

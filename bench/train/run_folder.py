@@ -1,14 +1,13 @@
-"""A training run's folder: opened new or for a resume, its telemetry samples, each launch's
-start-up record and the final ``meta.json``.
+"""A training run's folder: opened new or for a resume, its telemetry samples and each launch's
+start-up record.
 
-The rows themselves are :mod:`bench.results.store`'s; this module holds what the launcher writes
-beside them.
+The rows themselves are :mod:`bench.results.store`'s, meta.json's life is the run's
+:class:`bench.results.session.RunSession`; this module holds what the launcher writes beside them.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -18,9 +17,7 @@ from bench.core.errors import UserError
 from bench.core.metrics import Metric
 from bench.core.settings import RunConfig
 from bench.results.folder import check_out, finished_cells, set_aside_orphans
-from bench.results.store import RunWriter, cell_columns, new_run_id, os_reason, write_meta
-
-log = logging.getLogger("parbench")
+from bench.results.store import RunWriter, cell_columns, new_run_id, os_reason
 
 
 def open_run(cfg: RunConfig, metrics: list[Metric], resume: Path | None) -> tuple[Path, RunWriter, Path, set[int]]:
@@ -82,6 +79,11 @@ class Telemetry:
         self.writer.append("samples", self.pending)
         self.pending = []
 
+    def last(self) -> None:
+        """The rows left once the sampler stopped (and the other nodes' last), to the samples table."""
+        self.take()
+        self.flush()
+
 
 def startup_record(label: str, attempt: int, launched: float, marks: dict[str, float | None],
                    prefix: Path) -> dict[str, Any]:
@@ -112,28 +114,3 @@ def startup_record(label: str, attempt: int, launched: float, marks: dict[str, f
     if marks.get("last_cell") is not None and marks.get("exited") is not None:
         rec["teardown_s"] = round(float(marks["exited"]) - float(marks["last_cell"]), 3)  # type: ignore[arg-type]
     return rec
-
-
-def finish_meta(run_dir: Path, cfg: RunConfig, sampler, notes: dict, telemetry: Telemetry, **more: Any) -> str | None:
-    """Stop the sampler and write the final meta.json. Never raises: what could not be written (a
-    full disk) is returned, for the caller to raise when nothing else stopped the run already (an
-    error that stopped it comes first, and alone)."""
-    problem = None
-    try:
-        if sampler is not None:
-            sampler.stop()
-            notes.update(sampler.notes())
-            telemetry.take()
-            telemetry.flush()
-    except (OSError, UserError) as e:
-        problem = str(e)
-        log.debug("samples of the last cell not written: %s", e)
-    described = more.pop("described")
-    try:
-        write_meta(run_dir, cfg.to_dict(), workloads=described, telemetry=notes, sample_hz=cfg.profiling.sample_hz,
-                   sampler_ticks=sampler.ticks if sampler else 0, interrupted=more["status"].startswith("interr"),
-                   **more)
-    except (OSError, UserError) as e:
-        problem = problem or str(e)
-        log.debug("meta.json not updated: %s", e)
-    return problem

@@ -38,7 +38,7 @@ from bench.multinode.netinfo import placement
 from bench.stats.steps import slowest_steps, timed_median
 from bench.train.cell import PLACE, build, local_numel, release
 from bench.train.events import Events, one_line, process_start, write_error, write_startup
-from bench.train.profile import profile_cell, profile_into
+from bench.train.profile import Built, profile_cell, profile_into
 from bench.train.rounds import rounds
 from bench.train.timed import Steps, agreed, measure, past_deadline
 from bench.train.watchdog import start_watchdog
@@ -81,8 +81,8 @@ def _first_repeat(out: RankMeasurement, step, batches, cell: CellSpec, plan: Gro
     here = m.profile_steps > 0 and not deferred(cell)
     # The timed median this repeat's row will show (the slowest rank's step, every rank agreeing).
     target = timed_median([agreed(out.times, backend, device)[0]]) if here else None
-    profile_into(out, step, batches, cell, plan, device, backend, n=m.profile_steps if here else 1, full=here,
-                 target_s=target)
+    profile_into(out, Built(step, batches, cell, device, backend), plan, n=m.profile_steps if here else 1,
+                 full=here, target_s=target)
     out.profile_s = time.perf_counter() - tp
     out.param_numel = local_numel(step.optimizer)
     if step.finish is not None:

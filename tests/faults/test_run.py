@@ -124,10 +124,10 @@ def _two_rows_then(writer_fault):
     ``writer_fault(writer)`` runs."""
     from bench.results.rows import failure_row
 
-    def run_groups(cfg, cells, writer, *a, **kw):
-        for p in cells:
-            writer.append("cells", [failure_row(p.spec, status="skipped", reason="stand-in")])
-        writer_fault(writer)
+    def run_groups(todo, ctx, *a, **kw):
+        for p in todo.cells:
+            ctx.writer.append("cells", [failure_row(p.spec, status="skipped", reason="stand-in")])
+        writer_fault(ctx.writer)
 
     return run_groups
 

@@ -3,12 +3,14 @@ left, when a run is adaptive, and how a cell's later row supersedes its earlier 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 import pytest
 
 from bench.core.config import build_config
 from bench.core.spec import CellSpec, Measure, RankMeasurement, WorkloadFacts
-from bench.decide.recommend import Pick
+from bench.decide.decision import Decision, DecisionKind
 from bench.plan.budget import GROUP_START_S
 from bench.results.store import RunWriter, latest_rows, read_table
 from bench.train.adaptive import MIN_CAP_S, ROUND_REPEATS, Ask, asks, fit, launch_cost, round_cap
@@ -30,16 +32,16 @@ def pending(cid: int, strategy: str, n_procs: int, repeats: int = 1, wall: float
     return Pending(spec=spec(cid, strategy, n_procs), repeats=[[]] * repeats, repeat_wall_s=[wall] * repeats)
 
 
-def open_pick(cells: tuple[int, ...], need: int | None = 3, launch_bound: bool = False, ws: int = 2) -> Pick:
-    return Pick(workload="gpt", backend="nccl", world_size=ws, winner="ddp", step_ms=50.0, runner_up=None, margin=None,
-                significant=None, why="", candidates=2, excluded="", use="ddp", decision="library", resolved=False,
-                open_cells=cells, repeats_needed=need, launch_bound=launch_bound)
+def open_pick(cells: tuple[int, ...], need: int | None = 3, launch_bound: bool = False, ws: int = 2) -> Decision:
+    return Decision(workload="gpt", backend="nccl", world_size=ws, winner="ddp", step_ms=50.0, runner_up=None,
+                    candidates=2, use="ddp", kind=DecisionKind.LIBRARY, resolved=False, open_cells=cells,
+                    repeats_needed=need, launch_bound=launch_bound)
 
 
 def test_asks_take_open_decisions_that_repeats_can_close():
     kept = {0: pending(0, "single", 1), 1: pending(1, "ddp", 2), 2: pending(2, "fsdp", 2, repeats=3)}
     picks = [open_pick((1, 0)), open_pick((1, 2), need=None),  # more repeats than worth it: left alone
-             Pick(**{**open_pick((0,)).__dict__, "resolved": True})]
+             dataclasses.replace(open_pick((0,)), resolved=True)]
     (a,) = asks(picks, kept)
     assert a.targets == {1: 3, 0: 3}  # from one repeat to the 3 an interval from repeats needs
     assert a.cost() == pytest.approx(2 * 4.0 + 2 * 4.0)

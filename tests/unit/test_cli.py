@@ -49,14 +49,13 @@ def _fake_groups(monkeypatch, seen: list[int], stop_after: int | None = None):
     from bench.runtime.signals import Interrupted
     from bench.train import launcher as launch
 
-    def fake(g, gid, cfg, writer, *a, **k):
-        if k.get("starts") is not None:
-            k["starts"].append({"group": g.label, "attempt": 1, "fake": True})
+    def fake(g, gid, ctx, again=None):
+        ctx.starts.append({"group": g.label, "attempt": 1, "fake": True})
         for c in g.cells:
             if stop_after is not None and len(seen) >= stop_after:
                 raise Interrupted(_signal.SIGTERM)
             seen.append(c.cell_id)
-            writer.add(failure_row(c, status="failed", reason="fake"))
+            ctx.writer.add(failure_row(c, status="failed", reason="fake"))
 
     monkeypatch.setattr(launch, "run_group", fake)
 
@@ -111,9 +110,8 @@ def test_disk_full_mid_run_stops_with_one_line_and_keeps_finished_cells(tmp_path
 
     written: list[int] = []
 
-    def fake(g, gid, cfg, writer, *a, **k):
-        if k.get("starts") is not None:
-            k["starts"].append({"group": g.label, "attempt": 1, "fake": True})
+    def fake(g, gid, ctx, again=None):
+        ctx.starts.append({"group": g.label, "attempt": 1, "fake": True})
         for c in g.cells:
             if written:
                 def full(table, where, *a, **k):
@@ -121,7 +119,7 @@ def test_disk_full_mid_run_stops_with_one_line_and_keeps_finished_cells(tmp_path
                     raise OSError(errno.ENOSPC, "No space left on device")
 
                 monkeypatch.setattr(pq, "write_table", full)
-            writer.add(failure_row(c, status="failed", reason="fake"))
+            ctx.writer.add(failure_row(c, status="failed", reason="fake"))
             written.append(c.cell_id)
 
     monkeypatch.setattr(launch, "run_group", fake)

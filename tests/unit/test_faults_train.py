@@ -193,6 +193,7 @@ class FakeLaunch:
 def _group_run(tmp_path, monkeypatch, script, **timeouts):
     from bench.plan.matrix import group, plan
     from bench.train import group as grp
+    from bench.train.context import GroupContext
     from bench.train.run_folder import Telemetry
 
     cfg = build_config(toml=None, flags={"device": "cpu", "workloads": "mlp", "strategies": "single",
@@ -203,8 +204,8 @@ def _group_run(tmp_path, monkeypatch, script, **timeouts):
     launches: list[FakeLaunch] = []
     monkeypatch.setattr(FakeLaunch, "SCRIPT", [(t, Start(cell_id=g.cells[0].cell_id, t=0.0)) for t in script])
     monkeypatch.setattr(grp, "Launch", lambda *a, **kw: launches.append(FakeLaunch(*a, **kw)) or launches[-1])
-    grp.GroupRun(g, 0, cfg, writer, tmp_path / "run" / "work", Telemetry(None, writer), lambda _p: None,
-                 None).run()
+    ctx = GroupContext(cfg=cfg, writer=writer, work=tmp_path / "run" / "work", telemetry=Telemetry(None, writer))
+    grp.GroupRun(g, 0, ctx).run()
     row = read_table(tmp_path / "run", "cells").iloc[0]
     return row, launches[0], json.loads((tmp_path / "run" / "work" / "g0-a1.json").read_text())
 
