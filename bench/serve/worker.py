@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from bench.measure.nvml import EnergyMeter
+from bench.serve.models import ServeModel, kv_run, next_token, padded_length, resolve_precision, run_grouped, run_padded
 from bench.serve.wire import pack, unpack
 from bench.workloads import resolve
 
@@ -99,8 +101,6 @@ def _exit_with_launcher() -> None:
 
 class _Worker:
     def __init__(self, spec: WorkerSpec, own_q: Any, shared_q: Any, next_q: Any, result_q: Any):
-        from bench.serve.models import ServeModel, resolve_precision
-
         self.spec, self.own_q, self.shared_q, self.next_q, self.result_q = spec, own_q, shared_q, next_q, result_q
         self.device = torch.device(spec.devices[0])
         if self.device.type == "cpu":
@@ -129,16 +129,12 @@ class _Worker:
             if spec.role == "dp" and self.device.type == "cuda":
                 ids = [torch.device(d).index for d in spec.devices]
                 self.fn = torch.nn.DataParallel(self.fn, device_ids=ids, output_device=ids[0])
-        from bench.measure.nvml import EnergyMeter
-
         self.energy = EnergyMeter([torch.device(d).index for d in spec.devices]) \
             if self.device.type == "cuda" else None
 
     # --- computing ---------------------------------------------------------------------------
     @torch.no_grad()
     def _answer(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        from bench.serve.models import run_grouped
-
         return run_grouped(self.fn, inputs, self.device, self.dtype, pad=self._pads, pad_limit=self.sm.max_size)
 
     @property
@@ -215,8 +211,6 @@ class _Worker:
     def _warm_padded(self, inputs: list[torch.Tensor], k: int) -> None:
         """Run each (rows, padded length) a dynamic batch of these prompts can make: 2..k rows at
         each length :func:`bench.serve.models.padded_length` gives their sizes."""
-        from bench.serve.models import padded_length, run_padded
-
         longest = {padded_length(int(x.shape[1]), self.sm.max_size): x for x in inputs}
         for _, x in sorted(longest.items()):
             for rows in range(2, k + 1):
@@ -332,8 +326,6 @@ class _Worker:
     def _gen_pass(self, msg: tuple) -> bool:
         """One pass of a generating micro-batch through this stage's pieces; returns whether it was
         the prefill (the pass that counts the requests as served by this stage)."""
-        from bench.serve.models import kv_run, next_token
-
         _, metas, x, key, start, toks = msg  # x and toks[i] as wire.pack made them (x: a tensor at stage 0)
         final = len(toks) + 1 == self.sm.gen_tokens  # this pass makes the last token
         if final and self.spec.stage == 0:
