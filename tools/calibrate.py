@@ -74,12 +74,14 @@ def shipped_defaults() -> dict[str, object]:
     return dict(require_repeats=require_repeats, test=test, threshold=threshold)
 
 
-def gate(base: tuple, cur: tuple, threshold: float, single_run: bool = False, **kw) -> pd.DataFrame:
+def gate(base: tuple, cur: tuple, threshold: float, single_run: bool = False,
+         base_samples: dict | None = None) -> pd.DataFrame:
     """``compare`` of two (cells, steps, meta) runs as ``parbench compare`` does it by default, or
-    with ``--single-run`` when ``single_run``."""
+    with ``--single-run`` when ``single_run``; ``base_samples`` (a history's per-run medians) stand
+    in for BASE's steps."""
     d = shipped_defaults()
-    return compare(Side(*base), Side(*cur), Gate(threshold=threshold, test=d["test"],
-                                                 require_repeats=bool(d["require_repeats"]) and not single_run, **kw))
+    rule = Gate(threshold=threshold, test=d["test"], require_repeats=bool(d["require_repeats"]) and not single_run)
+    return compare(Side(*base, samples=base_samples), Side(*cur), rule)
 
 
 def _synthetic_run(draws: list[list[np.ndarray]]) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
