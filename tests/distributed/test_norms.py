@@ -11,7 +11,7 @@ from bench.decide.recommend import candidates
 from bench.results.run import load_run
 from bench.train import launcher as launch
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.long]  # a run of its own: two models x two strategies
 
 
 def test_groupnorm_passes_and_batchnorm_is_named(tmp_path):

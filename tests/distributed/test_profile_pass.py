@@ -114,7 +114,8 @@ def test_a_one_rank_cell_records_no_communication(tmp_path):
     assert int(ddp.loc[2, "cell_id"]) in set(comm["cell_id"])
 
 
-@pytest.mark.parametrize("profile_at", ["end", pytest.param("inline", marks=pytest.mark.long)])
+@pytest.mark.long  # a run of its own per placement (about 24 s on 2 cores)
+@pytest.mark.parametrize("profile_at", ["end", "inline"])
 def test_a_profile_pass_far_from_the_timed_step_runs_again(tmp_path, profile_at):
     """The profiler slows one cell's first timing pass by 0.25 s a step and another's every pass:
     the first runs a second pass and keeps it (its breakdown describes the timed step), the second
@@ -141,6 +142,7 @@ def test_a_profile_pass_far_from_the_timed_step_runs_again(tmp_path, profile_at)
     assert 1 <= by.loc["ddp", "profile_passes"] <= most
 
 
+@pytest.mark.long  # a run of its own, built twice (about 40 s on 2 cores)
 def test_a_profile_build_off_the_timed_step_is_built_again(tmp_path):
     """One cell's build for its profile pass steps 0.1 s slower than its timed repeat's, another's
     every later build does, and a third's first profiling build is slowed 0.25 s a step under the
