@@ -108,9 +108,10 @@ def _resolve_user(spec: str, kw: dict, dims: dict[str, int], doing: Callable[[st
 def planned(spec: str, dims: dict[str, int], *, seed: int, global_batch: int | None,
             timeout_s: float) -> tuple[Workload, WorkloadFacts]:
     """The workload ``spec`` and what the planner records of it (:meth:`Workload.facts`). A user's
-    workload runs its code here (its import, its factory, its model built on the meta device), in
-    a thread given ``timeout_s``: a factory that never returns is a one-line UserError naming it
-    and what it was doing, not a run that waits in silence. (The thread cannot be stopped; it is a
+    workload runs its code here (its import, its factory, its model built on the meta device):
+    first in a forked copy (:func:`_ends_the_process`), then in a thread given ``timeout_s``. A
+    factory that never returns, or ends the process, is a one-line UserError naming it and what it
+    was doing, not a run that waits or exits in silence. (The thread cannot be stopped; it is a
     daemon, so it does not keep the command from exiting.)"""
     if spec in _registry() or spec.startswith(hf.PREFIX):  # no user code runs: no thread, no timeout
         # --global-batch stands for a global_batch among the dimensions
@@ -156,8 +157,7 @@ def planned(spec: str, dims: dict[str, int], *, seed: int, global_batch: int | N
                     spec, os.getcwd(), here)
         os.chdir(here)
     if t.is_alive():
-        raise UserError(f"workload {spec!r}: {doing[0]} did not return within {timeout_s:g} s; fix it, or give it "
-                        "longer with --workload-timeout SECONDS")
+        raise _did_not_return(spec, doing[0], timeout_s)
     if "error" in got:
         raise got["error"]  # type: ignore[misc]
     return got["facts"]  # type: ignore[return-value]
@@ -170,9 +170,10 @@ _RETURNED = "\0returned"
 def _ends_the_process(spec: str, kw: dict, dims: dict[str, int], timeout_s: float) -> None:
     """A user's workload code run once in a forked copy of this process first: code that ends the
     process it runs in (``os._exit``, a crash in an extension) ends the copy, and this names it in
-    one UserError, where in this process it would end ``parbench run`` without a word. Code that
-    raises, hangs or returns is left to the build that follows, which says so in its own words. No
-    fork (not POSIX): nothing is tried."""
+    one UserError, where in this process it would end ``parbench run`` without a word; code that
+    does not return within ``timeout_s`` is named as the build's own timeout names it. Code that
+    raises or returns is left to the build that follows, which says so in its own words. No fork
+    (not POSIX): nothing is tried."""
     if not hasattr(os, "fork"):
         return
     read, write = os.pipe()
@@ -195,11 +196,11 @@ def _ends_the_process(spec: str, kw: dict, dims: dict[str, int], timeout_s: floa
         os._exit(0)
     os.close(write)
     said, ended = _read_until(read, time.monotonic() + timeout_s)
-    if not ended:  # still running at the deadline: the build that follows times out in its own words
+    if not ended:  # still running at the deadline: said now, not after a second wait in this process
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-        return
+        raise _did_not_return(spec, said[-1] if said else "its factory", timeout_s)
     _, status = os.waitpid(pid, 0)
     if said and said[-1] == _RETURNED:
         return
@@ -208,6 +209,11 @@ def _ends_the_process(spec: str, kw: dict, dims: dict[str, int], timeout_s: floa
     doing = said[-1] if said else "its import"
     raise UserError(f"workload {spec!r}: {doing} ended the process ({how}) while the run was planned; a factory "
                     "returns a Workload (raise an exception to say what is wrong)")
+
+
+def _did_not_return(spec: str, doing: str, timeout_s: float) -> UserError:
+    return UserError(f"workload {spec!r}: {doing} did not return within {timeout_s:g} s; fix it, or give it longer "
+                     "with --workload-timeout SECONDS")
 
 
 def _read_until(fd: int, deadline: float) -> tuple[list[str], bool]:
