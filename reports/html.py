@@ -297,7 +297,7 @@ def _render(run: Run, out: Path, against: Against, decisions: list[Decision]) ->
     # first: a pair with nothing comparable is compare's one-line error, before any figure is drawn
     comparison = _comparison(run, against, out)
     everything = frame(run.cells, CELL_COLUMNS)  # every core column, empty where a run from another tool lacks it
-    serving = everything[everything["mode"] == "serve"] if "mode" in everything else everything.iloc[:0]
+    serving = everything[everything["mode"] == "serve"]
     cells = everything.drop(serving.index)  # training cells: figures and the recommendation are about steps
     described = meta.get("workloads") or {}
     annotated = _annotated_comm(run_dir, meta)

@@ -205,7 +205,7 @@ def print_budget_use(run: Run | Path) -> None:
         start_s = sum(float(g.get("start_s") or 0.0) for g in starts)
         cells = run.cells
         cut = int((cells["status"].eq("skipped") & cells["reason"].fillna("").str.startswith("time budget")).sum())
-        done = int(cells["status"].isin(["ok", "failed", "timeout"]).sum())
+        done = len(run.ran)
         ran = cells[cells["status"] == "ok"]
         rounds_cut = 0
         if {"repeats", "repeats_done"} <= set(ran.columns):  # a folder written before repeats_done has neither
@@ -219,11 +219,11 @@ def print_budget_use(run: Run | Path) -> None:
           + f"; {done} cells measured, {cut} cut by the deadline"
           + (f", {rounds_cut} repeats asked for but cut by it" if rounds_cut else "")
           + f"; {len(starts)} process group start-ups took {start_s:.0f} s")
-    rounds = meta.get("adaptive")
-    if isinstance(rounds, list):
-        again = {c for r in rounds if isinstance(r, dict) for c in (r.get("cells") or {})}
+    rounds = meta.adaptive
+    if rounds is not None:
+        again = {c for r in rounds for c in (r.get("cells") or {})}
         print(f"adaptive repeats: {len(rounds)} round(s) measured {len(again)} cells of open decisions again, "
-              f"in {sum(float(r.get('seconds') or 0) for r in rounds if isinstance(r, dict)):.0f} s"
+              f"in {sum(float(r.get('seconds') or 0) for r in rounds):.0f} s"
               if rounds else "adaptive repeats: no round (no open decision that repeats could close fitted the "
                              "time left)")
 

@@ -71,10 +71,6 @@ class Meta(Mapping[str, Any]):
         return self._raw.get("schema_version")
 
     @property
-    def status(self) -> str | None:
-        return self._raw.get("status")
-
-    @property
     def group_starts(self) -> list[dict[str, Any]]:
         return [g for g in self._raw.get("group_starts") or [] if isinstance(g, dict)]
 
@@ -82,9 +78,6 @@ class Meta(Mapping[str, Any]):
     def adaptive(self) -> list[dict[str, Any]] | None:
         rounds = self._raw.get("adaptive")
         return [r for r in rounds if isinstance(r, dict)] if isinstance(rounds, list) else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self._raw)
 
 
 class Run:
