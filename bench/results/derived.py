@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from bench.core import knobs
+from bench.results.migrate import roles
 from bench.stats.steps import EFFICIENCY_MAX
 
 #: relative tolerance of the parity check, by precision, over the first PARITY_STEPS steps: a
@@ -80,14 +81,13 @@ def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     reference of the same global batch (strong) or the same batch per device (weak), flagged where
     it cannot be read as a number. Lookups are by key, so reading a run is linear in its cells."""
     cells = _with_derived_columns(cells.copy())
+    roles(cells)  # rows written before the role column: their strategy's declared role
     if cells.empty or not {"device", "precision", "throughput_samples_s"} <= set(cells.columns):
         return cells  # a run from another tool without them: nothing to derive
     losses = global_losses(steps) if not steps.empty else pd.Series(dtype=float)
     by_cell = {cid: g.droplevel(0) for cid, g in losses.groupby(level=0)} if len(losses) else {}
     ok = cells["status"] == "ok"
     refs = cells[ok & (cells["role"] == "reference")] if "role" in cells else cells.iloc[:0]
-    if refs.empty and "strategy" in cells:  # runs written before the role column said so
-        refs = cells[ok & (cells["strategy"] == "single")]
     has_gb = "global_batch" in cells
     ref_by: dict[tuple, Any] = {}
     for r in refs.itertuples():
