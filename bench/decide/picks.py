@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from bench.results.bounds import read_json
 from bench.results.run import Run
 
 FILE = "picks.json"
+log = logging.getLogger("parbench")
 
 
 #: what a decision reads of each cell: a change in any of them makes the stored decisions stale
@@ -38,13 +40,19 @@ def decide(run: Run, gpu_mem: float | None = None) -> list[Decision]:
 
 
 def store(run: Run, decisions: list[Decision]) -> Path | None:
-    """Write ``decisions`` to RUN/picks.json (whole or not at all); None for a run not on disk."""
+    """Write ``decisions`` to RUN/picks.json (whole or not at all); None for a run not on disk, or
+    a folder that cannot take the file (a full disk: the decisions are made again when read)."""
     if run.path is None:
         return None
     path = Path(run.path) / FILE
     tmp = path.with_name(f".{FILE}.partial")
-    tmp.write_text(json.dumps({**decisions_to_json(decisions), "cells": signature(run)}, indent=1) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps({**decisions_to_json(decisions), "cells": signature(run)}, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("%s not written (%s); the report decides again from the cells", path, e.strerror or e)
+        tmp.unlink(missing_ok=True)
+        return None
     return path
 
 

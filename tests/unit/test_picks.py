@@ -61,3 +61,17 @@ def test_stored_decisions_of_other_cells_are_made_again(tmp_path):
     assert picks.load(changed) is None
     (run_dir / picks.FILE).write_text('{"schema": 99, "decisions": []}')
     assert picks.load(run) is None and picks.of(run) == picks.decide(run)
+
+
+def test_a_folder_that_cannot_take_the_decisions_is_decided_again_when_read(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    shutil.copytree(FIXTURE, run_dir)
+    run = load_run(run_dir)
+
+    def full(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    assert picks.store(run, picks.decide(run)) is None
+    monkeypatch.undo()
+    assert not (run_dir / picks.FILE).exists() and picks.of(run) == picks.decide(run)
