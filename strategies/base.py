@@ -19,6 +19,7 @@ from torch import Tensor
 
 from bench.core import backends
 from bench.core.knobs import Training
+from bench.core.memory import Terms
 from bench.core.metrics import Metric, check_declared
 from bench.core.spec import CellSpec
 from bench.workloads import Batch, Workload
@@ -161,6 +162,18 @@ class Strategy:
     def label_values(self, cell: CellSpec) -> dict[str, Any]:
         """Values of the declared labels for a runnable cell."""
         return {}
+
+    def memory_terms(self, cell: CellSpec) -> Terms:
+        """What this strategy holds on the fullest device of ``cell``, as terms of the memory model
+        (bench.core.memory): the parameter share (:meth:`min_share`), the gradients' and the
+        optimizer state's (:meth:`state_share`), and the data-parallel share of the global batch as
+        the micro-batch of one forward. A strategy with buffers of its own, a micro-batch schedule
+        or split activations says so by overriding this."""
+        n = max(1, cell.n_devices)
+        share = self.min_share(cell)
+        return Terms(params=share, grads=share, state=self.state_share(cell),
+                     micro_batch=-(-cell.workload.global_batch // n),
+                     communicators=1 if cell.n_procs > 1 and cell.backend == "nccl" else 0)
 
     def state_share(self, cell: CellSpec) -> float:
         """The least share of the optimizer's state the fullest device holds: the parameters' share

@@ -310,6 +310,8 @@ def _check_choices(cfg: SimpleNamespace) -> None:
         raise UserError(f"out {cfg.out!r} is empty: give the folder for the run's results, e.g. --out results")
     if cfg.profile_at not in PROFILE_AT:
         raise UserError(f"profile_at {cfg.profile_at!r} unknown; use {', '.join(PROFILE_AT)} (e.g. --profile-at auto)")
+    if cfg.memory_probe not in BY_KEY["memory_probe"].choices:
+        raise UserError(f"memory_probe {cfg.memory_probe!r} unknown; use auto, on or off (e.g. --memory-probe on)")
     if not isinstance(cfg.trace, bool):
         raise UserError(f"trace={cfg.trace!r} must be true or false")
     if not isinstance(cfg.adaptive, bool):

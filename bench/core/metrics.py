@@ -91,6 +91,47 @@ def _frac(**kw) -> dict[str, Any]:
     return dict(dtype="float64", unit="fraction", fmt=".0%", **kw)
 
 
+def _gib(name: str, doc: str, **kw) -> Metric:
+    return Metric(name=name, dtype="float64", unit="B", scale=2**-30, fmt=".2f", over_ranks="max", doc=doc, **kw)
+
+
+def _err(name: str, doc: str, **kw) -> Metric:
+    return Metric(name=name, dtype="float64", unit="fraction", fmt="+.1%", doc=doc, **kw)
+
+
+#: The memory columns: the memory model's prediction for the fullest device (bench.core.memory,
+#: planned) and what the fullest rank measured and held.
+MEMORY: tuple[Metric, ...] = (
+    _gib("peak_reserved_bytes", "the caching allocator's reserved peak over the timed steps (CUDA)",
+         header="reserved GiB"),
+    _gib("nvml_process_bytes", "what NVML saw the process use after the timed steps: the reservation, the CUDA "
+                               "context, NCCL's buffers (empty where NVML does not list the process)"),
+    _gib("held_params_bytes", "bytes of parameters the rank holds, counted from its optimizer's tensors"),
+    _gib("held_grads_bytes", "bytes of gradients the rank holds when its first optimizer step starts"),
+    _gib("held_optimizer_bytes", "bytes of optimizer state the rank holds after its first step"),
+    _gib("mem_pred_bytes", "predicted allocated peak of the fullest device (the memory model)", header="pred GiB",
+         shown=R),
+    _gib("mem_pred_reserved_bytes", "predicted reserved peak: allocated x the probe's reserved/allocated"),
+    _gib("mem_pred_process_bytes", "predicted process memory: reserved + CUDA context + NCCL's buffers"),
+    _gib("mem_pred_params_bytes", "predicted parameter bytes on the fullest device"),
+    _gib("mem_pred_grads_bytes", "predicted gradient bytes on the fullest device at the optimizer step"),
+    _gib("mem_pred_optimizer_bytes", "predicted optimizer-state bytes on the fullest device"),
+    _gib("mem_pred_activations_bytes", "predicted activation bytes at backward's peak (the probe's line at the "
+                                       "cell's micro-batch; the gradients existing then included)"),
+    _gib("mem_pred_buffers_bytes", "predicted bytes of the strategy's own buffers (buckets, gathered units)"),
+    _gib("mem_pred_data_bytes", "the batches staged on the device before timing"),
+    Metric(name="mem_pred_at", dtype="string", doc="which peak is the larger: backward or optimizer step"),
+    Metric(name="mem_pred_how", dtype="string",
+           doc="how the prediction was made: the strategy's terms declared or approximate, the activations measured "
+               "(CUDA) or traced (CPU), or a lower bound (no activation probe)"),
+    Metric(name="mem_batch_fits", dtype="Int64", header="fits b/dev",
+           doc="the largest micro-batch per device predicted to fit, with the margin (0: none; empty: unknown)"),
+    _gib("mem_capacity_bytes", "the bytes a rank has: one GPU, or the host's memory over the node's ranks"),
+    _err("mem_pred_error", "predicted / measured allocated peak - 1", header="pred err", shown=R),
+    _err("mem_pred_reserved_error", "predicted / measured reserved peak - 1"),
+    _err("mem_pred_process_error", "predicted / NVML's process memory - 1"),
+)
+
 #: The core columns, in table order.
 CORE: tuple[Metric, ...] = (
     Metric(name="run_id", dtype="string", kind="fact"),
@@ -181,6 +222,7 @@ CORE: tuple[Metric, ...] = (
     Metric(name="mfu", dtype="float64", unit="fraction", header="MFU", fmt=".1%", shown=S, higher_is_better=True),
     Metric(name="peak_mem_bytes", dtype="float64", unit="B", header="peak GiB", scale=2**-30, fmt=".2f", shown=R,
            over_ranks="max", higher_is_better=False),
+    *MEMORY,
     Metric(name="loss_final", dtype="float64"),
     Metric(name="parity_rel_err", dtype="float64", header="parity err", fmt=".1e", shown=R,
            doc="largest relative difference of the global loss from the reference's, over all steps; filled "

@@ -166,6 +166,11 @@ class ProfilingSettings:
                                    "a pass that builds each cell again: no timed step follows a GPU profiler session), "
                                    "inline (right after each cell's first timed repeat), auto (default: end on cuda, "
                                    "inline on cpu)")
+    memory_probe: str = setting("auto", flag="--memory-probe", choices=("auto", "on", "off"),
+                                example="--memory-probe on",
+                                help="the memory model's activation probe, one forward and backward of each workload "
+                                     "on one device before the ranks start: auto (default: on a GPU), on, off "
+                                     "(predictions are then lower bounds)")
     trace: bool = setting(False, flag="--trace", kind="on", example="--trace",
                           help="keep each rank's Chrome trace (opens in Perfetto) under RUN/traces/")
 

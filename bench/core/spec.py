@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Union
 
 from bench.core.knobs import Training
+from bench.core.memory import Footprint
 
 #: The status of a row of any mode (a training cell, a serving cell, a collective's sweep point),
 #: with a reason whenever it is not ``ok``.
@@ -88,6 +89,12 @@ class WorkloadFacts:
     # The BatchNorm classes the model holds (e.g. "BatchNorm2d"): each rank then normalises over its
     # share of the batch where one device normalises over all of it, a difference parity names.
     batch_norm: str | None = None
+    # Bytes of one sample of the workload's batch (inputs and targets); None when unknown.
+    sample_bytes: int | None = None
+
+
+#: Most distinct global batches a cell stages on its device.
+BATCH_POOL = 64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +119,10 @@ class Measure:
     # CPU side only, for the distribution check's communication evidence.
     profile_at: str = "inline"
 
+    def staged_batches(self) -> int:
+        """Global batches a cell stages on its device before timing (step s trains batch s % this)."""
+        return min(max(self.warmup, self.warmup_max) + max(self.steps, self.steps_max), BATCH_POOL)
+
 
 @dataclass(frozen=True, kw_only=True)
 class CellSpec:
@@ -135,6 +146,9 @@ class CellSpec:
     # the precision policy the strategy trains under (Strategy.precision_policy): parameter, compute
     # and reduction dtypes; a cell's speed-up is read against a one-device cell of the same policy
     precision_policy: str = ""
+    # The memory model's prediction for the cell's fullest device (bench.plan.memory), when the
+    # workload's facts allow one
+    memory: Footprint | None = None
 
     @property
     def procs_per_node(self) -> int:
@@ -291,6 +305,14 @@ class RankMeasurement:
     compiled_graphs: int | None = None  # graphs torch.compile built for the cell (compile on), graph breaks
     graph_breaks: int | None = None
     checkpointed: int | None = None  # forwards run under activation checkpointing (ac on), rank's own
+    # Memory: the allocator's reserved peak over the timed steps, what NVML saw the process use after
+    # them, and the bytes of parameters, gradients (at the first optimizer step) and optimizer state
+    # (after it) this rank holds, counted from its optimizer's tensors (a DTensor counts its shard)
+    peak_reserved: float | None = None
+    nvml_process: float | None = None
+    held_params: float | None = None
+    held_grads: float | None = None
+    held_state: float | None = None
     target_reached: bool | None = None  # the timed steps reached the interval target (None: not asked)
     # Where this rank ran (bench.multinode.netinfo.placement): its node (launcher --node-rank), host
     # name, the address and interface its traffic to other nodes takes, local rank and devices.

@@ -213,3 +213,20 @@ class EnergyMeter:
         except nv.NVMLError:
             self.handles = []
             return None
+
+
+def process_used_bytes(cuda_index: int, pid: int | None = None) -> float | None:
+    """What NVML sees process ``pid`` (this one by default) use on CUDA device ``cuda_index``: its
+    allocator's reservation, the CUDA context, NCCL's buffers. None where NVML does not say (no
+    NVML, or a container whose process ids NVML does not share)."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        nv.nvmlInit()
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(visible_indices(nv.nvmlDeviceGetCount())[cuda_index])
+            used = [p.usedGpuMemory for p in nv.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid == pid]
+        finally:
+            nv.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no figure is the honest answer
+        return None
+    return float(used[0]) if used and used[0] is not None else None

@@ -19,7 +19,7 @@ from bench.core.metrics import Metric, registry
 from bench.core.settings import RunConfig
 from bench.core.spec import ONE_RANK_SKIP, CellSpec, Measure, WorkloadFacts
 from bench.measure.hardware import cpu_threads
-from bench.plan.memory import device_memory, memory_reason
+from bench.plan.memory import device_memory, memory_reason, predict_cells, probing
 from bench.workloads import Workload, planned
 from strategies.base import policy_text
 
@@ -160,7 +160,12 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
                     for training in planner.trainings:
                         planner.add(sp, strat, facts, backend, 1 if strat.name == "single" else n, here, training)
     metrics = registry(m for _, s in strats for m in s.columns())
-    return planner.cells, wls, metrics
+    cells = planner.cells
+    if cfg.nodes.nnodes == 1:
+        memory = planner.memory if planner.memory is not None else (device_memory(cfg.matrix.device) or 0)
+        cells = predict_cells(cells, device=cfg.matrix.device, memory=memory or None,
+                              probe=probing(cfg.profiling.memory_probe, cfg.matrix.device))
+    return cells, wls, metrics
 
 
 class _Planner:

@@ -14,9 +14,15 @@ why in words the recommendation reads as running out of memory.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from typing import TYPE_CHECKING
 
+from bench.core.memory import GIB, MARGIN, Footprint, Model, Probe, Terms, largest_batch, predict
 from bench.core.spec import CellSpec
+
+if TYPE_CHECKING:
+    from bench.plan.matrix import Planned
 
 
 def device_memory(device: str) -> int | None:
@@ -96,3 +102,91 @@ def beyond_one_device(device: str = "cuda") -> str | None:
     from bench.workloads.gpt import layers_beyond
 
     return f"gpt-20b[n_layer={layers_beyond(memory, margin=BEYOND_MARGIN, bytes_per_param=16)}]"
+
+
+# -- the memory model's prediction for every planned cell -------------------------------------------
+
+def probing(setting: str, device: str) -> bool:
+    """Whether the run probes activations: ``on``, ``off``, or ``auto`` (on a GPU only: a CPU run
+    measures no allocator peak to hold a prediction against)."""
+    return setting == "on" or (setting == "auto" and device == "cuda")
+
+
+def predict_cells(cells: list[Planned], *, device: str, memory: int | None, probe: bool) -> list[Planned]:
+    """Every runnable cell with its predicted :class:`Footprint` (``spec.memory``), and skipped
+    (a reason saying out of memory, what the prediction is made of, and the largest micro-batch
+    that fits) when even its prediction cut by :data:`MARGIN` exceeds ``memory``. ``probe``: run
+    the activation probe (:mod:`bench.plan.probe`) for the workloads whose cells can run."""
+    import strategies
+
+    runnable = [p for p in cells if p.reason is None]
+    terms = {p.spec.cell_id: strategies.get(p.spec.strategy_spec).memory_terms(p.spec) for p in runnable}
+    probes = _probes(runnable, terms, device, memory) if probe else {}
+    out = []
+    for p in cells:
+        if p.reason is not None:
+            out.append(p)
+            continue
+        model = cell_model(p.spec, probes.get(_probe_key(p.spec, device)))
+        t = terms[p.spec.cell_id]
+        fp = predict(model, t)
+        per_node = max(1, p.spec.procs_per_node) if device != "cuda" else 1
+        room = memory / per_node if memory else None
+        if room:
+            fits = largest_batch(model, lambda b, t=t: dataclasses.replace(t, micro_batch=b), room)
+            fp = dataclasses.replace(fp, batch_fits=fits, capacity=float(room))
+        spec = dataclasses.replace(p.spec, memory=fp)
+        out.append(dataclasses.replace(p, spec=spec, reason=fit_reason(spec, fp, room)))
+    return out
+
+
+def cell_model(cell: CellSpec, probe: Probe | str | None) -> Model:
+    """The memory model's facts of ``cell``'s workload under its training setting."""
+    w = cell.workload
+    trainable = float(w.trainable_bytes or 0)
+    params = float((w.train_bytes or 0) - trainable)
+    data = float(cell.measure.staged_batches() * w.global_batch * (w.sample_bytes or 0))
+    return Model(param_bytes=params, trainable_bytes=trainable, optimizer=cell.training.optimizer, device=cell.device,
+                 data=data, probe=probe if isinstance(probe, Probe) else None)
+
+
+def fit_reason(cell: CellSpec, fp: Footprint, room: float | None) -> str | None:
+    """Why ``cell`` will not fit in ``room`` bytes a rank (None when it may): its predicted peak, cut
+    by the margin, is larger."""
+    need = fp.process or fp.reserved or fp.allocated
+    if not room or not need or need * (1 - MARGIN) <= room:
+        return None
+    where = "on one GPU" if cell.device == "cuda" else "per rank in this host's memory"
+    parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in fp.components().items() if v >= 0.05 * GIB)
+    bound = " at least (activations not probed)" if fp.lower_bound else ""
+    fits = fp.batch_fits
+    batch = ("" if fits is None else "; not one sample per device fits" if fits == 0 else
+             f"; at most {fits} samples per device would fit (this cell: {fp.micro_batch})")
+    return (f"out of memory before it starts: predicted peak {need / GIB:.1f} GiB{bound} ({parts}) > "
+            f"{room / GIB:.1f} GiB {where}{batch}; checkpoint activations (--ac full), shard the model and its "
+            f"optimizer state (fsdp), use more devices or a smaller batch")
+
+
+def _probe_key(cell: CellSpec, device: str) -> tuple:
+    dims = {k: v for k, v in cell.workload.dims.items() if k != "global_batch"}
+    return (cell.workload.spec, tuple(sorted(dims.items())), cell.measure.precision, cell.training.ac, device)
+
+
+def _probes(runnable: list[Planned], terms: dict[int, Terms], device: str, memory: int | None) -> dict:
+    """The activation probes the runnable cells need, one per (workload, precision, checkpointing),
+    for the models one device can hold (parameters and gradients within ``memory``)."""
+    from bench.plan.probe import Ask, probe_batches, run_probes
+
+    wanted: dict[tuple, tuple[CellSpec, list[int]]] = {}
+    for p in runnable:
+        c = p.spec
+        if memory and device == "cuda" and (c.workload.train_bytes or 0) > memory:
+            continue  # its parameters and gradients alone exceed one device: no probe can run
+        key = _probe_key(c, device)
+        t = terms[c.cell_id]
+        wanted.setdefault(key, (c, []))[1].append(t.micro_batch * t.in_flight)
+    asks = []
+    for key, (c, batches) in wanted.items():
+        asks.append(Ask(spec=c.workload.spec, dims=dict(key[1]), seed=c.measure.seed, precision=key[2], ac=key[3],
+                        device=device, batches=probe_batches(batches)))
+    return run_probes(asks)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from bench.core import backends
+from bench.core.memory import error
 from bench.core.metrics import Metric
 from bench.core.spec import CellSpec, RankMeasurement, outcome
 from bench.measure.hardware import cpu_threads, peak_flops
@@ -162,6 +163,7 @@ def build_row(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]], *, w
     row = base_row(spec)
     row.update(_timing_columns(spec, repeats, per_step, wall_s))
     row.update(_comm_columns(spec, ranks))
+    row.update(memory_columns(spec, ranks))
     row.update(_health(spec, repeats, expects))
     _window_columns(row, spec, repeats, per_step, telemetry)
     _breakdown_columns(row, ranks)
@@ -233,6 +235,32 @@ def _comm_columns(spec: CellSpec, ranks: Sequence[RankMeasurement]) -> dict[str,
     numels = [r.param_numel for r in ranks if r.param_numel is not None]
     if numels and spec.workload.params:
         cols["param_share"] = max(numels) / spec.workload.params
+    return cols
+
+
+def _most(values) -> float | None:
+    got = [v for v in values if v is not None]
+    return max(got) if got else None
+
+
+def memory_columns(spec: CellSpec, ranks: Sequence[RankMeasurement]) -> dict[str, Any]:
+    """The memory model's prediction for the cell (planned) beside what its fullest rank measured:
+    the allocator's reserved peak, what NVML saw the process use, the bytes of parameters,
+    gradients and optimizer state counted on the rank, and the prediction's error against the
+    allocated peak (``peak_mem_bytes``) and the reservation."""
+    cols: dict[str, Any] = dict(peak_reserved_bytes=_most(r.peak_reserved for r in ranks),
+                                nvml_process_bytes=_most(r.nvml_process for r in ranks),
+                                held_params_bytes=_most(r.held_params for r in ranks),
+                                held_grads_bytes=_most(r.held_grads for r in ranks),
+                                held_optimizer_bytes=_most(r.held_state for r in ranks))
+    fp = spec.memory
+    if fp is None:
+        return cols
+    cols.update(fp.columns())
+    measured = _most(r.peak_mem for r in ranks)
+    cols["mem_pred_error"] = None if fp.lower_bound else error(fp.allocated, measured)
+    cols["mem_pred_reserved_error"] = None if fp.lower_bound else error(fp.reserved, cols["peak_reserved_bytes"])
+    cols["mem_pred_process_error"] = None if fp.lower_bound else error(fp.process, cols["nvml_process_bytes"])
     return cols
 
 

@@ -19,8 +19,6 @@ from bench.workloads.base import batch_problem
 from strategies.base import Context
 from strategies.training import compiled_loss, reset_counts
 
-BATCH_POOL = 64  # distinct global batches staged per cell; step s trains batch s % BATCH_POOL
-
 #: Where this process runs (bench.multinode.netinfo.placement), found once per process group.
 PLACE: dict[str, Any] = {}
 
@@ -67,9 +65,8 @@ def build(cell: CellSpec, local_rank: int, out: RankMeasurement):
         # device counts as used only if the cell's training grew it.
         before = [torch.cuda.memory_allocated(d) for d in devices]
     # Every strategy gets the same global batches, staged on the device before timing starts.
-    most = max(m.warmup, m.warmup_max) + max(m.steps, m.steps_max)
     batches = []
-    for s in range(min(most, BATCH_POOL)):
+    for s in range(m.staged_batches()):
         b = wl.batch(s)
         problem = batch_problem(wl, b, s)
         if problem:
@@ -83,6 +80,7 @@ def build(cell: CellSpec, local_rank: int, out: RankMeasurement):
         torch._dynamo.utils.counters.clear()
     reset_counts()
     step = strat.prepare(compiled_loss(wl, ctx), ctx)
+    count_held(step.optimizer, out)
     return devices, device, batches, step, before
 
 
@@ -91,6 +89,46 @@ def release(cell: CellSpec) -> None:
     gc.collect()
     if torch.cuda.is_available() and cell.device == "cuda":
         torch.cuda.empty_cache()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _bytes(tensors) -> float:
+    """Bytes of the distinct storages of ``tensors`` (a DTensor counts its local shard)."""
+    seen, n = set(), 0
+    for t in tensors:
+        local = _local(t)
+        key = (local.device, local.untyped_storage().data_ptr())
+        if key not in seen:
+            seen.add(key)
+            n += local.untyped_storage().nbytes()
+    return float(n)
+
+
+def count_held(opt: torch.optim.Optimizer | None, out: RankMeasurement) -> None:
+    """Count into ``out`` the bytes this rank's optimizer holds: its parameters now, their
+    gradients when its first step starts (every gradient exists then) and its state when that step
+    ends (a sharded optimizer's own partition: ZeroRedundancyOptimizer keeps it in ``optim``)."""
+    if opt is None:
+        return
+    params = [p for g in opt.param_groups for p in g["params"]]
+    out.held_params = _bytes(params)
+    hooks = []
+
+    def grads(*_):
+        out.held_grads = _bytes([p.grad for p in params if p.grad is not None])
+        hooks.pop(0).remove()
+
+    def state(*_):
+        inner = getattr(opt, "optim", opt)
+        out.held_state = _bytes([v for st in inner.state.values() for v in st.values()
+                                 if isinstance(v, torch.Tensor) and v.dim() > 0])
+        hooks.pop(0).remove()
+
+    hooks.append(opt.register_step_pre_hook(grads))
+    hooks.append(opt.register_step_post_hook(state))
 
 
 def local_numel(opt: torch.optim.Optimizer | None) -> int | None:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from bench.core import backends, spec
 from bench.core.spec import CellSpec, Measure, RankMeasurement
-from bench.measure.nvml import EnergyMeter
+from bench.measure.nvml import EnergyMeter, process_used_bytes
 from bench.measure.timing import StepTimer
 from bench.stats.intervals import order_stat_halfwidth
 from strategies.training import checkpointed_forwards
@@ -195,6 +195,9 @@ def measure(out: RankMeasurement, steps: Steps, cell: CellSpec, devices: tuple[t
     if device.type == "cuda":
         peaks = [torch.cuda.max_memory_allocated(d) for d in devices]
         out.peak_mem = float(max(peaks))
+        out.peak_reserved = float(max(torch.cuda.max_memory_reserved(d) for d in devices))
+        used = [process_used_bytes(d.index) for d in devices]
+        out.nvml_process = max(used) if all(u is not None for u in used) else None
         out.devices_used = spec.devices_grown(peaks, before)
     out.window = (t0, t1)
     out.starts = timer.starts(t0)

@@ -117,7 +117,7 @@ def planned(spec: str, dims: dict[str, int], *, seed: int, global_batch: int | N
         # --global-batch stands for a global_batch among the dimensions
         batch = global_batch if global_batch is not None else dims.get("global_batch")
         wl = resolve(spec, seed=seed, global_batch=batch, **{k: v for k, v in dims.items() if k != "global_batch"})
-        return wl, wl.facts(spec, dims)
+        return wl, with_sample_bytes(wl.facts(spec, dims), wl.batch(0))
     kw: dict = dict(seed=seed, **dims)
     if global_batch is not None:
         kw["global_batch"] = global_batch
@@ -141,7 +141,7 @@ def planned(spec: str, dims: dict[str, int], *, seed: int, global_batch: int | N
             problem = batch_problem(wl, first, 0)
             if problem:
                 raise UserError(f"workload {spec!r}: {problem}")
-            got["facts"] = (wl, facts)
+            got["facts"] = (wl, with_sample_bytes(facts, first))
         except SystemExit as e:  # the user's code asked the whole command to exit: it may not
             got["error"] = UserError(f"workload {spec!r}: {doing[0]} called sys.exit({e.code!r}); a factory "
                                      "returns a Workload (raise an exception to say what is wrong)")
@@ -161,6 +161,12 @@ def planned(spec: str, dims: dict[str, int], *, seed: int, global_batch: int | N
     if "error" in got:
         raise got["error"]  # type: ignore[misc]
     return got["facts"]  # type: ignore[return-value]
+
+
+def with_sample_bytes(facts: WorkloadFacts, batch) -> WorkloadFacts:
+    """``facts`` with the bytes of one sample of ``batch`` (a global batch: inputs and targets)."""
+    total = sum(t.numel() * t.element_size() for t in batch)
+    return dataclasses.replace(facts, sample_bytes=-(-total // max(1, facts.global_batch)))
 
 
 #: the last line a forked dry run writes when the user's code returned (or raised) to it

@@ -1,0 +1,210 @@
+"""The activation probe: one forward and backward of a workload's own model on one device at small
+micro-batches, the memory each took above the step's start, for the memory model's activation term
+(:class:`bench.core.memory.Probe`).
+
+On a GPU the probe reads CUDA's allocator (the peak of allocated bytes), the reservation it grew
+to and what NVML sees the process use beyond it (the CUDA context); on a CPU it counts the bytes of
+the tensors alive at each operation (:class:`LiveBytes`), there being no allocator to ask. It runs
+in a child process of its own (``python -m bench.plan.probe``), before any rank starts: the planning
+process never creates a CUDA context, and a model that runs out of memory, crashes or hangs in the
+probe costs the run its activation term (the prediction then says it is a lower bound), not the run.
+
+Each probe builds the model with the cell's activation checkpointing and precision (bf16 autocast),
+eager: a compiled model's activations are smaller than the eager ones, so under ``--compile on``
+the term is an upper bound (the report says which).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+from bench.core.memory import Probe
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ask:
+    """One probe: the workload (spec and dimensions), seed, precision, checkpointing, device, and the
+    micro-batches to probe."""
+
+    spec: str
+    dims: dict
+    seed: int
+    precision: str
+    ac: str
+    device: str
+    batches: tuple[int, ...]
+
+    def key(self) -> tuple:
+        return (self.spec, tuple(sorted(self.dims.items())), self.precision, self.ac, self.device)
+
+
+#: Seconds one probe process may take for all its probes before it is stopped (the run goes on
+#: without activation terms).
+PROBE_TIMEOUT_S = 300.0
+
+
+def probe_batches(per_device: list[int]) -> tuple[int, ...]:
+    """The micro-batches to probe for cells of these per-device micro-batches: two small ones a
+    factor of two apart (a line needs two points), never more than the largest asked."""
+    top = max(per_device) if per_device else 1
+    if top <= 1:
+        return (1,)
+    low = max(1, min(2, top // 2))
+    return (low, 2 * low)
+
+
+def run_probes(asks: list[Ask], timeout_s: float = PROBE_TIMEOUT_S) -> dict[tuple, Probe | str]:
+    """Each ask's :class:`Probe`, or the reason it has none, from one child process."""
+    if not asks:
+        return {}
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    try:
+        done = subprocess.run([sys.executable, "-m", "bench.plan.probe"], input=json.dumps([asdict(a) for a in asks]),
+                              capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return {a.key(): f"the activation probe took more than {timeout_s:.0f} s" for a in asks}
+    except OSError as e:
+        return {a.key(): f"the activation probe could not start: {e}" for a in asks}
+    answers = _answers(done.stdout)
+    out: dict[tuple, Probe | str] = {}
+    for i, a in enumerate(asks):
+        got = answers.get(i)
+        if got is None:
+            tail = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:200]
+            out[a.key()] = f"the activation probe ended early ({tail})"
+        elif "reason" in got:
+            out[a.key()] = got["reason"]
+        else:
+            out[a.key()] = Probe(batches=tuple(got["batches"]), peaks=tuple(got["peaks"]),
+                                 reserved_ratio=got.get("reserved_ratio"), context=got.get("context"), how=got["how"])
+    return out
+
+
+def _answers(stdout: str) -> dict[int, dict]:
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith("PROBE "):
+            try:
+                got = json.loads(line[6:])
+                out[int(got["index"])] = got
+            except (ValueError, KeyError, TypeError):
+                continue
+    return out
+
+
+# -- the child ---------------------------------------------------------------------------------------
+
+def _live_bytes_mode():
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class LiveBytes(TorchDispatchMode):
+        """Counts the bytes of the tensor storages created under it that are still alive after each
+        operation, and the peak of that count."""
+
+        def __init__(self):
+            super().__init__()
+            self.live: dict[int, tuple[StorageWeakRef, int]] = {}
+            self.now = self.peak = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for key in [k for k, (ref, _) in self.live.items() if ref.expired()]:
+                self.now -= self.live.pop(key)[1]
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    s = t.untyped_storage()
+                    key = s.data_ptr()
+                    if key and key not in self.live:
+                        self.live[key] = (StorageWeakRef(s), s.nbytes())
+                        self.now += s.nbytes()
+            self.peak = max(self.peak, self.now)
+            return out
+
+    return LiveBytes
+
+
+def _one(ask: Ask) -> dict:
+    import torch
+
+    device = torch.device("cuda", 0) if ask.device == "cuda" else torch.device("cpu")
+    peaks: list[float] = []
+    reserved_ratio = context = None
+    for b in ask.batches:
+        peak, reserved_ratio, context = _at_batch(ask, b, device)
+        peaks.append(peak)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {"batches": list(ask.batches), "peaks": peaks, "reserved_ratio": reserved_ratio, "context": context,
+            "how": "measured" if device.type == "cuda" else "traced"}
+
+
+def _at_batch(ask: Ask, b: int, device) -> tuple[float, float | None, float | None]:
+    """(peak bytes above the step's start, reserved/allocated, NVML's context bytes) of one forward
+    and backward at micro-batch ``b``, after one that warms the caches up."""
+    import torch
+
+    from bench.workloads import resolve
+    from strategies.training import checkpoint_blocks, inner_blocks
+
+    wl = resolve(ask.spec, seed=ask.seed, global_batch=b, **ask.dims)
+    model = wl.build(device)
+    checkpoint_blocks(inner_blocks(wl, model), ask.ac)
+    x, y = (t.to(device) for t in wl.batch(0))
+
+    def fwd_bwd():
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=ask.precision == "bf16"):
+            out = model(x)
+        wl.loss(out, y).backward()
+
+    fwd_bwd()  # the first pass allocates what every later one reuses (cuBLAS workspaces, caches)
+    model.zero_grad(set_to_none=True)
+    if device.type != "cuda":
+        mode = _live_bytes_mode()()
+        with mode:
+            fwd_bwd()
+        return float(mode.peak), None, None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    start = torch.cuda.memory_allocated(device)
+    fwd_bwd()
+    torch.cuda.synchronize(device)
+    top = torch.cuda.max_memory_allocated(device)
+    return float(top - start), torch.cuda.max_memory_reserved(device) / top, _context_bytes(device)
+
+
+def _context_bytes(device) -> float | None:
+    """What NVML sees this process use on ``device`` beyond the allocator's reservation."""
+    import torch
+
+    from bench.measure.nvml import process_used_bytes
+
+    used = process_used_bytes(device.index)
+    return None if used is None else used - float(torch.cuda.memory_reserved(device))
+
+
+def main() -> int:
+    asks = [Ask(**{**a, "batches": tuple(a["batches"])}) for a in json.loads(sys.stdin.read())]
+    for i, ask in enumerate(asks):
+        t0 = time.perf_counter()
+        try:
+            got = _one(ask)
+        except Exception as e:  # noqa: BLE001 - a probe that fails is a reason, not a crash
+            name = type(e).__name__
+            what = "out of memory" if "OutOfMemory" in name or "out of memory" in str(e) else f"{name}: {e}"
+            got = {"reason": f"the activation probe at micro-batch {ask.batches[0]} failed: {what}"[:300]}
+        got.update(index=i, seconds=round(time.perf_counter() - t0, 2))
+        print("PROBE " + json.dumps(got), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
