@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING
+from typing import Any
 
 from bench.core.memory import GIB, MARGIN, Footprint, Model, Probe, Terms, largest_batch, predict
 from bench.core.spec import CellSpec
-
-if TYPE_CHECKING:
-    from bench.plan.matrix import Planned
 
 
 def device_memory(device: str) -> int | None:
@@ -112,11 +109,12 @@ def probing(setting: str, device: str) -> bool:
     return setting == "on" or (setting == "auto" and device == "cuda")
 
 
-def predict_cells(cells: list[Planned], *, device: str, memory: int | None, probe: bool) -> list[Planned]:
-    """Every runnable cell with its predicted :class:`Footprint` (``spec.memory``), and skipped
-    (a reason saying out of memory, what the prediction is made of, and the largest micro-batch
-    that fits) when even its prediction cut by :data:`MARGIN` exceeds ``memory``. ``probe``: run
-    the activation probe (:mod:`bench.plan.probe`) for the workloads whose cells can run."""
+def predict_cells(cells: list[Any], *, device: str, memory: int | None, probe: bool) -> list[Any]:
+    """Every runnable cell (a bench.plan.matrix.Planned) with its predicted :class:`Footprint`
+    (``spec.memory``), and skipped (a reason saying out of memory, what the prediction is made of
+    and the largest micro-batch that fits) when even its prediction cut by :data:`MARGIN` exceeds
+    ``memory``. ``probe``: run the activation probe (:mod:`bench.plan.probe`) for the workloads
+    whose cells can run."""
     import strategies
 
     runnable = [p for p in cells if p.reason is None]
@@ -172,7 +170,7 @@ def _probe_key(cell: CellSpec, device: str) -> tuple:
     return (cell.workload.spec, tuple(sorted(dims.items())), cell.measure.precision, cell.training.ac, device)
 
 
-def _probes(runnable: list[Planned], terms: dict[int, Terms], device: str, memory: int | None) -> dict:
+def _probes(runnable: list[Any], terms: dict[int, Terms], device: str, memory: int | None) -> dict:
     """The activation probes the runnable cells need, one per (workload, precision, checkpointing),
     for the models one device can hold (parameters and gradients within ``memory``)."""
     from bench.plan.probe import Ask, probe_batches, run_probes
