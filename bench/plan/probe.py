@@ -49,13 +49,15 @@ PROBE_TIMEOUT_S = 300.0
 
 
 def probe_batches(per_device: list[int]) -> tuple[int, ...]:
-    """The micro-batches to probe for cells of these per-device micro-batches: two small ones a
-    factor of two apart (a line needs two points), never more than the largest asked."""
+    """The micro-batches to probe for cells of these per-device micro-batches: a quarter and a half
+    of the largest (two points a factor of two apart, in the regime of the cells' own batches: the
+    part of a step that peaks grows faster with the batch than the one that peaks at a small
+    batch), at least 1 and 2; the probe halves them while they run out of memory."""
     top = max(per_device) if per_device else 1
     if top <= 1:
         return (1,)
-    low = max(1, min(2, top // 2))
-    return (low, 2 * low)
+    low = max(1, top // 4)
+    return (low, max(2 * low, top // 2))
 
 
 def run_probes(asks: list[Ask], timeout_s: float = PROBE_TIMEOUT_S) -> dict[tuple, Probe | str]:
@@ -82,6 +84,7 @@ def run_probes(asks: list[Ask], timeout_s: float = PROBE_TIMEOUT_S) -> dict[tupl
             out[a.key()] = got["reason"]
         else:
             out[a.key()] = Probe(batches=tuple(got["batches"]), peaks=tuple(got["peaks"]),
+                                 activation_peaks=tuple(got["activation_peaks"]),
                                  reserved_ratio=got.get("reserved_ratio"), context=got.get("context"), how=got["how"])
     return out
 
@@ -133,23 +136,60 @@ def _live_bytes_mode():
 
 
 def _one(ask: Ask) -> dict:
+    """The probe of ``ask``; while its batches run out of memory, again at half of them."""
     import torch
 
     device = torch.device("cuda", 0) if ask.device == "cuda" else torch.device("cpu")
-    peaks: list[float] = []
+    if device.type == "cuda":
+        _like_a_rank(device)
+    batches = ask.batches
+    while True:
+        try:
+            return _probe(ask, batches, device)
+        except torch.OutOfMemoryError:
+            if batches[0] <= 1:
+                raise
+            batches = tuple(max(1, b // 2) for b in batches)
+            torch.cuda.empty_cache()
+
+
+def _probe(ask: Ask, batches: tuple[int, ...], device) -> dict:
+    import torch
+
+    peaks, held = [], []
     reserved_ratio = context = None
-    for b in ask.batches:
-        peak, reserved_ratio, context = _at_batch(ask, b, device)
+    for b in batches:
+        (peak, activation), reserved_ratio, context = _at_batch(ask, b, device)
         peaks.append(peak)
+        held.append(activation)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return {"batches": list(ask.batches), "peaks": peaks, "reserved_ratio": reserved_ratio, "context": context,
-            "how": "measured" if device.type == "cuda" else "traced"}
+    return {"batches": list(batches), "peaks": peaks, "activation_peaks": held, "reserved_ratio": reserved_ratio,
+            "context": context, "how": "measured" if device.type == "cuda" else "traced"}
 
 
-def _at_batch(ask: Ask, b: int, device) -> tuple[float, float | None, float | None]:
-    """(peak bytes above the step's start, reserved/allocated, NVML's context bytes) of one forward
-    and backward at micro-batch ``b``, after one that warms the caches up."""
+def _like_a_rank(device) -> None:
+    """What a rank holds on its GPU besides its tensors before its first cell: a process group of
+    one (NCCL's communicator) and cuBLAS in fp32 and bf16, so the context the probe reads is a rank's."""
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(device)
+    try:
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=device)
+        x = torch.ones(64, 64, device=device)
+        dist.all_reduce(x)
+    except Exception:  # noqa: BLE001 - without NCCL the context is the CUDA one alone
+        x = torch.ones(64, 64, device=device)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        (x @ x).float().sum().item()
+    (x @ x).sum().item()
+
+
+def _at_batch(ask: Ask, b: int, device) -> tuple[tuple[float, float], float | None, float | None]:
+    """((peak bytes above the step's start with no gradient at its start, as the harness trains;
+    and with every gradient held: the activations alone), reserved/allocated, NVML's context
+    bytes) of forward and backward at micro-batch ``b``, after one pass that warms caches up."""
     import torch
 
     from bench.workloads import resolve
@@ -166,19 +206,30 @@ def _at_batch(ask: Ask, b: int, device) -> tuple[float, float | None, float | No
         wl.loss(out, y).backward()
 
     fwd_bwd()  # the first pass allocates what every later one reuses (cuBLAS workspaces, caches)
-    model.zero_grad(set_to_none=True)
+    got = []
+    for set_to_none in (False, True):
+        model.zero_grad(set_to_none=set_to_none)
+        got.append(_peak_of(fwd_bwd, device))
+    cuda = device.type == "cuda"
+    ratio = torch.cuda.max_memory_reserved(device) / torch.cuda.max_memory_allocated(device) if cuda else None
+    return (got[1], got[0]), ratio, _context_bytes(device) if cuda else None
+
+
+def _peak_of(fn, device) -> float:
+    """Bytes ``fn`` took above what was allocated when it started, at its fullest."""
+    import torch
+
     if device.type != "cuda":
         mode = _live_bytes_mode()()
         with mode:
-            fwd_bwd()
-        return float(mode.peak), None, None
+            fn()
+        return float(mode.peak)
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     start = torch.cuda.memory_allocated(device)
-    fwd_bwd()
+    fn()
     torch.cuda.synchronize(device)
-    top = torch.cuda.max_memory_allocated(device)
-    return float(top - start), torch.cuda.max_memory_reserved(device) / top, _context_bytes(device)
+    return float(torch.cuda.max_memory_allocated(device) - start)
 
 
 def _context_bytes(device) -> float | None:
