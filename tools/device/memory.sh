@@ -5,7 +5,7 @@
 #   OUT=DIR bash tools/device/memory.sh PHASE [PHASE...]
 #   small   gpt-50m, gpt-200m and a 1.3B GPT (gpt-20b's shape, 2 layers) and hf:llama (0.5B)
 #   large   4.0B (8 layers) and 7.7B (16 layers)
-# Each phase is one `parbench run`; its table goes to $OUT/memory-PHASE.csv (tools/memory_table.py)
+# Each phase is one `parbench run` (within MEM_TIMEOUT s, default 560); its table goes to $OUT/memory-PHASE.csv (tools/memory_table.py)
 # and is printed last.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -20,7 +20,7 @@ for phase in "$@"; do
   large) wls="gpt-20b[n_layer=8,global_batch=2],gpt-20b[n_layer=8,global_batch=8],gpt-20b[n_layer=16,global_batch=1],gpt-20b[n_layer=16,global_batch=4]" ;;
   *) echo "unknown phase $phase"; exit 2 ;;
   esac
-  timeout 560 python3 -m bench run --no-progress --out "$R/$phase" --workloads "$wls" --strategies single \
+  timeout "${MEM_TIMEOUT:-560}" python3 -m bench run --no-progress --out "$R/$phase" --workloads "$wls" --strategies single \
     --world-sizes 1 --optimizer sgd,adamw --ac none,full --steps 3 --warmup 2 --warmup-max 0 --steps-max 0 \
     --repeats 1 --profile-steps 0 --sample-hz 0 --budget off > "$OUT/$phase.log" 2>&1 || tail -8 "$OUT/$phase.log"
   python3 -m tools.memory_table "$(ls -d "$R/$phase"/*/ | tail -n 1)" --csv "$OUT/memory-$phase.csv"
