@@ -111,7 +111,7 @@ MEMORY: tuple[Metric, ...] = (
     _gib("held_optimizer_bytes", "bytes of optimizer state the rank holds after its first step"),
     _gib("mem_pred_bytes", "predicted allocated peak of the fullest device (the memory model)", header="pred GiB",
          shown=R),
-    _gib("mem_pred_reserved_bytes", "predicted reserved peak: allocated x the allocator's declared fragmentation"),
+    _gib("mem_pred_reserved_bytes", "predicted reserved peak: allocated + the allocator's declared fragmentation"),
     _gib("mem_pred_process_bytes", "predicted process memory: reserved + CUDA context + NCCL's buffers"),
     _gib("mem_pred_params_bytes", "predicted parameter bytes on the fullest device"),
     _gib("mem_pred_grads_bytes", "predicted gradient bytes on the fullest device at the optimizer step"),

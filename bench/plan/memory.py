@@ -15,11 +15,14 @@ why in words the recommendation reads as running out of memory.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any
 
 from bench.core.memory import GIB, MARGIN, Footprint, Model, Probe, Terms, largest_batch, predict
 from bench.core.spec import CellSpec
+
+log = logging.getLogger("parbench")
 
 
 def device_memory(device: str) -> int | None:
@@ -145,7 +148,8 @@ def cell_model(cell: CellSpec, probe: Probe | str | None) -> Model:
     params = float((w.train_bytes or 0) - trainable)
     data = float(cell.measure.staged_batches() * w.global_batch * (w.sample_bytes or 0))
     return Model(param_bytes=params, trainable_bytes=trainable, optimizer=cell.training.optimizer, device=cell.device,
-                 data=data, probe=probe if isinstance(probe, Probe) else None)
+                 data=data, probe=probe if isinstance(probe, Probe) else None,
+                 probe_note=probe if isinstance(probe, str) else "")
 
 
 def fit_reason(cell: CellSpec, fp: Footprint, room: float | None) -> str | None:
@@ -187,4 +191,8 @@ def _probes(runnable: list[Any], terms: dict[int, Terms], device: str, memory: i
     for key, (c, batches) in wanted.items():
         asks.append(Ask(spec=c.workload.spec, dims=dict(key[1]), seed=c.measure.seed, precision=key[2], ac=key[3],
                         device=device, batches=probe_batches(batches)))
-    return run_probes(asks)
+    got = run_probes(asks)
+    for key, value in got.items():
+        if isinstance(value, str):
+            log.warning("parbench run: %s: %s; its memory predictions are lower bounds", key[0], value)
+    return got

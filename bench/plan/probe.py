@@ -69,17 +69,19 @@ def run_probes(asks: list[Ask], timeout_s: float = PROBE_TIMEOUT_S) -> dict[tupl
     try:
         done = subprocess.run([sys.executable, "-m", "bench.plan.probe"], input=json.dumps([asdict(a) for a in asks]),
                               capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired:
-        return {a.key(): f"the activation probe took more than {timeout_s:.0f} s" for a in asks}
+        stdout, missing = done.stdout, None
+    except subprocess.TimeoutExpired as e:  # the probes that finished in time still count
+        stdout = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        missing = f"the activation probe ran out of its {timeout_s:.0f} s"
     except OSError as e:
         return {a.key(): f"the activation probe could not start: {e}" for a in asks}
-    answers = _answers(done.stdout)
+    answers = _answers(stdout)
     out: dict[tuple, Probe | str] = {}
     for i, a in enumerate(asks):
         got = answers.get(i)
         if got is None:
-            tail = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:200]
-            out[a.key()] = f"the activation probe ended early ({tail})"
+            tail = missing or (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:200]
+            out[a.key()] = tail if missing else f"the activation probe ended early ({tail})"
         elif "reason" in got:
             out[a.key()] = got["reason"]
         else:
@@ -154,14 +156,23 @@ def _one(ask: Ask) -> dict:
 
 
 def _probe(ask: Ask, batches: tuple[int, ...], device) -> dict:
+    """The probe of ``ask`` at ``batches``: the model built once, each batch run on it."""
     import torch
 
+    from bench.workloads import resolve
+    from strategies.training import checkpoint_blocks, inner_blocks
+
+    wl = resolve(ask.spec, seed=ask.seed, global_batch=batches[0], **ask.dims)
+    model = wl.build(device)
+    checkpoint_blocks(inner_blocks(wl, model), ask.ac)
     peaks, held = [], []
     reserved_ratio = context = None
     for b in batches:
-        (peak, activation), reserved_ratio, context = _at_batch(ask, b, device)
+        data = resolve(ask.spec, seed=ask.seed, global_batch=b, **ask.dims) if b != batches[0] else wl
+        (peak, activation), reserved_ratio, context = _at_batch(model, data, ask.precision, device)
         peaks.append(peak)
         held.append(activation)
+        model.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return {"batches": list(batches), "peaks": peaks, "activation_peaks": held, "reserved_ratio": reserved_ratio,
@@ -186,22 +197,17 @@ def _like_a_rank(device) -> None:
     (x @ x).sum().item()
 
 
-def _at_batch(ask: Ask, b: int, device) -> tuple[tuple[float, float], float | None, float | None]:
+def _at_batch(model, wl, precision: str, device) -> tuple[tuple[float, float], float | None, float | None]:
     """((peak bytes above the step's start with no gradient at its start, as the harness trains;
     and with every gradient held: the activations alone), reserved/allocated, NVML's context
-    bytes) of forward and backward at micro-batch ``b``, after one pass that warms caches up."""
+    bytes) of forward and backward of ``model`` on ``wl``'s first batch, after one pass that warms
+    caches up."""
     import torch
 
-    from bench.workloads import resolve
-    from strategies.training import checkpoint_blocks, inner_blocks
-
-    wl = resolve(ask.spec, seed=ask.seed, global_batch=b, **ask.dims)
-    model = wl.build(device)
-    checkpoint_blocks(inner_blocks(wl, model), ask.ac)
     x, y = (t.to(device) for t in wl.batch(0))
 
     def fwd_bwd():
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=ask.precision == "bf16"):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             out = model(x)
         wl.loss(out, y).backward()
 

@@ -23,5 +23,6 @@ for phase in "$@"; do
   timeout "${MEM_TIMEOUT:-560}" python3 -m bench run --no-progress --out "$R/$phase" --workloads "$wls" --strategies single \
     --world-sizes 1 --optimizer sgd,adamw --ac none,full --steps 3 --warmup 2 --warmup-max 0 --steps-max 0 \
     --repeats 1 --profile-steps 0 --sample-hz 0 --budget off > "$OUT/$phase.log" 2>&1 || tail -8 "$OUT/$phase.log"
+  grep -i "probe" "$OUT/$phase.log" | head -5
   python3 -m tools.memory_table "$(ls -d "$R/$phase"/*/ | tail -n 1)" --csv "$OUT/memory-$phase.csv"
 done
