@@ -746,6 +746,20 @@ def knob_memory_view(ev: Evidence) -> View:
     return View("one run, 10 timed steps a cell", None, md_table(header, rows, fold=False))
 
 
+def memory_model_view(ev: Evidence) -> View:
+    def pct(x) -> str:
+        return f"{x:+.1%}" if present(x) else "–"
+
+    rows = [[cell(r.workload), f"{r.params_b:.2f}B", cell(r.optimizer), cell(r.ac), str(int(r.global_batch)),
+             f"{r.pred_gib:.2f}", f"{r.measured_gib:.2f}", pct(r.err), f"{r.pred_reserved_gib:.2f}",
+             f"{r.reserved_gib:.2f}", pct(r.reserved_err), f"{r.pred_process_gib:.2f}", f"{r.nvml_process_gib:.2f}",
+             pct(r.process_err)] for r in ev.table.itertuples()]
+    header = ["workload", "params", "optimizer", "checkpointing", "global batch", "predicted GiB", "allocated GiB",
+              "error", "pred. reserved", "reserved GiB", "error", "pred. process", "NVML GiB", "error"]
+    return View("one run a cell, 3 timed steps after 2 warm-up; errors are predicted / measured - 1", None,
+                md_table(header, rows, fold=True))
+
+
 def knob_parity_view(ev: Evidence) -> View:
     df = ev.table
     rows = []
@@ -849,6 +863,8 @@ SECTIONS = [
             "(docs/guides/training-knobs.md): what they cost and save on one GPU, and that every strategy runs and "
             "matches one device under them.",
             [Part("knobs-memory-h200", "Peak memory and step time on one H200, gpt-200m", knob_memory_view),
+             Part("memory-model-h200", "The memory model's predicted peak against the measured one, one H200",
+                  memory_model_view),
              Part("knobs-parity-cpu", "Every strategy under AdamW, compile and checkpointing on CPU (gloo)",
                   knob_parity_view)]),
     Section("Regression gate", "Runs A1 and A2 have the same configuration; run B makes DDP 5% slower "

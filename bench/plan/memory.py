@@ -155,7 +155,7 @@ def cell_model(cell: CellSpec, probe: Probe | str | None) -> Model:
 def fit_reason(cell: CellSpec, fp: Footprint, room: float | None) -> str | None:
     """Why ``cell`` will not fit in ``room`` bytes a rank (None when it may): its predicted peak, cut
     by the margin, is larger."""
-    need = fp.process or fp.reserved or fp.allocated
+    need = fp.required
     if not room or not need or need * (1 - MARGIN) <= room:
         return None
     where = "on one GPU" if cell.device == "cuda" else "per rank in this host's memory"
