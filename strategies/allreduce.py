@@ -7,10 +7,13 @@ communication with backward, which is the point of comparing them with DDP.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from bench.core.memory import Terms
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies import catalog
@@ -18,6 +21,7 @@ from strategies.base import Context, Step, Strategy
 from strategies.catalog import BUCKET_MB
 from strategies.common import local_share, train_step
 from strategies.ddp import data_parallel_check
+from strategies.memory import largest_bucket, layout
 from strategies.training import make_optimizer, whole_model
 
 
@@ -78,3 +82,18 @@ class AllReduce(Strategy):
 class AllReduceBucketed(AllReduce):
     declared = catalog.ALLREDUCE_BUCKETED
     bucketed = True
+
+    def memory_terms(self, cell: CellSpec) -> Terms:
+        """A whole replica on every rank (the per-parameter flavour reduces each gradient in place
+        and adds nothing), and here one flat buffer at a time: ``_flatten_dense_tensors`` copies a
+        bucket of consecutive gradients (at most ``bucket_mb``) into a new tensor, reduced, then
+        copied back (its unflattened pieces are views of it), so the largest bucket is the buffer.
+        Without the planner's layout: the smaller of the cap and every gradient, approximate."""
+        base = super().memory_terms(cell)
+        cap = int(cell.options.get("bucket_mb", BUCKET_MB.default) * 2**20)
+        ps = layout(cell.workload)
+        if ps is None:
+            return dataclasses.replace(base, buffers=float(min(cap, cell.workload.trainable_bytes or 0)),
+                                       buffers_note="flat all-reduce bucket", how="approximate")
+        biggest = largest_bucket([p.nbytes for p in ps if p.trainable], cap)
+        return dataclasses.replace(base, buffers=float(biggest), buffers_note="flat all-reduce bucket")

@@ -10,14 +10,18 @@ last) on rank 0 feeds a separately optimised head on rank 1 every step, trained 
 
 from __future__ import annotations
 
+import dataclasses
+
 from torch import nn
 
+from bench.core.memory import Terms
 from bench.core.mesh import Mesh
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies import catalog
 from strategies.base import Context, OneProcessMultiGPU, Step, Strategy, common_check
-from strategies.common import P2P, build_for_sharding, materialize, stage_modules
+from strategies.common import P2P, build_for_sharding, materialize, param_costs, partition, stage_modules
+from strategies.memory import block_elements, cut_terms, layout
 from strategies.training import compile_blocks, make_optimizer, prepare_blocks
 
 
@@ -35,6 +39,24 @@ class Chain(Strategy):
 
     def stages(self, wl: Workload, model: nn.Module, world: int) -> list[nn.Module]:
         return stage_modules(wl, model, world)
+
+    def bounds(self, n_blocks: int, elements: list[int], world: int) -> list[tuple[int, int]]:
+        """The block ranges :meth:`stages` gives each rank: ``stage_modules``' cut, balancing
+        parameter counts."""
+        return partition(param_costs(elements), world)
+
+    def memory_terms(self, cell: CellSpec) -> Terms:
+        """Each rank's blocks (strategies.memory.cut_terms), cut as :meth:`stages` cuts them; every
+        rank runs the whole global batch at once, receiving its input and its output's gradient
+        into one buffer each. Without the planner's layout: 1/n of everything, approximate."""
+        base = super().memory_terms(cell)
+        ps = layout(cell.workload)
+        if ps is None:
+            return dataclasses.replace(base, micro_batch=cell.workload.global_batch, how="approximate")
+        n = cell.workload.n_blocks
+        ranks = [[b] for b in self.bounds(n, block_elements(ps, n), cell.n_devices)]
+        return cut_terms(cell.workload, ps, ranks, micro_batch=cell.workload.global_batch, in_flight=1,
+                         messages=1, communicators=base.communicators)
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         r, w = ctx.rank, ctx.world_size
@@ -90,6 +112,10 @@ class EncoderHead(Chain):
     def stages(self, wl: Workload, model: nn.Module, world: int) -> list[nn.Module]:
         blocks = wl.blocks(model)
         return [nn.Sequential(*blocks[:-1]), nn.Sequential(blocks[-1])]
+
+    def bounds(self, n_blocks: int, elements: list[int], world: int) -> list[tuple[int, int]]:
+        """The encoder (every block but the last) and the head (the last), as :meth:`stages`."""
+        return [(0, n_blocks - 1), (n_blocks - 1, n_blocks)]
 
 
 class LayerSplit(OneProcessMultiGPU):

@@ -104,6 +104,12 @@ def partition(costs: list[float], k: int) -> list[tuple[int, int]]:
     return bounds[::-1]
 
 
+def param_costs(elements: list[int]) -> list[float]:
+    """Stage-cut costs of blocks holding ``elements`` parameter elements each, with a floor of one
+    so that a parameter-free block still counts as work."""
+    return [float(max(e, 1)) for e in elements]
+
+
 def stage_modules(wl: Workload, model: nn.Module, n_stages: int, costs: list[float] | None = None) -> list[nn.Module]:
     """The model cut into ``n_stages`` contiguous sequences of blocks, balancing ``costs`` (one per
     block; default: parameter count, with a floor so parameter-free blocks still count as work).
@@ -111,7 +117,7 @@ def stage_modules(wl: Workload, model: nn.Module, n_stages: int, costs: list[flo
     pipeline split does."""
     blocks = wl.blocks(model)
     if costs is None:
-        costs = [max(param_count(b), 1) for b in blocks]
+        costs = param_costs([param_count(b) for b in blocks])
     if len(costs) != len(blocks):
         raise ValueError(f"{len(costs)} block costs for {len(blocks)} blocks")
     stages = [nn.Sequential(*blocks[a:b]) for a, b in partition(costs, n_stages)]

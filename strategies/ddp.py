@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from bench.core.memory import Terms
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies import catalog
 from strategies.base import Context, Step, Strategy, common_check
 from strategies.common import local_share, train_step
+from strategies.memory import held, layout, shares, zero_partition
 from strategies.training import compile_module, make_optimizer, optimizer_class, optimizer_kwargs, prepare_blocks
 
 
@@ -37,6 +41,19 @@ class DDPStrategy(Strategy):
                     loss_weight=1.0 / ctx.world_size, optimizer=opt)
 
 
+    def memory_terms(self, cell: CellSpec) -> Terms:
+        """A whole replica on every rank, and the reducer's buckets: DDP's Reducer allocates one flat
+        tensor per bucket, together as large as every gradient (its buckets partition the
+        parameters that require a gradient, ``bucket_cap_mb`` each, the first smaller), and copies
+        each gradient into its bucket to all-reduce it. With ``gradient_as_bucket_view`` the
+        gradients are views into those buckets, so the buckets are the gradients and add nothing
+        (DistributedDataParallel's documentation, ``gradient_as_bucket_view``)."""
+        base = super().memory_terms(cell)
+        view = cell.options.get("ddp_grad_as_bucket_view", False)
+        buckets = 0.0 if view else float(cell.workload.trainable_bytes or 0)
+        return dataclasses.replace(base, buffers=buckets,
+                                   buffers_note="" if view else "DDP's all-reduce buckets (a copy of the gradients)")
+
     def optimizer(self, ddp: DDP, ctx: Context) -> torch.optim.Optimizer:
         """The optimizer over the replicated parameters: whole on every rank."""
         return make_optimizer(ddp.parameters(), ctx)
@@ -53,6 +70,19 @@ class DDPZero1(DDPStrategy):
 
     def state_share(self, cell: CellSpec) -> float:
         return 1 / cell.n_devices
+
+    def memory_terms(self, cell: CellSpec) -> Terms:
+        """DDP's terms (its buckets included), with the optimizer state of the fullest rank's
+        partition: ZeroRedundancyOptimizer gives each parameter, largest first, to the rank with the
+        fewest elements so far (``_partition_parameters``) and keeps state for its own only, so
+        the fullest rank holds more than 1/n when the parameters do not split evenly. Without the
+        planner's layout: 1/n, approximate."""
+        base = super().memory_terms(cell)
+        ps = layout(cell.workload)
+        if ps is None:
+            return dataclasses.replace(base, how="approximate")  # the state: an even split assumed
+        ranks = [held([ps[i] for i in owned]) for owned in zero_partition(ps, cell.n_devices)]
+        return dataclasses.replace(base, state=shares(ranks, ps)[2])
 
     def optimizer(self, ddp: DDP, ctx: Context) -> torch.optim.Optimizer:
         from torch.distributed.optim import ZeroRedundancyOptimizer

@@ -30,16 +30,21 @@ is left on; explicit ``set_modules_to_forward_prefetch`` brought nothing measura
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from bench.core.memory import Terms
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies import catalog
 from strategies.base import Context, Step, Strategy, policy_text
 from strategies.common import build_for_sharding, local_share, materialize, param_count, train_step
 from strategies.ddp import data_parallel_check
+from strategies.memory import Param, held, layout, local_elements, shares
 from strategies.training import inner_blocks, make_optimizer, prepare_blocks
 
 
@@ -82,6 +87,55 @@ def shard_model(wl: Workload, model, mesh, *, reshard: bool, mp: MixedPrecisionP
     return len(blocks)
 
 
+def unit_indices(n_blocks: int, ps: Sequence[Param], units: str = "inner") -> list[int]:
+    """The blocks :func:`unit_blocks` makes units of, by index: the inner ones (all of them with
+    fewer than three), or every one, that hold parameters."""
+    idx = list(range(1, n_blocks - 1)) if units == "inner" and n_blocks >= 3 else list(range(n_blocks))
+    holding = {p.block for p in ps}
+    return [i for i in idx if i in holding]
+
+
+def fsdp_terms(cell: CellSpec, ps: Sequence[Param], *, dp: int, reshard: bool, micro_batch: int,
+               tp_dims: Sequence[int] | None = None, tp: int = 1) -> Terms:
+    """FSDP2's terms over ``dp`` ranks (each parameter first cut by tensor parallel along
+    ``tp_dims`` over ``tp``, as fsdp-tp does).
+
+    Held: every rank keeps each parameter's dim-0 shard padded to ceil(rows / dp) rows
+    (:func:`strategies.memory.local_elements`), its gradient (the reduce-scatter output) and
+    optimizer state at the same size. Buffers (approximate: when FSDP2 frees a gathered unit
+    depends on its streams and the caching allocator): the root's parameters, all-gathered at the
+    start of forward and kept to the end of backward; under ``reshard`` the two largest units at
+    once (the one computing and the one prefetched: the last block, kept gathered from its forward
+    into its backward, and the next backward all-gather FSDP2 issues early), without it every unit
+    (each kept gathered from forward to backward); each gathered at dp x the padded shard in the
+    gather dtype (the policy's bf16, else the parameter's); plus the reduce-scatter input of the
+    largest unit, its whole padded gradient in the reduce dtype (fp32 under the policy, else the
+    parameter's)."""
+    tp_dims = tp_dims or [-1] * len(ps)
+    cast = mixed_precision(cell.options, cell.measure.precision) is not None
+
+    def local(i: int) -> int:
+        return local_elements(ps[i].shape, tp_dim=tp_dims[i], tp=tp, dp=dp)
+
+    rank = held([dataclasses.replace(p, shape=(local(i),)) for i, p in enumerate(ps)])
+    params, grads, state = shares([rank], ps)
+    units = unit_indices(cell.workload.n_blocks, ps, cell.options.get("fsdp_units", "inner"))
+    gathered: dict[int, float] = {}
+    scatter: dict[int, float] = {}
+    for i, p in enumerate(ps):
+        unit = p.block if p.block in units else -1  # -1: the root
+        gathered[unit] = gathered.get(unit, 0.0) + dp * local(i) * (2 if cast else p.element)
+        if p.trainable:
+            scatter[unit] = scatter.get(unit, 0.0) + dp * local(i) * (4 if cast else p.element)
+    inner = sorted((v for k, v in gathered.items() if k != -1), reverse=True)
+    live = inner if not reshard else inner[:2]
+    buffers = gathered.get(-1, 0.0) + sum(live) + max(scatter.values(), default=0.0)
+    return Terms(params=params, grads=grads, state=state, micro_batch=micro_batch, buffers=buffers,
+                 buffers_note="FSDP2's all-gathered units and reduce-scatter input",
+                 communicators=1 if cell.n_procs > 1 and cell.backend == "nccl" else 0,
+                 how="approximate")  # the buffers: see above
+
+
 class FSDP(Strategy):
     declared = catalog.FSDP
     reshard = True
@@ -95,6 +149,15 @@ class FSDP(Strategy):
 
     def precision_policy(self, cell: CellSpec) -> str:
         return fsdp_policy(cell)
+
+    def memory_terms(self, cell: CellSpec) -> Terms:
+        """:func:`fsdp_terms` over every rank; without the planner's layout, 1/n of everything and
+        no buffers (approximate)."""
+        ps = layout(cell.workload)
+        if ps is None:
+            return dataclasses.replace(super().memory_terms(cell), how="approximate")
+        return fsdp_terms(cell, ps, dp=cell.n_devices, reshard=self.reshard,
+                          micro_batch=-(-cell.workload.global_batch // cell.n_devices))
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from bench.core.memory import Terms
 from bench.core.spec import CellSpec
 from bench.workloads import Workload
 from strategies import catalog
@@ -18,8 +21,8 @@ from strategies.common import (
     train_step,
 )
 from strategies.ddp import divisible
-from strategies.fsdp import fsdp_policy, mixed_precision, shard_model
-from strategies.tensor import apply_tp, compiled_selective_reason, tp_check
+from strategies.fsdp import fsdp_policy, fsdp_terms, mixed_precision, shard_model
+from strategies.tensor import apply_tp, compiled_selective_reason, tp_check, tp_layout
 from strategies.training import make_optimizer, prepare_blocks
 
 
@@ -43,6 +46,18 @@ class FSDPxTP(Strategy):
         mp = mixed_precision(cell.options, cell.measure.precision)
         return {"mesh": cell_mesh(cell.options, cell.n_devices, "tp").label,
                 "fsdp_param_dtype": "bf16" if mp else "fp32", "mesh_placement": placement_label(cell, "tp")}
+
+    def memory_terms(self, cell: CellSpec) -> Terms:
+        """FSDP2's terms (strategies.fsdp.fsdp_terms) over the mesh's data-parallel ranks, each
+        parameter first cut by the tensor-parallel plan over its row; every rank of a row sees the
+        row's share of the batch. Without the planner's layout: 1/n of everything, approximate."""
+        grid = cell_mesh(cell.options, cell.n_devices, "tp")
+        got = tp_layout(cell)
+        batch = -(-cell.workload.global_batch // grid.dp)
+        if got is None:
+            return dataclasses.replace(super().memory_terms(cell), micro_batch=batch, how="approximate")
+        ps, dims = got
+        return fsdp_terms(cell, ps, dp=grid.dp, reshard=True, micro_batch=batch, tp_dims=dims, tp=grid.mp)
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         grid = cell_mesh(ctx.options, ctx.world_size, "tp")

@@ -23,6 +23,7 @@ schedule: time spent between stages (transfers, waits, the schedule's host work)
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass
 
@@ -32,12 +33,14 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from bench.core import backends
+from bench.core.memory import Terms
 from bench.core.mesh import Mesh
 from bench.core.spec import CellSpec, WorkloadFacts
 from bench.workloads import Workload
 from strategies import catalog
 from strategies.allreduce import allreduce_mean_bucketed
 from strategies.base import Context, Step, Strategy, common_check
+from strategies.catalog import BUCKET_MB
 from strategies.common import (
     block_costs,
     build_for_sharding,
@@ -46,11 +49,14 @@ from strategies.common import (
     local_share,
     materialize,
     mesh_check,
+    param_costs,
+    partition,
     placement_check,
     placement_label,
     stage_modules,
     time_region,
 )
+from strategies.memory import block_elements, cut_terms, layout, pipeline_in_flight
 from strategies.training import compile_blocks, make_optimizer, prepare_blocks
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
@@ -87,6 +93,12 @@ def pipeline_check(wl: WorkloadFacts, cell: CellSpec, *, pp: int, dp: int, virtu
     return None
 
 
+def equal_blocks(n: int) -> list[float]:
+    """Stage-cut costs of ``pp_balance=blocks``: equal transformer blocks per stage, the embedding
+    and the head (the first and last of more than two blocks) riding along at no cost."""
+    return [0.0] + [1.0] * (n - 2) + [0.0] if n > 2 else [1.0] * n
+
+
 @dataclass(frozen=True, kw_only=True)
 class StageLayout:
     """Where this rank sits in a pipeline: its schedule, its rank among the ``pp`` stages (each
@@ -121,9 +133,8 @@ class PipelineRunner:
             x, y = wl.batch(0)
             rows = x.shape[0] // (dp * m)
             costs = block_costs(wl, model, ctx, (x[:rows], y[:rows]))
-        elif balance == "blocks":  # equal transformer blocks per stage; embedding and head ride along
-            n = len(wl.blocks(model))
-            costs = [0.0] + [1.0] * (n - 2) + [0.0] if n > 2 else [1.0] * n
+        elif balance == "blocks":
+            costs = equal_blocks(len(wl.blocks(model)))
         prepare_blocks(wl, model, ctx, compile_each=False)
         parts = stage_modules(wl, model, n_stages, costs)
         self.stage_blocks = [len(p) for p in parts]
@@ -189,6 +200,30 @@ class Pipeline(Strategy):
 
     def min_share(self, cell: CellSpec) -> float:
         return 1 / self.degrees(cell.n_devices, cell.options)[1]  # pp stages, each replicated dp times
+
+    def memory_terms(self, cell: CellSpec) -> Terms:
+        """The fullest pipeline rank's stages (strategies.memory.cut_terms), cut as
+        :class:`PipelineRunner` cuts them (``partition`` of the same costs: ``pp_balance=blocks``
+        equal blocks, ``params`` parameter counts; ``time`` is measured only when the cell runs, so
+        the equal-blocks cut stands in for it, approximate); the micro-batch is the global batch over
+        dp x ``micro_batches``, in flight as many as the schedule holds on its first rank
+        (strategies.memory.pipeline_in_flight), each stage receiving into one buffer a micro-batch.
+        Without the planner's layout: 1/pp of everything, approximate."""
+        dp, pp = self.degrees(cell.n_devices, cell.options)
+        m, v = cell.options["micro_batches"], self.virtual
+        base = super().memory_terms(cell)
+        ps = layout(cell.workload)
+        if ps is None:
+            return dataclasses.replace(base, micro_batch=cell.workload.global_batch // (dp * m), how="approximate")
+        n = cell.workload.n_blocks
+        balance = cell.options.get("pp_balance", "blocks")
+        costs = param_costs(block_elements(ps, n)) if balance == "params" else equal_blocks(n)
+        bounds = partition(costs, pp * v)
+        ranks = [[bounds[r + i * pp] for i in range(v)] for r in range(pp)]
+        return cut_terms(cell.workload, ps, ranks, micro_batch=cell.workload.global_batch // (dp * m),
+                         in_flight=pipeline_in_flight(self.schedule, pp, m, v), messages=m,
+                         bucket_cap=int(cell.options.get("bucket_mb", BUCKET_MB.default) * 2**20) if dp > 1 else None,
+                         communicators=base.communicators)
 
     def mesh(self, n: int, options: dict) -> Mesh:
         """The cell's layout: n pipeline stages (a 2D hybrid: data parallel x pipeline)."""

@@ -11,8 +11,12 @@ sees the whole batch.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+
 from torch.distributed.device_mesh import init_device_mesh
 
+from bench.core.memory import Terms
 from bench.core.mesh import Mesh
 from bench.core.spec import CellSpec, WorkloadFacts
 from bench.workloads import Workload
@@ -20,6 +24,7 @@ from strategies import catalog
 from strategies.base import Context, Step, Strategy, common_check
 from strategies.catalog import TP_PLAN
 from strategies.common import build_for_sharding, materialize, train_step
+from strategies.memory import Param, held, layout, local_elements, shares
 from strategies.training import make_optimizer, prepare_blocks
 
 
@@ -47,6 +52,22 @@ def apply_tp(wl: Workload, model, mesh, ctx: Context):
     return loss_ctx
 
 
+def tp_layout(cell: CellSpec) -> tuple[list[Param], tuple[int, ...]] | None:
+    """The parameters and the dimension the cell's plan (option ``tp_plan``) shards each along,
+    as the planner recorded them applying the plan on the meta device; None where it could not."""
+    ps, dims = layout(cell.workload), (cell.workload.tp_dims or {}).get(cell.options.get("tp_plan", TP_PLAN.default))
+    return None if ps is None or dims is None or len(dims) != len(ps) else (ps, dims)
+
+
+def tp_shares(ps: Sequence[Param], dims: Sequence[int], tp: int) -> tuple[float, float, float]:
+    """(params, grads, state) shares of tensor-parallel rank 0, the fullest: a sharded parameter's
+    DTensor keeps torch.chunk's first (largest) piece along its dimension, a replicated one all of
+    it; gradients and optimizer state are the same DTensors' and tensors' sizes."""
+    rank = held([dataclasses.replace(p, shape=(local_elements(p.shape, tp_dim=d, tp=tp),))
+                 for p, d in zip(ps, dims)])
+    return shares([rank], ps)
+
+
 def compiled_selective_reason(cell: CellSpec) -> str | None:
     """Why a tensor-parallel cell cannot compile under selective checkpointing, or None."""
     if cell.training.compile == "on" and cell.training.ac == "selective":
@@ -66,6 +87,20 @@ class TensorParallel(Strategy):
 
     def knob_reason(self, cell: CellSpec) -> str | None:
         return super().knob_reason(cell) or compiled_selective_reason(cell)
+
+    def memory_terms(self, cell: CellSpec) -> Terms:
+        """The plan's shares (:func:`tp_shares`) and the whole global batch as the micro-batch
+        (every rank sees all of it). Approximate: the activations, kept whole (an upper bound):
+        the split linears' outputs and the attention inside are 1/tp, but the residual stream, the
+        norms' inputs (Megatron) and every linear's gathered input (sequence parallel) are not.
+        Without the planner's layout, 1/n of the parameters."""
+        base = super().memory_terms(cell)
+        got = tp_layout(cell)
+        base = dataclasses.replace(base, micro_batch=cell.workload.global_batch, how="approximate")
+        if got is None:
+            return base
+        params, grads, state = tp_shares(*got, cell.n_devices)
+        return dataclasses.replace(base, params=params, grads=grads, state=state)
 
     def prepare(self, wl: Workload, ctx: Context) -> Step:
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))

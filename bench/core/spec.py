@@ -67,7 +67,6 @@ class CellKey(Protocol):
 @dataclass(frozen=True, kw_only=True)
 class WorkloadFacts:
     """What the planner learned from a workload once; ranks rebuild the model from ``spec``/``dims``."""
-
     name: str  # display name, dimensions included: gpt-small(d_model=512)
     spec: str  # built-in name or package.module:factory
     dims: dict[str, int]
@@ -78,19 +77,16 @@ class WorkloadFacts:
     n_heads: int | None
     has_tp_plan: bool
     description: str
-    # Bytes of the parameters and their gradients (a frozen parameter counts once), as the model
-    # builds them; None when it cannot be built on the meta device.
-    train_bytes: int | None = None
-    # Bytes of the trainable parameters alone: Adam and AdamW keep two values of their dtype for each
-    trainable_bytes: int | None = None
-    # The parity tolerance the cells of this workload are judged by, when it is not the default (the
-    # workload's own ``parity_tol``, or --parity-tol); None: by precision and optimizer.
-    parity_tol: float | None = None
-    # The BatchNorm classes the model holds (e.g. "BatchNorm2d"): each rank then normalises over its
-    # share of the batch where one device normalises over all of it, a difference parity names.
-    batch_norm: str | None = None
-    # Bytes of one sample of the workload's batch (inputs and targets); None when unknown.
-    sample_bytes: int | None = None
+    # Bytes of the parameters and their gradients (a frozen parameter counts once), as the model builds them
+    train_bytes: int | None = None  # None: the model cannot be built on the meta device
+    trainable_bytes: int | None = None  # the trainable ones alone: Adam and AdamW keep two values each
+    parity_tol: float | None = None  # its cells' parity tolerance (its own, or --parity-tol); None: the default
+    batch_norm: str | None = None  # BatchNorm classes held ("BatchNorm2d"): a rank normalises over its share
+    sample_bytes: int | None = None  # bytes of one sample of the batch (inputs and targets); None: unknown
+    # The model's layout the strategies' memory terms read (bench.workloads.base.Workload.layout_facts)
+    param_shapes: tuple[tuple[int, ...], ...] | None = None
+    boundary_bytes: tuple[int, ...] | None = None
+    tp_dims: dict[str, tuple[int, ...]] | None = None
 
 
 #: Most distinct global batches a cell stages on its device.

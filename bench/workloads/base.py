@@ -74,11 +74,92 @@ class Workload:
             trainable_bytes = sum(p.numel() * p.element_size() for p in built if p.requires_grad)
         except Exception:  # noqa: BLE001 - a model that cannot build on meta keeps no count
             pass
+        shapes, boundary, tp_dims = self.layout_facts()
         return WorkloadFacts(name=self.name, spec=spec, dims=dict(dims), global_batch=self.global_batch,
                              flops_per_sample=self.flops_per_sample, params=params, n_blocks=self.n_blocks,
                              n_heads=self.n_heads, has_tp_plan=self.tp_plan is not None,
                              description=self.description, train_bytes=train_bytes, trainable_bytes=trainable_bytes,
-                             parity_tol=self.parity_tol, batch_norm=batch_norm)
+                             parity_tol=self.parity_tol, batch_norm=batch_norm, param_shapes=shapes,
+                             boundary_bytes=boundary, tp_dims=tp_dims)
+
+    def layout_facts(self) -> tuple[tuple[tuple[int, ...], ...] | None, tuple[int, ...] | None,
+                                    dict[str, tuple[int, ...]] | None]:
+        """The model's layout as :class:`WorkloadFacts` records it for the strategies' memory terms
+        (strategies.memory), each None where the model cannot be built, run or tensor-parallelized
+        on the meta device: ``param_shapes``, each distinct parameter in ``model.parameters()`` order
+        (:func:`param_shapes`); ``boundary_bytes``, one sample's output of each block
+        (:func:`boundary_bytes`); ``tp_dims``, per tensor-parallel plan the dimension it shards each
+        parameter along, in the same order (:func:`tp_dims`)."""
+        try:
+            model = self.build(torch.device("meta"))
+            shapes = param_shapes(model, self.blocks(model))
+        except Exception:  # noqa: BLE001 - a model that cannot build on meta keeps no layout
+            return None, None, None
+        return shapes, boundary_bytes(self, model), tp_dims(self)
+
+
+#: The tensor-parallel plans a workload's ``tp_plan`` is asked for (the tensor strategies' option
+#: ``tp_plan``): their shardings are recorded in :attr:`WorkloadFacts.tp_dims`.
+TP_PLANS = ("megatron", "sp")
+
+
+def param_shapes(model: nn.Module, blocks: list[nn.Module]) -> tuple[tuple[int, ...], ...]:
+    """Each distinct parameter of ``model`` in order: (index of the first of ``blocks`` that holds
+    it, -1 for none; bytes per element; 1 if it trains else 0; its shape)."""
+    where: dict[int, int] = {}
+    for k, b in enumerate(blocks):
+        for p in b.parameters():
+            where.setdefault(id(p), k)
+    return tuple((where.get(id(p), -1), p.element_size(), int(p.requires_grad), *p.shape)
+                 for p in model.parameters())
+
+
+def boundary_bytes(wl: Workload, model: nn.Module) -> tuple[int, ...] | None:
+    """Bytes of each block's output for one sample: the blocks run in sequence on the meta device
+    on a one-sample input shaped like the workload's batch (None when a block cannot run there)."""
+    try:
+        x = wl.batch(0)[0][:1].to("meta")
+        out = []
+        with torch.no_grad():
+            for block in wl.blocks(model):
+                x = block(x)
+                out.append(x.numel() * x.element_size())
+        return tuple(out)
+    except Exception:  # noqa: BLE001 - a block that cannot run on meta: no boundary sizes
+        return None
+
+
+def tp_dims(wl: Workload) -> dict[str, tuple[int, ...]] | None:
+    """For each plan of :data:`TP_PLANS` the workload's ``tp_plan`` accepts: the dimension it
+    shards each parameter along (-1: replicated). The plan is applied to a model on the meta device
+    over a two-rank mesh of a fake process group (torch.testing's FakeProcessGroup: collectives do
+    nothing), so the placements are the plan's own, whatever its module names. None without a
+    plan, inside a process group (a rank never needs it) or when the plan cannot run there."""
+    import torch.distributed as dist
+
+    if wl.tp_plan is None or not dist.is_available() or dist.is_initialized():
+        return None
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except Exception:  # noqa: BLE001 - a torch build without it: no tensor-parallel layout
+        return None
+    out: dict[str, tuple[int, ...]] = {}
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        for plan in TP_PLANS:
+            try:
+                model = wl.build(torch.device("meta"))
+                wl.tp_plan(model, mesh, plan=plan)
+            except Exception:  # noqa: BLE001 - a plan this workload does not offer
+                continue
+            out[plan] = tuple(next((pl.dim for pl in p.placements if pl.is_shard()), -1)
+                              if isinstance(p, DTensor) else -1 for p in model.parameters())
+    finally:
+        dist.destroy_process_group()
+    return out or None
 
 
 def seeded(seed: int, step: int) -> torch.Generator:
