@@ -17,6 +17,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from bench.core.backends import find as find_backend  # noqa: E402
 from bench.core.metrics import BREAKDOWN_GAP_MAX  # noqa: E402
 from bench.core.text import gap_text  # noqa: E402
+from bench.decide.fits import PARTS, footprint  # noqa: E402
 from bench.decide.rules import is_reference, rebuild_off  # noqa: E402
 from bench.stats.steps import EFFICIENCY_MAX  # noqa: E402
 
@@ -227,6 +228,102 @@ def energy_bars(cells: pd.DataFrame, workload: str, ax=None):
     ax.set_xlabel("energy per sample (J), all GPUs of the cell")
     ax.set_title(f"{workload}: energy", fontsize=9)
     return ax
+
+
+MEMORY_COLORS = {"params": "tab:blue", "optimizer": "tab:purple", "grads": "tab:orange", "activations": "tab:green",
+                 "buffers": "tab:brown", "data": "tab:gray", "other": "tab:olive"}
+HELD = (("params", "held_params_bytes"), ("grads", "held_grads_bytes"), ("optimizer", "held_optimizer_bytes"))
+#: the measured figures drawn on a memory bar: column, marker, colour, legend label
+MEASURED = (("peak_mem_bytes", "D", "k", "measured allocated peak"),
+            ("peak_reserved_bytes", "|", "tab:red", "measured reserved peak"),
+            ("nvml_process_bytes", "x", "tab:red", "NVML process memory"))
+
+
+def memory_cells(cells: pd.DataFrame, workload: str) -> pd.DataFrame:
+    """The ok cells of ``workload`` that carry a prediction (runs without the memory model have none)."""
+    d = _ok(cells, workload)
+    return d[d["mem_pred_bytes"].notna()] if "mem_pred_bytes" in d else d.iloc[0:0]
+
+
+def memory_error_label(r: pd.Series) -> str:
+    """The error beside a memory bar: predicted / measured allocated peak - 1, else (CPU) the counted
+    parameters, gradients and state against their prediction; '(lower bound)' for a prediction without
+    its activations."""
+    err = r.get("mem_pred_error")
+    if pd.notna(err):
+        out = f"pred {err:+.0%}"
+    else:
+        held = [r.get(c) for _, c in HELD]
+        pred = sum(float(r.get(f"mem_pred_{k}_bytes") or 0) for k, _ in HELD)
+        out = f"held {sum(held) / pred - 1:+.0%} of pred" if all(pd.notna(h) for h in held) and pred else ""
+    return out + (" (lower bound)" if str(r.get("mem_pred_how") or "").startswith("lower bound") else "")
+
+
+def memory_bars(cells: pd.DataFrame, workload: str, ax=None):
+    """Per ok cell, the memory model's predicted peak of its fullest device stacked by component (the
+    gradients at the optimizer step's peak, the activations at backward's), markers for what was
+    measured (allocated and reserved peak, NVML's process memory: CUDA only), the bytes of parameters,
+    gradients and state counted on the rank as a thin hatched bar beneath (what a CPU run has), the
+    capacity a rank has as a dashed line, and the error as a label."""
+    d = memory_cells(cells, workload).sort_values(["world_size", "strategy"]).head(MAX_BARS)
+    ax = _ax(ax, (WIDTH_IN, BASE_IN + 0.34 * len(d)))
+    if d.empty:
+        return ax
+    top = max(float(np.nanmax(d[[c for c in ("mem_pred_bytes", *(m[0] for m in MEASURED)) if c in d]]
+                              .to_numpy(float))), 1.0)
+    unit, scale = ("GiB", 2**30) if top >= 2**30 else ("MiB", 2**20)
+    y = np.arange(len(d))
+    left = np.zeros(len(d))
+    held = False
+    fps = [footprint(r) for _, r in d.iterrows()]
+    for part in PARTS:
+        v = np.array([fp.parts()[part] for fp in fps]) / scale
+        if v.any():
+            ax.barh(y, v, left=left, height=0.55, color=MEMORY_COLORS[part], label=f"predicted {part}")
+        left += v
+    if all(c in d for _, c in HELD) and d[[c for _, c in HELD]].notna().all(axis=1).any():
+        hl = np.zeros(len(d))
+        for part, col in HELD:
+            v = d[col].to_numpy(float) / scale
+            ax.barh(y + 0.4, np.nan_to_num(v), left=hl, height=0.22, color="none", edgecolor=MEMORY_COLORS[part],
+                    hatch="////", lw=0.6)
+            hl += np.nan_to_num(v)
+        held = True
+    for col, mark, color, label in MEASURED:
+        if col in d and d[col].notna().any():
+            ax.scatter(d[col].to_numpy(float) / scale, y, marker=mark, color=color, s=30, zorder=3, label=label)
+    far = _capacity(ax, d, y, scale, top)
+    for k, (_, r) in enumerate(d.iterrows()):
+        ax.annotate(memory_error_label(r), (left[k], y[k]), xytext=(4, 0), textcoords="offset points", fontsize=6,
+                    va="center")
+    ax.set_yticks(y, [cell_label(r) for _, r in d.iterrows()], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, ax.get_xlim()[1] * 1.12)  # room for the labels
+    ax.set_xlabel(f"{unit} on the cell's fullest device" + (f" (a rank's capacity, {far}, is off the axis)"
+                                                             if far else ""))
+    ax.set_title(f"{workload}: predicted memory by component against what was measured", fontsize=9)
+    handles, _ = ax.get_legend_handles_labels()
+    if held:
+        handles.append(Patch(facecolor="none", edgecolor="k", hatch="////",
+                             label="counted on the rank (params, grads, state)"))
+    ax.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    return ax
+
+
+def _capacity(ax, d: pd.DataFrame, y, scale: float, top: float) -> str:
+    """The capacity of each cell's rank as a dashed segment on its row, where it is within three times
+    the largest bar; the others' in words, returned ('' for none: a 64 GiB host beside 5 MiB bars would
+    flatten them)."""
+    cap = d["mem_capacity_bytes"].to_numpy(float) if "mem_capacity_bytes" in d else np.full(len(d), np.nan)
+    near = cap <= 3 * top
+    for k in np.flatnonzero(near):
+        ax.plot([cap[k] / scale] * 2, [y[k] - 0.45, y[k] + 0.45], ls="--", color="#b00", lw=1,
+                label="capacity of a rank" if k == np.flatnonzero(near)[0] else None)
+    far = cap[~near & ~np.isnan(cap)]
+    if not len(far):
+        return ""
+    lo, hi = far.min() / 2**30, far.max() / 2**30
+    return f"{lo:.1f} GiB" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f} GiB"
 
 
 def _bytes(v: float) -> str:

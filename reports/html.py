@@ -40,6 +40,7 @@ from bench.results.store import CELL_COLUMNS, SAMPLE_COLUMNS, frame, read_table
 from bench.runtime.signals import defer_stops
 from reports import figures, words
 from reports.figures import cell_label
+from reports.memory import memory_table
 from reports.serving import serve_section
 
 TEMPLATE = """<!doctype html>
@@ -98,7 +99,10 @@ placement, policy and load level the achieved rate and the latency percentiles t
 collectives ran below half of this machine's bandwidth curve (click for each)</summary><ul>
 {% for f in wl.flags %}<li>{{ f }}</li>{% endfor %}</ul></details>{% endif %}
 {% for img in wl.images %}<img src="data:image/png;base64,{{ img.data }}" alt="{{ img.name }}" title="{{ img.name }}">
-{% endfor %}{% endfor %}
+{% endfor %}{% if wl.memory %}<p class="muted">{{ a.memory_caption(wl.memory_cpu) }}</p>
+<table class="memory"><tr>{% for h in wl.memory.head %}<th class="{{ '' if h in wl.memory.numeric else 'l' }}">{{ h }}</th>{% endfor %}</tr>
+{% for r in wl.memory.rows %}<tr>{% for v in r %}<td class="{{ '' if wl.memory.head[loop.index0] in wl.memory.numeric else 'l' }}">{{ v }}</td>{% endfor %}</tr>
+{% endfor %}</table>{% endif %}{% endfor %}
 {% if telemetry %}<h2>Telemetry per cell</h2>{% for img in telemetry %}
 <img src="data:image/png;base64,{{ img.data }}" alt="{{ img.name }}">{% endfor %}{% endif %}
 {% if meta.telemetry %}<p class="muted">Telemetry notes: {% for k, v in meta.telemetry.items() %}<code>{{ k }}</code>:
@@ -181,6 +185,8 @@ def _workload_figures(cells: pd.DataFrame, wl: str, out: Path, annotated: pd.Dat
         kinds.append(("pareto", lambda: figures.pareto(cells, wl)))
     if "energy_per_sample_j" in ok and ok["energy_per_sample_j"].notna().any():
         kinds.append(("energy", lambda: figures.energy_bars(cells, wl)))
+    if len(figures.memory_cells(cells, wl)):
+        kinds.append(("memory", lambda: figures.memory_bars(cells, wl)))
     if annotated is not None and len(annotated):
         ids = set(ok["cell_id"])
         mine = annotated[annotated["cell_id"].isin(ids)]
@@ -302,7 +308,9 @@ def _render(run: Run, out: Path, against: Against, decisions: list[Decision]) ->
     described = meta.get("workloads") or {}
     annotated = _annotated_comm(run_dir, meta)
     wls = [{"name": wl, "description": described.get(wl, ""), "flags": _comm_flags(cells, wl, annotated),
-            "images": _workload_figures(cells, wl, out, annotated)} for wl in cells["workload"].dropna().unique()]
+            "images": _workload_figures(cells, wl, out, annotated), "memory": memory_table(cells, wl),
+            "memory_cpu": not cells.loc[cells["workload"] == wl, "peak_mem_bytes"].notna().any()}
+           for wl in cells["workload"].dropna().unique()]
     real, toys = words.split(decisions)
     cols = table_columns(cells.columns)
     not_run = everything[everything["status"] != "ok"].sort_values(["status", "workload", "strategy"])

@@ -18,11 +18,14 @@ from bench.decide.decision import (
     BlockerKind,
     Bound,
     BoundKind,
+    Change,
+    ChangeKind,
     Decision,
     DecisionKind,
     ExcludedKind,
     Ground,
     LeadReason,
+    OomKind,
     Pair,
     PartKind,
     Tip,
@@ -92,6 +95,8 @@ def noise_text(p: Decision) -> str:
 
 def measured_text(p: Decision) -> str:
     """What was measured: the fastest candidate, its step, its speed-up, its lead."""
+    if p.ground == Ground.FITS_NOWHERE:
+        return "nothing ran"
     out = f"fastest: {p.winner} {p.step_ms:.1f} ms/step"
     if p.speedup is not None:
         out += f", {p.speedup:.2f}x one device"
@@ -193,25 +198,99 @@ def _strategy(p: Decision) -> str:
         + ("; it stands until repeats say otherwise" if still else "")
 
 
+_OOM = {OomKind.KILLED: "killed by SIGKILL, on Linux the kernel's out-of-memory killer"}
+
+
+def oom_text(kind: OomKind | None) -> str:
+    """How a cell ran out of memory, in a few words."""
+    return _OOM.get(kind, "out of memory")
+
+
+def peak_text(f) -> str:
+    """'peak 60.0 of 79.1 GiB, 24% headroom' of a :class:`Fit` ('predicted peak' where nothing
+    measured it; 'at least' for a lower bound)."""
+    if f.peak_bytes is None:
+        return "peak memory not measured"
+    what = ("predicted peak" if f.predicted else "peak") + (" at least" if f.lower_bound else "")
+    if not f.device_bytes:
+        return f"{what} {f.peak_bytes / GIB:.1f} GiB (device size not known)"
+    room = f", {f.headroom:.0%} headroom" if f.headroom is not None and f.headroom >= 0 else ""
+    return f"{what} {f.peak_bytes / GIB:.1f} of {f.device_bytes / GIB:.1f} GiB{room}"
+
+
 def fit_text(p: Decision) -> str:
     """'does not fit one device (single: out of memory); peak 60.0 of 79.1 GiB, 24% headroom' ('' when it fits)."""
     f = p.fit
-    if f is None or f.fits_one_device is not False:
+    if f is None or f.fits_one_device is not False or p.ground == Ground.FITS_NOWHERE:
         return ""
-    if f.peak_bytes is None:
-        words = "peak memory not measured"
-    elif not f.device_bytes:
-        words = f"peak {f.peak_bytes / GIB:.1f} GiB (device size not known)"
-    else:
-        words = f"peak {f.peak_bytes / GIB:.1f} of {f.device_bytes / GIB:.1f} GiB, {f.headroom:.0%} headroom"
     unchecked = "" if f.parity_checked else "; parity not checked (no device ran the whole model)"
-    return f"does not fit one device ({f.reference}: out of memory); {words}{unchecked}"
+    return f"does not fit one device ({f.reference}: {oom_text(f.oom)}); {peak_text(f)}{unchecked}"
+
+
+def memory_caption(unmeasured: bool) -> str:
+    """What the memory figure and table show (``unmeasured``: no cell measured its peak: CPU)."""
+    out = ("Memory: the memory model's predicted peak of each cell's fullest device, made before it ran, stacked "
+           "by component (the gradients at the optimizer step's peak, the activations at backward's, which include "
+           "the gradients existing then); markers are what was measured (the allocator's allocated and reserved "
+           "peak, NVML's process memory), the dashed line the memory a rank has; error: predicted / measured - 1; "
+           "fits b/dev: the largest micro-batch per device predicted to fit with a 10% margin.")
+    if unmeasured:
+        out += (" Nothing here measures a peak (a CPU run has no allocator peak): the thin hatched bars and "
+                "'counted / predicted' are the bytes of parameters, gradients and optimizer state counted on the "
+                "rank against their prediction; the activations are not checked.")
+    return out
+
+
+def nowhere_text(p: Decision) -> str:
+    """Why a workload has no decision when it fits nowhere in the matrix."""
+    f = p.fit
+    one = f" (one device: {f.reference}, {oom_text(f.oom)})" if f.reference else ""
+    if f.peak_bytes is None:
+        return f"it fits nowhere in the matrix: every cell ran out of memory{one}; no cell's row holds a prediction"
+    missed = ("; it was predicted to fit and ran out while running: the memory model under-predicts it, so the "
+              "peaks below are low" if f.missed else "")
+    return (f"it fits nowhere in the matrix: every cell ran out of memory{one}; nearest: {f.nearest}, "
+            f"{peak_text(f)}{missed}")
+
+
+def change_text(c: Change) -> str:
+    """One change that would make the model fit, with its predicted allocated peak."""
+    peak = f"predicted peak {c.peak_bytes / GIB:.1f} GiB" if c.peak_bytes is not None else ""
+    if c.kind == ChangeKind.SHARD_OPTIMIZER:
+        what = f"a sharded optimizer ({c.strategy} x{c.world_size})"
+    elif c.kind == ChangeKind.CHECKPOINT:
+        if c.peak_bytes is None:
+            share = f"{c.activations:.0%} of the peak is activations" if c.activations is not None else \
+                "the activations are part of the peak"
+            return f"activation checkpointing (--ac full): {share}, which it would remove most of"
+        what = f"activation checkpointing (--ac full, as cell {c.cell} of this run)"
+    elif c.kind == ChangeKind.SMALLER_BATCH:
+        if not c.batch:
+            return "a smaller batch: not one sample per device is predicted to fit"
+        what = f"a micro-batch of {c.batch} per device" + (f" (now {c.now:g})" if c.now is not None else "")
+    else:
+        what = f"the model cut over {c.world_size} devices ({c.strategy} x{c.world_size})"
+    where = "; on CPU more ranks share one host's memory: more hosts" if c.hosts else ""
+    fits = {True: ", fits", False: ", still too large", None: ""}[c.fits]
+    return f"{what}: {peak}{fits}{where}" if peak else f"{what}{fits}{where}"
+
+
+def changes_text(p: Decision) -> str:
+    """The changes that would make a model that fits nowhere fit: the cheapest that fits first."""
+    ch = p.fit.changes if p.fit else ()
+    if not ch:
+        return ""
+    first, rest = ch[0], ch[1:]
+    lead_in = "cheapest change that fits: " if first.fits else "changes: "
+    return lead_in + change_text(first) + ("; also " + "; ".join(map(change_text, rest)) if rest else "")
 
 
 def because_text(p: Decision) -> str:
     """Why the decision points where it does (or why there is none)."""
     if p.ground == Ground.BLOCKED:
         return blockers_text(p.blockers)
+    if p.ground == Ground.FITS_NOWHERE:
+        return nowhere_text(p)
     if p.kind == DecisionKind.ONE_DEVICE:
         return _one_device(p)
     fit = fit_text(p)
@@ -242,6 +321,8 @@ def _bound(b: Bound) -> str:
 
 def bound_text(p: Decision) -> str:
     """What bounds the fastest step, with its noise and scaling note."""
+    if p.ground == Ground.FITS_NOWHERE:
+        return "no step to bound"
     return _bounds_line(p.bounds, p.noise, p.scaling_note)
 
 
@@ -263,9 +344,10 @@ _LEFT = {ExcludedKind.INDEPENDENT: "trains independent models",
 
 
 def excluded_text(p: Decision) -> str:
-    """What was left out and why: 'ddp: out of memory; ensemble: trains independent models'."""
-    return "; ".join(f"{e.strategy}: {e.detail if e.kind == ExcludedKind.PARITY_FAILED else _LEFT[e.kind]}"
-                     for e in p.excluded)
+    """What was left out and why: 'ddp: out of memory; ensemble: trains independent models' (an
+    out-of-memory cell's detail is its world size: 'ddp x2: out of memory')."""
+    return "; ".join(f"{e.strategy}: {e.detail}" if e.kind == ExcludedKind.PARITY_FAILED else
+                     f"{e.strategy}{' ' + e.detail if e.detail else ''}: {_LEFT[e.kind]}" for e in p.excluded)
 
 
 def _tip(t: Tip, ws: int) -> str:
@@ -279,7 +361,10 @@ def _tip(t: Tip, ws: int) -> str:
 
 
 def next_text(p: Decision) -> str:
-    """What to try when nothing scales ('' when it does: an undecided pick already says what decides it)."""
+    """What to try when nothing scales ('' when it does: an undecided pick already says what decides it);
+    for a model that fits nowhere, the changes that would make it fit."""
+    if p.ground == Ground.FITS_NOWHERE:
+        return changes_text(p)
     return "try " + "; ".join(_tip(t, p.world_size) for t in p.tips) if p.tips else ""
 
 
@@ -292,7 +377,7 @@ def lines(p: Decision) -> list[str]:
         first = head(p) + f"use {use_text(p)}: {because_text(p)}"
     else:
         first = head(p) + f"{use_text(p)} leads, not decided ({open_text(p)}): {because_text(p)}"
-    out = [first, f"{measured_text(p)}; {bound_text(p)}"]
+    out = [first] if p.ground == Ground.FITS_NOWHERE else [first, f"{measured_text(p)}; {bound_text(p)}"]
     if next_text(p):
         out.append(f"next: {next_text(p)}")
     return out

@@ -53,6 +53,7 @@ class Ground(StrEnum):
     AHEAD = "ahead"  # the fastest is the library default (or no default ran)
     FASTER = "faster"  # the fastest beats the library default beyond the noise
     DEFAULT_STANDS = "default-stands"  # the fastest does not beat the library default beyond the noise
+    FITS_NOWHERE = "fits-nowhere"  # no cell of the workload ran: each ran out of memory or was predicted to
 
 
 class Against(StrEnum):
@@ -137,9 +138,46 @@ class Blocker:
     detail: str | float | None = None  # the noise, the load, the run's scaling note or the efficiency
 
 
+class OomKind(StrEnum):
+    """How a cell ran out of memory."""
+
+    PLANNED = "planned"  # skipped before it started: its predicted peak exceeds the device
+    RAN_OUT = "ran-out"  # an allocation failed while it ran (CUDA's OutOfMemoryError, the CPU allocator's)
+    KILLED = "killed"  # a rank was killed by SIGKILL (on Linux, what the kernel's out-of-memory killer sends)
+
+
+class ChangeKind(StrEnum):
+    """A change that would make a model fit, in the order of what it costs (the first costs nothing
+    but communication; the last, devices)."""
+
+    SHARD_OPTIMIZER = "shard-optimizer"  # the optimizer state cut over ``world_size`` devices (ddp-zero1)
+    CHECKPOINT = "checkpoint"  # activation checkpointing (--ac full)
+    SMALLER_BATCH = "smaller-batch"  # ``batch`` samples per device (the largest predicted to fit; 0: none)
+    MORE_DEVICES = "more-devices"  # the model and its state cut over ``world_size`` devices (fsdp)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Change:
+    """A change to the cell nearest to fitting and its predicted allocated peak (``peak_bytes``; None
+    where the run gives no number: checkpointing without a cell at --ac full, which states the
+    ``activations`` share of the peak instead); ``fits``: that peak with the model's margin fits."""
+
+    kind: ChangeKind
+    strategy: str = ""
+    world_size: int | None = None
+    batch: int | None = None
+    now: float | None = None  # the micro-batch per device now (a smaller batch)
+    peak_bytes: float | None = None
+    fits: bool | None = None
+    activations: float | None = None  # share of the present peak that is activations
+    cell: int | None = None  # the cell whose prediction it is (a cell of the run at --ac full)
+    hosts: bool = False  # on CPU: the ranks' memory is their host's, so more devices means more hosts
+
+
 @dataclass(frozen=True, kw_only=True)
 class Fit:
-    """Whether the model fits one device, and the memory of what the decision uses."""
+    """Whether the model fits one device, and the memory of what the decision uses; for a model
+    that fits nowhere in the matrix, the changes that would make it fit (cheapest first)."""
 
     fits_one_device: bool | None = None  # False: the single-device reference ran out of memory
     headroom: float | None = None  # free share of the device at the peak of what is used
@@ -147,6 +185,12 @@ class Fit:
     device_bytes: float | None = None
     reference: str = ""  # the strategy of the reference that ran out of memory
     parity_checked: bool = True
+    predicted: bool = False  # peak_bytes is the memory model's prediction (nothing measured the peak)
+    oom: OomKind | None = None  # how the reference ran out
+    lower_bound: bool = False  # the prediction is a lower bound (activations not probed)
+    nearest: str = ""  # fits nowhere: the cell nearest to fitting ('fsdp x2'), whose prediction peak_bytes is
+    missed: bool = False  # fits nowhere: that cell was predicted to fit, and ran out while running
+    changes: tuple[Change, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

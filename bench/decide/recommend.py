@@ -39,11 +39,11 @@ from bench.decide.decision import (
     DecisionKind,
     Excluded,
     ExcludedKind,
-    Fit,
     Ground,
     Pair,
     Verdict,
 )
+from bench.decide.fits import nowhere, used_fit
 from bench.decide.rules import (
     GROSS_APART,
     GROSS_SPEEDUP,
@@ -197,6 +197,7 @@ class Group:
         for col in ("device", "precision"):
             if col in c and pd.notna(self.best.get(col)):
                 same = same[same[col] == self.best[col]]
+        self.ref_tried = len(same) > 0
         ran = same[same["status"] == "ok"]
         oom = same[ran_out(same)]
         return (ran.iloc[0] if len(ran) else None), (oom.iloc[0] if len(oom) else None)
@@ -244,11 +245,7 @@ class Group:
             if vs_ref.state == Verdict.OPEN:  # using it at all rests on beating one device
                 out = _with_open(out, [self.best, self.ref], vs_ref)
         if self.oom is not None:
-            used = self.g.loc[self.g["strategy"] == out["use"]].iloc[0]
-            peak = num(used.get("peak_mem_bytes"))
-            out["fit"] = Fit(fits_one_device=False, peak_bytes=peak, device_bytes=self.gpu_mem or None,
-                             headroom=1 - peak / self.gpu_mem if peak is not None and self.gpu_mem else None,
-                             reference=text(self.oom.get("strategy")), parity_checked=pd.notna(used.get("parity_ok")))
+            out["fit"] = used_fit(self.g.loc[self.g["strategy"] == out["use"]].iloc[0], self.oom, self.gpu_mem)
         return out
 
     def _gross_one_device(self, block: tuple) -> dict | None:
@@ -326,11 +323,19 @@ class Group:
             scaling_note=None if note is None or pd.isna(note) else f"{note}",
             tips=tuple(tips(win, backend=str(self.be), ws=self.ws, speedup=speed, elsewhere=elsewhere)),
             excluded=self.excluded(excluded),
-            launch_bound=launch_bound(self.ref if self.ref is not None else win), **made)
+            launch_bound=self.launch_bound(), **made)
+
+    def launch_bound(self) -> bool:
+        """Judged on the reference that ran (on the fastest where the run has none): a workload whose
+        reference was tried and did not run (it ran out of memory, failed) is never called launch-bound."""
+        if self.ref is not None:
+            return launch_bound(self.ref)
+        return not self.ref_tried and launch_bound(self.best)
 
 
 def recommend(cells: pd.DataFrame, gpu_mem: float | None = None) -> list[Decision]:
-    """One decision per (workload, backend, world size >= 2, way of training) that has a candidate."""
+    """One decision per (workload, backend, world size >= 2, way of training) that has a candidate,
+    and one per workload that fits nowhere in the matrix (:func:`bench.decide.fits.nowhere`)."""
     cells = _with_scaling_notes(cells)
     good, excluded = candidates(cells)
     by = ["workload", "backend", "world_size", *(k for k in knobs.NAMES if k in good)]
@@ -342,7 +347,7 @@ def recommend(cells: pd.DataFrame, gpu_mem: float | None = None) -> list[Decisio
         elsewhere = {(be, ws): s for (wl, be, ws, tr), s in best_speed.items()
                      if wl == gr.wl and tr == knobs.short(gr.knobs, vary) and s is not None}
         out.append(gr.decision(cells, excluded, vary, elsewhere))
-    return out
+    return out + nowhere(cells[cells["mode"] != "serve"] if "mode" in cells else cells)
 
 
 def first_screen(decisions: list[Decision]) -> list[Decision]:

@@ -22,6 +22,7 @@ from bench.decide.decision import (
     Bound,
     BoundKind,
     LeadReason,
+    OomKind,
     PartKind,
     Tip,
     TipKind,
@@ -50,7 +51,12 @@ GROSS_SPEEDUP, GROSS_APART = 0.5, 1.5
 #: an open pair that would need more repeats a cell than this is reported as not decidable by repeats
 MAX_REPEATS = 30
 
-_OOM = re.compile(r"out of memory|OutOfMemoryError|can't allocate memory|CUBLAS_STATUS_ALLOC_FAILED", re.I)
+_OOM = re.compile(r"out of memory|OutOfMemoryError|can't allocate memory|CUBLAS_STATUS_ALLOC_FAILED|"
+                  r"\bMemoryError\b", re.I)
+#: a rank killed by SIGKILL (bench.runtime.crash.exit_text; 137 through a shell): in a cell that failed
+#: (the launcher's own kills end a cell as a timeout), on Linux the kernel's out-of-memory killer
+_KILLED = re.compile(r"signal 9 \(SIGKILL\)|exit(ed with)? code 137\b|exitcode\s*:\s*-9\b")
+_PLANNED = "out of memory before it starts"
 _CAPACITY = re.compile(r"total capacity of ([0-9.]+) GiB", re.I)
 
 
@@ -165,11 +171,27 @@ def is_oom(reason) -> bool:
     return bool(_OOM.search(text(reason)))
 
 
+def oom_kind(status, reason) -> OomKind | None:
+    """How a cell of ``status`` ran out of memory, from its reason (None: it did not): skipped as
+    predicted not to fit, an allocation that failed, or a rank killed by SIGKILL (a cell that
+    failed so: the launcher's own kills end a cell as a timeout, so on Linux it is the kernel's
+    out-of-memory killer)."""
+    status, why = text(status), text(reason)
+    if status not in ("failed", "skipped"):
+        return None
+    if _PLANNED in why:
+        return OomKind.PLANNED
+    if is_oom(why):
+        return OomKind.RAN_OUT
+    return OomKind.KILLED if status == "failed" and _KILLED.search(why) else None
+
+
 def ran_out(cells: pd.DataFrame) -> pd.Series:
-    """Which cells failed for lack of memory, or were skipped because they could not fit
-    (bench.plan.memory)."""
+    """Which cells failed for lack of memory (an allocation failed, or a rank was killed by SIGKILL),
+    or were skipped because they could not fit (bench.plan.memory)."""
     reasons = cells["reason"] if "reason" in cells else pd.Series("", index=cells.index)
-    return cells["status"].isin(["failed", "skipped"]) & reasons.map(is_oom).astype(bool)
+    return pd.Series([oom_kind(s, r) is not None for s, r in zip(cells["status"], reasons)], index=cells.index,
+                     dtype=bool)
 
 
 def capacity_from(reason) -> float | None:
