@@ -195,7 +195,8 @@ class Footprint:
                 "mem_pred_process_bytes": self.process, "mem_pred_params_bytes": self.params,
                 "mem_pred_grads_bytes": self.grads, "mem_pred_optimizer_bytes": self.optimizer,
                 "mem_pred_activations_bytes": self.activations, "mem_pred_buffers_bytes": self.buffers,
-                "mem_pred_data_bytes": self.data, "mem_pred_at": self.at,
+                "mem_pred_data_bytes": self.data, "mem_pred_temporaries_bytes": self.temporaries,
+                "mem_pred_micro_batch": self.micro_batch, "mem_pred_at": self.at,
                 "mem_pred_how": self.how_text(),
                 "mem_batch_fits": self.batch_fits, "mem_capacity_bytes": self.capacity}
 

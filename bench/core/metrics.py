@@ -120,6 +120,8 @@ MEMORY: tuple[Metric, ...] = (
                                        "cell's micro-batch; the gradients existing then included)"),
     _gib("mem_pred_buffers_bytes", "predicted bytes of the strategy's own buffers (buckets, gathered units)"),
     _gib("mem_pred_data_bytes", "the batches staged on the device before timing"),
+    _gib("mem_pred_temporaries_bytes", "predicted bytes of the optimizer step's own intermediates"),
+    Metric(name="mem_pred_micro_batch", dtype="Int64", doc="samples in one forward on the fullest device"),
     Metric(name="mem_pred_at", dtype="string", doc="which peak is the larger: backward or optimizer step"),
     Metric(name="mem_pred_how", dtype="string",
            doc="how the prediction was made: the strategy's terms declared or approximate, the activations measured "

@@ -107,7 +107,7 @@ def footprint(r: pd.Series) -> Footprint | None:
     (components under 0.05 GiB are not written there: read as 0); None when neither has one."""
     peak = num(r.get("mem_pred_bytes"))
     ws, gb = num(r.get("world_size")) or 1, num(r.get("global_batch"))
-    micro = gb / ws if gb and text(r.get("scaling")) != "weak" else gb
+    micro = num(r.get("mem_pred_micro_batch")) or (gb / ws if gb and text(r.get("scaling")) != "weak" else gb)
     if peak is not None:
         reserved = num(r.get("mem_pred_reserved_bytes"))
         fits = num(r.get("mem_batch_fits"))

@@ -63,6 +63,8 @@ def failure_row(spec: CellSpec, *, status: str, reason: str, wall_s: float | Non
     """A row for a cell that produced no measurements (skipped, failed, timed out)."""
     row = base_row(spec)
     row.update(outcome(status, reason), profile_at=None)  # nothing was profiled
+    if spec.memory is not None:  # what the planner predicted, also of a cell that did not fit or ran out
+        row.update(spec.memory.columns())
     if wall_s is not None:
         row["cell_wall_s"] = wall_s
     return row
