@@ -164,9 +164,10 @@ def fit_reason(cell: CellSpec, fp: Footprint, room: float | None) -> str | None:
     fits = fp.batch_fits
     batch = ("" if fits is None else "; not one sample per device fits" if fits == 0 else
              f"; at most {fits} samples per device would fit (this cell: {fp.micro_batch})")
+    ac = "checkpoint activations (--ac full), " if cell.training.ac != "full" else ""
     return (f"out of memory before it starts: predicted peak {need / GIB:.1f} GiB{bound} ({parts}) > "
-            f"{room / GIB:.1f} GiB {where}{batch}; checkpoint activations (--ac full), shard the model and its "
-            f"optimizer state (fsdp), use more devices or a smaller batch")
+            f"{room / GIB:.1f} GiB {where}{batch}; {ac}shard the model and its optimizer state (fsdp), use more "
+            f"devices or a smaller batch")
 
 
 def _probe_key(cell: CellSpec, device: str) -> tuple:

@@ -84,6 +84,7 @@ def check(cells: pd.DataFrame, world: int) -> None:
     assert NOT_NAIVE[world] <= refuted, f"naive shares not refuted for {sorted(NOT_NAIVE[world] - refuted)}"
 
 
+@pytest.mark.long  # every strategy started at two ranks: 30 s on 2 cores
 def test_held_shares_match_at_world_size_2(tmp_path):
     check(shares_run(tmp_path, 2), 2)
 
