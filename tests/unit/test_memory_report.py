@@ -175,7 +175,7 @@ def test_the_planners_reason_is_read_back_where_the_row_has_no_prediction():
     """A skipped row carries the planner's words only: its peak, parts, capacity and batch are read from them."""
     fp = CoreFootprint(params=10 * GIB, grads=10 * GIB, optimizer=20 * GIB, activations=30 * GIB, buffers=0.0,
                        data=0.0, micro_batch=8, batch_fits=3, capacity=40 * GIB)
-    reason = fit_reason(SimpleNamespace(device="cuda"), fp, 40 * GIB)
+    reason = fit_reason(SimpleNamespace(device="cuda", training=SimpleNamespace(ac="none")), fp, 40 * GIB)
     back = footprint(pd.Series(dict(status="skipped", reason=reason, world_size=1, global_batch=8)))
     assert back.allocated == pytest.approx(60 * GIB) and back.activations == pytest.approx(30 * GIB)
     assert (back.params, back.optimizer, back.capacity) == (10 * GIB, 20 * GIB, 40 * GIB)
