@@ -78,16 +78,13 @@ class Probe:
     batch that point is late in backward, where the gradients dominate. ``activation_peaks``: the
     same with every gradient already allocated (so not counted): the activations alone, whose
     fullest point (early in backward) dominates at a large batch. The activation term at a batch is
-    the larger of the two lines there. ``reserved_ratio``: the allocator's reserved over allocated
-    peak at the largest batch (recorded, not used: it does not carry to larger batches);
-    ``context``: what NVML saw the process (set up as a rank: a process group, cuBLAS) use beyond
-    the allocator's reservation. ``how``: "measured" (CUDA's allocator
-    peak) or "traced" (live tensor bytes counted on CPU)."""
+    the larger of the two lines there. ``context``: what NVML saw the process (set up as a rank: a
+    process group, cuBLAS) use beyond the allocator's reservation. ``how``: "measured" (CUDA's
+    allocator peak) or "traced" (live tensor bytes counted on CPU)."""
 
     batches: tuple[int, ...]
     peaks: tuple[float, ...]
     activation_peaks: tuple[float, ...] = ()
-    reserved_ratio: float | None = None
     context: float | None = None
     how: str = "measured"
 

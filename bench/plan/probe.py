@@ -87,7 +87,7 @@ def run_probes(asks: list[Ask], timeout_s: float = PROBE_TIMEOUT_S) -> dict[tupl
         else:
             out[a.key()] = Probe(batches=tuple(got["batches"]), peaks=tuple(got["peaks"]),
                                  activation_peaks=tuple(got["activation_peaks"]),
-                                 reserved_ratio=got.get("reserved_ratio"), context=got.get("context"), how=got["how"])
+                                 context=got.get("context"), how=got["how"])
     return out
 
 
@@ -166,17 +166,17 @@ def _probe(ask: Ask, batches: tuple[int, ...], device) -> dict:
     model = wl.build(device)
     checkpoint_blocks(inner_blocks(wl, model), ask.ac)
     peaks, held = [], []
-    reserved_ratio = context = None
+    context = None
     for b in batches:
         data = resolve(ask.spec, seed=ask.seed, global_batch=b, **ask.dims) if b != batches[0] else wl
-        (peak, activation), reserved_ratio, context = _at_batch(model, data, ask.precision, device)
+        (peak, activation), context = _at_batch(model, data, ask.precision, device)
         peaks.append(peak)
         held.append(activation)
         model.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return {"batches": list(batches), "peaks": peaks, "activation_peaks": held, "reserved_ratio": reserved_ratio,
-            "context": context, "how": "measured" if device.type == "cuda" else "traced"}
+    return {"batches": list(batches), "peaks": peaks, "activation_peaks": held, "context": context,
+            "how": "measured" if device.type == "cuda" else "traced"}
 
 
 def _like_a_rank(device) -> None:
@@ -197,11 +197,10 @@ def _like_a_rank(device) -> None:
     (x @ x).sum().item()
 
 
-def _at_batch(model, wl, precision: str, device) -> tuple[tuple[float, float], float | None, float | None]:
+def _at_batch(model, wl, precision: str, device) -> tuple[tuple[float, float], float | None]:
     """((peak bytes above the step's start with no gradient at its start, as the harness trains;
-    and with every gradient held: the activations alone), reserved/allocated, NVML's context
-    bytes) of forward and backward of ``model`` on ``wl``'s first batch, after one pass that warms
-    caches up."""
+    and with every gradient held: the activations alone), NVML's context bytes) of forward and
+    backward of ``model`` on ``wl``'s first batch, after one pass that warms caches up."""
     import torch
 
     x, y = (t.to(device) for t in wl.batch(0))
@@ -216,9 +215,7 @@ def _at_batch(model, wl, precision: str, device) -> tuple[tuple[float, float], f
     for set_to_none in (False, True):
         model.zero_grad(set_to_none=set_to_none)
         got.append(_peak_of(fwd_bwd, device))
-    cuda = device.type == "cuda"
-    ratio = torch.cuda.max_memory_reserved(device) / torch.cuda.max_memory_allocated(device) if cuda else None
-    return (got[1], got[0]), ratio, _context_bytes(device) if cuda else None
+    return (got[1], got[0]), _context_bytes(device) if device.type == "cuda" else None
 
 
 def _peak_of(fn, device) -> float:

@@ -240,26 +240,21 @@ def _comm_columns(spec: CellSpec, ranks: Sequence[RankMeasurement]) -> dict[str,
     return cols
 
 
-def _most(values) -> float | None:
-    got = [v for v in values if v is not None]
-    return max(got) if got else None
-
-
 def memory_columns(spec: CellSpec, ranks: Sequence[RankMeasurement]) -> dict[str, Any]:
     """The memory model's prediction for the cell (planned) beside what its fullest rank measured:
     the allocator's reserved peak, what NVML saw the process use, the bytes of parameters,
     gradients and optimizer state counted on the rank, and the prediction's error against the
     allocated peak (``peak_mem_bytes``) and the reservation."""
-    cols: dict[str, Any] = dict(peak_reserved_bytes=_most(r.peak_reserved for r in ranks),
-                                nvml_process_bytes=_most(r.nvml_process for r in ranks),
-                                held_params_bytes=_most(r.held_params for r in ranks),
-                                held_grads_bytes=_most(r.held_grads for r in ranks),
-                                held_optimizer_bytes=_most(r.held_state for r in ranks))
+    cols: dict[str, Any] = dict(peak_reserved_bytes=combine([r.peak_reserved for r in ranks], "max"),
+                                nvml_process_bytes=combine([r.nvml_process for r in ranks], "max"),
+                                held_params_bytes=combine([r.held_params for r in ranks], "max"),
+                                held_grads_bytes=combine([r.held_grads for r in ranks], "max"),
+                                held_optimizer_bytes=combine([r.held_state for r in ranks], "max"))
     fp = spec.memory
     if fp is None:
         return cols
     cols.update(fp.columns())
-    measured = _most(r.peak_mem for r in ranks)
+    measured = combine([r.peak_mem for r in ranks], "max")
     cols["mem_pred_error"] = None if fp.lower_bound else error(fp.allocated, measured)
     cols["mem_pred_reserved_error"] = None if fp.lower_bound else error(fp.reserved, cols["peak_reserved_bytes"])
     cols["mem_pred_process_error"] = None if fp.lower_bound else error(fp.process, cols["nvml_process_bytes"])
