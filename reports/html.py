@@ -41,6 +41,7 @@ from bench.runtime.signals import defer_stops
 from reports import figures, words
 from reports.figures import cell_label
 from reports.memory import memory_table
+from reports.search import section as search_section
 from reports.serving import serve_section
 
 TEMPLATE = """<!doctype html>
@@ -76,7 +77,22 @@ least three repeats, and nothing blocks it (a contended cell, an unstable one me
 not physical); leading, not decided: the answer stands until the repeats it names separate the pair.
 Candidates: cells that ran (status ok, which includes the check that the work was really distributed) and
 matched one device (parity ok); independent models (ensemble) are left out.</p>
+{% elif search and search.answers and not multi %}<p>One device measured: the search's fastest configuration below is the answer.</p>
 {% else %}<p>No strategy on more than one device passed; see the failed and skipped cells below.</p>{% endif %}{% endif %}
+{% if search %}<h2>Fastest configuration (knob search)</h2>
+{% for lines in search.answers %}<p>{% for l in lines %}{% if loop.first %}<b>{{ l }}</b>{% else %}<br>{{ l }}{% endif %}{% endfor %}</p>{% endfor %}
+<p class="muted">{{ search.summary }}. Searched: {{ search.knobs|join("; ") }}. Configurations are ranked by samples a second
+(their batches differ); a margin is judged beyond the noise only on intervals from at least three repeats.
+The first configuration's settings are in best.toml in the run folder: <code>parbench run --config RUN/best.toml</code> measures it again.</p>
+{% if search.stages %}<p class="muted">{{ search.stages|join("; ") }}</p>{% endif %}
+{% if search.estimates %}<h3>Estimates at more GPUs of this kind (not measured)</h3>
+<table class="pick" id="estimates"><tr><th class="l">strategy</th><th>GPUs</th><th>ms/step</th><th>speed-up</th><th>comm ms</th></tr>
+{% for e in search.estimates %}<tr>{% for v in e %}<td class="{{ 'l' if loop.first else '' }}">{{ v }}</td>{% endfor %}</tr>{% endfor %}</table>
+<p class="muted">For {{ search.estimate_of }}'s best configuration; assumes {{ search.assumes }}.</p>{% endif %}
+{% if search.pruned %}<details><summary>{{ search.pruned|length + search.more_pruned }} candidates not measured, and why</summary>
+<table class="pick"><tr><th class="l">configuration</th><th>devices</th><th class="l">why</th></tr>
+{% for c, ws, why in search.pruned %}<tr><td class="l">{{ c }}</td><td>{{ ws }}</td><td class="l">{{ why }}</td></tr>{% endfor %}</table>
+{% if search.more_pruned %}<p class="muted">and {{ search.more_pruned }} more (meta.json, search.pruned).</p>{% endif %}</details>{% endif %}{% endif %}
 {% if serve %}<h2>Serving: what to serve with</h2><table class="pick" id="serve-picks"><tr><th class="l">workload</th><th>devices</th>
 <th class="l">serve with</th><th>req/s</th><th>p99 ms</th><th>target ms</th><th class="l">because</th></tr>
 {% for p in serve.picks %}<tr class="{{ 'warn' if p.use is none else '' }}"><td class="l n">{{ p.workload }}</td><td>{{ p.world_size }}</td>
@@ -318,7 +334,7 @@ def _render(run: Run, out: Path, against: Against, decisions: list[Decision]) ->
         meta={"run_id": run_dir.name, **meta}, gpus=_gpus(meta.get("gpus")), a=words, training=len(cells) > 0,
         picks=real, toys=toys, workloads=wls, telemetry=_telemetry(run, cells, out),
         columns=[m.title for m in cols], rows=_cell_rows(cells, cols), not_run=[r for _, r in not_run.iterrows()],
-        comparison=comparison,
+        comparison=comparison, search=search_section(run), multi=bool((cells["world_size"] > 1).any()),
         serve=serve_section(run_dir, serving, out, _embedded), n_ok=int((everything["status"] == "ok").sum()),
         n_skipped=int((everything["status"] == "skipped").sum()),
         n_bad=int(everything["status"].isin(["failed", "timeout"]).sum()))

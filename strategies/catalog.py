@@ -26,6 +26,8 @@ class Option:
     help: str
     minimum: float | None = None
     choices: tuple[Any, ...] | None = None
+    #: values the knob search (bench.plan.search) tries besides the cell's own, one option at a time
+    search: tuple[Any, ...] = ()
 
     def parse(self, value: Any) -> Any:
         """The value as this option's type; ValueError with a one-line reason otherwise."""
@@ -131,7 +133,10 @@ PLACEMENT = Metric(name="mesh_placement", dtype="string", kind="label", header="
                    shown=frozenset({"report"}),
                    doc="which mesh dimensions of a 2D hybrid stay inside a node and which cross nodes")
 
-BUCKET_MB = Option(name="bucket_mb", type=float, default=25.0, minimum=0.001,
+# The search tries 100 MiB beside DDP's 25: fewer, larger all-reduces, which pay where the gradients
+# are large and the interconnect is fast (torchtitan leaves DDP's default; DDP's notes name the size as
+# the knob that trades overlap against the calls' fixed cost).
+BUCKET_MB = Option(name="bucket_mb", type=float, default=25.0, minimum=0.001, search=(100.0,),
                    help="gradient bucket size in MiB (DDP, hand-written bucketed all-reduce, dp-pp)")
 GRAD_VIEW = Option(name="ddp_grad_as_bucket_view", type=bool, default=False,
                    help="DDP gradient_as_bucket_view: gradients alias the all-reduce buckets (saves a copy and "
@@ -167,7 +172,10 @@ BALANCE = Option(name="pp_balance", type=str, default="blocks", choices=("blocks
                  help="pipeline stage cut: time = equal measured forward+backward time per stage (each block "
                       "timed once on the device); blocks = equal numbers of blocks, the first (embedding) and last "
                       "(head) riding along with the first and last stage; params = equal parameter counts")
-MICRO_BATCHES = Option(name="micro_batches", type=int, default=None, minimum=1,
+# The search tries 8 and 16 micro-batches beside the default (max(4, 2 x stages)): a smaller bubble
+# against more per-micro-batch overhead, which on 4 H200s cost more than it saved on the 236M GPT at
+# one or two sequences a micro-batch
+MICRO_BATCHES = Option(name="micro_batches", type=int, default=None, minimum=1, search=(8, 16),
                        help="micro-batches per step for the pipelines (default max(4, 2 x stages))")
 
 

@@ -1,4 +1,5 @@
-"""``parbench run``: plan the matrix, run it, print the summary, the recommendation and the budget use."""
+"""``parbench run`` (and ``tune``, its wider search): plan the matrix, run it, print the summary, the
+recommendation, the search's answer and the budget use."""
 
 from __future__ import annotations
 
@@ -32,6 +33,25 @@ def register(sub) -> None:
                                                         "parbench report has every cell)")
     add_node_flags(p)
     p.set_defaults(func=cmd_run)
+    t = sub.add_parser("tune", help="a longer run that searches wider: parbench run --search wide --budget 30m "
+                                    "(either may be given)")
+    add_run_args(t)
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--table", action="store_true", help="end with the table of every cell")
+    t.set_defaults(func=cmd_tune, resume=None)
+
+
+#: what `parbench tune` runs unless told otherwise
+TUNE_SEARCH, TUNE_BUDGET = "wide", "30m"
+
+
+def cmd_tune(args) -> int:
+    """``parbench tune``: ``run`` with the wide search and a 30-minute budget unless given."""
+    if getattr(args, "search", None) is None:
+        args.search = TUNE_SEARCH
+    if getattr(args, "budget", None) is None:
+        args.budget = TUNE_BUDGET
+    return cmd_run(args)
 
 
 def check_gpus(cfg, gpus: int) -> None:
@@ -145,6 +165,7 @@ def after_run(run_dir: Path, *, report: bool, table: bool = False) -> int:
         if report:
             print(f"report: {write_report(run, decisions)}")
         print_recommendation(run, decisions=decisions)  # last: the answer is what a terminal's reader sees first
+        print_search(run, decisions)
         return nothing_measured(run)
     except KeyboardInterrupt as e:
         e.run_dir = run_dir  # type: ignore[attr-defined]
@@ -228,6 +249,23 @@ def print_budget_use(run: Run | Path) -> None:
                              "time left)")
 
 
+def print_search(run: Run, decisions: list, console=None) -> None:
+    """The search's answer after the recommendation (it is the answer of a run of one device):
+    each slot's fastest configuration, RUN/best.toml written for the first, what was pruned, and on
+    one GPU the estimates at more GPUs."""
+    from rich.text import Text
+
+    from bench.cli.summary import end_console
+    from bench.decide import best
+    from reports import search
+
+    found = best.answers(run)
+    toml = best.write(run, found)
+    console = console or end_console()
+    for line in search.lines(run, found, toml):
+        console.print(Text(line), soft_wrap=True)
+
+
 def print_recommendation(run: Run | Path, console=None, *, decisions: list | None = None) -> None:
     """The report's first screen, as the last lines of `parbench run` (plain text, never markup):
     per workload, backend and world size the answer, whether it is decided, why, what was measured
@@ -241,8 +279,11 @@ def print_recommendation(run: Run | Path, console=None, *, decisions: list | Non
     from bench.results.run import load_run
     from reports import words
 
-    real, toys = words.split(decisions if decisions is not None else picks.of(load_run(run)))
+    run = load_run(run)
+    real, toys = words.split(decisions if decisions is not None else picks.of(run))
     console = console or end_console()
+    if not real and not toys and not (run.training["world_size"] > 1).any() and run.meta.get("search"):
+        return  # one device measured and searched: the search's answer is the recommendation
 
     def say(line: str, indent: str) -> None:
         # strategy names keep their hyphens on one line ("allreduce-bucketed", not "allreduce-" and "bucketed")

@@ -46,7 +46,9 @@ def default_config(gpus: int, beyond: str | None = None) -> RunConfig:
         # the run within 5 minutes on 2 cores (the last third on the decisions still open).
         return RunConfig.from_flat({"cell_timeout_s": 120.0, "budget": "4m"})
     # Every power of two from 2 up to the GPUs, and all of them; one GPU runs only the single-device
-    # reference every workload gets (a strategy on one GPU decides nothing about parallelising).
+    # reference every workload gets (a strategy on one GPU decides nothing about parallelising: the
+    # planner runs none at world size 1 unless named), and the search finds its knobs and batch within
+    # a budget that, with an install, ends within 10 minutes.
     sizes = sorted({gpus} | {2**k for k in range(1, 4) if 2**k <= gpus}) if gpus > 1 else [1]
     # Real models under a 10-minute budget whose last third goes to the decisions still open.
     # gpt-200m fits one GPU: every strategy, NCCL, and DDP on Gloo (is NCCL worth it?), against the
@@ -63,7 +65,8 @@ def default_config(gpus: int, beyond: str | None = None) -> RunConfig:
         workloads.append(beyond)
         matrix = {beyond: {"strategies": list(BEYOND_STRATEGIES), "backends": ["nccl"], "world_sizes": [gpus]}}
     return RunConfig.from_flat(dict(workloads=workloads, strategies=["all"], backends=["nccl", "gloo"],
-                                    world_sizes=sizes, device="cuda", steps=30, warmup=5, budget="10m",
+                                    world_sizes=sizes, device="cuda", steps=30, warmup=5,
+                                    budget="10m" if gpus > 1 else "7m",
                                     backend_strategies={"gloo": ["ddp"]}, workload_matrix=matrix))
 
 

@@ -135,6 +135,11 @@ class BudgetSettings:
     adaptive: bool = setting(True, flag="--no-adaptive", kind="off", example="--no-adaptive",
                              help="under a budget, do not measure again the cells of decisions still open after "
                                   "one repeat")
+    search: str = setting(
+        "auto", flag="--search", choices=("auto", "off", "wide"), example="--search wide",
+        help="after the screening pass, search the knobs of the leading strategies (compile, checkpointing, "
+             "batch per device, their options) within the budget: auto (default: under a budget, on one node), "
+             "off, or wide (more batches and leaders: `parbench tune`)")
     pinned: list[str] = setting(default=[], toml=False,
                                 help="the measurement settings the user gave: a budget plan keeps them as given")
 

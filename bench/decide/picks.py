@@ -15,6 +15,7 @@ import logging
 import os
 from pathlib import Path
 
+from bench.decide.best import searched
 from bench.decide.decision import Decision, decisions_from_json, decisions_to_json
 from bench.decide.recommend import recommend
 from bench.results.bounds import read_json
@@ -35,8 +36,11 @@ def signature(run: Run) -> str:
 
 
 def decide(run: Run, gpu_mem: float | None = None) -> list[Decision]:
-    """The decisions of ``run``'s training cells (``gpu_mem``: a device's bytes, for the headroom)."""
-    return recommend(run.training, gpu_mem)
+    """The decisions of ``run``'s training cells (``gpu_mem``: a device's bytes, for the headroom),
+    the knob search's aside: they answer which configuration (:mod:`bench.decide.best`), these which
+    strategy at the run's own settings."""
+    cells = run.training
+    return recommend(cells[~cells["cell_id"].isin(searched(run.meta))], gpu_mem)
 
 
 def store(run: Run, decisions: list[Decision]) -> Path | None:

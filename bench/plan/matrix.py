@@ -139,7 +139,10 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
     if not any(s.name == "single" for _, s in strats):
         strats.insert(0, ("single", strategies.get("single")))
     validate_options(cfg.matrix.options, [s for _, s in strats])
-    planner = _Planner(cfg, gpus)
+    planner = Planner(cfg, gpus)
+    # A strategy of "all" at one device would measure its wrapper around the single-device step: a
+    # legitimate question, not a default one; named, it runs.
+    named = {strategies.get(s).name for s in cfg.matrix.strategies if s != "all"}
     for _wl, base, narrow in parsed:
         for sp, strat in strats:
             if "strategies" in narrow and strat.name not in narrow["strategies"] and strat.name != "single":
@@ -156,6 +159,8 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
                 weak = cfg.matrix.scaling == "weak"
                 sizes = (asked if strat.name != "single" else ([1] if not weak else sorted(set(asked))))
                 for n in sizes:
+                    if n == 1 and strat.name != "single" and strat.name not in named:
+                        continue
                     facts = dataclasses.replace(base, global_batch=base.global_batch * (n if weak else 1))
                     for training in planner.trainings:
                         planner.add(sp, strat, facts, backend, 1 if strat.name == "single" else n, here, training)
@@ -168,12 +173,12 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
     return cells, wls, metrics
 
 
-class _Planner:
+class Planner:
     """The cells planned so far and what every cell of the run shares (its measurement, the
     training combinations, the one-process backend, the device's memory, read once)."""
 
-    def __init__(self, cfg: RunConfig, gpus: int):
-        self.cfg, self.gpus = cfg, gpus
+    def __init__(self, cfg: RunConfig, gpus: int, first_id: int = 0):
+        self.cfg, self.gpus, self.first_id = cfg, gpus, first_id
         m = cfg.measurement
         self.measure = Measure(steps=m.steps, warmup=m.warmup, profile_steps=cfg.profiling.profile_steps,
                                precision=cfg.effective_precision(), seed=cfg.matrix.seed, repeats=m.repeats,
@@ -189,23 +194,26 @@ class _Planner:
         self.reference_policy = policy_text(self.measure.precision, cast_params=False)
 
     def add(self, sp: str, strat: strategies.Strategy, facts: WorkloadFacts, backend: str, n: int,
-            here: list[str], training: knobs.Training, policy_reference: bool = False) -> None:
-        """The cell (workload ``facts``, strategy, backend, ``n`` devices, training), runnable or
-        skipped with its reason, unless it is planned already; a ``policy_reference`` (a one-device
-        cell of a strategy's own precision policy) only when it can run."""
+            here: list[str], training: knobs.Training, policy_reference: bool = False,
+            options: dict[str, Any] | None = None) -> Planned | None:
+        """The cell (workload ``facts``, strategy, backend, ``n`` devices, training, the run's
+        ``--option`` values unless ``options`` are given), runnable or skipped with its reason, unless
+        it is planned already; a ``policy_reference`` (a one-device cell of a strategy's own precision
+        policy) only when it can run. Returns what it planned (None when nothing)."""
         cfg = self.cfg
         nodes = cell_nodes(cfg, strat.procs(n))
-        key = (facts.name, strat.name, backend, n, facts.global_batch, training)
+        mine = {o.name for o in strat.options}
+        given = {k: v for k, v in (cfg.matrix.options if options is None else options).items() if k in mine}
+        key = (facts.name, strat.name, backend, n, facts.global_batch, training, tuple(sorted(given.items())))
         if key in self.seen:
-            return
+            return None
         self.seen.add(key)
         reason = None
-        mine = {o.name for o in strat.options}
         try:
-            options = strat.resolve_options(n, {k: v for k, v in cfg.matrix.options.items() if k in mine})
+            options = strat.resolve_options(n, given)
         except ValueError as e:
             options, reason = {}, str(e)
-        cell = CellSpec(cell_id=len(self.cells), workload=facts, strategy=strat.name, strategy_spec=sp,
+        cell = CellSpec(cell_id=self.first_id + len(self.cells), workload=facts, strategy=strat.name, strategy_spec=sp,
                         backend=backend, device=cfg.matrix.device, n_devices=n, n_procs=strat.procs(n),
                         devices=plan_devices(cfg.matrix.device, n, nodes), options=options, labels={},
                         role=strat.role, measure=self.measure, scaling=cfg.matrix.scaling, nnodes=nodes,
@@ -227,12 +235,14 @@ class _Planner:
         if reason is None:
             cell = dataclasses.replace(cell, labels=strat.label_values(cell))
         elif policy_reference:
-            return  # a one-device cell of the policy that cannot run measures nothing to read against
-        self.cells.append(Planned(spec=cell, reason=reason))
+            return None  # a one-device cell of the policy that cannot run measures nothing to read against
+        planned = Planned(spec=cell, reason=reason)
+        self.cells.append(planned)
         if (reason is None and n > 1 and cfg.matrix.scaling == "strong"
                 and cell.precision_policy != self.reference_policy):
             # its speed-up is read against one device under its own precision policy (bench.results.derived)
-            self.add(sp, strat, facts, backend, 1, here, training, policy_reference=True)
+            self.add(sp, strat, facts, backend, 1, here, training, policy_reference=True, options=given)
+        return planned
 
 
 def group(cells: list[Planned]) -> list[Group]:

@@ -188,12 +188,22 @@ def _probes(runnable: list[Any], terms: dict[int, Terms], device: str, memory: i
         key = _probe_key(c, device)
         t = terms[c.cell_id]
         wanted.setdefault(key, (c, []))[1].append(t.micro_batch * t.in_flight)
+    known = {k: _PROBED[k] for k in wanted if k in _PROBED}
     asks = []
     for key, (c, batches) in wanted.items():
+        if key in known:
+            continue
         asks.append(Ask(spec=c.workload.spec, dims=dict(key[1]), seed=c.measure.seed, precision=key[2], ac=key[3],
                         device=device, batches=probe_batches(batches)))
     got = run_probes(asks)
     for key, value in got.items():
         if isinstance(value, str):
             log.warning("parbench run: %s: %s; its memory predictions are lower bounds", key[0], value)
-    return got
+        else:
+            _PROBED[key] = value
+    return {**known, **got}
+
+
+#: The probes this process ran, by (workload, dimensions, precision, checkpointing, device): the knob
+#: search plans the screened workloads again at other batches, which the probe's line extrapolates
+_PROBED: dict[tuple, Any] = {}

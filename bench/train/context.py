@@ -48,6 +48,8 @@ class RunPlan:
     described: dict[str, str] = field(default_factory=dict)
     text: str = ""
     budget_s: float | None = None
+    gpus: int = 0  # the GPUs visible (a strategy's check of a cell the search plans reads them)
+    searched: bool = False  # a resumed run whose search had begun (its folder has cells beyond the plan)
 
 
 @dataclass(frozen=True, kw_only=True)

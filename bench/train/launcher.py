@@ -49,6 +49,8 @@ from bench.train.adaptive import RESERVE, decide
 from bench.train.context import GroupContext, Progress, ProgressFn, RunPlan
 from bench.train.group import WORKER, run_group
 from bench.train.run_folder import Telemetry, earlier_starts, open_run
+from bench.train.search import enabled as search_on
+from bench.train.search import search
 
 
 def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, resume: Path | None = None) -> Path:
@@ -65,7 +67,7 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
     budget_s = parse_duration(cfg.budget.duration) if cfg.budget.duration else None
     plan_text = ""
     if budget_s is not None:
-        cells, plan_text = budget_plan(cfg, cells, budget_s, reserve=RESERVE if adaptive(cfg) else 0.0)
+        cells, plan_text = budget_plan(cfg, cells, budget_s, reserve=reserve(cfg))
     elif cfg.nodes.node_rank == 0:  # what it will take, before it starts (a budget says so in its plan)
         rate = estimate.device_rate(cfg.matrix.device, max(cfg.matrix.world_sizes))
         print(estimate.estimate_line(cfg, cells, estimate.estimate_s(cfg, cells, rate)), flush=True)
@@ -82,8 +84,10 @@ def run(cfg: RunConfig, gpus: int, *, on_progress: ProgressFn | None = None, res
         if coord is not None:
             coord.close("failed")
         raise
-    todo = RunPlan(cells=[p for p in cells if p.spec.cell_id not in done],
-                   described={n: w.description for n, w in wls.items()}, text=plan_text, budget_s=budget_s)
+    # a resumed run whose folder holds cells beyond the plan's ran its search already
+    todo = RunPlan(cells=[p for p in cells if p.spec.cell_id not in done], searched=any(i >= len(cells) for i in done),
+                   described={n: w.description for n, w in wls.items()}, text=plan_text, budget_s=budget_s,
+                   gpus=gpus)
     _record(cfg, todo, writer, work, on_progress or (lambda _p: None), coord,
             _meta_extra(run_dir, resume, done, invoked, coord))
     return run_dir
@@ -147,6 +151,20 @@ def adaptive(cfg: RunConfig) -> bool:
     return bool(b.adaptive and b.duration and cfg.nodes.nnodes == 1 and "repeats" not in b.pinned)
 
 
+def reserve(cfg: RunConfig) -> float:
+    """The share of the budget the screening pass leaves for what follows it: the knob search's
+    (:data:`SEARCH_SHARE`) and the adaptive repeats' (:data:`AFTER_SEARCH` after a search,
+    :data:`bench.train.adaptive.RESERVE` without one)."""
+    if search_on(cfg):
+        return SEARCH_SHARE + (AFTER_SEARCH if adaptive(cfg) else 0.0)
+    return RESERVE if adaptive(cfg) else 0.0
+
+
+#: the shares of a budget the knob search may spend after the screening pass, and the adaptive
+#: repeats after the search (on one GPU the screening pass is one cell: the search takes its time too)
+SEARCH_SHARE, AFTER_SEARCH = 0.4, 0.15
+
+
 def _follow_node0(cfg: RunConfig, cells: list[Planned], on_progress: ProgressFn | None) -> Path:
     """A node other than node 0 follows node 0's launches; its work folder."""
 
@@ -188,8 +206,8 @@ def _run_groups(todo: RunPlan, ctx: GroupContext, meta: dict[str, Any]) -> None:
         report(Progress(kind="note", group="", text=todo.text))
     deadline = time.time() + budget_s if budget_s else None
     ctx = dataclasses.replace(ctx, deadline=deadline)
-    # the screening pass paces itself to leave the adaptive rounds their share
-    screen_end = deadline - RESERVE * budget_s if deadline is not None and adaptive(cfg) else deadline
+    # the screening pass paces itself to leave the search and the adaptive rounds their shares
+    screen_end = deadline - reserve(cfg) * budget_s if deadline is not None else None
     pacer = (Pacer(cfg, groups) if budget_s and cfg.nodes.nnodes == 1
              and "time_cap_s" not in cfg.budget.pinned else None)
     for gid, g in enumerate(groups):
@@ -206,5 +224,15 @@ def _run_groups(todo: RunPlan, ctx: GroupContext, meta: dict[str, Any]) -> None:
         clean = run_group(g, gid, ctx)
         if pacer is not None:
             pacer.group_done(screen_end - time.time(), clean=clean is not False)
+    if deadline is not None and search_on(cfg):
+        if todo.searched:
+            meta["search"] = {"mode": cfg.budget.search, "skipped": "the run was resumed after its search began: "
+                                                                   "its candidates' rows are kept as measured"}
+        else:
+            # the adaptive rounds decide between strategies at several devices: without any, the search
+            # has their share too
+            several = any(p.reason is None and p.spec.n_devices > 1 for p in cells)
+            meta["search"] = search(ctx, todo, deadline - (AFTER_SEARCH * budget_s if adaptive(cfg) and several
+                                                           else 0.0))
     if deadline is not None and adaptive(cfg):
         meta["adaptive"] = decide(ctx)

@@ -1,0 +1,251 @@
+"""The knob search: its plan (bench.plan.search: the variants of the leading strategies, what is
+pruned and afforded), its answer (bench.decide.best: the fastest configuration, its margins, the TOML
+file that measures it again), its words (reports.search) and the one-GPU estimates
+(bench.decide.scaleout), on hand-built cells and the planner's real cells."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import sys
+
+import pandas as pd
+import pytest
+
+from bench.core.config import build_config
+from bench.decide import best, scaleout
+from bench.decide.decision import Verdict
+from bench.plan import search
+from bench.plan.matrix import plan as plan_matrix
+from bench.results.run import Run
+from reports import search as words
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+_ids = itertools.count(100)
+
+
+def row(strategy: str, ws: int, tput: float, *, gb: int = 8, spread: float = 0.01, repeats: bool = True,
+        cell_id: int | None = None, **kw) -> dict:
+    """A cell that ran at ``tput`` samples/s, its step interval +-spread."""
+    step = gb / tput
+    r = dict(cell_id=next(_ids) if cell_id is None else cell_id, workload="gpt-tiny", strategy=strategy,
+             backend="gloo", device="cpu", mode="train", world_size=ws, status="ok", reason="",
+             role="reference" if strategy == "single" else "", global_batch=gb, scaling="strong", precision="fp32",
+             optimizer="adamw", compile="off", ac="none", step_time_median_s=step,
+             step_time_ci_low_s=step * (1 - spread), step_time_ci_high_s=step * (1 + spread),
+             ci_basis="repeats (percentile)" if repeats else "steps (BCa)", repeats_done=3 if repeats else 1,
+             stable=True, noise="", contended="", throughput_samples_s=tput, parity_ok=True if ws > 1 else None,
+             params=1_000_000)
+    r.update(kw)
+    return r
+
+
+def cpu_config(**flat):
+    return build_config(toml={}, flags={"workloads": "gpt-tiny", "strategies": "ddp,fsdp", "world_sizes": "1,2",
+                                        **flat}, gpus=0)
+
+
+@pytest.fixture(scope="module")
+def screened():
+    cfg = cpu_config()
+    cells, _, _ = plan_matrix(cfg, 0)
+    return cfg, [p for p in cells if p.reason is None]
+
+
+def measured(screened_cells, tputs: dict[str, float]) -> pd.DataFrame:
+    """Rows for the screened cells: each strategy's throughput as given (single at one device)."""
+    rows = []
+    for p in screened_cells:
+        s = p.spec
+        rows.append(row(s.strategy, s.n_devices, tputs.get(f"{s.strategy}{s.n_devices}", 100.0),
+                        cell_id=s.cell_id, gb=s.workload.global_batch, workload=s.workload.name))
+    return pd.DataFrame(rows)
+
+
+def test_leaders_are_the_fastest_qualifying_strategies_per_slot():
+    rows = [row("single", 1, 100.0), row("ddp", 2, 150.0), row("fsdp", 2, 120.0), row("tensor", 2, 200.0,
+            parity_ok=False), row("pipeline", 2, 90.0)]
+    got = search.leaders(pd.DataFrame(rows), 2)
+    ids = {r["strategy"]: r["cell_id"] for r in rows}
+    assert got[("gpt-tiny", "gloo", 2)] == [ids["ddp"], ids["fsdp"]]  # tensor failed parity: not a leader
+    assert got[("gpt-tiny", "gloo", 1)] == [ids["single"]]
+
+
+def test_no_strategy_but_single_runs_at_one_device_unless_named():
+    cells, _, _ = plan_matrix(build_config(toml={}, flags={"workloads": "gpt-tiny", "world_sizes": "1,2"}, gpus=0), 0)
+    at_one = {p.spec.strategy for p in cells if p.spec.n_devices == 1}
+    assert at_one == {"single"}
+    cells, _, _ = plan_matrix(cpu_config(), 0)
+    assert {"ddp", "fsdp"} <= {p.spec.strategy for p in cells if p.spec.n_devices == 1}  # named: they run
+
+
+def test_plan_varies_batch_options_and_checkpointing_of_the_leaders(screened):
+    cfg, cells = screened
+    got = search.plan(cfg, 0, cells, measured(cells, {"ddp2": 150.0, "fsdp2": 120.0}), search.SPACES["auto"],
+                      first_id=1000)
+    ddp = [c for c in got if c.spec.strategy == "ddp" and c.stage == 0]
+    seen = {(c.spec.training.ac, c.spec.workload.global_batch, c.spec.options["bucket_mb"]) for c in ddp}
+    assert ("none", 16, 25.0) in seen and ("none", 32, 25.0) in seen  # the batch per device x2, x4
+    assert ("none", 8, 100.0) in seen  # DDP's declared search value, at the base batch
+    assert ("full", 8, 25.0) in seen and ("selective", 32, 25.0) in seen
+    assert ("none", 8, 25.0) not in seen  # the screened cell itself is not planned again
+    twins = [c for c in got if c.stage == 1 and not c.reference]
+    assert twins and all(c.spec.training.compile == "on" for c in twins)
+    assert all(c.twin is not None for c in twins)
+    # every candidate at two devices has its one-device reference (same batch and training) planned
+    refs = {(c.spec.workload.global_batch, c.spec.training) for c in got if c.reference}
+    for c in got:
+        if c.spec.n_devices == 2 and c.reason is None:
+            assert (c.spec.workload.global_batch, c.spec.training) in refs | {
+                (s.spec.workload.global_batch, s.spec.training) for s in got if s.spec.n_devices == 1} | {
+                (p.spec.workload.global_batch, p.spec.training) for p in cells if p.spec.n_devices == 1}
+    ids = [c.spec.cell_id for c in got]
+    assert len(ids) == len(set(ids)) and min(ids) == 1000
+
+
+def test_round_robin_puts_every_slots_first_variants_first(screened):
+    cfg, cells = screened
+    got = [c for c in search.plan(cfg, 0, cells, measured(cells, {}), search.SPACES["auto"], 1000)
+           if c.stage == 0 and not c.reference]
+    first = got[:3]
+    assert {c.spec.strategy for c in first} == {"single", "ddp", "fsdp"}
+
+
+def test_variants_keep_a_whole_number_of_samples_on_every_device(screened):
+    _, cells = screened
+    ddp = next(p.spec for p in cells if p.spec.strategy == "ddp" and p.spec.n_devices == 2)
+    base = dataclasses.replace(ddp, workload=dataclasses.replace(ddp.workload, global_batch=2))
+    wide = search.SPACES["wide"]
+    batches = {gb for _, gb, _ in search._variants(base, wide)}
+    assert 1 not in batches and {2, 4, 8, 16} <= batches  # x0.5 would leave half a sample per device
+
+
+def test_afford_keeps_a_candidate_with_its_reference_and_a_margin(screened):
+    cfg, cells = screened
+    got = search.plan(cfg, 0, cells, measured(cells, {}), search.SPACES["auto"], 1000)
+    first = search.first_pass(got)
+    run, rest = search.afford(first, 10.0, lambda c: 2.0)
+    assert len([c for c in run if not c.reference]) + len([c for c in run if c.reference]) == len(run)
+    assert sum(2.0 for _ in run) * 1.25 <= 10.0 and rest
+    for c in run:
+        if c.spec.n_devices == 2:
+            assert any(r.reference and search._reads(r.spec, c.spec) for r in run) or any(
+                p.spec.n_devices == 1 and search._reads(p.spec, c.spec) for p in cells) or any(
+                o.spec.n_devices == 1 and search._reads(o.spec, c.spec) for o in run)
+    everything, none = search.afford(first, 1e9, lambda c: 1.0)
+    assert len(everything) == len(first) and not none
+
+
+def test_promoted_are_the_compiled_twins_of_the_fastest(screened):
+    cfg, cells = screened
+    got = search.plan(cfg, 0, cells, measured(cells, {}), search.SPACES["auto"], 1000)
+    stage0 = [c for c in got if c.stage == 0 and not c.reference and c.slot[2] == 2]
+    rows = measured(cells, {"ddp2": 150.0, "fsdp2": 120.0})
+    fast = stage0[0]
+    extra = pd.DataFrame([row(fast.spec.strategy, 2, 500.0, cell_id=fast.spec.cell_id,
+                              gb=fast.spec.workload.global_batch)])
+    out = search.promoted(pd.concat([rows, extra]), got, keep=1)
+    twins = [c for c in out if not c.reference and c.slot[2] == 2]
+    assert twins and all(c.twin == fast.spec.cell_id for c in twins)
+
+
+def searched_run(rows: list[dict], searched_ids: list[int], tmp_path=None) -> Run:
+    meta = {"search": {"mode": "auto", "slots": ["gpt-tiny gloo x2"], "candidates": 9,
+                       "stages": [{"stage": 0, "cells": searched_ids, "again": [], "cap_s": 1.0, "seconds": 3.0}],
+                       "measured": searched_ids, "knobs": ["batch"], "wider_minutes": 4.5,
+                       "pruned": [{"cell": "ddp, compile on", "world_size": 2, "why": "time", "reason": "time: no"}],
+                       "recipes": {}}}
+    return Run(pd.DataFrame(rows), meta=meta, path=tmp_path)
+
+
+def test_answer_names_the_configuration_its_margin_and_the_runner_up():
+    base = row("ddp", 2, 100.0, cell_id=1)
+    fsdp = row("fsdp", 2, 90.0, cell_id=2)
+    big = row("ddp", 2, 132.0, cell_id=3, gb=16, ac="full", option_bucket_mb=100.0)
+    near = row("ddp", 2, 120.0, cell_id=4, gb=16)
+    single = row("single", 1, 60.0, cell_id=5)
+    run = searched_run([base, fsdp, big, near, single], [3, 4])
+    (b,) = best.answers(run)
+    assert b.cell_id == 3 and b.measured == 4
+    assert b.config == "ddp, compile off, checkpointing full, 8 samples per device (global 16), bucket_mb=100"
+    assert b.baseline.config == "ddp at its defaults" and b.baseline.ratio == pytest.approx(1.32)
+    assert b.baseline.verdict == Verdict.A and b.runner_up.cell_id == 4 and b.runner_up.verdict == Verdict.A
+    first = words.answer_lines(b)[0]
+    assert "1.32x ddp at its defaults, beyond the noise" in first
+    assert "9.1% fewer samples/s, beyond the noise" in words.answer_lines(b)[1]
+
+
+def test_answer_from_one_run_is_not_judged():
+    rows = [row("ddp", 2, 100.0, cell_id=1, repeats=False), row("ddp", 2, 150.0, cell_id=2, gb=16, repeats=False)]
+    (b,) = best.answers(searched_run(rows, [2]))
+    assert not b.decided
+    assert "one run each: not judged" in words.answer_lines(b)[0]
+
+
+def test_a_run_without_search_has_no_answer():
+    assert best.answers(Run(pd.DataFrame([row("ddp", 2, 100.0)]), meta={})) == []
+    assert words.lines(Run(pd.DataFrame([row("ddp", 2, 100.0)]), meta={})) == []
+
+
+def test_search_cells_stay_out_of_the_strategy_decisions():
+    from bench.decide import picks
+
+    base, other = row("ddp", 2, 100.0, cell_id=1), row("fsdp", 2, 95.0, cell_id=2)
+    bigger = row("fsdp", 2, 300.0, cell_id=3, gb=32)
+    single = row("single", 1, 60.0, cell_id=5)
+    (d,) = [d for d in picks.decide(searched_run([base, other, bigger, single], [3])) if d.world_size == 2]
+    assert d.winner == "ddp"  # the search's larger batch answers another question
+
+
+def test_best_toml_measures_the_configuration_again(screened, tmp_path):
+    cfg, cells = screened
+    ddp = next(p.spec for p in cells if p.spec.strategy == "ddp" and p.spec.n_devices == 2)
+    spec = dataclasses.replace(ddp, workload=dataclasses.replace(ddp.workload, global_batch=16),
+                               training=dataclasses.replace(ddp.training, ac="full"),
+                               options={**ddp.options, "bucket_mb": 100.0})
+    r = row("ddp", 2, 130.0, cell_id=spec.cell_id, gb=16, ac="full")
+    run = searched_run([r, row("single", 1, 50.0, cell_id=999)], [spec.cell_id], tmp_path)
+    run.meta["search"]["recipes"] = {str(spec.cell_id): best.recipe(spec)}
+    path = best.write(run, best.answers(run))
+    assert path == tmp_path / "best.toml"
+    toml = tomllib.loads(path.read_text())
+    again = build_config(toml=toml, flags={}, gpus=0)
+    assert again.matrix.strategies == ["ddp"] and again.matrix.world_sizes == [2]
+    assert again.matrix.global_batch == 16 and again.matrix.options == {"bucket_mb": 100.0}
+    assert again.training.knobs["ac"] == ["full"] and again.budget.search == "off"
+    assert again.measurement.repeats == 3 and again.budget.duration is None
+    planned, _, _ = plan_matrix(again, 0)
+    run_cells = [p.spec for p in planned if p.reason is None]
+    assert {(c.strategy, c.n_devices) for c in run_cells} == {("ddp", 2), ("single", 1)}
+    d = next(c for c in run_cells if c.strategy == "ddp")
+    assert d.workload.global_batch == 16 and d.options["bucket_mb"] == 100.0 and d.training.ac == "full"
+
+
+def test_estimates_bracket_hidden_and_exposed_communication():
+    est = scaleout.estimate(0.2, 236e6)
+    ddp2 = next(e for e in est if (e.strategy, e.world_size) == ("ddp", 2))
+    # 4 bytes x 236M gradients, 2(n-1)/n through each GPU at 252 GB/s: 3.75 ms at two GPUs
+    assert ddp2.comm_ms == pytest.approx(4 * 236e6 / 252e9 * 1e3, rel=1e-6)
+    assert ddp2.speedup[1] == pytest.approx(2.0) and ddp2.speedup[0] < 2.0
+    fsdp8 = next(e for e in est if (e.strategy, e.world_size) == ("fsdp", 8))
+    assert fsdp8.comm_ms == pytest.approx(8 * 236e6 * 7 / 8 / 334e9 * 1e3, rel=1e-6)
+    assert all(e.speedup[0] <= e.speedup[1] <= e.world_size for e in est)
+    assert scaleout.estimate(0.0, 1e6) == [] and scaleout.estimate(0.1, 0) == []
+    assert scaleout.line(est).startswith("ddp x2 1.96-2.00x, x4 ") and "; fsdp x2 1.97-2.00x" in scaleout.line(est)
+
+
+def test_one_gpu_run_gets_estimates_and_a_search_line():
+    rows = [row("single", 1, 300.0, cell_id=1, gb=64, device="cuda", backend="nccl", params=236_000_000),
+            row("single", 1, 400.0, cell_id=2, gb=128, device="cuda", backend="nccl", params=236_000_000,
+                compile="on")]
+    run = searched_run(rows, [2])
+    run.meta["search"]["slots"] = ["gpt-tiny nccl x1"]
+    text = "\n".join(words.lines(run))
+    assert "fastest configuration, gpt-tiny nccl x1: single, compile on" in text
+    assert "1.33x single at its defaults" in text
+    assert "estimates at more GPUs of this kind" in text and "NVLink" in text
+    assert "pruned: time 1" in text and "about 4.5 min" in text
