@@ -37,7 +37,10 @@ def answer_lines(b: found_best.Best) -> list[str]:
     if b.runner_up is not None:
         behind = 1 - 1 / b.runner_up.ratio if b.runner_up.ratio else float("nan")
         judged = _VERDICT.get(Verdict(b.runner_up.verdict), "") if b.repeats >= 3 else "one run: not judged"
-        out.append(f"runner-up: {b.runner_up.config}: {behind:.1%} fewer samples/s, {judged}")
+        mine = set(b.config.split(", "))
+        differs = [p for p in b.runner_up.config.split(", ") if p not in mine]
+        out.append(f"runner-up: {b.runner_up.config}: {behind:.1%} fewer samples/s, {judged}"
+                   + (f" (it differs in: {', '.join(differs)})" if differs else ""))
     return out
 
 

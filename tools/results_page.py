@@ -774,6 +774,25 @@ def knob_parity_view(ev: Evidence) -> View:
                 md_table(header, rows, fold=False))
 
 
+def search_view(ev: Evidence) -> View:
+    """The knob search's cells or its grid: each configuration's step, interval and samples a second."""
+    df = ev.table.sort_values("throughput_samples_s", ascending=False)
+    rows = []
+    for r in df.itertuples():
+        mark = [m for m, on in (("answer", getattr(r, "answer", False)), ("grid's fastest",
+                                                                          getattr(r, "grid_fastest", False))) if on]
+        rows.append([cell(str(getattr(r, "search_stage", getattr(r, "grid_run", "")))), cell(r.compile), cell(r.ac),
+                     str(int(r.global_batch)), str(int(r.repeats_done)), f"{r.step_time_median_s * 1e3:.1f}",
+                     f"[{r.step_time_ci_low_s * 1e3:.1f}, {r.step_time_ci_high_s * 1e3:.1f}]",
+                     f"{r.throughput_samples_s:.1f}", f"{r.peak_mem_bytes / 2**30:.1f}", ", ".join(mark) or "–"])
+    header = ["stage" if "search_stage" in df else "grid run", "compile", "checkpointing", "global batch", "repeats",
+              "median step (ms)", "95% interval (ms)", "samples/s", "peak GiB", ""]
+    reps = _range(df["repeats_done"])
+    return View(f"{reps} repeats a cell as the search or the grid gave them; timed steps as the budget capped "
+                "them (the grid: 5 a repeat)", None,
+                md_table(header, rows, fold=False))
+
+
 def cpu_default_view(ev: Evidence) -> View:
     rows = [[str(int(r.run)), f"{r.wall_s:.0f}", cell(r.workload) + (" (launch-bound)" if r.launch_bound else ""),
              f"{r.backend} x{int(r.world_size)}", cell(r.use), cell(r.decided), cell(r.fastest),
@@ -867,6 +886,11 @@ SECTIONS = [
                   memory_model_view),
              Part("knobs-parity-cpu", "Every strategy under AdamW, compile and checkpointing on CPU (gloo)",
                   knob_parity_view)]),
+    Section("The knob search on one H200", "A budgeted run's search (docs/guides/search.md) over the batch per "
+            "device, activation checkpointing and torch.compile of the single-device reference, on one GPU, and a grid "
+            "over the same knobs measured apart, 3 repeats a cell. gpt-200m, AdamW, bf16 autocast.",
+            [Part("search-run-h200", "The search's cells, 5-minute budget", search_view),
+             Part("search-grid-h200", "The search's answer against a grid over the same knobs", search_view)]),
     Section("Regression gate", "Runs A1 and A2 have the same configuration; run B makes DDP 5% slower "
             "(`tests.regress_helpers:DDPSlowed`). `parbench compare` judged each pair of runs.",
             [Part("gate-runs-h100", "The gate's runs", gate_runs_view),

@@ -39,14 +39,15 @@ def check(default: Run, grids: list[Run]) -> tuple[pd.DataFrame, dict]:
         raise SystemExit("the default run has no one-device answer from a search")
     b = found[0]
     chosen = default.cells[default.cells["cell_id"] == b.cell_id].iloc[0]
-    grid = pd.concat([g.training for g in grids], ignore_index=True)
+    grid = pd.concat([g.training.assign(grid_run=g.path.name) for g in grids], ignore_index=True)
     ok = grid[grid["status"] == "ok"].sort_values("throughput_samples_s", ascending=False)
     fastest = ok.iloc[0]
     same = ok[(ok[KEY].astype(str) == chosen[KEY].astype(str).to_numpy()).all(axis=1)]
-    table = grid[["cell_id", *KEY, "status", "step_time_median_s", "step_time_ci_low_s", "step_time_ci_high_s",
-                  "throughput_samples_s", "repeats_done", "peak_mem_bytes", "compile_s", "reason"]].copy()
+    table = grid[["grid_run", "cell_id", *KEY, "status", "step_time_median_s", "step_time_ci_low_s",
+                  "step_time_ci_high_s", "throughput_samples_s", "repeats_done", "peak_mem_bytes", "compile_s",
+                  "reason"]].copy()
     table["answer"] = (table[KEY].astype(str) == chosen[KEY].astype(str).to_numpy()).all(axis=1)
-    table["grid_fastest"] = table["cell_id"] == fastest["cell_id"]
+    table["grid_fastest"] = table.index == fastest.name
     summary = {"answer": b.config, "answer_cell_in_default": b.cell_id,
                "answer_in_default_samples_s": round(b.throughput, 2),
                "grid_fastest": best.configuration(fastest), "grid_fastest_samples_s": round(float(
@@ -55,8 +56,7 @@ def check(default: Run, grids: list[Run]) -> tuple[pd.DataFrame, dict]:
         g = same.iloc[0]
         summary["answer_in_grid_samples_s"] = round(float(g["throughput_samples_s"]), 2)
         summary["answer_over_fastest"] = round(float(g["throughput_samples_s"] / fastest["throughput_samples_s"]), 4)
-        summary["fastest_vs_answer"] = str(judge_pair(fastest, g).state) if g["cell_id"] != fastest["cell_id"] \
-            else "the same cell"
+        summary["fastest_vs_answer"] = str(judge_pair(fastest, g).state) if g.name != fastest.name else "the same cell"
     else:
         summary["answer_in_grid_samples_s"] = None
     return table, summary

@@ -18,7 +18,7 @@ import pandas as pd
 
 from bench.decide.decision import Verdict
 from bench.decide.recommend import candidates
-from bench.decide.rules import judge_pair, num
+from bench.decide.rules import is_reference, judge_pair, num
 from bench.results.run import Run
 
 FILE = "best.toml"
@@ -91,6 +91,31 @@ def _rival(best: pd.Series, other: pd.Series | None, opts: tuple[str, ...], labe
     a, b = num(best.get("throughput_samples_s")), num(other.get("throughput_samples_s"))
     return Rival(config=label or configuration(other, opts), cell_id=int(other["cell_id"]),
                  ratio=a / b if a and b else float("nan"), verdict=str(judge_pair(best, other).state))
+
+
+def leaders(cells: pd.DataFrame, k: int) -> dict[tuple[str, str, int], list[int]]:
+    """Per slot, the cell ids of the ``k`` fastest qualifying strategies (ok, parity not failed, one
+    row each, by throughput); at one device the single-device reference."""
+    good, _ = candidates(cells)
+    if good.empty:
+        return {}
+    good = good.sort_values("throughput_samples_s", ascending=False)
+    out: dict[tuple[str, str, int], list[int]] = {}
+    for (wl, be, ws), g in good.groupby(["workload", "backend", "world_size"], sort=True):
+        g = g[is_reference(g)] if ws == 1 else g
+        first = g.drop_duplicates("strategy").head(1 if ws == 1 else k)
+        if len(first):
+            out[(str(wl), str(be), int(ws))] = [int(c) for c in first["cell_id"]]
+    return out
+
+
+def ranked(cells: pd.DataFrame, slot: tuple[str, str, int]) -> pd.DataFrame:
+    """The qualifying measured configurations of ``slot``, fastest first (throughput: the batch
+    differs between them)."""
+    good, _ = candidates(cells)
+    wl, be, ws = slot
+    g = good[(good["workload"] == wl) & (good["backend"] == be) & (good["world_size"] == ws)]
+    return g.sort_values("throughput_samples_s", ascending=False)
 
 
 def searched(meta: dict) -> set[int]:

@@ -35,12 +35,13 @@ def signature(run: Run) -> str:
     return hashlib.sha256(run.cells[cols].to_csv(index=False).encode()).hexdigest()[:16]
 
 
-def decide(run: Run, gpu_mem: float | None = None) -> list[Decision]:
+def decide(run: Run, gpu_mem: float | None = None, searched_ids: set[int] | None = None) -> list[Decision]:
     """The decisions of ``run``'s training cells (``gpu_mem``: a device's bytes, for the headroom),
-    the knob search's aside: they answer which configuration (:mod:`bench.decide.best`), these which
-    strategy at the run's own settings."""
+    the knob search's aside (its cells, from meta.json, or ``searched_ids`` while the run is still
+    writing it): they answer which configuration (:mod:`bench.decide.best`), these which strategy
+    at the run's own settings."""
     cells = run.training
-    return recommend(cells[~cells["cell_id"].isin(searched(run.meta))], gpu_mem)
+    return recommend(cells[~cells["cell_id"].isin(searched(run.meta) | (searched_ids or set()))], gpu_mem)
 
 
 def store(run: Run, decisions: list[Decision]) -> Path | None:

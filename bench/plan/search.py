@@ -27,8 +27,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import pandas as pd
-
 import strategies
 from bench.core import knobs
 from bench.core.settings import RunConfig
@@ -100,25 +98,6 @@ def describe(spec: CellSpec, base_gb: int | None = None) -> str:
     return ", ".join(parts)
 
 
-def leaders(cells: pd.DataFrame, k: int) -> dict[Slot, list[int]]:
-    """Per slot, the cell ids of the ``k`` fastest qualifying strategies (ok, parity not failed, one
-    row each, by throughput); at one device the single-device reference."""
-    from bench.decide.recommend import candidates
-    from bench.decide.rules import is_reference
-
-    good, _ = candidates(cells)
-    if good.empty:
-        return {}
-    good = good.sort_values("throughput_samples_s", ascending=False)
-    out: dict[Slot, list[int]] = {}
-    for (wl, be, ws), g in good.groupby(["workload", "backend", "world_size"], sort=True):
-        g = g[is_reference(g)] if ws == 1 else g
-        first = g.drop_duplicates("strategy").head(1 if ws == 1 else k)
-        if len(first):
-            out[(str(wl), str(be), int(ws))] = [int(c) for c in first["cell_id"]]
-    return out
-
-
 def _variants(base: CellSpec, space: Space) -> list[tuple[knobs.Training, int, dict[str, Any]]]:
     """The stage-0 configurations of ``base``: (training, global batch, option overrides), the base's
     own first, then in the order the brief pass affords them: the batch per device (what moves a
@@ -141,17 +120,18 @@ def _variants(base: CellSpec, space: Space) -> list[tuple[knobs.Training, int, d
     return out
 
 
-def plan(cfg: RunConfig, gpus: int, screened: list[Planned], cells: pd.DataFrame, space: Space,
+def plan(cfg: RunConfig, gpus: int, screened: list[Planned], leads: dict[Slot, list[int]], space: Space,
          first_id: int) -> list[Candidate]:
-    """The candidates of every slot the screening pass (``screened``, its measured ``cells``) leads,
-    their compiled twins and the single-device cells they are read against, each planned (cell ids
-    from ``first_id``) and skipped with its reason where a strategy or the memory model rejects it.
-    Configurations the screening pass measured are not planned again."""
+    """The candidates of every slot the screening pass (``screened``) measured, from the cells that
+    lead it (``leads``: :func:`bench.decide.best.leaders`), their compiled twins and the
+    single-device cells they are read against, each planned (cell ids from ``first_id``) and skipped
+    with its reason where a strategy or the memory model rejects it. Configurations the screening
+    pass measured are not planned again."""
     specs = {p.spec.cell_id: p.spec for p in screened}
     planner = Planner(cfg, gpus, first_id)
     planner.seen = {_key(s) for s in specs.values()}
     per_base: list[list[Candidate]] = []
-    for slot, ids in leaders(cells, space.leaders).items():
+    for slot, ids in leads.items():
         for cid in ids:
             base = specs.get(cid)
             if base is None:
@@ -241,28 +221,11 @@ def first_pass(cands: list[Candidate]) -> list[Candidate]:
     return [c for c in cands if c.stage == 0 and c.reason is None]
 
 
-def ranked(cells: pd.DataFrame, slot: Slot) -> pd.DataFrame:
-    """The qualifying measured configurations of ``slot``, fastest first (throughput: the batch
-    differs between them)."""
-    from bench.decide.recommend import candidates
-
-    good, _ = candidates(cells)
-    wl, be, ws = slot
-    g = good[(good["workload"] == wl) & (good["backend"] == be) & (good["world_size"] == ws)]
-    return g.sort_values("throughput_samples_s", ascending=False)
-
-
-def promoted(cells: pd.DataFrame, cands: list[Candidate], keep: int) -> list[Candidate]:
-    """Stage 1: the compiled twins of each slot's ``keep`` fastest measured configurations (the
-    screened base and stage 0), and the references they need."""
-    twins = [c for c in cands if c.stage == 1 and not c.reference]
-    out = []
-    for slot in dict.fromkeys(c.slot for c in twins):
-        best = set(int(i) for i in ranked(cells, slot)["cell_id"].head(keep))
-        out += [c for c in twins if c.slot == slot and c.twin in best]
-    chosen = {c.spec.cell_id for c in out}
-    refs = [c for c in cands if c.reference and c.stage == 1 and any(
-        _reads(c.spec, o.spec) for o in out if o.spec.cell_id in chosen)]
+def promoted(fastest: dict[Slot, set[int]], cands: list[Candidate]) -> list[Candidate]:
+    """Stage 1: the compiled twins of each slot's fastest measured configurations (``fastest``: the
+    screened base and stage 0's, by cell id), and the references they need."""
+    out = [c for c in cands if c.stage == 1 and not c.reference and c.twin in fastest.get(c.slot, set())]
+    refs = [c for c in cands if c.reference and c.stage == 1 and any(_reads(c.spec, o.spec) for o in out)]
     return out + refs
 
 

@@ -52,7 +52,7 @@ class Ask:
     in all, and per cell (repeats to add, seconds a repeat spends outside its timed steps, seconds
     of timed steps a repeat took), from each cell's own repeats so far."""
 
-    pick: Decision
+    pick: Decision  # or what stands for one: its title and launch_bound (bench.train.search)
     targets: dict[int, int]
     slots: tuple[tuple[int, float, float], ...]
 
@@ -72,23 +72,26 @@ def repeat_parts(p: Pending) -> tuple[float, float]:
 
 def asks(picks: list[Decision], kept: dict[int, Pending]) -> list[Ask]:
     """The open decisions that repeats can close, real workloads first, then the cheapest."""
-    out = []
-    for p in picks:
-        if p.resolved or not p.open_cells or p.repeats_needed is None:
+    out = [ask_for(p, p.open_cells, kept) for p in picks
+           if not p.resolved and p.open_cells and p.repeats_needed is not None]
+    return sorted((a for a in out if a is not None), key=lambda a: (a.pick.launch_bound, a.cost()))
+
+
+def ask_for(pick: Any, cells, kept: dict[int, Pending]) -> Ask | None:
+    """The request of ``pick`` (a decision, or anything with its ``title`` and ``launch_bound``) for
+    ``cells``: each measured so far up to ROUND_REPEATS more repeats (3 at least, MAX_REPEATS at
+    most); None when none of them needs more."""
+    targets, slots = {}, []
+    for cid in cells:
+        have = kept.get(cid)
+        if have is None:
             continue
-        targets, slots = {}, []
-        for cid in p.open_cells:
-            have = kept.get(cid)
-            if have is None:
-                continue
-            n = len(have.repeats)
-            target = min(max(n + ROUND_REPEATS, 3), MAX_REPEATS)
-            if target > n:
-                targets[cid] = target
-                slots.append((target - n, *repeat_parts(have)))
-        if targets:
-            out.append(Ask(pick=p, targets=targets, slots=tuple(slots)))
-    return sorted(out, key=lambda a: (a.pick.launch_bound, a.cost()))
+        n = len(have.repeats)
+        target = min(max(n + ROUND_REPEATS, 3), MAX_REPEATS)
+        if target > n:
+            targets[cid] = target
+            slots.append((target - n, *repeat_parts(have)))
+    return Ask(pick=pick, targets=targets, slots=tuple(slots)) if targets else None
 
 
 def round_cap(wanted: list[Ask], left_s: float, start_s: float, cap_s: float | None) -> float | None:
@@ -130,15 +133,17 @@ def fit(wanted: list[Ask], kept: dict[int, Pending], left_s: float, start_s: flo
     return chosen
 
 
-def decide(ctx: GroupContext) -> list[dict[str, Any]]:
+def decide(ctx: GroupContext, searched: set[int] | None = None) -> list[dict[str, Any]]:
     """Rounds of repeats for the open decisions until none is left that repeats can close, the
     time left fits none, or MAX_ROUNDS (``ctx.deadline``: the run's, never None here); returns what
-    each round did (for meta.json). The cells measured so far are ``ctx.kept``."""
+    each round did (for meta.json). The cells measured so far are ``ctx.kept``; ``searched``: the
+    knob search's, which answer another question (:func:`bench.decide.picks.decide`)."""
     cfg, kept, writer, report, starts = ctx.cfg, ctx.kept, ctx.writer, ctx.report, ctx.starts
     deadline = ctx.deadline if ctx.deadline is not None else time.time()  # none: no round fits
     done: list[dict[str, Any]] = []
     for k in range(1, MAX_ROUNDS + 1):
-        picks = run_picks.decide(load_run(writer.dir))  # the folder as this round left it
+        # the folder as this round left it, the knob search's cells aside (``searched``)
+        picks = run_picks.decide(load_run(writer.dir), searched_ids=searched)
         wanted = asks(picks, kept)
         if not wanted:
             break

@@ -33,6 +33,7 @@ from typing import Any
 from bench.core.errors import UserError
 from bench.core.settings import RunConfig
 from bench.core.values import parse_duration
+from bench.decide import best
 from bench.multinode import plan_digest
 from bench.multinode.follow import follow
 from bench.multinode.nodes import Coordinator
@@ -235,4 +236,4 @@ def _run_groups(todo: RunPlan, ctx: GroupContext, meta: dict[str, Any]) -> None:
             meta["search"] = search(ctx, todo, deadline - (AFTER_SEARCH * budget_s if adaptive(cfg) and several
                                                            else 0.0))
     if deadline is not None and adaptive(cfg):
-        meta["adaptive"] = decide(ctx)
+        meta["adaptive"] = decide(ctx, searched=best.searched(meta))

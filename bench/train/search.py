@@ -23,15 +23,16 @@ from typing import Any
 
 from bench.core.settings import RunConfig
 from bench.core.spec import CellSpec
+from bench.decide import best
 from bench.decide.best import recipe
 from bench.decide.decision import Verdict
-from bench.decide.rules import MAX_REPEATS, judge_pair, launch_bound
+from bench.decide.rules import judge_pair, launch_bound
 from bench.plan import search as plan_search
 from bench.plan.budget import _overhead
 from bench.plan.matrix import Planned, group
 from bench.plan.search import Candidate, Slot, Space
 from bench.results.run import load_run
-from bench.train.adaptive import ROUND_REPEATS, Ask, fit, launch_cost, repeat_parts, round_cap
+from bench.train.adaptive import Ask, ask_for, fit, launch_cost, repeat_parts, round_cap
 from bench.train.context import GroupContext, Progress, RunPlan
 from bench.train.group import run_group
 
@@ -83,14 +84,16 @@ class Search:
         """Seconds one repeat of candidate ``c`` takes: a measured cell of its strategy's (fixed part,
         timed part scaled by the batch, capped), else the budget's model; compiling on top."""
         s = c.spec
-        like = [p for p in self.ctx.kept.values() if p.spec.strategy == s.strategy
-                and p.spec.workload.name == s.workload.name and p.spec.n_devices == s.n_devices and p.repeats]
+        like = sorted((p for p in self.ctx.kept.values() if p.spec.strategy == s.strategy
+                       and p.spec.workload.name == s.workload.name and p.spec.n_devices == s.n_devices and p.repeats),
+                      key=lambda p: p.spec.training.compile != s.training.compile)
+        compiled = like[0].spec.training.compile == "on" if like else False  # its wall holds the compile
         if like:
             fixed, timed = repeat_parts(like[0])
             timed *= s.workload.global_batch / like[0].spec.workload.global_batch
         else:
             fixed, timed = _overhead(self.cfg, s), cap
-        return fixed + min(timed, cap) + (compile_s if s.training.compile == "on" else 0.0)
+        return fixed + min(timed, cap) + (compile_s if s.training.compile == "on" and not compiled else 0.0)
 
     # -- running --------------------------------------------------------------------------------
     def cells_of(self, cands: list[Candidate], cap: float) -> list[CellSpec]:
@@ -166,7 +169,7 @@ class Search:
     def ask(self, cells, slot: Slot, final: int | None = None) -> Ask | None:
         """The repeats the slot's final decision between its ``final`` fastest configurations (the
         space's by default) still needs, or None when it is decided (or cannot be)."""
-        ranked = plan_search.ranked(cells, slot)
+        ranked = best.ranked(cells, slot)
         top = ranked.head(final or self.space.final)
         # the slot's leading strategy at its defaults too: the answer's margin is read against it
         base = ranked[ranked["cell_id"].isin({p.spec.cell_id for p in self.screened})].head(1)
@@ -175,34 +178,30 @@ class Search:
         if not any(judge_pair(top.iloc[0], r).state == Verdict.OPEN for r in rivals):
             return None
         ids = list(dict.fromkeys([int(c) for c in top["cell_id"]] + [int(c) for c in base["cell_id"]]))
-        targets, slots = {}, []
-        for cid in ids:
-            have = self.ctx.kept.get(cid)
-            if have is None:
-                continue
-            n = len(have.repeats)
-            target = min(max(n + ROUND_REPEATS, 3), MAX_REPEATS)
-            if target > n:
-                targets[cid] = target
-                slots.append((target - n, *repeat_parts(have)))
-        title = f"{slot[0]} {slot[1]} x{slot[2]}"
-        return Ask(pick=_Open(title, launch_bound(top.iloc[0])), targets=targets, slots=tuple(slots)) \
-            if targets else None
+        return ask_for(_Open(f"{slot[0]} {slot[1]} x{slot[2]}", launch_bound(top.iloc[0])), ids, self.ctx.kept)
 
     def run(self) -> dict[str, Any]:
         cells = load_run(self.ctx.writer.dir)
         first_id = int(cells.cells["cell_id"].max()) + 1 if len(cells.cells) else 0
-        cands = plan_search.plan(self.cfg, self.gpus, self.screened, cells.training, self.space, first_id)
+        leads = best.leaders(cells.training, self.space.leaders)
+        cands = plan_search.plan(self.cfg, self.gpus, self.screened, leads, self.space, first_id)
         for c in cands:
             if c.reason is not None:
                 self.prune([c.spec], ("memory: " if "out of memory" in c.reason else "rejected: ") + c.reason)
         self.stage(0, plan_search.first_pass(cands), STAGE0_SHARE)
         kept = self.ctx.kept
-        promoted = plan_search.promoted(load_run(self.ctx.writer.dir).training, cands, self.space.keep)
+        measured = load_run(self.ctx.writer.dir).training
+        slots = list(dict.fromkeys(c.slot for c in cands if not c.reference))
+        fastest = {s: {int(i) for i in best.ranked(measured, s)["cell_id"].head(self.space.keep)}
+                   for s in slots}
+        promoted = plan_search.promoted(fastest, cands)
         twins_of = {c.twin for c in promoted if c.twin is not None}
+        chosen = {c.spec.cell_id for c in promoted}
+        self.prune([c.spec for c in cands if c.stage == 1 and not c.reference and c.reason is None
+                    and c.spec.cell_id not in chosen],
+                   f"ranked out: its stage-0 configuration was not among its slot's {self.space.keep} fastest")
         targets = {cid: len(kept[cid].repeats) + 1 for cid in twins_of if cid in kept and kept[cid].repeats}
         self.stage(1, [c for c in promoted if c.reason is None], STAGE1_SHARE, targets)
-        slots = list(dict.fromkeys(c.slot for c in cands if not c.reference))
         self.final(slots)
         compile_s = self.compile_s()
         ran = {c.spec.cell_id: c.spec for c in cands} | {p.spec.cell_id: p.spec for p in self.screened}

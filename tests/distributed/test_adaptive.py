@@ -32,7 +32,7 @@ def adaptive_run(tmp_path_factory):
     cfg = build_config(toml=None, gpus=0, flags={
         "out": str(out), "device": "cpu", "backends": "gloo", "workloads": "gpt-tiny",
         "strategies": "single,ddp,allreduce-bucketed", "world_sizes": "2", "budget": "300s",
-        "time_cap_s": 0.3, "sample_hz": 0, "profile_at": "end"})
+        "time_cap_s": 0.3, "sample_hz": 0, "profile_at": "end", "search": "off"})
     try:
         return launch.run(cfg, 0)
     finally:

@@ -54,7 +54,7 @@ def test_a_time_budget_is_planned_and_recorded(tmp_path):
     # --steps-max 4 bounds each repeat whatever its cap: the budget is far from reached on a loaded
     # machine (no cell is cut at the deadline), and the run takes its start-ups and a few steps
     cells, _, meta = run(tmp_path, workloads="mlp", strategies="single,ddp", world_sizes="1,2", repeats=3,
-                         steps=2, steps_max=4, budget="180s")
+                         steps=2, steps_max=4, budget="180s", search="off")
     # 3 cells (single and ddp at 1, ddp at 2) in 2 groups: 144 s usable less 2 x 4 s start-up and
     # 3 x 1 s per cell leaves 133 s, 14.8 s for each of the 9 repeats
     assert meta["plan"].startswith(

@@ -66,10 +66,14 @@ def measured(screened_cells, tputs: dict[str, float]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def leads(screened_cells, tputs: dict[str, float]):
+    return best.leaders(measured(screened_cells, tputs), search.SPACES["auto"].leaders)
+
+
 def test_leaders_are_the_fastest_qualifying_strategies_per_slot():
     rows = [row("single", 1, 100.0), row("ddp", 2, 150.0), row("fsdp", 2, 120.0), row("tensor", 2, 200.0,
             parity_ok=False), row("pipeline", 2, 90.0)]
-    got = search.leaders(pd.DataFrame(rows), 2)
+    got = best.leaders(pd.DataFrame(rows), 2)
     ids = {r["strategy"]: r["cell_id"] for r in rows}
     assert got[("gpt-tiny", "gloo", 2)] == [ids["ddp"], ids["fsdp"]]  # tensor failed parity: not a leader
     assert got[("gpt-tiny", "gloo", 1)] == [ids["single"]]
@@ -85,7 +89,7 @@ def test_no_strategy_but_single_runs_at_one_device_unless_named():
 
 def test_plan_varies_batch_options_and_checkpointing_of_the_leaders(screened):
     cfg, cells = screened
-    got = search.plan(cfg, 0, cells, measured(cells, {"ddp2": 150.0, "fsdp2": 120.0}), search.SPACES["auto"],
+    got = search.plan(cfg, 0, cells, leads(cells, {"ddp2": 150.0, "fsdp2": 120.0}), search.SPACES["auto"],
                       first_id=1000)
     ddp = [c for c in got if c.spec.strategy == "ddp" and c.stage == 0]
     seen = {(c.spec.training.ac, c.spec.workload.global_batch, c.spec.options["bucket_mb"]) for c in ddp}
@@ -109,7 +113,7 @@ def test_plan_varies_batch_options_and_checkpointing_of_the_leaders(screened):
 
 def test_round_robin_puts_every_slots_first_variants_first(screened):
     cfg, cells = screened
-    got = [c for c in search.plan(cfg, 0, cells, measured(cells, {}), search.SPACES["auto"], 1000)
+    got = [c for c in search.plan(cfg, 0, cells, leads(cells, {}), search.SPACES["auto"], 1000)
            if c.stage == 0 and not c.reference]
     first = got[:3]
     assert {c.spec.strategy for c in first} == {"single", "ddp", "fsdp"}
@@ -126,7 +130,7 @@ def test_variants_keep_a_whole_number_of_samples_on_every_device(screened):
 
 def test_afford_keeps_a_candidate_with_its_reference_and_a_margin(screened):
     cfg, cells = screened
-    got = search.plan(cfg, 0, cells, measured(cells, {}), search.SPACES["auto"], 1000)
+    got = search.plan(cfg, 0, cells, leads(cells, {}), search.SPACES["auto"], 1000)
     first = search.first_pass(got)
     run, rest = search.afford(first, 10.0, lambda c: 2.0)
     assert len([c for c in run if not c.reference]) + len([c for c in run if c.reference]) == len(run)
@@ -142,13 +146,15 @@ def test_afford_keeps_a_candidate_with_its_reference_and_a_margin(screened):
 
 def test_promoted_are_the_compiled_twins_of_the_fastest(screened):
     cfg, cells = screened
-    got = search.plan(cfg, 0, cells, measured(cells, {}), search.SPACES["auto"], 1000)
+    got = search.plan(cfg, 0, cells, leads(cells, {}), search.SPACES["auto"], 1000)
     stage0 = [c for c in got if c.stage == 0 and not c.reference and c.slot[2] == 2]
     rows = measured(cells, {"ddp2": 150.0, "fsdp2": 120.0})
     fast = stage0[0]
     extra = pd.DataFrame([row(fast.spec.strategy, 2, 500.0, cell_id=fast.spec.cell_id,
                               gb=fast.spec.workload.global_batch)])
-    out = search.promoted(pd.concat([rows, extra]), got, keep=1)
+    top = best.ranked(pd.concat([rows, extra]), fast.slot)
+    assert int(top.iloc[0]["cell_id"]) == fast.spec.cell_id
+    out = search.promoted({fast.slot: {int(top.iloc[0]["cell_id"])}}, got)
     twins = [c for c in out if not c.reference and c.slot[2] == 2]
     assert twins and all(c.twin == fast.spec.cell_id for c in twins)
 
@@ -176,7 +182,8 @@ def test_answer_names_the_configuration_its_margin_and_the_runner_up():
     assert b.baseline.verdict == Verdict.A and b.runner_up.cell_id == 4 and b.runner_up.verdict == Verdict.A
     first = words.answer_lines(b)[0]
     assert "1.32x ddp at its defaults, beyond the noise" in first
-    assert "9.1% fewer samples/s, beyond the noise" in words.answer_lines(b)[1]
+    second = words.answer_lines(b)[1]
+    assert second.endswith("9.1% fewer samples/s, beyond the noise (it differs in: checkpointing none)")
 
 
 def test_answer_from_one_run_is_not_judged():
