@@ -100,21 +100,25 @@ class Search:
         m = dataclasses.replace(self.measure, repeats=1, time_cap_s=cap, profile_steps=0)
         return [dataclasses.replace(c.spec, measure=m) for c in cands]
 
-    def measure_cells(self, tag: str, new: list[CellSpec], again: dict[int, Any]) -> None:
-        """Run ``new`` cells and measure ``again`` ones once more, grouped by process group."""
+    def measure_cells(self, tag: str, new: list[CellSpec], again: dict[int, Any]) -> set[int]:
+        """Run ``new`` cells and measure ``again`` ones once more, grouped by process group; the ids
+        of the new cells a group the time left could not start held."""
         ctx = self.ctx
         start_s = launch_cost(ctx.starts, self.cfg.matrix.device)
         planned = [Planned(spec=s, reason=None) for s in new] + [Planned(spec=p.spec, reason=None)
                                                                   for p in again.values()]
+        cut: set[int] = set()
         for i, g in enumerate(group(planned)):
             if time.time() + start_s > self.end:
-                self.prune([c for c in g.cells if c.cell_id not in again], "time: the search's time ran out "
-                                                                             "before its process group")
+                left = [c for c in g.cells if c.cell_id not in again]
+                self.prune(left, "time: the search's time ran out before its process group")
+                cut |= {c.cell_id for c in left}
                 continue
             ctx.report(Progress(kind="more", group=g.label, n=len(g.cells)))
             ctx.report(Progress(kind="group", group=g.label, n=len(g.cells)))
             run_group(g, f"{tag}.{i}", ctx, again={k: v for k, v in again.items()
                                                   if k in {c.cell_id for c in g.cells}})
+        return cut
 
     def prune(self, specs: list[CellSpec], why: str) -> None:
         for s in specs:
@@ -136,11 +140,13 @@ class Search:
         if not run:
             targets = {}  # nothing new to measure them beside: the final rounds spend the time better
         again = {cid: self.ctx.kept[cid].again(t, time_cap_s=cap) for cid, t in (targets or {}).items()}
+        cut: set[int] = set()
         if run or again:
             self.ctx.report(Progress(kind="note", group="", text=f"search stage {k}: {len(run)} configuration(s)"
                                                                  f" at {cap:.1f} s of timed steps each"))
-            self.measure_cells(f"s{k}", self.cells_of(run, cap), again or {})
-        self.stages.append({"stage": k, "cells": [c.spec.cell_id for c in run], "again": sorted(again or {}),
+            cut = self.measure_cells(f"s{k}", self.cells_of(run, cap), again or {})
+        self.stages.append({"stage": k, "cells": [c.spec.cell_id for c in run if c.spec.cell_id not in cut],
+                            "again": sorted(again or {}),
                             "cap_s": round(cap, 2), "seconds": round(time.time() - t0, 1)})
 
     def final(self, slots: list[Slot]) -> None:
@@ -148,8 +154,10 @@ class Search:
         ctx = self.ctx
         for k in range(1, MAX_ROUNDS + 1):
             cells = load_run(ctx.writer.dir).training
+            # in the slots' own order (real workloads before launch-bound ones), not by cost: a time that
+            # fits only some of them decides the same ones in a run and in its re-run
             wanted = sorted((a for a in (self.ask(cells, s) for s in slots) if a is not None),
-                            key=lambda a: (a.pick.launch_bound, a.cost()))
+                            key=lambda a: a.pick.launch_bound)
             if not wanted:
                 return
             left, start_s = self.end - time.time(), launch_cost(ctx.starts, self.cfg.matrix.device)
