@@ -793,6 +793,17 @@ def search_view(ev: Evidence) -> View:
                 md_table(header, rows, fold=False))
 
 
+def search_aa_view(ev: Evidence) -> View:
+    """The search's answers of two runs in a row, slot by slot."""
+    rows = [[cell(r.pair), str(int(r.run)), cell(r.slot), cell(r.answer), f"{r.samples_s:.1f}", str(int(r.repeats)),
+             f"{r.vs_defaults:.2f}x" if present(r.vs_defaults) else "–", cell(r.vs_defaults_verdict),
+             cell(r.runner_up_verdict), "yes" if r.decided else "no"] for r in ev.table.itertuples()]
+    header = ["pair", "run", "slot", "fastest configuration", "samples/s", "repeats", "vs defaults", "verdict",
+              "runner-up verdict", "decided"]
+    return View("two runs of the default CPU matrix in a row per pair; repeats as the search gave them", None,
+                md_table(header, rows, fold=True))
+
+
 def cpu_default_view(ev: Evidence) -> View:
     rows = [[str(int(r.run)), f"{r.wall_s:.0f}", cell(r.workload) + (" (launch-bound)" if r.launch_bound else ""),
              f"{r.backend} x{int(r.world_size)}", cell(r.use), cell(r.decided), cell(r.fastest),
@@ -886,11 +897,13 @@ SECTIONS = [
                   memory_model_view),
              Part("knobs-parity-cpu", "Every strategy under AdamW, compile and checkpointing on CPU (gloo)",
                   knob_parity_view)]),
-    Section("The knob search on one H200", "A budgeted run's search (docs/guides/search.md) over the batch per "
-            "device, activation checkpointing and torch.compile of the single-device reference, on one GPU, and a grid "
-            "over the same knobs measured apart, 3 repeats a cell. gpt-200m, AdamW, bf16 autocast.",
+    Section("The knob search", "A budgeted run's search (docs/guides/search.md) over the batch per "
+            "device, activation checkpointing and torch.compile: of the single-device reference on one H200 (gpt-200m, "
+            "AdamW, bf16 autocast), with a grid over the same knobs measured apart, 3 repeats a cell; and of the "
+            "default CPU matrix on 2 cores, twice in a row.",
             [Part("search-run-h200", "The search's cells, 5-minute budget", search_view),
-             Part("search-grid-h200", "The search's answer against a grid over the same knobs", search_view)]),
+             Part("search-grid-h200", "The search's answer against a grid over the same knobs", search_view),
+             Part("search-cpu-aa", "The default CPU run's search, twice in a row, 2 cores", search_aa_view)]),
     Section("Regression gate", "Runs A1 and A2 have the same configuration; run B makes DDP 5% slower "
             "(`tests.regress_helpers:DDPSlowed`). `parbench compare` judged each pair of runs.",
             [Part("gate-runs-h100", "The gate's runs", gate_runs_view),

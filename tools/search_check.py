@@ -43,9 +43,9 @@ def check(default: Run, grids: list[Run]) -> tuple[pd.DataFrame, dict]:
     ok = grid[grid["status"] == "ok"].sort_values("throughput_samples_s", ascending=False)
     fastest = ok.iloc[0]
     same = ok[(ok[KEY].astype(str) == chosen[KEY].astype(str).to_numpy()).all(axis=1)]
-    table = grid[["grid_run", "cell_id", *KEY, "status", "step_time_median_s", "step_time_ci_low_s",
-                  "step_time_ci_high_s", "throughput_samples_s", "repeats_done", "peak_mem_bytes", "compile_s",
-                  "reason"]].copy()
+    wanted = ["grid_run", "cell_id", *KEY, "status", "step_time_median_s", "step_time_ci_low_s", "step_time_ci_high_s",
+              "throughput_samples_s", "repeats_done", "peak_mem_bytes", "compile_s", "reason"]
+    table = grid[[c for c in wanted if c in grid]].copy()
     table["answer"] = (table[KEY].astype(str) == chosen[KEY].astype(str).to_numpy()).all(axis=1)
     table["grid_fastest"] = table.index == fastest.name
     summary = {"answer": b.config, "answer_cell_in_default": b.cell_id,
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         table.to_csv(a.csv, index=False)
     if a.json:
         Path(a.json).write_text(json.dumps(summary, indent=1) + "\n")
-    print(table.drop(columns=["reason"]).to_string(index=False))
+    print(table.drop(columns=["reason"], errors="ignore").to_string(index=False))
     print(json.dumps(summary, indent=1))
     return 0
 
