@@ -86,7 +86,7 @@ class Candidate:
         return self.planned.reason
 
 
-def describe(spec: CellSpec, base_gb: int | None = None) -> str:
+def describe(spec: CellSpec) -> str:
     """A configuration in words: 'fsdp, compile on, checkpointing full, 8 samples per device
     (global 16), bucket_mb=100'."""
     t = spec.training
@@ -216,8 +216,8 @@ def _with_memory(cfg: RunConfig, cands: list[Candidate]) -> list[Candidate]:
 
 
 def first_pass(cands: list[Candidate]) -> list[Candidate]:
-    """Stage 0's runnable candidates and the references they need, in the order they are afforded:
-    slot by slot, the leader's configurations first, the base batch before larger ones."""
+    """Stage 0's runnable candidates and the references they need, in the order :func:`plan` gave
+    them (round-robin over the slots' leaders), which is the order they are afforded in."""
     return [c for c in cands if c.stage == 0 and c.reason is None]
 
 
