@@ -230,8 +230,14 @@ CORE: tuple[Metric, ...] = (
            doc="largest relative difference of the global loss from the reference's, over all steps; filled "
                "when the run is read, except for cells that check their own parity (an ensemble)"),
     Metric(name="parity_tol", dtype="float64", derived=True,
-           doc="the tolerance parity_ok uses: parity_tol_set when given, else by precision (fp32 1e-5, bf16 2e-2), "
-               "1e-3 in fp32 under Adam and AdamW"),
+           doc="the tolerance parity_ok uses: parity_tol_set when given, else the larger of the precision's "
+               "(fp32 1e-5, bf16 2e-2; 1e-3 in fp32 under Adam and AdamW) and ROUNDING_FACTOR times the "
+               "reference's parity_rounding"),
+    Metric(name="parity_rounding", dtype="float64",
+           doc="on a one-device reference: the largest relative loss difference between its first steps and the "
+               "same steps trained again from the same seed with each batch's samples in reverse order (the "
+               "workload's own float rounding; empty for compiled references and batches without a sample "
+               "dimension)"),
     Metric(name="parity_step", dtype="Int64", derived=True,
            doc="the step (counted from the first, warm-up included) of the largest loss difference from one device"),
     Metric(name="parity_tol_set", dtype="float64", kind="fact",

@@ -289,6 +289,7 @@ class RankMeasurement:
     profile_s: float = 0.0
     metrics: dict[str, Any] = field(default_factory=dict)  # the strategy's own values
     self_parity: float | None = None  # relative error a strategy measured against its own reference
+    parity_rounding: float | None = None  # a reference's loss difference on reversed batches (bench.train.rounding)
     gpu_name: str | None = None
     # Evidence for the distribution check: parameter elements this rank holds (a shard counts its
     # local part), communication per step, devices of this rank holding memory.

@@ -31,12 +31,31 @@ def parity_tol(precision: str, optimizer: str) -> float:
     return max(tol, ADAM_FP32_TOL) if optimizer in ("adam", "adamw") else tol
 
 
-def cell_tol(r) -> float:
+#: how many times its reference's own rounding (``parity_rounding``: the loss difference of the same
+#: steps on reversed batches, bench.train.rounding) a cell's losses may differ from one device's:
+#: another order of the same sums moves the losses by about that much, and data parallelism splits
+#: the sums over ranks as well as reordering them. On CPU (gloo, 2 and 4 ranks, 25 steps; five
+#: workloads, seven strategies; docs/evidence/parity-rounding-cpu.csv) a passing strategy's
+#: difference reached 1.5x its reference's rounding under SGD and 18x under AdamW (mlp: Adam
+#: magnifies a rounding difference in a small gradient), and a BatchNorm model's, a difference in
+#: semantics, 6,600x and more
+ROUNDING_FACTOR = 100.0
+#: the most the rounding widens a tolerance: a larger difference is the user's to accept (--parity-tol)
+ROUNDING_CAP = 1e-3
+
+
+def cell_tol(r, ref=None) -> float:
     """The tolerance a row's parity is judged by: the one given for it (``parity_tol_set``: the
-    flag, or its workload's), else by its precision and optimizer."""
+    flag, or its workload's); else, where its reference ``ref`` measured its rounding,
+    :data:`ROUNDING_FACTOR` times that (up to :data:`ROUNDING_CAP`, at least the precision's
+    :data:`PARITY_TOL`); else by its precision and optimizer (:func:`parity_tol`)."""
     given = getattr(r, "parity_tol_set", None)
     if given is not None and pd.notna(given) and given > 0:
         return float(given)
+    own = getattr(ref, "parity_rounding", None) if ref is not None else None
+    if own is not None and pd.notna(own) and own > 0:
+        floor = PARITY_TOL.get(str(r.precision), 1e-5)
+        return max(floor, min(ROUNDING_FACTOR * float(own), ROUNDING_CAP))
     return parity_tol(str(r.precision), str(getattr(r, "optimizer", "sgd")))
 
 
@@ -97,9 +116,9 @@ def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     eff, note, unphysical, err_col, tol_col, ok_col, step_col = ({} for _ in range(7))
     for r in cells[ok].itertuples():
         i = r.Index
-        tol = cell_tol(r)
         role = str(getattr(r, "role", ""))
         if role == "independent" and pd.notna(r.parity_rel_err):  # checked its own parity
+            tol = cell_tol(r)
             tol_col[i], ok_col[i] = tol, bool(r.parity_rel_err <= tol)
         gb = r.global_batch if has_gb and pd.notna(r.global_batch) else None
         weak = str(getattr(r, "scaling", "strong")) == "weak"
@@ -120,6 +139,7 @@ def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         ref = find(gb)
         if ref is None or role == "independent":
             continue
+        tol = cell_tol(r, ref)
         mine, theirs = by_cell.get(r.cell_id), by_cell.get(ref.cell_id)
         if mine is None or theirs is None:
             continue

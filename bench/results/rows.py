@@ -173,6 +173,9 @@ def build_row(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]], *, w
     parity = [r.self_parity for r in ranks if r.self_parity is not None]
     if parity:
         row["parity_rel_err"] = parity[0]
+    rounding = [r.parity_rounding for r in ranks if r.parity_rounding is not None]
+    if rounding:
+        row["parity_rounding"] = rounding[0]
     row.update(_strategy_columns(spec, ranks, strategy_metrics, row))
     steps = [s for k, rep in enumerate(repeats) for s in step_rows(spec, rep, repeat=k)]
     comm = [{"cell_id": spec.cell_id, "rank": r.rank, "backend": spec.backend, "world_size": spec.n_devices, **c}

@@ -39,6 +39,7 @@ from bench.stats.steps import slowest_steps, timed_median
 from bench.train.cell import PLACE, build, local_numel, release
 from bench.train.events import Events, one_line, process_start, write_error, write_startup
 from bench.train.profile import Built, profile_cell, profile_into
+from bench.train.rounding import probes, rounding
 from bench.train.rounds import rounds
 from bench.train.timed import Steps, agreed, measure, past_deadline
 from bench.train.watchdog import start_watchdog
@@ -66,7 +67,20 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = 
     finally:
         step = steps = None  # drop the model before the next cell is built
         release(cell)
+    if first and out.status == "ok" and probes(cell) and not past_deadline(plan.deadline_unix):
+        out.parity_rounding = _rounding(cell, local_rank, out.losses)
     return out
+
+
+def _rounding(cell: CellSpec, local_rank: int, losses: list[float]) -> float | None:
+    """The reference's rounding probe (:mod:`bench.train.rounding`); None where it fails: the
+    cell's parity tolerance then stays at its precision's default, and the cell stays measured."""
+    try:
+        return rounding(cell, local_rank, losses)
+    except Exception:  # noqa: BLE001 - the probe only widens a tolerance; its failure costs no row
+        if os.environ.get("PARBENCH_DEBUG"):
+            traceback.print_exc()
+        return None
 
 
 def _first_repeat(out: RankMeasurement, step, batches, cell: CellSpec, plan: GroupPlan, device: torch.device,

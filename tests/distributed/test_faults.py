@@ -22,7 +22,8 @@ from bench.results.run import load_run
 from bench.results.store import read_table
 from tests.procs import saved
 
-pytestmark = pytest.mark.distributed
+# Each case here waits out a cell timeout or a signal (~90 s together on 2 cores): `long`, run by .ci/run.
+pytestmark = [pytest.mark.distributed, pytest.mark.long]
 
 
 def leftovers(*needles: str) -> list[str]:

@@ -75,6 +75,7 @@ def misbehaving(faults) -> pd.DataFrame:
     return cells[cells["workload"] == "mlp"]
 
 
+@pytest.mark.long  # the faults run: ~75 s of cell timeouts on 2 cores
 def test_data_parallel_on_a_second_workload(misbehaving):
     ok = misbehaving[misbehaving["strategy"].isin(["ddp", "allreduce-bucketed"]) & (misbehaving["status"] == "ok")]
     assert set(ok["strategy"]) == {"ddp", "allreduce-bucketed"}, misbehaving[["strategy", "status", "reason"]]
@@ -91,6 +92,7 @@ def test_data_parallel_on_a_second_workload_at_2_and_4(tmp_path):
     assert (ok.loc[ok["world_size"] > 1, "parity_rel_err"] > 0).all()  # really compared, not copied
 
 
+@pytest.mark.long  # the faults run: ~75 s of cell timeouts on 2 cores
 def test_wrong_failing_and_hanging_strategies_become_rows(misbehaving):
     by = misbehaving.set_index("strategy")
     assert by.loc["test-noaverage", "status"] == "ok"

@@ -29,6 +29,7 @@ def events(run_dir: Path, group: str) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "work" / f"{group}-a1-r0.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.long  # a run of its own, with an adaptive warm-up (~25 s on 2 cores)
 def test_profile_pass_comes_after_every_timed_step_and_fills_the_breakdown(tmp_path, zoo):
     # The warm-up settles here (no settle=0): the pass at the end repeats the warm-up the cell's first
     # repeat needed, and after a single warm-up step ddp's pass records 2 all-reduces a step where

@@ -69,6 +69,43 @@ def test_a_parity_failure_says_its_step_its_tolerance_and_batch_norm():
                           "normalises over its share of the batch"), why
 
 
+def test_the_tolerance_follows_the_references_own_rounding_up_to_a_cap():
+    """A reference that measured its rounding (parity_rounding) sets the tolerance of the cells
+    compared with it to ROUNDING_FACTOR times that, never past ROUNDING_CAP, never below the
+    precision's default (also under AdamW, whose fixed 1e-3 is for references without it); a
+    tolerance given for a cell still wins."""
+    from bench.results.derived import ROUNDING_CAP, ROUNDING_FACTOR
+
+    def judged(rounding, given=None, err=2e-5):
+        rows = [cell(0, "single", 1, 100.0), cell(1, "ddp", 2, 150.0)]
+        rows[0]["parity_rounding"], rows[1]["parity_tol_set"] = rounding, given
+        st = frame(steps(0, [2.0, 1.9]) + steps(1, [2.0, 1.9 * (1 + err)], ranks=2), STEP_COLUMNS)
+        return derive(frame(rows, CELL_COLUMNS), st).set_index("strategy").loc["ddp"]
+
+    assert not judged(None)["parity_ok"] and judged(None)["parity_tol"] == 1e-5  # 2e-5 past the fp32 default
+    wide = judged(2e-7)
+    assert wide["parity_ok"] and wide["parity_tol"] == pytest.approx(ROUNDING_FACTOR * 2e-7)
+    assert judged(1e-9)["parity_tol"] == 1e-5  # a tiny rounding keeps the default
+    capped = judged(1.0, err=5e-3)
+    assert capped["parity_tol"] == ROUNDING_CAP and not capped["parity_ok"]
+    assert judged(2e-7, given=1e-6)["parity_tol"] == 1e-6 and not judged(2e-7, given=1e-6)["parity_ok"]
+
+
+def test_a_batch_is_reversed_along_its_samples_or_not_at_all():
+    import torch
+
+    from bench.train.rounding import reversed_batch
+
+    x, y = torch.arange(6.0).reshape(3, 2), torch.tensor([0, 1, 2])
+    fx, fy = reversed_batch((x, y))
+    assert torch.equal(fx, x.flip(0)) and torch.equal(fy, torch.tensor([2, 1, 0]))
+    d = reversed_batch({"input_ids": x, "labels": y, "scale": torch.tensor(2.0)})
+    assert torch.equal(d["labels"], y.flip(0)) and d["scale"] == 2.0
+    assert reversed_batch((x, torch.zeros(4))) is None  # no shared sample dimension
+    assert reversed_batch(torch.zeros(1, 5)) is None  # one sample: nothing to reorder
+    assert reversed_batch("text") is None
+
+
 def test_writer_keeps_every_finished_cell_on_disk(tmp_path):
     w = RunWriter(tmp_path / "run1")
     w.add(cell(0, "single", 1, 10.0), steps(0, [1.0, 0.9]))

@@ -8,7 +8,8 @@
 #                  rounds; the memory model skips what cannot fit, as the search's does; cells to
 #                  $OUT/grid-<phase>.parquet
 #   top-C-AC-B,B   one corner of that grid (compile C, checkpointing AC, global batches B), within
-#                  TOP_TIMEOUT s (default 250): the whole grid's compiled cells take more than one call
+#                  TOP_TIMEOUT s (default 250): the whole grid's compiled cells take more than one call;
+#                  its files are named with _ for , ($OUT names may not hold commas)
 # Each phase is one parbench run within SEARCH_TIMEOUT s (default 570); the check is
 # `python -m tools.search_check` over the folders (run here, on the copies).
 set -uo pipefail
@@ -41,8 +42,8 @@ for phase in "$@"; do
     IFS=- read -r _ c ac gbs <<< "$phase"; wls=$(echo "$gbs" | sed 's/\([0-9]*\)/gpt-200m[global_batch=\1]/g')
     timeout "${TOP_TIMEOUT:-250}" python3 -m bench run --no-progress --out "$R/$phase" --workloads "$wls" \
       --strategies single --world-sizes 1 --compile "$c" --ac "$ac" --repeats 3 --steps 5 --warmup 3 --warmup-max 0 \
-      --steps-max 0 --profile-steps 0 --sample-hz 0 --search off > "$OUT/$phase.log" 2>&1
-    echo "rc $? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/$phase.log"; keep "$R/$phase" "$phase" ;;
+      --steps-max 0 --profile-steps 0 --sample-hz 0 --search off > "$OUT/${phase//,/_}.log" 2>&1
+    echo "rc $? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/${phase//,/_}.log"; keep "$R/$phase" "${phase//,/_}" ;;
   *) echo "unknown phase $phase"; exit 2 ;;
   esac
 done
