@@ -25,6 +25,12 @@ PARITY_STEPS = 25
 ADAM_FP32_TOL = 1e-3
 
 
+def relative_difference(losses, reference) -> np.ndarray:
+    """Step by step, how far ``losses`` lie from ``reference``'s, relative to the reference's."""
+    a, b = np.asarray(losses, dtype=float), np.asarray(reference, dtype=float)
+    return np.abs(a - b) / np.maximum(np.abs(b), 1e-12)
+
+
 def parity_tol(precision: str, optimizer: str) -> float:
     """The parity tolerance of a cell trained in ``precision`` with ``optimizer``."""
     tol = PARITY_TOL.get(precision, 1e-5)
@@ -35,7 +41,7 @@ def parity_tol(precision: str, optimizer: str) -> float:
 #: steps on reversed batches, bench.train.rounding) a cell's losses may differ from one device's:
 #: another order of the same sums moves the losses by about that much, and data parallelism splits
 #: the sums over ranks as well as reordering them. On CPU (gloo, 2 and 4 ranks, 25 steps; five
-#: workloads, seven strategies; docs/evidence/parity-rounding-cpu.csv) a passing strategy's
+#: workloads, seven strategies; python -m tools.parity_rounding) a passing strategy's
 #: difference reached 1.5x its reference's rounding under SGD and 18x under AdamW (mlp: Adam
 #: magnifies a rounding difference in a small gradient), and a BatchNorm model's, a difference in
 #: semantics, 6,600x and more
@@ -149,8 +155,7 @@ def derive(cells: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         if len(common) == 0 or len(common) < min(len(mine), len(theirs), PARITY_STEPS):
             continue
         common = common[common < PARITY_STEPS]
-        a, b = mine.loc[common].to_numpy(), theirs.loc[common].to_numpy()
-        rel = np.abs(a - b) / np.maximum(np.abs(b), 1e-12)
+        rel = relative_difference(mine.loc[common].to_numpy(), theirs.loc[common].to_numpy())
         err = float(np.max(rel))
         err_col[i], tol_col[i], ok_col[i], step_col[i] = err, tol, bool(err <= tol), int(common[int(np.argmax(rel))])
     for col, vals in (("scaling_efficiency", eff), ("scaling_note", note), ("scaling_unphysical", unphysical),

@@ -18,10 +18,8 @@ from typing import Any
 import torch
 
 from bench.core.spec import CellSpec, RankMeasurement
+from bench.results.derived import PARITY_STEPS, relative_difference
 from bench.train.cell import PLACE, build, release
-
-#: steps of the probe at most: the parity check's horizon (bench.results.derived.PARITY_STEPS)
-PROBE_STEPS = 25
 
 
 def reversed_batch(batch: Any) -> Any:
@@ -56,7 +54,7 @@ def rounding(cell: CellSpec, local_rank: int, losses: list[float]) -> float | No
     """The largest relative difference between ``losses`` (the cell's own, from its first step) and
     those of the same steps trained again on reversed batches; None where the batches cannot be
     reversed or the losses are not finite."""
-    n = min(PROBE_STEPS, len(losses))
+    n = min(PARITY_STEPS, len(losses))  # the parity check's horizon
     if n < 2 or not all(math.isfinite(x) for x in losses[:n]):
         return None
     step = batches = None
@@ -70,5 +68,5 @@ def rounding(cell: CellSpec, local_rank: int, losses: list[float]) -> float | No
     finally:
         step = batches = None
         release(cell)
-    rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(again, losses[:n], strict=True)]
-    return max(rel) if all(math.isfinite(x) for x in rel) else None
+    worst = float(relative_difference(again, losses[:n]).max())
+    return worst if math.isfinite(worst) else None
