@@ -143,12 +143,13 @@ def test_torchrun_command_uses_c10d_at_the_endpoint_on_several_nodes():
     assert "--master-addr=127.0.0.1" in torchrun_cmd("p.json", 2, module="bench.train.worker")
 
 
-def _pair(tmp_path, monkeypatch, digest1: str = "same"):
-    """A coordinator and a follower of a 2-node run in this process (threads), on a free port."""
+def _pair(tmp_path, digest1: str = "same"):
+    """A coordinator and a follower of a 2-node run in this process (threads), on a free port. The
+    heartbeat's default loss time stands: a shorter one (a beat a second) calls the follower lost
+    on a loaded machine."""
     from bench.multinode import nodes
     from tests.distributed.agents import free_port
 
-    monkeypatch.setattr(nodes, "LOST_S", 1.5)
     cfg0 = cfg_of(nnodes=2, rdzv_endpoint=f"127.0.0.1:{free_port()}", rdzv_timeout_s=20, out=str(tmp_path))
     cfg1 = build_config(toml=None, flags={**{k: v for k, v in cfg0.to_dict().items() if k != "options"},
                                           "node_rank": 1}, gpus=0)
@@ -166,8 +167,8 @@ def _pair(tmp_path, monkeypatch, digest1: str = "same"):
     return nodes, coord, got, t
 
 
-def test_store_protocol_handshake_telemetry_errors_and_a_lost_node(tmp_path, monkeypatch):
-    nodes, coord, got, t = _pair(tmp_path, monkeypatch)
+def test_store_protocol_handshake_telemetry_errors_and_a_lost_node(tmp_path):
+    nodes, coord, got, t = _pair(tmp_path)
     coord.wait_joined()
     coord.accept(tmp_path / "run-x")
     t.join(10)
@@ -185,8 +186,8 @@ def test_store_protocol_handshake_telemetry_errors_and_a_lost_node(tmp_path, mon
     coord.close()
 
 
-def test_store_protocol_refuses_another_plan_on_both_sides(tmp_path, monkeypatch):
-    nodes, coord, got, t = _pair(tmp_path, monkeypatch, digest1="other")
+def test_store_protocol_refuses_another_plan_on_both_sides(tmp_path):
+    nodes, coord, got, t = _pair(tmp_path, digest1="other")
     with pytest.raises(UserError, match="the nodes planned different matrices: node 1 planned 3 cells"):
         coord.wait_joined()
     t.join(10)
