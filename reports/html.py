@@ -65,7 +65,7 @@ details.flags li{margin:2px 0}details.flags summary{cursor:pointer}
 <th class="l">use</th><th class="l">decided?</th><th class="l">because</th><th class="l">measured</th><th class="l">try next</th></tr>
 {% for p in rows %}<tr class="{{ 'warn' if p.use is none else '' }}"><td class="l n">{{ p.workload }}{% if a.training_text(p) %} ({{ a.training_text(p) }}){% endif %}{% if p.launch_bound %} <span class="muted">launch-bound</span>{% endif %}</td><td class="l n">{{ p.backend }}</td><td>{{ p.world_size }}</td>
 <td class="l n"><b>{{ a.use_text(p) }}</b></td><td class="l">{{ a.decided_text(p) }}</td><td class="l">{{ a.because_text(p) }}</td>
-<td class="l">{{ a.measured_text(p) }}<br><span class="muted">{{ a.bound_text(p) }}{% if p.excluded %}; left out: {{ a.excluded_text(p) }}{% endif %}</span></td>
+<td class="l">{{ a.measured_text(p) }}<br><span class="muted">{{ a.bound_text(p) }}{% if p.excluded and p.ground != 'none-passed' %}; left out: {{ a.excluded_text(p) }}{% endif %}</span></td>
 <td class="l">{{ a.next_text(p) or "-" }}</td></tr>
 {% endfor %}</table>{% endmacro %}
 {% if training %}<h2>Recommendation</h2>

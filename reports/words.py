@@ -97,6 +97,8 @@ def measured_text(p: Decision) -> str:
     """What was measured: the fastest candidate, its step, its speed-up, its lead."""
     if p.ground == Ground.FITS_NOWHERE:
         return "nothing ran"
+    if p.ground == Ground.NONE_PASSED:
+        return f"{len(p.excluded)} cells ran; none matched one device"
     out = f"fastest: {p.winner} {p.step_ms:.1f} ms/step"
     if p.speedup is not None:
         out += f", {p.speedup:.2f}x one device"
@@ -285,12 +287,25 @@ def changes_text(p: Decision) -> str:
     return lead_in + change_text(first) + ("; also " + "; ".join(map(change_text, rest)) if rest else "")
 
 
+def none_passed_text(p: Decision) -> str:
+    """'no strategy matched one device (ddp, fsdp failed parity); the nearest, fsdp: parity ... failed
+    ...': why a group whose cells ran has no candidate."""
+    failed = [e.strategy for e in p.excluded if e.kind == ExcludedKind.PARITY_FAILED]
+    unchecked = [e.strategy for e in p.excluded if e.kind == ExcludedKind.PARITY_UNCHECKED]
+    parts = ([f"{', '.join(failed)} failed parity"] if failed else []) \
+        + ([f"{', '.join(unchecked)} not checked (no single-device reference)"] if unchecked else [])
+    return f"no strategy matched one device ({'; '.join(parts)})" \
+        + (f"; the nearest, {p.nearest_parity}" if p.nearest_parity else "")
+
+
 def because_text(p: Decision) -> str:
     """Why the decision points where it does (or why there is none)."""
     if p.ground == Ground.BLOCKED:
         return blockers_text(p.blockers)
     if p.ground == Ground.FITS_NOWHERE:
         return nowhere_text(p)
+    if p.ground == Ground.NONE_PASSED:
+        return none_passed_text(p)
     if p.kind == DecisionKind.ONE_DEVICE:
         return _one_device(p)
     fit = fit_text(p)
@@ -321,8 +336,8 @@ def _bound(b: Bound) -> str:
 
 def bound_text(p: Decision) -> str:
     """What bounds the fastest step, with its noise and scaling note."""
-    if p.ground == Ground.FITS_NOWHERE:
-        return "no step to bound"
+    if p.ground in (Ground.FITS_NOWHERE, Ground.NONE_PASSED):
+        return "no candidate's step to bound"
     return _bounds_line(p.bounds, p.noise, p.scaling_note)
 
 
@@ -377,7 +392,8 @@ def lines(p: Decision) -> list[str]:
         first = head(p) + f"use {use_text(p)}: {because_text(p)}"
     else:
         first = head(p) + f"{use_text(p)} leads, not decided ({open_text(p)}): {because_text(p)}"
-    out = [first] if p.ground == Ground.FITS_NOWHERE else [first, f"{measured_text(p)}; {bound_text(p)}"]
+    out = [first] if p.ground in (Ground.FITS_NOWHERE, Ground.NONE_PASSED) else \
+        [first, f"{measured_text(p)}; {bound_text(p)}"]
     if next_text(p):
         out.append(f"next: {next_text(p)}")
     return out

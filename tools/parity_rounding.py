@@ -7,6 +7,8 @@ bench/results/derived.py. A passing strategy should sit well below the factor; a
 under data parallelism (a difference in semantics) well above it.
 
     python -m tools.parity_rounding --out /tmp/pr --csv docs/evidence/parity-rounding-cpu.csv
+
+``--run RUN`` judges a measured run again (after a change to the tolerance rule) without measuring.
 """
 
 from __future__ import annotations
@@ -25,13 +27,19 @@ WORKLOADS = "gpt-tiny,mlp,convnet,tests.foreign_models:groupnorm_cnn,tests.forei
 STRATEGIES = "single,ddp,allreduce,allreduce-bucketed,fsdp,ddp-zero1,pipeline-1f1b,tensor"
 
 
-def table(out: str, workloads: str, strategies: str, world_sizes: str, optimizers: str) -> pd.DataFrame:
-    """One run over the matrix; a row per non-reference cell with its error, its reference's
-    rounding and their ratio."""
+def measure(out: str, workloads: str, strategies: str, world_sizes: str, optimizers: str):
+    """One run over the matrix; its folder."""
     flags = {"device": "cpu", "backends": "gloo", "world_sizes": world_sizes, "strategies": strategies,
              "workloads": workloads, "steps": PARITY_STEPS - 2, "warmup": 2, "settle": 0, "target_ci": 0,
              "profile_steps": 0, "sample_hz": 0, "out": out, "training": {"optimizer": optimizers}}
-    cells, _, _ = load_run(launcher.run(build_config(toml=None, flags=flags, gpus=0), 0))
+    return launcher.run(build_config(toml=None, flags=flags, gpus=0), 0)
+
+
+def table(run) -> pd.DataFrame:
+    """A row per non-reference cell of the run folder ``run`` with its error, its reference's
+    rounding and their ratio, judged by the tolerance rule of this version (it is derived when the
+    folder is read)."""
+    cells, _, _ = load_run(run)
     refs = cells[cells["role"] == "reference"]
     key = ["workload", "optimizer"]
     rounding = refs.set_index(key)["parity_rounding"]
@@ -45,14 +53,17 @@ def table(out: str, workloads: str, strategies: str, world_sizes: str, optimizer
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="folder for the run")
+    p.add_argument("--out", help="folder for the run")
+    p.add_argument("--run", help="judge this run folder again instead of measuring")
     p.add_argument("--csv", help="write the table here")
     p.add_argument("--workloads", default=WORKLOADS)
     p.add_argument("--strategies", default=STRATEGIES)
     p.add_argument("--world-sizes", default="2,4")
     p.add_argument("--optimizers", default="sgd,adamw")
     a = p.parse_args(argv)
-    t = table(a.out, a.workloads, a.strategies, a.world_sizes, a.optimizers)
+    if not (a.run or a.out):
+        p.error("give --out DIR to measure, or --run RUN to judge a measured run again")
+    t = table(a.run or measure(a.out, a.workloads, a.strategies, a.world_sizes, a.optimizers))
     if a.csv:
         t.to_csv(a.csv, index=False, float_format="%.3g")
     print(t.to_string(index=False, float_format=lambda x: f"{x:.3g}"))

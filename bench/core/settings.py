@@ -116,8 +116,9 @@ class MeasurementSettings:
              "cell (default 300): a loaded machine imports slowly, which is no cell's fault")
     parity_tol: float | None = setting(
         None, flag="--parity-tol", kind="float", example="--parity-tol 1e-4",
-        help="relative tolerance of every cell's parity check against one device (default: 1e-5 in fp32, 1e-3 in "
-             "fp32 under Adam and AdamW, 2e-2 in bf16; a workload may set its own)")
+        help="relative tolerance of every cell's parity check against one device (default: 300x the reference's "
+             "own rounding, up to 1e-3, at least 1e-5 in fp32, 1e-3 in fp32 under Adam and AdamW, 2e-2 in bf16; "
+             "a workload may set its own)")
     workload_timeout_s: float = setting(
         120.0, flag="--workload-timeout", kind="float", example="--workload-timeout 120",
         help="seconds a package.module:factory workload may take to import and build while the run is planned "

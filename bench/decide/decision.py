@@ -54,6 +54,7 @@ class Ground(StrEnum):
     FASTER = "faster"  # the fastest beats the library default beyond the noise
     DEFAULT_STANDS = "default-stands"  # the fastest does not beat the library default beyond the noise
     FITS_NOWHERE = "fits-nowhere"  # no cell of the workload ran: each ran out of memory or was predicted to
+    NONE_PASSED = "none-passed"  # cells ran, but none matched one device (parity failed or not checked)
 
 
 class Against(StrEnum):
@@ -254,6 +255,7 @@ class Decision:
     repeats_needed: int | None = None  # about how many repeats a cell would close it (None: not known)
     minutes_needed: float | None = None  # about how long those repeats take
     launch_bound: bool = False  # the workload's step measures launches more than the strategy
+    nearest_parity: str | None = None  # none passed: the parity failure of the cell nearest to passing
 
     @property
     def title(self) -> str:

@@ -334,8 +334,9 @@ class Group:
 
 
 def recommend(cells: pd.DataFrame, gpu_mem: float | None = None) -> list[Decision]:
-    """One decision per (workload, backend, world size >= 2, way of training) that has a candidate,
-    and one per workload that fits nowhere in the matrix (:func:`bench.decide.fits.nowhere`)."""
+    """One decision per (workload, backend, world size >= 2, way of training) that has a candidate
+    or whose every cell failed parity (:func:`none_passed`), and one per workload that fits nowhere
+    in the matrix (:func:`bench.decide.fits.nowhere`)."""
     cells = _with_scaling_notes(cells)
     good, excluded = candidates(cells)
     by = ["workload", "backend", "world_size", *(k for k in knobs.NAMES if k in good)]
@@ -347,7 +348,36 @@ def recommend(cells: pd.DataFrame, gpu_mem: float | None = None) -> list[Decisio
         elsewhere = {(be, ws): s for (wl, be, ws, tr), s in best_speed.items()
                      if wl == gr.wl and tr == knobs.short(gr.knobs, vary) and s is not None}
         out.append(gr.decision(cells, excluded, vary, elsewhere))
-    return out + nowhere(cells[cells["mode"] != "serve"] if "mode" in cells else cells)
+    return out + none_passed(cells, good, excluded) + nowhere(cells[cells["mode"] != "serve"] if "mode" in cells
+                                                            else cells)
+
+
+def none_passed(cells: pd.DataFrame, good: pd.DataFrame, excluded: pd.Series) -> list[Decision]:
+    """A decision for each (workload, backend, world size >= 2, way of training) whose cells ran but
+    none qualified, because each failed parity with one device or was never checked: no answer, and
+    why, with the failure of the cell nearest to passing (its tolerance, step and, for BatchNorm, the
+    fix). Groups of independent models alone get none: they are never candidates."""
+    ran = cells.loc[excluded.index]
+    ran = ran[ran["world_size"] >= 2]
+    by = ["workload", "backend", "world_size", *(k for k in knobs.NAMES if k in ran)]
+    taken = set(map(tuple, good[good["world_size"] >= 2][by].astype(str).to_numpy())) if len(good) else set()
+    vary = knobs.varying(cells[cells["status"] == "ok"])
+    out = []
+    for key, g in ran.groupby(by, sort=True, dropna=False):
+        why = [excluded[i] for i in g.index]
+        if tuple(map(str, key)) in taken or all(e.kind == ExcludedKind.INDEPENDENT for e in why):
+            continue
+        err = g["parity_rel_err"] if "parity_rel_err" in g else pd.Series(float("nan"), index=g.index)
+        err = err[[e.kind == ExcludedKind.PARITY_FAILED for e in why]].dropna()
+        closest = g.loc[err.astype(float).idxmin()] if len(err) else None
+        r = g.iloc[0]
+        kn = {k: str(r[k]) for k in knobs.NAMES if k in r and pd.notna(r[k])}
+        out.append(Decision(
+            workload=str(r["workload"]), backend=text(r.get("backend")), world_size=int(r["world_size"]),
+            knobs=kn, training={k: v for k, v in kn.items() if k in vary}, winner="", step_ms=0.0,
+            kind=DecisionKind.UNDECIDED, ground=Ground.NONE_PASSED, resolved=True, excluded=tuple(why),
+            nearest_parity=None if closest is None else f"{text(closest['strategy'])}: {parity_failure(closest)}"))
+    return out
 
 
 def first_screen(decisions: list[Decision]) -> list[Decision]:

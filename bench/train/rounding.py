@@ -8,7 +8,9 @@ step after step as training amplifies it; the largest relative loss difference i
 
 Reversing keeps what data parallelism keeps (every sample, every batch statistic of the whole batch)
 and changes what it changes (the order of the sums), so a model whose distributed losses differ
-from one device's by more than a few times this amount differs by more than rounding."""
+from one device's by far more than this amount (ROUNDING_FACTOR times: a max-pool or a ReLU turns
+a rounding difference into another choice, which one reordering need not hit) differs by more than
+rounding."""
 
 from __future__ import annotations
 

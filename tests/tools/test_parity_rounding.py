@@ -24,11 +24,22 @@ def test_each_cell_is_divided_by_the_rounding_of_its_own_workload_and_optimizer(
         cell("cnn", "tensor", "", None, None),  # no parity (failed cell): no row
     ])
     seen = {}
-    monkeypatch.setattr(parity_rounding.launcher, "run", lambda cfg, gpus: seen.setdefault("cfg", cfg))
-    monkeypatch.setattr(parity_rounding, "load_run", lambda path: (cells, {}, None))
-    t = parity_rounding.table(str(tmp_path), "mlp,cnn", "single,ddp", "2", "sgd,adamw")
+    monkeypatch.setattr(parity_rounding.launcher, "run", lambda cfg, gpus: seen.setdefault("cfg", cfg) and "RUN")
+    monkeypatch.setattr(parity_rounding, "load_run", {"RUN": (cells, {}, None)}.__getitem__)
+    t = parity_rounding.table(parity_rounding.measure(str(tmp_path), "mlp,cnn", "single,ddp", "2", "sgd,adamw"))
     assert seen["cfg"].training.knobs["optimizer"] == ["sgd", "adamw"] and seen["cfg"].matrix.world_sizes == [2]
     assert list(zip(t["workload"], t["optimizer"], t["strategy"])) == [
         ("cnn", "sgd", "ddp"), ("mlp", "adamw", "ddp"), ("mlp", "sgd", "fsdp"), ("mlp", "sgd", "ddp")]
     assert t["ratio"].tolist() == pytest.approx([3e3, 10.0, 1.0, 2.0])
     assert t["parity_rounding"].tolist() == [1e-6, 5e-7, 2e-7, 2e-7]
+
+
+def test_a_measured_run_is_judged_again_without_measuring(tmp_path, monkeypatch, capsys):
+    cells = pd.DataFrame([cell("mlp", "single", "reference", None, 2e-7, ws=1), cell("mlp", "ddp", "", 4e-7, None)])
+    monkeypatch.setattr(parity_rounding.launcher, "run", lambda cfg, gpus: pytest.fail("measured"))
+    monkeypatch.setattr(parity_rounding, "load_run", {"RUN": (cells, {}, None)}.__getitem__)
+    out = tmp_path / "t.csv"
+    assert parity_rounding.main(["--run", "RUN", "--csv", str(out)]) == 0
+    assert pd.read_csv(out)["ratio"].tolist() == [2.0]
+    with pytest.raises(SystemExit):
+        parity_rounding.main([])

@@ -25,6 +25,7 @@ from bench.decide.decision import (
     decisions_to_json,
 )
 from bench.decide.recommend import first_screen, recommend
+from reports import words
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "recommend"
 GB = 16
@@ -485,10 +486,13 @@ def test_recorded_model_beyond_one_device_gets_what_fits_with_its_headroom():
     assert p.fit.parity_checked is False and p.ground == Ground.DEFAULT_STANDS
     assert p.pair(Against.RIVAL).lead == pytest.approx(0.005, abs=5e-4)
     assert not p.resolved and p.repeats_needed == 3  # 2 repeats a cell decide nothing yet
-    # A workload whose reference ran and was not compared stays excluded.
+    # A workload whose reference ran and was not compared has no candidate: no answer, and why.
     ran = cells.copy()
     ran.loc[ran["strategy"] == "single", ["status", "reason", "step_time_median_s"]] = ["ok", "", 2.0]
-    assert not by_key(ran)
+    (p,) = by_key(ran).values()
+    assert p.use is None and p.ground == Ground.NONE_PASSED and p.nearest_parity is None
+    assert words.because_text(p) == ("no strategy matched one device (fsdp, tensor, pipeline-1f1b not checked "
+                                     "(no single-device reference))")
 
 
 def test_recorded_default_run_on_two_gpus_decides_every_workload():
@@ -601,3 +605,24 @@ def test_the_reference_is_found_by_its_declared_role_where_rows_carry_none():
     renamed = [{**rows[0], "strategy": "one-gpu"}] + rows[1:]
     (p,) = recommend(pd.DataFrame(renamed))
     assert p.use == "one-gpu" and p.kind == DecisionKind.ONE_DEVICE
+
+
+def test_a_group_whose_every_cell_failed_parity_gets_no_answer_and_the_nearest_failure():
+    """A BatchNorm model under data parallelism: every cell ran and none matched one device. The group
+    is not dropped: it answers "no decision", names what failed and the failure nearest to passing
+    (its difference, step, tolerance and BatchNorm's fix); a group with a passing cell is unchanged."""
+    bn = dict(workload="bn", batch_norm="BatchNorm2d", parity_tol=3.3e-5, parity_ok=False)
+    rows = [cell("single", 1, 1.0, workload="bn", parity_ok=pd.NA),
+            cell("ddp", 2, 0.6, parity_rel_err=4e-3, parity_step=5, **bn),
+            cell("fsdp", 2, 0.7, parity_rel_err=1e-3, parity_step=15, **bn),
+            cell("single", 1, 1.0, parity_ok=pd.NA), cell("ddp", 2, 0.6, parity_rel_err=1e-7, parity_ok=True),
+            cell("fsdp", 2, 0.7, parity_rel_err=3e-3, parity_step=2, parity_tol=1e-5, parity_ok=False)]
+    p = pick(rows, workload="bn")
+    assert p.use is None and p.ground == Ground.NONE_PASSED and p.resolved and p.candidates == 0
+    assert left_out(p) == {("ddp", ExcludedKind.PARITY_FAILED), ("fsdp", ExcludedKind.PARITY_FAILED)}
+    line = words.lines(p)
+    assert len(line) == 1 and line[0].startswith(
+        "bn, nccl x2: no decision: no strategy matched one device (ddp, fsdp failed parity); the nearest, fsdp: "
+        "parity with one device failed: rel err 1.0e-03 at step 15 > tolerance 3.3e-05")
+    assert "BatchNorm2d" in line[0] and "SyncBatchNorm" in line[0]
+    assert pick(rows).use is not None and pick(rows).ground != Ground.NONE_PASSED
