@@ -434,6 +434,24 @@ def factory_chdir(*, seed: int = 0, global_batch: int = 8) -> Workload:
     return resolve("mlp", seed=seed, global_batch=global_batch)
 
 
+def factory_forks(*, seed: int = 0, global_batch: int = 8) -> Workload:
+    """A user workload factory that forks a child which ignores SIGTERM and sleeps (a server it
+    starts), writing the child's pid to a file in $PARBENCH_TEST_PIDS."""
+    import os
+    import signal
+
+    from bench.workloads import resolve
+
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(300)
+        os._exit(0)
+    with open(os.path.join(os.environ["PARBENCH_TEST_PIDS"], str(pid)), "w"):
+        pass
+    return resolve("mlp", seed=seed, global_batch=global_batch)
+
+
 def factory_thread(*, seed: int = 0, global_batch: int = 8) -> Workload:
     """A user workload factory that leaves a non-daemon thread running (a data loader's worker)."""
     import threading

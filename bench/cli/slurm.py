@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.errors import UserError
+from bench.core.values import INT_LIST_MAX
 
 #: run flags the script sets itself (per node) or that make no sense in a batch job
 OWN = {"nnodes", "node_rank", "rdzv_endpoint", "out", "resume", "no_progress"}
@@ -75,6 +76,9 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         raise UserError(f"--nodes {args.nodes} must be >= 1; e.g. --nodes 2")
     if args.gpus_per_node < 0:
         raise UserError(f"--gpus-per-node {args.gpus_per_node} must be >= 0 (0 for a CPU run)")
+    if args.nodes * max(args.gpus_per_node, 1) > INT_LIST_MAX:
+        raise UserError(f"--nodes {args.nodes} x --gpus-per-node {args.gpus_per_node} is more than "
+                        f"{INT_LIST_MAX:,} devices (a typo?); e.g. --nodes 2 --gpus-per-node 8")
     if not 1 <= args.port <= 65535:
         raise UserError(f"--port {args.port} must be from 1 to 65535, e.g. --port 29400")
     if not (args.submit_timeout_s > 0 and math.isfinite(args.submit_timeout_s)):
@@ -91,6 +95,9 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     path = Path(args.script or f"parbench-{args.nodes}x{args.gpus_per_node}.sbatch").absolute()
     if path.is_dir():
         raise UserError(f"--script {str(path)!r} is a folder; pass a file name, e.g. --script job.sbatch")
+    if path.exists() and not path.is_file():  # a pipe or a device: opening it would block or write elsewhere
+        raise UserError(f"--script {str(path)!r} is not a regular file (a pipe or a device); pass a file name, "
+                        "e.g. --script job.sbatch")
     try:
         path.write_text(render(job))
     except OSError as e:

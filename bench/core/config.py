@@ -105,7 +105,9 @@ def parse_workload(spec: str) -> tuple[str, dict[str, int]]:
 def load_toml(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"config {path!r} not found; pass a TOML file (see configs/)")
+        what = "is a folder" if p.is_dir() else "is not a regular file (a pipe or a device)" if p.exists() \
+            else "not found"
+        raise UserError(f"config {path!r} {what}; pass a TOML file (see configs/)")
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:

@@ -245,7 +245,7 @@ def pytest_benchmark_json(run_dir: str | os.PathLike) -> dict[str, Any]:
         raise UserError("export --format pytest-benchmark needs pytest-benchmark; "
                         "pip install pytest-benchmark") from None
 
-    cells, steps, meta = load_run(run_dir)
+    cells, steps, meta = load_run(run_dir).trained("export")
     st = step_times(steps)
     benches = []
     for _, c in cells[cells["status"] == "ok"].iterrows():

@@ -40,12 +40,12 @@ def judge(current: Run | str | os.PathLike, *, baseline: str | os.PathLike | Non
     if (baseline is None) == (history is None):
         raise UserError("compare with a baseline run or a history, one of the two")
     gate = gate or Gate()
-    cur = load_run(current)
+    cur = load_run(current).trained("compare")
     if baseline is not None:
         if gate.fail_from_runs:
             raise UserError(f"--fail-from-runs {gate.fail_from_runs} applies to --history only; drop it or add "
                             "--history DIR")
-        return Judged(compare(load_run(baseline), cur, gate), str(baseline))
+        return Judged(compare(load_run(baseline).trained("compare"), cur, gate), str(baseline))
     machine = machine or fingerprint(cur.meta)
     known = read_index(history)["machine"].unique().tolist()
     if not known:

@@ -40,11 +40,29 @@ NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,:+@=/-]*", re.ASCII)
 PATH_REFUSED = re.compile(r'[\x00-\x1f\x7f"\\%]')
 
 
+#: the longest --time taken: a year (a longer limit is a typo; Slurm's own UNLIMITED is the partition's)
+TIME_MAX_S = 366 * 86400
+
+
+def time_seconds(text: str) -> int:
+    """Seconds of a limit in one of Slurm's time formats (already matched by :data:`TIME`)."""
+    days, _, rest = text.rpartition("-")
+    parts = [int(x) for x in rest.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        h, m, sec = (parts + [0, 0])[:3]
+        return int(days) * 86400 + h * 3600 + m * 60 + sec
+    if len(parts) == 3:  # HH:MM:SS
+        return parts[0] * 3600 + parts[1] * 60 + parts[2]
+    return parts[0] * 60 + (parts[1] if len(parts) == 2 else 0)  # minutes, MM:SS
+
+
 def check_time(text: str) -> str:
-    """``text`` if it is one of Slurm's time formats, else a one-line UserError naming them."""
+    """``text`` if it is one of Slurm's time formats within a year, else a one-line UserError."""
     if not TIME.fullmatch(text):
         raise UserError(f"--time {text!r} is not a Slurm time limit; use minutes (30), MM:SS, HH:MM:SS (00:30:00), "
                         "D-HH, D-HH:MM or D-HH:MM:SS (1-12:00:00)")
+    if len(text) > 20 or time_seconds(text) > TIME_MAX_S:
+        raise UserError(f"--time {text!r} is more than a year (a typo?); e.g. --time 1-12:00:00")
     return text
 
 

@@ -145,6 +145,15 @@ class Run:
             return self.cells.iloc[:0]
         return self.cells[self.cells["mode"] == "serve"]
 
+    def trained(self, command: str) -> Run:
+        """This run, if it holds training cells; else (a folder of ``parbench serve``) a one-line
+        UserError saying what the folder is and what ``command`` reads."""
+        if len(self.serving) and not len(self.training):
+            raise UserError(f"{self.path} is a serving run's folder (parbench serve): {command} reads the step times "
+                            f"of parbench run's folders, which it has none of; its requests and latencies are in "
+                            f"parbench report {self.path}")
+        return self
+
     @cached_property
     def ran(self) -> pd.DataFrame:
         """The cells that ran (ok, failed or timed out), not those skipped at plan time."""

@@ -16,6 +16,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import psutil
+
 from bench.core.errors import UserError
 from bench.core.spec import WorkloadFacts
 from bench.workloads import convnet, gpt, hf, mlp
@@ -149,9 +151,11 @@ def planned(spec: str, dims: dict[str, int], *, seed: int, global_batch: int | N
             got["error"] = e
 
     here = os.getcwd()
+    before = {c.pid for c in psutil.Process().children()}
     t = threading.Thread(target=work, name=f"parbench-workload {spec}", daemon=True)
     t.start()
     t.join(timeout_s)
+    _end_new_children(spec, before)
     if os.getcwd() != here:  # a relative --out would land where the factory went
         log.warning("workload %r: its factory changed the working directory to %s; parbench went back to %s",
                     spec, os.getcwd(), here)
@@ -185,6 +189,7 @@ def _ends_the_process(spec: str, kw: dict, dims: dict[str, int], timeout_s: floa
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the copy: the user's code, then out without running the parent's exit handlers
+        os.setpgid(0, 0)  # a group of its own: what the user's code forks stays in it, to be ended with it
         os.close(read)
         faulthandler.disable()  # a crash of the copy is this function's to say, in one line
         quiet = os.open(os.devnull, os.O_WRONLY)
@@ -200,14 +205,18 @@ def _ends_the_process(spec: str, kw: dict, dims: dict[str, int], timeout_s: floa
             pass
         os.write(write, f"{_RETURNED}\n".encode())
         os._exit(0)
+    with contextlib.suppress(OSError):  # both sides set it, so neither waits on the other
+        os.setpgid(pid, pid)
     os.close(write)
     said, ended = _read_until(read, time.monotonic() + timeout_s)
     if not ended:  # still running at the deadline: said now, not after a second wait in this process
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+        _end_group(spec, pid)
         raise _did_not_return(spec, said[-1] if said else "its factory", timeout_s)
     _, status = os.waitpid(pid, 0)
+    _end_group(spec, pid)
     if said and said[-1] == _RETURNED:
         return
     code = os.waitstatus_to_exitcode(status)
@@ -215,6 +224,36 @@ def _ends_the_process(spec: str, kw: dict, dims: dict[str, int], timeout_s: floa
     doing = said[-1] if said else "its import"
     raise UserError(f"workload {spec!r}: {doing} ended the process ({how}) while the run was planned; a factory "
                     "returns a Workload (raise an exception to say what is wrong)")
+
+
+def _end_group(spec: str, pgid: int) -> None:
+    """Processes the dry run's user code forked and left behind (its process group outlives it):
+    killed (SIGKILL: a fork inherits parbench's signal handlers) and named."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return  # nothing left
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    log.warning("workload %r: its factory left a process running (it forked, or started one, while the run was "
+                "planned); it was killed: a factory returns a Workload and leaves nothing running", spec)
+
+
+def _end_new_children(spec: str, before: set[int]) -> None:
+    """Children of this process that the user's code started while the run was planned (a fork, a
+    server it launched): killed, reaped and named, where they would outlive ``parbench run``."""
+    try:
+        new = [c for c in psutil.Process().children() if c.pid not in before]
+    except psutil.Error:
+        return
+    for c in new:
+        with contextlib.suppress(psutil.Error):
+            c.kill()
+    psutil.wait_procs(new, timeout=5)
+    if new:
+        log.warning("workload %r: its factory left %d process(es) running (pid %s: it forked, or started one, while "
+                    "the run was planned); killed: a factory returns a Workload and leaves nothing running", spec,
+                    len(new), ", ".join(str(c.pid) for c in new))
 
 
 def _did_not_return(spec: str, doing: str, timeout_s: float) -> UserError:

@@ -46,6 +46,8 @@ def setup(tmp: Path, what: str) -> None:
     """Files a case needs, in ``tmp``."""
     if what == "file":
         (tmp / "afile").write_text("x")
+    elif what == "fifo":
+        os.mkfifo(tmp / "f")
     elif what == "bin-toml":
         (tmp / "c.toml").write_bytes(b"\xff\xfesteps = 1\n")
     elif what.startswith("toml:"):
@@ -77,6 +79,13 @@ def setup(tmp: Path, what: str) -> None:
 
             shutil.rmtree(d / "cells.parquet")
             (d / "collectives.parquet").mkdir()
+        elif kind == "serve-folder":  # a serving run's folder: its cells are of mode serve
+            import shutil
+
+            shutil.rmtree(d / "cells.parquet")
+            RunWriter(d, resume=True).append("cells", [{"cell_id": 0, "workload": "mlp", "strategy": "replicas",
+                                                        "backend": "gloo", "world_size": 1, "mode": "serve",
+                                                        "status": "ok"}])
         elif kind == "fifo-part":
             os.mkfifo(d / "cells.parquet" / "part-999999.parquet")
         elif kind == "negative-median":
@@ -154,6 +163,17 @@ CASES = [
     ("rdzv-timeout-inf", None, [RUN, "--nnodes", "2", "--rdzv-timeout", "inf"], "--rdzv-timeout inf must be a finite"),
     ("resume-with-nnodes", "run", [RUN, "--resume", "{tmp}/run", "--nnodes", "2"], "drop --nnodes"),
     ("slurm-nodes-0", None, ["slurm", "--nodes", "0", "--gpus-per-node", "1"], "--nodes 0 must be >= 1"),
+    ("slurm-nodes-huge", None, ["slurm", "--nodes", "99999999999999999999", "--gpus-per-node", "0", "--device", "cpu"],
+     "--nodes 99999999999999999999 x --gpus-per-node 0 is more than 65,536 devices"),
+    ("slurm-devices-huge", None, ["slurm", "--nodes", "70000", "--gpus-per-node", "8"], "is more than 65,536 devices"),
+    ("slurm-script-fifo", "fifo", ["slurm", "--nodes", "2", "--gpus-per-node", "0", "--device", "cpu", "--script",
+                                   "{tmp}/f"], "is not a regular file (a pipe or a device)"),
+    ("slurm-time-huge", None, ["slurm", "--nodes", "2", "--gpus-per-node", "0", "--device", "cpu", "--time",
+                               "99999999999999"], "--time '99999999999999' is more than a year"),
+    ("slurm-time-days-huge", None, ["slurm", "--nodes", "2", "--gpus-per-node", "0", "--device", "cpu", "--time",
+                                    "400-00:00:00"], "is more than a year"),
+    ("config-is-folder", None, [RUN, "--config", "{tmp}"], "is a folder; pass a TOML file"),
+    ("config-is-fifo", "fifo", [RUN, "--config", "{tmp}/f"], "is not a regular file (a pipe or a device)"),
     ("slurm-world-size", None, ["slurm", "--nodes", "2", "--gpus-per-node", "0", "--device", "cpu", "--world-sizes",
                                 "3"], "world size 3 is not divisible by --nnodes 2"),
     ("slurm-cuda-without-gpus", None, ["slurm", "--nodes", "2", "--gpus-per-node", "0", "--device", "cuda"],
@@ -206,6 +226,10 @@ CASES = [
     # a folder of another kind: said what it is and what the command reads
     ("report-comm-folder", "run:comm-folder", ["report", "{tmp}/run"], "{tmp}/run is a collective sweep's folder"),
     ("compare-comm-folder", "run:comm-folder", ["compare", "{tmp}/run", "{tmp}/run"], "(parbench comm), which has"),
+    ("compare-serve-folder", "run:serve-folder", ["compare", "{tmp}/run", "{tmp}/run"],
+     "{tmp}/run is a serving run's folder (parbench serve): compare reads the step times"),
+    ("export-serve-folder", "run:serve-folder", ["export", "{tmp}/run", "--format", "pytest-benchmark", "-o",
+                                                "{tmp}/e.json"], "is a serving run's folder (parbench serve): export"),
     # a FIFO among the part files blocked report for ever (and SIGTERM did not end it)
     ("report-fifo-part", "run:fifo-part", ["report", "{tmp}/run"],
      "part-999999.parquet is not a regular file (a pipe, a device or a folder)"),

@@ -333,3 +333,25 @@ def test_a_factory_that_changes_the_working_directory_is_undone(tmp_path, monkey
         wl, _ = planned("tests.helpers:factory_chdir", {}, seed=0, global_batch=None, timeout_s=60)
     assert os.getcwd() == str(tmp_path) and wl.global_batch == 8
     assert "its factory changed the working directory to" in caplog.text and str(tmp_path) in caplog.text
+
+
+def test_processes_a_factory_forks_while_the_run_is_planned_are_ended_and_named(tmp_path, monkeypatch, caplog):
+    """A factory that forks (or starts a server) while the run is planned, in the dry run's copy and
+    in parbench itself: every child it left is killed, though it ignores SIGTERM, and named; before,
+    they outlived parbench run."""
+    import psutil
+
+    from bench.workloads.registry import planned
+
+    monkeypatch.setenv("PARBENCH_TEST_PIDS", str(tmp_path))
+    with caplog.at_level("WARNING", logger="parbench"):
+        wl, _ = planned("tests.helpers:factory_forks", {}, seed=0, global_batch=None, timeout_s=60)
+    pids = [int(p.name) for p in tmp_path.iterdir()]
+    assert wl.global_batch == 8 and len(pids) == 2, pids  # one from the dry run's copy, one from here
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                                              for p in pids):
+        time.sleep(0.1)
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert not alive, alive
+    assert caplog.text.count("its factory left") == 2, caplog.text
