@@ -12,6 +12,7 @@ from bench.core import spec
 from bench.core.config import build_config
 from bench.core.metrics import BREAKDOWN_GAP_MAX
 from bench.core.spec import GroupPlan
+from bench.decide import recommend
 from bench.results.run import load_run
 from bench.results.store import read_table
 from bench.stats.steps import slowest_steps, timed_median
@@ -26,6 +27,9 @@ def adaptive_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("adaptive")
     mp = pytest.MonkeyPatch()
     mp.setattr(adaptive, "MAX_ROUNDS", 1)  # one round shows the mechanism; more only cost time
+    # on a loaded machine DDP at 2 ranks can step at under half one device's speed, which decides
+    # "one device" from one repeat (a gross margin): the mechanism needs the decision open
+    mp.setattr(recommend, "GROSS_SPEEDUP", 0.0)
     # time_cap 0.3 s: the test measures the mechanism, not the machine; the repeats are not pinned,
     # so the budget's adaptive rounds run; one round ends the run (about 40 s on an idle 2-core
     # machine: four process groups), the budget only covers a loaded one
