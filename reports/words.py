@@ -399,11 +399,29 @@ def lines(p: Decision) -> list[str]:
     return out
 
 
-def screen(real: list[Decision], toys: list[Decision]) -> list[tuple[str, str]]:
+def nothing_beyond_one(training: pd.DataFrame) -> str:
+    """Why no decision exists, from the run's training cells: what became of the cells on more
+    than one device ('2 skipped (deadline passed before this cell's group), 1 failed (...)'), or
+    that the run had none."""
+    multi = training[training["world_size"] > 1] if "world_size" in training else training.iloc[:0]
+    if multi.empty:
+        return "no cell on more than one device was planned"
+    if (multi["status"] == "ok").any():
+        return "no strategy on more than one device passed"
+    parts = []
+    for status, g in multi.groupby("status", sort=True):
+        reason = next((str(r) for r in g.get("reason", pd.Series(dtype=object)) if isinstance(r, str) and r), "")
+        parts.append(f"{len(g)} {status}" + (f" ({reason[:120]})" if reason else ""))
+    return "no cell on more than one device ran: " + ", ".join(parts)
+
+
+def screen(real: list[Decision], toys: list[Decision], nothing: str = "no strategy on more than one device passed"
+           ) -> list[tuple[str, str]]:
     """The recommendation as the last lines of ``parbench run``, as (line, indent) before wrapping:
-    each real workload's decision in full, then the launch-bound ones' first lines."""
+    each real workload's decision in full, then the launch-bound ones' first lines; ``nothing``
+    (:func:`nothing_beyond_one`) where there is no decision."""
     if not real and not toys:
-        return [("recommendation: no strategy on more than one device passed", "")]
+        return [(f"recommendation: {nothing}", "")]
     out = [("recommendation:" if real else f"recommendation: every workload is launch-bound: {LAUNCH_BOUND_WHY}", "")]
     for p in real:
         first, *rest = lines(p)

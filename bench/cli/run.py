@@ -291,5 +291,5 @@ def print_recommendation(run: Run | Path, console=None, *, decisions: list | Non
                                   break_on_hyphens=False):
             console.print(Text(part), soft_wrap=True)
 
-    for line, indent in words.screen(real, toys):
+    for line, indent in words.screen(real, toys, words.nothing_beyond_one(run.training)):
         say(line, indent)

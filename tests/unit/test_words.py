@@ -165,3 +165,17 @@ def test_the_printed_screen_is_read_back_by_its_titles():
     assert words.said(screen, "gpt", "gloo", 4).endswith("the best, ddp, reaches 0.32x")
     assert words.said(screen, "gpt", "nccl", 2) == ""
     assert words.said(screen, "mlp", "nccl", 4) == "use ddp: launch-bound"
+
+
+def test_no_decision_says_what_became_of_the_cells_on_more_than_one_device():
+    """A budget spent on one device's repeats skipped every DDP cell: the last line says so, not that
+    no strategy passed."""
+    from reports.words import nothing_beyond_one, screen
+
+    ran = pd.DataFrame({"world_size": [1, 2, 2], "status": ["ok", "skipped", "skipped"],
+                        "reason": ["", "deadline passed before this cell's group", ""]})
+    said = nothing_beyond_one(ran)
+    assert said == "no cell on more than one device ran: 2 skipped (deadline passed before this cell's group)"
+    assert screen([], [], said) == [(f"recommendation: {said}", "")]
+    assert nothing_beyond_one(ran.iloc[:1]) == "no cell on more than one device was planned"
+    assert nothing_beyond_one(ran.assign(status="ok")) == "no strategy on more than one device passed"
