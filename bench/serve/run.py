@@ -433,8 +433,10 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
             return "    -  " if v is None or v != v else f"{v * 1e3:7.2f}"
 
         parity = "-" if r.get("parity_rel_err") is None else format(r["parity_rel_err"], ".1e")
+        shown = [p for p in str(r.get("latency_refused") or "").split(", ") if p.startswith(("p50 ", "p99 "))]
         out.append(f"{head} {r.get('serve_achieved_rps') or 0:8.1f} req/s  p50 {ms('latency_p50_s')} ms  "
                    f"p99 {ms('latency_p99_s')} ms\n    n={r.get('latency_n')}  parity {parity}"
+                   + (f"  too few requests for {', '.join(shown)}" if shown else "")
                    + (f"  (!) {r['noise']}" if r.get("noise") else ""))
     return out
 

@@ -154,6 +154,10 @@ def test_a_serve_cell_prints_within_100_columns():
     assert max(map(len, lines)) <= 100, lines
     assert "957.2 req/s  p50   12.34 ms  p99   31.11 ms" in lines[0] and "n=700  parity 1.2e-06  (!)" in lines[1]
     assert lines[2].endswith(" failed") and lines[3] == "    RuntimeError: pool did not start"
+    short = dict(ok, latency_p50_s=float("nan"), latency_p99_s=float("nan"), latency_n=7, noise=None,
+                 latency_refused="p50 (needs 11), p90 (needs 64), p95 (needs 130), p99 (needs 662)")
+    (c,) = summary_lines([short])
+    assert "p50     -   ms  p99     -   ms" in c and c.endswith("too few requests for p50 (needs 11), p99 (needs 662)")
 
 
 @pytest.mark.parametrize("flags, needle", [
