@@ -145,6 +145,9 @@ class CellSpec:
     # The memory model's prediction for the cell's fullest device (bench.plan.memory), when the
     # workload's facts allow one
     memory: Footprint | None = None
+    # a reference whose parity a multi-device cell of the plan reads: it measures its own rounding
+    # (bench.train.rounding), which sets their tolerance; a reference nothing compares with does not
+    compared: bool = True
 
     @property
     def procs_per_node(self) -> int:

@@ -165,12 +165,21 @@ def plan(cfg: RunConfig, gpus: int) -> tuple[list[Planned], dict[str, Workload],
                     for training in planner.trainings:
                         planner.add(sp, strat, facts, backend, 1 if strat.name == "single" else n, here, training)
     metrics = registry(m for _, s in strats for m in s.columns())
-    cells = planner.cells
+    cells = uncompared(planner.cells)
     if cfg.nodes.nnodes == 1:
         memory = planner.memory if planner.memory is not None else (device_memory(cfg.matrix.device) or 0)
         cells = predict_cells(cells, device=cfg.matrix.device, memory=memory or None,
                               probe=probing(cfg.profiling.memory_probe, cfg.matrix.device))
     return cells, wls, metrics
+
+
+def uncompared(cells: list[Planned]) -> list[Planned]:
+    """``cells`` with each reference of a workload that no runnable multi-device cell trains marked
+    not compared: nothing reads its rounding (a one-GPU machine's whole run), so it is not measured."""
+    multi = {p.spec.workload.name for p in cells if p.reason is None and p.spec.n_devices > 1
+             and p.spec.role != "reference"}
+    return [Planned(spec=dataclasses.replace(p.spec, compared=False), reason=p.reason)
+            if p.spec.role == "reference" and p.spec.workload.name not in multi else p for p in cells]
 
 
 class Planner:

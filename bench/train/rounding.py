@@ -46,9 +46,10 @@ def reversed_batch(batch: Any) -> Any:
 
 
 def probes(cell: CellSpec) -> bool:
-    """Whether ``cell`` measures its rounding: a one-device reference that trains in eager mode
-    (a compiled twin would compile its graphs a second time for it)."""
-    return (cell.role == "reference" and cell.n_procs == 1 and cell.mode == "train"
+    """Whether ``cell`` measures its rounding: a one-device reference that a multi-device cell is
+    compared with (``CellSpec.compared``) and that trains in eager mode (a compiled twin would
+    compile its graphs a second time for it)."""
+    return (cell.role == "reference" and cell.n_procs == 1 and cell.mode == "train" and cell.compared
             and cell.training.compile != "on")
 
 

@@ -21,6 +21,20 @@ def test_skips_carry_reasons_and_the_reference_is_added():
     assert by[("ddp", "gloo", 2)].reason is None
 
 
+def test_a_reference_measures_its_rounding_only_where_a_multi_device_cell_reads_it():
+    """The rounding probe trains the reference's parity steps a second time: worth it where a
+    multi-device cell's tolerance comes from it, wasted where none runs (one device, or every
+    multi-device cell of the workload skipped)."""
+    from bench.train.rounding import probes
+
+    by, _, _ = planned({"workloads": "mlp", "strategies": "ddp", "world_sizes": "2", "device": "cpu"}, 0)
+    assert by[("single", "gloo", 1)].spec.compared and probes(by[("single", "gloo", 1)].spec)
+    by, _, _ = planned({"workloads": "mlp", "strategies": "single", "world_sizes": "1", "device": "cpu"}, 0)
+    assert not by[("single", "gloo", 1)].spec.compared and not probes(by[("single", "gloo", 1)].spec)
+    by, _, _ = planned({"workloads": "mlp", "strategies": "dataparallel", "world_sizes": "2", "device": "cpu"}, 0)
+    assert by[("dataparallel", "gloo", 2)].reason and not by[("single", "gloo", 1)].spec.compared
+
+
 def test_gpu_cells_beyond_the_visible_gpus_are_skipped_and_devices_are_planned():
     by, _, _ = planned({"workloads": "mlp", "strategies": "ddp,dataparallel", "world_sizes": "1,2,4"}, 2)
     assert "world size 4 > 2 visible GPU(s)" in by[("ddp", "nccl", 4)].reason
