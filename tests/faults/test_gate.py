@@ -195,11 +195,34 @@ def json_file(path: str):
     return kept
 
 
+def serve_run(tmp: Path, name: str = "serve") -> Path:
+    """A serving run's folder (parbench serve): its cells are of mode serve, with no step times."""
+    d = tmp / name
+    RunWriter(d).add({"cell_id": 0, "workload": "mlp", "strategy": "replicas", "backend": "gloo", "device": "cpu",
+                      "world_size": 1, "mode": "serve", "status": "ok"}, [])
+    write_meta(d)
+    return d
+
+
+def serve_and_run(tmp: Path) -> None:
+    write_run(tmp)
+    serve_run(tmp)
+
+
 R = "{tmp}/run"
+SV = "{tmp}/serve"
+SERVING = "{tmp}/serve is a serving run's folder (parbench serve): "
 #: the fewest columns a cells table may have (another tool's)
 MINIMAL = dict(cell_id=0, workload="mlp", strategy="ddp", backend="gloo", world_size=2, status="ok",
                step_time_median_s=0.1)
 CASES = [
+    # a serving run's folder given to a command that reads training runs
+    Case("compare-serving-folder-as-current", "compare", ["compare", R, SV], SERVING + "compare reads the step times",
+         setup=serve_and_run),
+    Case("compare-serving-folder-as-base", "compare", ["compare", SV, R], SERVING + "compare reads the step times",
+         setup=serve_and_run),
+    Case("export-serving-folder", "export", ["export", SV, "--format", "pytest-benchmark", "-o", "{tmp}/e.json"],
+         SERVING + "export reads the step times", setup=serve_run),
     # report
     Case("report-out-under-file", "report", ["report", R, "-o", "{tmp}/run/meta.json/out"],
          "cannot be written (a part of the path is a file)", setup=write_run),

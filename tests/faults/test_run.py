@@ -94,6 +94,12 @@ CASES = [
          code=0, expect="parbench: ending with thread(s) still running that parbench did not start (user-loader); "
                         "they were stopped with the process",
          kept=_rows_whole, subprocess=True, env=PATH_ENV, timeout_s=180),
+    # a user factory that forks a child ignoring SIGTERM while the run is planned: killed and named
+    Case("workload-forks-a-child", "run", ["run", "--out", "{tmp}/out", *[a for a in TINY if a != "mlp"][:4],
+                                           *TINY[6:], "--strategies", "single", "--world-sizes", "1",
+                                           "--workloads", "tests.helpers:factory_forks"],
+         code=0, expect="its factory left 1 process(es) running", kept=_rows_whole, subprocess=True, env=PATH_ENV,
+         timeout_s=180),
     # the launcher SIGKILLed at each moment of a run: nothing it started outlives it by 5 s
     _sigkill("sigkill-right-after-start", 1.0, "single"),
     _sigkill("sigkill-once-torchrun-is-up", "torchrun started", "single"),

@@ -101,6 +101,20 @@ CASES = [
     slurm("toml-newline-in-out", "--config", "{tmp}/run.toml", setup=_toml('out = "/tmp/a\\necho INJECTED"\n'),
           out=False, expect="'/tmp/a\\necho INJECTED' has '\\n'"),
     slurm("toml-not-toml", "--config", "{tmp}/run.toml", setup=_toml("steps = \n"), expect="is not valid TOML"),
+    # sizes past any machine: the mesh arithmetic of the nodes' planning spun on them without end
+    slurm("nodes-huge", "--nodes", "99999999999999999999", timeout_s=60,
+          expect="--nodes 99999999999999999999 x --gpus-per-node 0 is more than 65,536 devices"),
+    slurm("nodes-times-gpus-huge", "--nodes", "70000", "--gpus-per-node", "8", timeout_s=60,
+          expect="--nodes 70000 x --gpus-per-node 8 is more than 65,536 devices"),
+    slurm("time-past-a-year", "--time", "99999999999999", expect="--time '99999999999999' is more than a year"),
+    slurm("time-400-days", "--time", "400-00:00:00", expect="--time '400-00:00:00' is more than a year"),
+    slurm("time-a-day", "--time", "1-00:00:00", code=0, expect="submit it with: sbatch {tmp}/job.sbatch"),
+    # files that are not regular files: opening a pipe for writing blocked until a reader came
+    slurm("script-is-a-pipe", "--script", "{tmp}/pipe.sbatch", setup=lambda tmp: os.mkfifo(tmp / "pipe.sbatch"),
+          timeout_s=60, expect="--script '{tmp}/pipe.sbatch' is not a regular file (a pipe or a device)"),
+    slurm("config-is-a-folder", "--config", "{tmp}", expect="config '{tmp}' is a folder; pass a TOML file"),
+    slurm("config-is-a-pipe", "--config", "{tmp}/pipe.toml", setup=lambda tmp: os.mkfifo(tmp / "pipe.toml"),
+          timeout_s=60, expect="config '{tmp}/pipe.toml' is not a regular file (a pipe or a device)"),
 ]
 
 
