@@ -360,7 +360,8 @@ def none_passed(cells: pd.DataFrame, good: pd.DataFrame, excluded: pd.Series) ->
     ran = cells.loc[excluded.index]
     ran = ran[ran["world_size"] >= 2]
     by = ["workload", "backend", "world_size", *(k for k in knobs.NAMES if k in ran)]
-    taken = set(map(tuple, good[good["world_size"] >= 2][by].astype(str).to_numpy())) if len(good) else set()
+    multi = good[good["world_size"] >= 2]
+    taken = {tuple(map(str, k)) for k, _ in multi.groupby([c for c in by if c in multi], dropna=False)}
     vary = knobs.varying(cells[cells["status"] == "ok"])
     out = []
     for key, g in ran.groupby(by, sort=True, dropna=False):
