@@ -366,6 +366,9 @@ class Profiled:
 
 #: The ``repeat`` of a :class:`Start` that opens a cell's profile pass rather than a timed repeat.
 PROFILE_PASS = -1
+#: The ``repeat`` of a :class:`Start` that opens a reference's rounding probe (bench.train.rounding),
+#: after its first timed repeat.
+ROUNDING_PASS = -2
 
 
 def deferred(cell: CellSpec) -> bool:

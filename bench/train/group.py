@@ -236,6 +236,9 @@ class GroupRun:
             a.current, a.in_pass = p.spec, True
             self._rearm()
             log.info("%s: profile pass of cell %d (%s) started", self.g.label, p.spec.cell_id, p.spec.strategy)
+        elif isinstance(ev, spec.Start) and ev.repeat == spec.ROUNDING_PASS:
+            self._rearm()
+            log.info("%s: rounding probe of cell %d (%s) started", self.g.label, p.spec.cell_id, p.spec.strategy)
         elif isinstance(ev, spec.Profiled):
             self._on_profiled(p, ev)
         elif isinstance(ev, spec.Start):

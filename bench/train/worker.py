@@ -67,8 +67,6 @@ def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = 
     finally:
         step = steps = None  # drop the model before the next cell is built
         release(cell)
-    if first and out.status == "ok" and probes(cell) and not past_deadline(plan.deadline_unix):
-        out.parity_rounding = _rounding(cell, local_rank, out.losses)
     return out
 
 
@@ -167,6 +165,11 @@ class GroupLoop:
         self.announce(spec.Start(cell_id=cell.cell_id, t=time.time(), repeat=repeat))
         t0 = time.perf_counter()
         mine = run_cell(cell, self.plan, self.local_rank, first=repeat == 0)
+        if repeat == 0 and mine.status == "ok" and probes(cell) and not past_deadline(self.plan.deadline_unix):
+            # its own pass: the cell timeout counts again from its start, so a reference on a busy
+            # machine is not cut for training its steps twice
+            self.announce(spec.Start(cell_id=cell.cell_id, t=time.time(), repeat=spec.ROUNDING_PASS))
+            mine.parity_rounding = _rounding(cell, self.local_rank, mine.losses)
         if mine.status != "ok":
             self.events.emit(spec.Error(cell_id=cell.cell_id, rank=self.rank, reason=mine.reason, t=time.time()))
         per_rank = self.gather(mine)

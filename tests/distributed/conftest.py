@@ -39,9 +39,11 @@ def faults(tmp_path_factory) -> tuple[pd.DataFrame, dict, Path]:
     distribute nothing, a hang in prepare, two healthy data-parallel strategies after the faults,
     and a broken user workload (its cells first: each fails at its first batch)."""
     d = run(tmp_path_factory.mktemp("faults"), world_sizes="2", workloads="tests.helpers:broken_batches,mlp",
-            strategies=FAULTS, cell_timeout_s=8, steps=2, warmup=1, profile_steps=0, **QUICK,
+            strategies=FAULTS, cell_timeout_s=8, steps=12, warmup=1, profile_steps=0, **QUICK,
             # SGD: Adam's update divides out a gradient's scale, so NoAverage's missing 1/W would train
-            # (nearly) the same model under it, and parity could not tell
+            # (nearly) the same model under it, and parity could not tell. 12 steps: a doubled
+            # gradient moves mlp's loss slowly, by about 130x its rounding after 2 steps (inside the
+            # tolerance the rounding rule gives) and about 860x after 12 (well outside it)
             training={"optimizer": "sgd"})
     cells, _, meta = load_run(d)
     return cells, meta, d

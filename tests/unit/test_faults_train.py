@@ -190,7 +190,9 @@ class FakeLaunch:
         return "killed"
 
 
-def _group_run(tmp_path, monkeypatch, script, **timeouts):
+def _group_run(tmp_path, monkeypatch, script, repeats=None, **timeouts):
+    """The row of one single-device cell whose launch emits a Start at each time of ``script``
+    (of the timed repeat, or of ``repeats``' in turn) and never a result."""
     from bench.plan.matrix import group, plan
     from bench.train import group as grp
     from bench.train.context import GroupContext
@@ -202,7 +204,9 @@ def _group_run(tmp_path, monkeypatch, script, **timeouts):
     writer = RunWriter(tmp_path / "run")
     (tmp_path / "run" / "work").mkdir()
     launches: list[FakeLaunch] = []
-    monkeypatch.setattr(FakeLaunch, "SCRIPT", [(t, Start(cell_id=g.cells[0].cell_id, t=0.0)) for t in script])
+    repeats = repeats or [0] * len(script)
+    monkeypatch.setattr(FakeLaunch, "SCRIPT", [(t, Start(cell_id=g.cells[0].cell_id, t=0.0, repeat=r))
+                                               for t, r in zip(script, repeats, strict=True)])
     monkeypatch.setattr(grp, "Launch", lambda *a, **kw: launches.append(FakeLaunch(*a, **kw)) or launches[-1])
     ctx = GroupContext(cfg=cfg, writer=writer, work=tmp_path / "run" / "work", telemetry=Telemetry(None, writer))
     grp.GroupRun(g, 0, ctx).run()
@@ -226,6 +230,43 @@ def test_a_slow_start_up_is_not_the_cells_time(tmp_path, monkeypatch):
     assert launch.killed_at >= 2.0
     # the ranks' rendezvous (inside the start-up) waits as long as the start-up may take
     assert plan["pg_timeout_s"] == 20
+
+
+def test_the_rounding_probe_gets_its_own_cell_timeout(tmp_path, monkeypatch):
+    """A reference trains its steps a second time for its rounding probe: the limit counts again
+    from the probe's start, so a busy machine does not cut the reference for the probe's time."""
+    from bench.core.spec import ROUNDING_PASS
+
+    row, launch, _ = _group_run(tmp_path, monkeypatch, [0.1, 1.0], repeats=[0, ROUNDING_PASS],
+                                startup_timeout_s=20, cell_timeout_s=1.2)
+    assert row["status"] == "timeout" and launch.killed_at >= 2.2, launch.killed_at
+
+
+def test_a_reference_announces_its_rounding_probe_before_it_runs(monkeypatch):
+    """The rank opens the probe with its own Start (which rearms the cell timeout, above), after
+    the timed repeat and before the measured event that carries the probe's result."""
+    from types import SimpleNamespace
+
+    from bench.core.spec import ROUNDING_PASS, Measured, RankMeasurement
+    from bench.plan.matrix import group, plan
+    from bench.train import worker
+
+    cfg = build_config(toml=None, flags={"device": "cpu", "workloads": "mlp", "strategies": "single",
+                                         "world_sizes": "1", "sample_hz": 0}, gpus=0)
+    cell = group(plan(cfg, 0)[0])[0].cells[0]
+    seen: list = []
+    monkeypatch.setattr(worker, "run_cell",
+                        lambda *a, **kw: seen.append("timed") or RankMeasurement(rank=0, times=[0.1]))
+    monkeypatch.setattr(worker, "probes", lambda c: True)
+    monkeypatch.setattr(worker, "_rounding", lambda *a: seen.append("probe") or 2e-7)
+    loop = worker.GroupLoop(plan=SimpleNamespace(deadline_unix=None), rank=0, local_rank=0, leader=True,
+                            events=SimpleNamespace(emit=seen.append))
+    monkeypatch.setattr(loop, "gather", lambda mine: [mine])
+    loop.measure(cell, 0)
+    starts = [e.repeat for e in seen if isinstance(e, Start)]
+    assert starts == [0, ROUNDING_PASS] and seen.index("probe") == seen.index("timed") + 2, seen
+    measured = seen[-1]
+    assert isinstance(measured, Measured) and measured.ranks[0].parity_rounding == 2e-7
 
 
 # --- A cell shorter than the sampling period on a loaded host
