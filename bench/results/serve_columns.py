@@ -43,6 +43,15 @@ SERVE_METRICS: tuple[Metric, ...] = (
     Metric(name="dispatch_lag_max_s", **_ms, doc="latest the launcher sent a request after its scheduled arrival"),
     Metric(name="util_mean", dtype="float64", unit="fraction", fmt=".0%", header="util", shown=R,
            doc="busy time / cell wall time, mean over processes"),
+    Metric(name="serve_gap_mean_s", **_ms, higher_is_better=False,
+           doc="a process's time between batches while the next was waiting (queue hop, inputs, answers: the "
+               "harness's share of a cycle); below capacity, dispatch to start of batches that found it idle"),
+    Metric(name="serve_capacity_rps", dtype="float64", unit="requests/s", fmt=".1f", higher_is_better=True,
+           doc="what the processes would serve if never idle: requests / (forward + one gap per batch), "
+               "summed over processes (bench.serve.limit; empty for pipelines)"),
+    Metric(name="serve_limit_kind", dtype="string", header="limited by", shown=R,
+           doc="forward, harness or offered rate: what limits the cell's throughput (bench.serve.limit)"),
+    Metric(name="serve_limit", dtype="string", doc="what limits the cell's throughput, with its figures"),
     Metric(name="util_imbalance", dtype="float64", header="imbalance", fmt=".2f", shown=R,
            doc="max / mean busy time over processes (1 = even)"),
     Metric(name="requests_imbalance", dtype="float64", fmt=".2f", doc="max / mean requests per process"),

@@ -10,6 +10,7 @@ import logging
 import math
 import signal
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from bench.runtime import signals
 from bench.serve import schema, steady, sweep
 from bench.serve.config import Load, ServeConfig
 from bench.serve.launcher import CellLoad, Pool, ServeError
+from bench.serve.limit import limit
 from bench.serve.loadgen import closed_sizes, schedule
 from bench.serve.models import ServeModel, resolve_precision, run_grouped
 from bench.workloads import Workload, planned
@@ -295,6 +297,8 @@ class ServeRun:
             row["slo_met"] = steady.meets_target(row, [r["arrival_s"] for r in reqs], self.cfg.slo_ms / 1e3,
                                                 open_loop=not load.clients)
         self._telemetry(row, res, pool)
+        row.update(limit(reqs, res.wall_s, achieved_rps=row.get("serve_achieved_rps"),
+                         gpu_util_pct=row.get("gpu_util_mean"), pipeline=pool.placement == "pipeline"))
 
     def _telemetry(self, row: dict[str, Any], res, pool: Pool) -> None:
         """The sampler's rows to the samples table; GPU utilisation and power of the cell's GPUs."""
@@ -420,7 +424,8 @@ def _start(sr: ServeRun, placement: str, world: int, base: dict[str, Any], loads
 
 def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
     """Each cell for the terminal, within 100 columns: what it was and what it reached, then an
-    indented line with the request count, parity and any noise flag (a failed cell: its reason)."""
+    indented line with the request count, parity and any noise flag, and one with what limits it (a
+    failed cell: its reason)."""
     out = []
     for r in rows:
         head = f"{r['strategy']:<15} ws{r['world_size']} {r['serve_policy']:<8} {r['serve_load']:<16}"
@@ -437,7 +442,9 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
         out.append(f"{head} {r.get('serve_achieved_rps') or 0:8.1f} req/s  p50 {ms('latency_p50_s')} ms  "
                    f"p99 {ms('latency_p99_s')} ms\n    n={r.get('latency_n')}  parity {parity}"
                    + (f"  too few requests for {', '.join(shown)}" if shown else "")
-                   + (f"  (!) {r['noise']}" if r.get("noise") else ""))
+                   + (f"  (!) {r['noise']}" if r.get("noise") else "")
+                   + ("\n" + textwrap.fill(f"limited by {r['serve_limit']}", 100, initial_indent="    ",
+                                            subsequent_indent="      ") if r.get("serve_limit") else ""))
     return out
 
 

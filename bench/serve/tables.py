@@ -46,11 +46,16 @@ def _steady(r: pd.Series) -> str:
 
 #: a table of one serving question: its title, its column heads, its rows (texts), which columns
 #: hold numbers (aligned right)
-LEVEL_HEAD = ["placement", "policy", "load", "req/s", "p50 ms", "p99 ms", "n", "util", "imbalance", "parity err",
-              "steady"]
-LEVEL_NUMERIC = {"req/s", "p50 ms", "p99 ms", "n", "util", "imbalance", "parity err"}
+LEVEL_HEAD = ["placement", "policy", "load", "req/s", "capacity", "limited by", "p50 ms", "p99 ms", "n", "util",
+              "imbalance", "parity err", "steady"]
+LEVEL_NUMERIC = {"req/s", "capacity", "p50 ms", "p99 ms", "n", "util", "imbalance", "parity err"}
 NOISY_HEAD = ["placement", "policy", "ws", "victim mean ms alone", "with flood", "victim p50 alone", "with flood",
               "victim p90 alone", "with flood"]
+
+
+def _text(v) -> str:
+    """A text cell; '-' for NA."""
+    return v if isinstance(v, str) and v else "-"
 
 
 def fmt(v, spec: str) -> str:
@@ -69,9 +74,11 @@ def level_rows(cells: pd.DataFrame) -> list[tuple[str, list[list[str]]]]:
         for _, r in g.iterrows():
             head = [str(r["strategy"]), str(r["serve_policy"]), str(r["serve_load"])]
             if r["status"] != "ok":
-                rows.append(head + [f"{r['status']}: {str(r['reason'])[:60]}"] + [""] * 7)
+                rows.append(head + [f"{r['status']}: {str(r['reason'])[:60]}"] + [""] * (len(LEVEL_HEAD) - 4))
                 continue
-            rows.append(head + [fmt(r["serve_achieved_rps"], ".1f"), ms(r["latency_p50_s"]), ms(r["latency_p99_s"]),
+            rows.append(head + [fmt(r["serve_achieved_rps"], ".1f"), fmt(r.get("serve_capacity_rps"), ".0f"),
+                                _text(r.get("serve_limit_kind")),
+                                ms(r["latency_p50_s"]), ms(r["latency_p99_s"]),
                                 fmt(r["latency_n"], ".0f"), fmt(r["util_mean"], ".0%"),
                                 fmt(r["util_imbalance"], ".2f"), fmt(r["parity_rel_err"], ".1e"), _steady(r)])
         out.append((f"{ws} x {gpu}, {first['workload']} ({first['serve_task']}, {first['precision']})", rows))

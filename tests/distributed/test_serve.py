@@ -83,6 +83,17 @@ def test_measures_present(run):
     assert set(per) == {"0", "1"} and sum(v["requests"] for v in per.values()) == r["serve_requests"]
 
 
+def test_each_cell_says_what_limits_it(run):
+    """40 req/s over two replicas is far below what they serve: the offered rate limits, with a
+    capacity above what was answered; a pipeline's stages overlap, so it gets no capacity."""
+    cells, _, _, out = run
+    rr = cells.loc[("replicas", "round-robin")]
+    assert rr["serve_limit_kind"] == "offered rate", rr["serve_limit"]
+    assert rr["serve_capacity_rps"] > rr["serve_achieved_rps"] and rr["serve_gap_mean_s"] > 0
+    assert pd.isna(cells.loc[("pipeline", "-"), "serve_capacity_rps"])
+    assert "limited by the offered rate: processes busy" in out
+
+
 def test_every_pool_is_warmed_up_on_the_cells_request_sizes(run):
     """Each pool serves every request size its cells will send before the first cell (on 4x H100
     the first cell of each pool otherwise paid every shape's first call: p50 2.3 s vs 92 ms)."""
