@@ -67,6 +67,7 @@ class CellResult:
     t0_unix: float
     wall_s: float
     lag_max_s: float = 0.0  # how late the launcher dispatched its latest request
+    batch_max: int = 1  # most requests the processes put in one batch (1 unless the policy batches)
     notes: list[str] = field(default_factory=list)
 
 
@@ -200,7 +201,7 @@ class Pool:
         if cell.failure:
             raise ServeError("; ".join(cell.failure))
         return CellResult(records=sorted(cell.rec.values(), key=lambda r: r["rid"]), workers=workers, t0=cell.t0,
-                          t0_unix=cell.t0_unix, wall_s=wall, lag_max_s=cell.lag)
+                          t0_unix=cell.t0_unix, wall_s=wall, lag_max_s=cell.lag, batch_max=cfg["batch_max"])
 
     def _end_cell(self, shared: bool, timeout_s: float) -> dict[int, dict[str, Any]]:
         """End the cell with one sentinel per entry process (a pipeline's stages pass theirs on);

@@ -5,11 +5,13 @@ A serving process repeats one cycle: take the next batch off its queue and build
 the forward (``start`` to ``end`` of the request rows: the copy of the answer to the host waits for
 the device), send the answers. Between two batches it is either idle (nothing had arrived) or
 paying the harness's overhead (the queue hop, unpickling, building inputs, sending answers). The
-gaps after which the next batch was already waiting (dispatched before the previous batch ended)
-measure that overhead; a process's capacity is then its requests over its forward time plus one
-such gap per batch: what it would serve if it were never idle. Where no batch waited (a cell below
-capacity), the gap is the time from dispatch to start of batches that found the process idle,
-which also holds the launcher-to-process hop: an upper bound.
+gaps before batches that were waiting whole (every request dispatched before the previous batch
+ended, and a dynamic batch full, so it did not wait for more: that wait is the policy's choice)
+measure that overhead. A process's capacity is then its requests over its forward time plus one
+such gap per batch: what it would serve at this cell's batch sizes if it were never idle. Where
+no batch waited (a cell below capacity), the gap is the time from the last dispatch to the start
+of batches that found the process idle, which also holds the launcher-to-process hop and a
+dynamic batch's wait: an upper bound.
 
 Pipelines are left out: their stages overlap, so one process's cycle is not the cell's.
 """
@@ -32,25 +34,25 @@ LAUNCH_BOUND_PCT = 70.0
 
 
 def _batches(rows: list[dict[str, Any]]) -> dict[Any, list[tuple[float, float, float, int]]]:
-    """Per process, its batches in order: (start, end, earliest dispatch, requests)."""
+    """Per process, its batches in order: (start, end, latest dispatch, requests)."""
     by: dict[tuple[Any, float], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by[(r["worker"], r["start_s"])].append(r)
     out: dict[Any, list[tuple[float, float, float, int]]] = defaultdict(list)
     for (worker, start), rs in by.items():
-        out[worker].append((start, max(r["end_s"] for r in rs), min(r["dispatch_s"] for r in rs), len(rs)))
+        out[worker].append((start, max(r["end_s"] for r in rs), max(r["dispatch_s"] for r in rs), len(rs)))
     for b in out.values():
         b.sort()
     return out
 
 
-def gaps(batches: list[tuple[float, float, float, int]]) -> tuple[list[float], list[float]]:
-    """A process's gaps before the batches that were waiting for it (start minus the previous
+def gaps(batches: list[tuple[float, float, float, int]], batch_max: int = 1) -> tuple[list[float], list[float]]:
+    """A process's gaps before the batches that were waiting whole for it (start minus the previous
     batch's end), and its dispatch-to-start times of batches that found it idle."""
     waited, idle = [], []
     prev_end = None
-    for start, end, dispatch, _ in batches:
-        if prev_end is not None and dispatch <= prev_end:
+    for start, end, dispatch, n in batches:
+        if prev_end is not None and dispatch <= prev_end and n >= batch_max:
             waited.append(max(0.0, start - prev_end))
         else:
             idle.append(max(0.0, start - dispatch))
@@ -58,7 +60,7 @@ def gaps(batches: list[tuple[float, float, float, int]]) -> tuple[list[float], l
     return waited, idle
 
 
-def limit(rows: list[dict[str, Any]], wall_s: float, *, achieved_rps: float | None,
+def limit(rows: list[dict[str, Any]], wall_s: float, *, achieved_rps: float | None, batch_max: int = 1,
           gpu_util_pct: float | None = None, pipeline: bool = False) -> dict[str, Any]:
     """The cell's ``serve_gap_mean_s`` (harness time between batches), ``serve_capacity_rps`` (what
     its processes would serve if never idle) and ``serve_limit`` (what limits it, in words)."""
@@ -69,7 +71,7 @@ def limit(rows: list[dict[str, Any]], wall_s: float, *, achieved_rps: float | No
     waited_all: list[float] = []
     idle_all: list[float] = []
     for batches in per.values():
-        waited, idle = gaps(batches)
+        waited, idle = gaps(batches, batch_max)
         waited_all += waited
         idle_all += idle
         gap = float(np.mean(waited)) if waited else (float(np.median(idle)) if idle else 0.0)

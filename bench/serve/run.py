@@ -297,7 +297,7 @@ class ServeRun:
             row["slo_met"] = steady.meets_target(row, [r["arrival_s"] for r in reqs], self.cfg.slo_ms / 1e3,
                                                 open_loop=not load.clients)
         self._telemetry(row, res, pool)
-        row.update(limit(reqs, res.wall_s, achieved_rps=row.get("serve_achieved_rps"),
+        row.update(limit(reqs, res.wall_s, achieved_rps=row.get("serve_achieved_rps"), batch_max=res.batch_max,
                          gpu_util_pct=row.get("gpu_util_mean"), pipeline=pool.placement == "pipeline"))
 
     def _telemetry(self, row: dict[str, Any], res, pool: Pool) -> None:

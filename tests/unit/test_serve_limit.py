@@ -78,3 +78,11 @@ def test_pipelines_and_empty_cells_get_no_limit():
     assert limit(rows(1e-3, 0.0, 10), 1.0, achieved_rps=None, pipeline=True) == {}
     assert limit([], 1.0, achieved_rps=None) == {}
     assert limit(rows(1e-3, 0.0, 10), 0.0, achieved_rps=None) == {}
+
+
+def test_a_dynamic_batch_short_of_full_waited_for_more_which_is_no_overhead():
+    # batches of 3 under a limit of 8: each waited for more requests, by the policy's choice
+    waited, idle = gaps([(0.0, 1.0, 0.0, 3), (1.5, 2.0, 0.5, 3)], batch_max=8)
+    assert waited == [] and idle == pytest.approx([0.0, 1.0])
+    waited, _ = gaps([(0.0, 1.0, 0.0, 8), (1.5, 2.0, 0.5, 8)], batch_max=8)
+    assert waited == pytest.approx([0.5])
