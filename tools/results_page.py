@@ -943,7 +943,8 @@ SECTIONS = [
              Part("serve-h100-x4-warm", "Scoring and generation on 4 GPUs", serve_view),
              Part("serve-score-h100-x4-wire-padding", "Scoring on 4 GPUs, replicas and pipeline", printed_view),
              Part("serve-h100-x4-padded-shapes", "4 replicas with padded shapes warmed", printed_view),
-             Part("serve-rate-vs-p99-h100-x4", "Rate against p99 on 4 replicas", serve_view)]),
+             Part("serve-rate-vs-p99-h100-x4", "Rate against p99 on 4 replicas", serve_view),
+             Part("serve-capacity-h200", "One replica's capacity and what limits it, 1 H200", printed_view)]),
 ]
 ESTIMATES = Section("Estimates, not measurements", "These figures are computed by a model from measured cells; they "
                     "are estimates. Where a measured cell exists it stands beside the estimate.",

@@ -92,12 +92,13 @@ def limit(rows: list[dict[str, Any]], wall_s: float, *, achieved_rps: float | No
         kind, text = "offered rate", (f"the offered rate: processes busy {busy_frac:.0%} of the time, capacity "
                                       f"about {capacity:.0f} req/s")
     elif share >= FORWARD_SHARE:
-        kind, text = "forward", f"the forward: {fwd_ms:.2f} ms of each {cyc_ms:.2f} ms batch cycle ({share:.0%})"
+        kind, text = "forward", (f"the forward: {fwd_ms:.2f} ms of each {cyc_ms:.2f} ms batch cycle ({share:.0%}), "
+                                 f"capacity about {capacity:.0f} req/s")
         if gpu_util_pct is not None and gpu_util_pct < LAUNCH_BOUND_PCT:
             text += (f"; the GPU ran kernels {gpu_util_pct:.0f}% of the time (NVML), so the host's kernel launches "
                      "set the pace: dynamic batching (--policy batch) or a compiled model serve more")
     else:
         kind, text = "harness", (f"the harness: {cyc_ms - fwd_ms:.2f} ms between batches (queue hop, inputs, "
-                                 f"answers) against {fwd_ms:.2f} ms of forward; dynamic batching (--policy batch) "
-                                 "spreads it")
+                                 f"answers) against {fwd_ms:.2f} ms of forward, capacity about {capacity:.0f} req/s; "
+                                 "dynamic batching (--policy batch) spreads it")
     return {**out, "serve_limit": text, "serve_limit_kind": kind}
