@@ -298,7 +298,8 @@ class ServeRun:
                                                 open_loop=not load.clients)
         self._telemetry(row, res, pool)
         row.update(limit(reqs, res.wall_s, achieved_rps=row.get("serve_achieved_rps"), batch_max=res.batch_max,
-                         gpu_util_pct=row.get("gpu_util_mean"), pipeline=pool.placement == "pipeline"))
+                         gpu_util_pct=row.get("gpu_util_mean"), slowed=bool(self.cfg.slow),
+                         pipeline=pool.placement == "pipeline"))
 
     def _telemetry(self, row: dict[str, Any], res, pool: Pool) -> None:
         """The sampler's rows to the samples table; GPU utilisation and power of the cell's GPUs."""

@@ -31,7 +31,8 @@ def test_a_backlogged_process_is_limited_by_its_forward():
     assert out["serve_limit_kind"] == "forward"
     assert out["serve_gap_mean_s"] == pytest.approx(1e-4)
     assert out["serve_capacity_rps"] == pytest.approx(1 / 2.1e-3, rel=1e-3)
-    assert "2.00 ms of each 2.10 ms batch cycle (95%), capacity about 476 req/s" in out["serve_limit"] and "NVML" not in out["serve_limit"]
+    assert "2.00 ms of each 2.10 ms cycle a request (95%), capacity about 476 req/s" in out["serve_limit"]
+    assert "NVML" not in out["serve_limit"]
 
 
 def test_a_gpu_that_idles_while_the_forward_limits_names_the_kernel_launches():
@@ -46,7 +47,7 @@ def test_a_gpu_that_idles_while_the_forward_limits_names_the_kernel_launches():
 def test_a_process_that_spends_its_cycle_between_batches_is_limited_by_the_harness():
     r = rows(2e-4, 1e-3, 500)
     out = limit(r, r[-1]["end_s"], achieved_rps=None)
-    assert out["serve_limit_kind"] == "harness" and "1.00 ms between batches" in out["serve_limit"]
+    assert out["serve_limit_kind"] == "harness" and "1.00 ms a request between batches" in out["serve_limit"]
     assert out["serve_capacity_rps"] == pytest.approx(1 / 1.2e-3, rel=1e-3)
 
 
@@ -82,7 +83,43 @@ def test_pipelines_and_empty_cells_get_no_limit():
 
 def test_a_dynamic_batch_short_of_full_waited_for_more_which_is_no_overhead():
     # batches of 3 under a limit of 8: each waited for more requests, by the policy's choice
-    waited, idle = gaps([(0.0, 1.0, 0.0, 3), (1.5, 2.0, 0.5, 3)], batch_max=8)
-    assert waited == [] and idle == pytest.approx([0.0, 1.0])
+    # (from when it could start, the previous batch's end: 0.5 s)
+    waited, other = gaps([(0.0, 1.0, 0.0, 3), (1.5, 2.0, 0.5, 3)], batch_max=8)
+    assert waited == [] and other == pytest.approx([0.0, 0.5])
     waited, _ = gaps([(0.0, 1.0, 0.0, 8), (1.5, 2.0, 0.5, 8)], batch_max=8)
     assert waited == pytest.approx([0.5])
+
+
+def test_a_backlogged_dynamic_batcher_serves_no_more_than_its_capacity():
+    """Batches of 4 under a limit of 8 (the wait ran out), each queued behind the last: the gap is
+    counted from the previous batch's end, not from dispatch, so capacity stays above what it served."""
+    r = rows(2e-3, 2e-4, 300, batch=4)
+    wall = r[-1]["end_s"]
+    out = limit(r, wall, achieved_rps=len(r) / wall, batch_max=8)
+    assert out["serve_gap_mean_s"] == pytest.approx(2e-4)
+    assert out["serve_capacity_rps"] >= len(r) / wall * 0.999 and out["serve_limit_kind"] == "forward"
+
+
+def test_one_saturated_process_limits_an_uneven_cell():
+    """Round-robin over a fast and a slowed replica: the slow one is backlogged, the fast one idles;
+    the cell is at the slow one's capacity, not limited by the offered rate."""
+    slow = rows(15e-3, 1e-4, 100, worker=1)
+    fast = rows(1e-3, 0.0, 100, worker=0, every_s=15e-3, hop_s=1e-4)
+    for x in fast:
+        x["rid"] += 10_000
+    wall = max(x["end_s"] for x in slow)
+    out = limit(slow + fast, wall, achieved_rps=200 / wall, slowed=True, gpu_util_pct=10.0)
+    assert out["serve_limit_kind"] == "forward", out
+    assert out["serve_limit"].startswith("process 1 at capacity, the others busy 7%")
+    assert "--slow" in out["serve_limit"] and "NVML" not in out["serve_limit"]
+
+
+def test_a_cell_answering_most_of_its_capacity_is_at_capacity_even_with_idle_gaps():
+    # busy about 80% by the cycle alone, but it answered 90% of its capacity
+    r = rows(2e-3, 0.0, 200, every_s=2.5e-3, hop_s=0.0)
+    wall = r[-1]["end_s"] * 1.0
+    cap = 1 / 2e-3
+    out = limit(r, wall, achieved_rps=0.9 * cap)
+    assert out["serve_limit_kind"] == "forward"
+    assert limit(r, wall, achieved_rps=0.5 * cap)["serve_limit_kind"] == "offered rate"
+    assert limit(r, wall, achieved_rps=float("nan"))["serve_limit_kind"] == "offered rate"

@@ -25,13 +25,14 @@ import glob, sys
 import pandas as pd
 from bench.results.run import load_run
 rows = []
+ms = lambda v: float(v) * 1e3 if v is not None and pd.notna(v) else float("nan")
 for d in sorted(glob.glob(sys.argv[1] + "/*/*/cells.parquet")):
     c = load_run(d[:-len("/cells.parquet")])[0]
     for r in c.itertuples():
         rows.append({"repeat": d.split("/")[-3].split("-")[0], "policy": r.serve_policy, "status": r.status,
                      "achieved_rps": r.serve_achieved_rps, "capacity_rps": getattr(r, "serve_capacity_rps", None),
                      "limited_by": getattr(r, "serve_limit_kind", None),
-                     "gap_ms": (getattr(r, "serve_gap_mean_s", None) or float("nan")) * 1e3,
+                     "gap_ms": ms(getattr(r, "serve_gap_mean_s", None)),
                      "forward_ms": r.service_mean_s * 1e3, "batch_mean": r.serve_batch_mean,
                      "gpu_util_pct": getattr(r, "gpu_util_mean", None), "p50_ms": r.latency_p50_s * 1e3})
 t = pd.DataFrame(rows)
