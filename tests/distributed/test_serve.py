@@ -84,10 +84,11 @@ def test_measures_present(run):
 
 
 def test_each_cell_says_what_limits_it(run):
-    """40 req/s over two replicas is far below what they serve: the offered rate limits, with a
-    capacity above what was answered; a pipeline's stages overlap, so it gets no capacity."""
+    """40 req/s over two replicas, join-shortest-queue keeping most of it off the slowed one, is far
+    below what they serve: the offered rate limits, with a capacity above what was answered; a
+    pipeline's stages overlap, so it gets no capacity."""
     cells, _, _, out = run
-    rr = cells.loc[("replicas", "round-robin")]
+    rr = cells.loc[("replicas", "jsq")]
     assert rr["serve_limit_kind"] == "offered rate", rr["serve_limit"]
     assert rr["serve_capacity_rps"] > rr["serve_achieved_rps"] and rr["serve_gap_mean_s"] > 0
     assert pd.isna(cells.loc[("pipeline", "-"), "serve_capacity_rps"])
