@@ -123,13 +123,16 @@ def telemetry_means(samples: Iterable[dict[str, Any]], spec: CellSpec, window: t
     return out
 
 
-def contention(means: dict[str, float], cores: int) -> str:
-    """Why the host or the cell's GPUs were contended while it was measured ('' if they were not)."""
+def contention(means: dict[str, float], cores: int, own: int = 0) -> str:
+    """Why the host or the cell's GPUs were contended while it was measured ('' if they were not).
+    ``own``: the cell's own processes, which the load average counts as well: two ranks on two
+    cores load them fully by themselves, so the load flags only what runs beyond them."""
     why = []
     if means.get("host_other_cpu_cores", 0.0) >= max(0.5, 0.25 * cores):
         why.append(f"{means['host_other_cpu_cores']:.1f} cores busy outside the benchmark")
-    if means.get("host_load1", 0.0) > cores:
-        why.append(f"load {means['host_load1']:.1f} > {cores} cores")
+    if means.get("host_load1", 0.0) - own > cores:
+        why.append(f"load {means['host_load1']:.1f} > {cores} cores"
+                   + (f" and the cell's {own} processes" if own else ""))
     if means.get("host_cpu_steal_cores", 0.0) >= 0.1:
         why.append(f"{means['host_cpu_steal_cores']:.1f} cores stolen by the hypervisor")
     if means.get("gpu_other_procs", 0.0) > 0:
@@ -304,7 +307,7 @@ def _window_columns(row: dict[str, Any], spec: CellSpec, repeats: Sequence[Seque
     for key in {k for m in telemetry for k in m}:
         vals = [m[key] for m in telemetry if key in m]
         row[key] = max(vals) if key == "gpu_other_procs" else sum(vals) / len(vals)
-    row["contended"] = contention(row, cpu_threads())
+    row["contended"] = contention(row, cpu_threads(), own=spec.n_procs)
     if row["contended"]:
         row["stable"] = False
         row["noise"] = "; ".join(x for x in (row.get("noise"), f"contended: {row['contended']}") if x)

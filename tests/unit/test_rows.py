@@ -187,6 +187,10 @@ def test_contention_is_named():
     assert contention({"host_other_cpu_cores": 1.6, "host_load1": 5.0}, 2).startswith("1.6 cores busy")
     assert "throttled" in contention({"gpu_throttled_frac": 0.5}, 64)
     assert contention({"host_other_cpu_cores": 0.1, "host_load1": 1.0}, 2) == ""
+    # two ranks on two cores load them fully by themselves: only load beyond them is contention
+    assert contention({"host_other_cpu_cores": 0.1, "host_load1": 2.3}, 2, own=2) == ""
+    assert contention({"host_other_cpu_cores": 0.1, "host_load1": 2.3}, 2) == "load 2.3 > 2 cores"
+    assert contention({"host_load1": 4.6}, 2, own=2) == "load 4.6 > 2 cores and the cell's 2 processes"
 
 
 def test_a_one_process_cell_uses_a_device_when_its_training_grew_it_at_all():
