@@ -139,7 +139,8 @@ def _rows(least: int, most: int | None = None, status: str | None = None, printe
             return ["no run folder"]
         cells = read_table(d, "cells")
         ok = int((cells["status"] == "ok").sum()) if len(cells) else 0
-        shown = (tmp / f".{printed}.stdout").read_text().count("req/s") if printed else 0
+        # a finished cell's line: "... 12.3 req/s  p50 ..." (its "limited by" line may name a rate too)
+        shown = (tmp / f".{printed}.stdout").read_text().count(" req/s  p50 ") if printed else 0
         lost = [f"{ok} ok cell rows, {least}..{most} expected"] if not least <= ok <= (most or ok) else []
         lost += [f"{shown} cells printed as finished, {ok} rows"] if shown > ok else []
         return [*lost, *meta_status(d, status)]
