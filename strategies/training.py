@@ -23,6 +23,7 @@ import functools
 
 import torch
 from torch import nn
+from torch._dynamo.comptime import comptime
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from bench.workloads import Workload
@@ -83,6 +84,10 @@ def _selective_policy(ctx, op, *args, **kwargs):
 _COUNTS = {"checkpointed": 0}
 
 
+def _count() -> None:
+    _COUNTS["checkpointed"] += 1
+
+
 def reset_counts() -> None:
     """Start counting a new cell's checkpointed forwards."""
     _COUNTS["checkpointed"] = 0
@@ -94,7 +99,10 @@ def checkpointed_forwards() -> int:
 
 
 def _checkpointed(forward, ac: str, *args, **kwargs):
-    _COUNTS["checkpointed"] += 1
+    # Counted when traced under compile (comptime runs at trace time, out of the graph): a count
+    # dynamo read would be a guard on its value, failed by every call, so every step recompiled
+    # until dynamo's recompile limit sent the block back to eager.
+    comptime(lambda _ctx: _count(), fallback_fn=_count)
     if ac == "selective":
         context_fn = functools.partial(create_selective_checkpoint_contexts, _selective_policy)
         return checkpoint(forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)

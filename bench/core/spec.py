@@ -304,6 +304,8 @@ class RankMeasurement:
     compile_s: float | None = None  # the first warm-up step's seconds beyond a settled one (compile on)
     compiled_graphs: int | None = None  # graphs torch.compile built for the cell (compile on), graph breaks
     graph_breaks: int | None = None
+    timed_graphs: int | None = None  # graphs torch.compile built during the timed steps: recompiles
+    recompile_limit: bool = False  # dynamo hit its recompile limit: that code ran eager from then on
     checkpointed: int | None = None  # forwards run under activation checkpointing (ac on), rank's own
     # Memory: the allocator's reserved peak over the timed steps, what NVML saw the process use after
     # them, and the bytes of parameters, gradients (at the first optimizer step) and optimizer state

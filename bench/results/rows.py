@@ -286,6 +286,24 @@ def _health(spec: CellSpec, repeats: Sequence[Sequence[RankMeasurement]], expect
     if spec.training.compile == "on" and not all(graphs):
         return outcome("failed", f"compile=on, but torch.compile built no graph on rank "
                                  f"{next(r.rank for r in repeats[0] if not r.compiled_graphs)}: the cell ran eager")
+    if spec.training.compile == "on":
+        return _recompiled(repeats)
+    return {}
+
+
+def _recompiled(repeats: Sequence[Sequence[RankMeasurement]]) -> dict[str, Any]:
+    """The failed outcome of a compiled cell whose timed steps were not the compiled steps: graphs
+    built during them (recompiles), or code dynamo gave up on after its recompile limit (eager)."""
+    for k, rep in enumerate(repeats):
+        for r in rep:
+            where = f"rank {r.rank}{f', repeat {k}' if k else ''}"
+            if r.recompile_limit:
+                return outcome("failed", f"compile=on, but torch.compile reached its recompile limit on {where}: "
+                                         "part of the model ran eager (TORCH_LOGS=recompiles names the failing guard)")
+            if r.timed_graphs:
+                return outcome("failed", f"compile=on, but torch.compile built {r.timed_graphs} graphs during the "
+                                         f"timed steps on {where}: they timed recompilation "
+                                         "(TORCH_LOGS=recompiles names the failing guard)")
     return {}
 
 

@@ -165,6 +165,16 @@ def compile_counts(out: RankMeasurement) -> None:
     out.graph_breaks = int(sum(counters["graph_break"].values()))
 
 
+def recompile_counts(out: RankMeasurement) -> None:
+    """Into ``out``, after the timed steps: the graphs torch.compile built during them (a guard
+    that fails every step recompiles every step), and whether dynamo reached its recompile limit
+    (the code it gave up on ran eager)."""
+    counters = torch._dynamo.utils.counters
+    out.timed_graphs = int(counters["stats"]["unique_graphs"]) - (out.compiled_graphs or 0)
+    out.recompile_limit = any("recompile limit" in str(k).lower() or "recompile_limit" in str(k)
+                              for k in (*counters["unimplemented"], *counters["graph_break"]))
+
+
 def measure(out: RankMeasurement, steps: Steps, cell: CellSpec, devices: tuple[torch.device, ...],
             before: list[int], backend: backends.Backend, deadline: float | None) -> None:
     """Warm up, then time ``cell``'s steps into ``out``: the warm-up taken, the step times and
@@ -191,6 +201,8 @@ def measure(out: RankMeasurement, steps: Steps, cell: CellSpec, devices: tuple[t
     t0 = time.time()
     timer = time_steps(steps, m, agree, out)
     out.times = timer.times()  # synchronises the device
+    if cell.training.compile == "on":
+        recompile_counts(out)
     t1, e1 = time.time(), (meter.read() if meter else None)
     if device.type == "cuda":
         peaks = [torch.cuda.max_memory_allocated(d) for d in devices]

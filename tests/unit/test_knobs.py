@@ -16,7 +16,7 @@ from bench.results.derived import derive
 from bench.results.migrate import upgrade
 from bench.workloads import resolve
 from strategies.base import Context
-from strategies.training import checkpoint_blocks, inner_blocks, make_optimizer
+from strategies.training import checkpoint_blocks, checkpointed_forwards, inner_blocks, make_optimizer, reset_counts
 
 
 def _ctx(**training) -> Context:
@@ -127,6 +127,29 @@ def test_full_checkpointing_recomputes_each_block_and_selective_keeps_the_matmul
     assert full_saved < none_saved and sel_saved < none_saved
     assert sel_mm < full_mm  # selective recomputes no matrix product: its backward runs fewer
     assert sel_mm == none_mm
+
+
+@pytest.mark.parametrize("ac", ["full", "selective"])
+def test_compiled_checkpointed_blocks_compile_once_and_are_counted(ac):
+    """Regional compile over checkpointed blocks, as the strategies apply them: later steps reuse
+    the first step's graphs (a guard on the count recompiled every step until dynamo's limit sent
+    the blocks back to eager), and the traced checkpointed forwards are still counted."""
+    torch._dynamo.reset()
+    reset_counts()
+    wl = resolve("gpt-tiny")
+    model = wl.build(torch.device("cpu"))
+    blocks = inner_blocks(wl, model)
+    checkpoint_blocks(blocks, ac)
+    for b in blocks:
+        b.compile(backend="eager")  # dynamo's guards are what is tested, not inductor's code
+    x, y = wl.batch(0)
+    wl.loss(model(x), y).backward()
+    traced = checkpointed_forwards()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(3):
+            wl.loss(model(x), y).backward()
+    torch._dynamo.reset()
+    assert traced >= 1
 
 
 def test_the_optimizer_knob_picks_the_torch_optimizer_fused_only_on_cuda():

@@ -254,3 +254,19 @@ def test_a_knob_the_strategy_did_not_apply_fails_the_row():
     row, _, _ = build_row(compiled, ranks(compiled_graphs=0), wall_s=1.0)
     assert row["status"] == "failed" and "built no graph on rank 0: the cell ran eager" in row["reason"]
     assert build_row(compiled, ranks(compiled_graphs=1), wall_s=1.0)[0]["status"] == "ok"
+
+
+def test_a_compiled_cell_that_recompiled_in_its_timed_steps_fails_the_row():
+    """Graphs built during the timed steps, or dynamo's recompile limit reached: the steps timed
+    recompilation or eager code, so the row fails under compile=on with the rank and the hint."""
+    import dataclasses
+
+    from bench.core.knobs import Training
+
+    compiled = dataclasses.replace(spec(n=1), training=Training(compile="on"))
+    ranks = lambda **kw: [[rank(0, [0.1] * 4, compiled_graphs=2, **kw)]]
+    row, _, _ = build_row(compiled, ranks(timed_graphs=5), wall_s=1.0)
+    assert row["status"] == "failed" and "built 5 graphs during the timed steps on rank 0" in row["reason"]
+    row, _, _ = build_row(compiled, ranks(timed_graphs=0, recompile_limit=True), wall_s=1.0)
+    assert row["status"] == "failed" and "reached its recompile limit on rank 0" in row["reason"]
+    assert build_row(compiled, ranks(timed_graphs=0), wall_s=1.0)[0]["status"] == "ok"
