@@ -16,6 +16,10 @@ from bench.plan.matrix import Group, Planned
 #: warm-up, teardown), by device: on 4 H100s the default matrix's groups take 21-25 s each from the
 #: previous group's last cell to their first.
 GROUP_START_S = {"cpu": 4.0, "cuda": 23.0}
+#: What compiling costs a repeat of a compiled cell before its first timed step, by device, where
+#: nothing measured says otherwise: gpt-200m on one H200 20-31 s (docs/evidence/search-grid-h200.csv,
+#: knobs-memory-h200.csv), gpt-tiny on 2 CPU cores 19-44 s
+COMPILE_S = {"cuda": 35.0, "cpu": 45.0}
 #: What a cell costs beyond its timed steps (build, staging, 2 warm-up steps, one profiled step,
 #: teardown): a base by device and backend ("multi-gpu": one process on several GPUs, as
 #: DataParallel and layer splits are), plus seconds per billion parameters, since the steps and the
@@ -100,10 +104,21 @@ def _overhead(cfg, c: CellSpec) -> float:
     return base * (PROFILE_PASS_FACTOR if deferred(c) else 1.0)
 
 
+def compile_cost(cfg, c: CellSpec) -> float:
+    """Seconds compiled cell ``c`` spends compiling: COMPILE_S for each repeat (a repeat builds its
+    model again from an empty dynamo cache); nothing for an eager cell."""
+    return COMPILE_S[cfg.matrix.device] * max(c.measure.repeats, 1) if c.training.compile == "on" else 0.0
+
+
+def fixed_cost(cfg, c: CellSpec) -> float:
+    """What cell ``c`` costs beyond its timed steps: its overhead and its compilation."""
+    return _overhead(cfg, c) + compile_cost(cfg, c)
+
+
 def start_cost(cfg: RunConfig, g: Group) -> float:
     """What a group costs before its first cells are measured: its start-up and the overhead of
     its first three cells; a group that cannot spend this before the deadline is not started."""
-    return GROUP_START_S[cfg.matrix.device] + sum(_overhead(cfg, c) for c in g.cells[:3])
+    return GROUP_START_S[cfg.matrix.device] + sum(fixed_cost(cfg, c) for c in g.cells[:3])
 
 
 def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float,
@@ -118,7 +133,7 @@ def budget_plan(cfg: RunConfig, cells: list[Planned], budget_s: float,
     if not runnable:
         return cells, "nothing to run"
     n_groups = len({(p.spec.n_procs, p.spec.nnodes, p.spec.backend) for p in runnable})
-    fixed = n_groups * GROUP_START_S[cfg.matrix.device] + sum(_overhead(cfg, p.spec) for p in runnable)
+    fixed = n_groups * GROUP_START_S[cfg.matrix.device] + sum(fixed_cost(cfg, p.spec) for p in runnable)
     if fixed > 1.5 * budget_s:
         raise UserError(f"budget {budget_s:g}s is too small for {len(runnable)} cells in {n_groups} process groups "
                         f"(about {fixed:.0f}s before any timed step); raise --budget or narrow the matrix")
@@ -172,7 +187,7 @@ class Pacer:
         self._start: tuple[float, float] | None = None  # (seconds left, modelled cost) of the current group
 
     def fixed(self, g: Group) -> float:
-        return GROUP_START_S[self.cfg.matrix.device] + sum(_overhead(self.cfg, c) for c in g.cells)
+        return GROUP_START_S[self.cfg.matrix.device] + sum(fixed_cost(self.cfg, c) for c in g.cells)
 
     @staticmethod
     def slots(g: Group) -> int:

@@ -14,7 +14,7 @@ import time
 
 from bench.core.spec import CellSpec
 from bench.measure.hardware import cpu_threads, gpu_names, peak_flops, threads_per_rank
-from bench.plan.budget import GROUP_START_S, _overhead
+from bench.plan.budget import GROUP_START_S, fixed_cost
 from bench.plan.matrix import Planned
 
 #: the shortest step the estimate assumes (launches, Python, the optimizer), by device
@@ -54,25 +54,27 @@ def device_rate(device: str, widest: int) -> float | None:
 
 
 def cell_s(cfg, c: CellSpec, rate: float) -> float:
-    """One cell's estimated seconds: its overhead and every step it takes at ``rate`` per device."""
+    """One cell's estimated seconds: its overhead, its compilation and every step it takes at ``rate``
+    per device."""
     m, w = c.measure, c.workload
     flops = (w.flops_per_sample or 0.0) * w.global_batch / max(c.n_devices, 1)
     step = max(STEP_FLOOR_S[cfg.matrix.device], flops / rate if rate else 0.0)
     steps = m.warmup + m.steps * max(m.repeats, 1) + m.profile_steps
-    return _overhead(cfg, c) + step * steps
+    return fixed_cost(cfg, c) + step * steps
 
 
 def estimate_s(cfg, cells: list[Planned], rate: float | None) -> tuple[float, int] | None:
     """(the run's estimated seconds, cells estimated past the cell timeout), None without a rate:
-    its process groups' start-ups and its cells, each at most its timeout (which stops it)."""
+    its process groups' start-ups and its cells, each repeat at most the timeout (which counts
+    from each repeat's start, and stops it)."""
     if rate is None:
         return None
     run = [p.spec for p in cells if p.reason is None]
     groups = {(c.n_procs, c.nnodes, c.backend) for c in run}
     limit = cfg.measurement.cell_timeout_s
-    each = [cell_s(cfg, c, rate) for c in run]
-    return len(groups) * GROUP_START_S[cfg.matrix.device] + sum(min(s, limit) for s in each), \
-        sum(s > limit for s in each)
+    each = [(cell_s(cfg, c, rate) / max(c.measure.repeats, 1), max(c.measure.repeats, 1)) for c in run]
+    return len(groups) * GROUP_START_S[cfg.matrix.device] + sum(n * min(s, limit) for s, n in each), \
+        sum(s > limit for s, _ in each)
 
 
 def estimate_line(cfg, cells: list[Planned], est: tuple[float, int] | None) -> str:
@@ -84,7 +86,8 @@ def estimate_line(cfg, cells: list[Planned], est: tuple[float, int] | None) -> s
     seconds, late = est
     took = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
     line = (f"parbench run: {n} cells to measure, about {took} (an estimate from the workloads' FLOPs at this "
-            "machine's rate)")
+            "machine's rate" + (", compiling included" if any(p.reason is None and p.spec.training.compile == "on"
+                                                               for p in cells) else "") + ")")
     if late:
         line += (f"; {late} of them would pass the {cfg.measurement.cell_timeout_s:g} s cell timeout and be cut: "
                  "a smaller model, fewer --steps or a longer --cell-timeout")

@@ -28,7 +28,7 @@ from bench.decide.best import recipe
 from bench.decide.decision import Verdict
 from bench.decide.rules import judge_pair, launch_bound
 from bench.plan import search as plan_search
-from bench.plan.budget import _overhead
+from bench.plan.budget import COMPILE_S, _overhead
 from bench.plan.matrix import Planned, group
 from bench.plan.search import Candidate, Slot, Space
 from bench.results.run import load_run
@@ -41,9 +41,6 @@ from bench.train.group import run_group
 STAGE0_SHARE, STAGE1_SHARE = 0.35, 0.6
 #: the shortest and longest timed-step cap a candidate's repeat gets (seconds)
 MIN_CAP_S, MAX_CAP_S = 0.5, 5.0
-#: what compiling a cell costs before its first timed step, by device, until the run has compiled one
-#: itself: gpt-200m on one H200 31 s (docs/evidence/knobs-memory-h200.csv), gpt-tiny on 2 CPU cores 44 s
-COMPILE_S = {"cuda": 35.0, "cpu": 45.0}
 #: final rounds at most
 MAX_ROUNDS = 4
 
@@ -75,7 +72,7 @@ class Search:
 
     # -- costs ----------------------------------------------------------------------------------
     def compile_s(self) -> float:
-        """Seconds a compiled cell spends compiling: the most this run measured, else COMPILE_S."""
+        """Seconds a compiled cell spends compiling: the most this run measured, else the budget's COMPILE_S."""
         cells = load_run(self.ctx.writer.dir).cells
         seen = cells["compile_s"].dropna() if "compile_s" in cells else []
         return float(max(seen)) if len(seen) else COMPILE_S[self.cfg.matrix.device]
