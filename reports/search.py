@@ -35,11 +35,14 @@ def answer_lines(b: found_best.Best) -> list[str]:
     out = [head + (f"; {vs}" if vs else "; the strategy's defaults themselves") +
            f" ({b.repeats} repeat{'s' if b.repeats != 1 else ''}; {b.measured} configurations compared)"]
     if b.runner_up is not None:
-        behind = 1 - 1 / b.runner_up.ratio if b.runner_up.ratio else float("nan")
+        ratio = b.runner_up.ratio
+        behind = 1 - 1 / ratio if ratio else float("nan")
         judged = _VERDICT.get(Verdict(b.runner_up.verdict), "") if b.repeats >= 3 else "one run: not judged"
         mine = set(b.config.split(", "))
         differs = [p for p in b.runner_up.config.split(", ") if p not in mine]
-        out.append(f"runner-up: {b.runner_up.config}: {behind:.1%} fewer samples/s, {judged}"
+        amount = f"{behind:.1%} fewer samples/s" if not ratio or ratio >= 1 else \
+            f"{-behind:.1%} more samples/s, {judged}: the answer changes fewer knobs"
+        out.append(f"runner-up: {b.runner_up.config}: {amount}" + ("" if ratio and ratio < 1 else f", {judged}")
                    + (f" (it differs in: {', '.join(differs)})" if differs else ""))
     return out
 

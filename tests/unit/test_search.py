@@ -186,6 +186,23 @@ def test_answer_names_the_configuration_its_margin_and_the_runner_up():
     assert second.endswith("9.1% fewer samples/s, beyond the noise (it differs in: checkpointing none)")
 
 
+def test_of_configurations_the_same_speed_the_answer_changes_the_fewest_knobs():
+    """Two A/A runs of the CPU default named 64 and then 128 samples per device for one slot, the
+    two within the noise of each other: of configurations the same speed as the fastest, the
+    answer is the one nearest the defaults, and the faster one stands as the runner-up."""
+    base = row("ddp", 2, 100.0, cell_id=1)
+    big = row("ddp", 2, 131.0, cell_id=2, gb=32, compile="on")  # two knobs changed
+    near = row("ddp", 2, 130.0, cell_id=3, gb=16)  # one knob, 0.8% behind: the same speed
+    (b,) = best.answers(searched_run([base, big, near], [2, 3]))
+    assert b.cell_id == 3 and b.runner_up.cell_id == 2 and b.runner_up.verdict == Verdict.SAME
+    assert b.decided and b.baseline.verdict == Verdict.A
+    line = words.answer_lines(b)[1]
+    assert "0.8% more samples/s, the same speed (within 3%): the answer changes fewer knobs" in line
+    apart = row("ddp", 2, 150.0, cell_id=4, gb=32, compile="on")  # 15% ahead: it wins, knobs or not
+    (b,) = best.answers(searched_run([base, apart, near], [4, 3]))
+    assert b.cell_id == 4 and b.runner_up.cell_id == 3
+
+
 def test_answer_from_one_run_is_not_judged():
     rows = [row("ddp", 2, 100.0, cell_id=1, repeats=False), row("ddp", 2, 150.0, cell_id=2, gb=16, repeats=False)]
     (b,) = best.answers(searched_run(rows, [2]))
