@@ -196,8 +196,10 @@ def _strategy(p: Decision) -> str:
         return f"{lead(rival.lead)} faster than {rival.b_strategy} (library default) beyond the noise: " \
                f"{reasons_text(p)}"
     still = rival.verdict == Verdict.OPEN
+    stands = "; it stands until repeats say otherwise" if not p.resolved else \
+        f"; it stands: the lead is under {EQUIVALENT:.0%} and more repeats here would not separate them"
     return f"{p.winner} leads it by {lead(rival.lead)} {_vs(rival)}" + (f" ({reasons_text(p)})" if still else "") \
-        + ("; it stands until repeats say otherwise" if still else "")
+        + (stands if still else "")
 
 
 _OOM = {OomKind.KILLED: "killed by SIGKILL, on Linux the kernel's out-of-memory killer"}

@@ -20,8 +20,9 @@ default or the runner-up), judged from throughput intervals by :func:`bench.deci
 one is faster beyond the noise, the two are the same speed (both intervals within ``EQUIVALENT``, or
 separated with medians within it), or the pair is
 open (the intervals overlap more than that, or one comes from a single run). A decision is
-``resolved`` when none of its pairs is open; an open one names its cells (``open_cells``: what the
-run's adaptive repeats measure again) and about how many repeats a cell would close it
+``resolved`` when none of its pairs is open (or, for the library default against a faster
+challenger, when the pair is :func:`inseparable`: the default stands); an open one names its
+cells (``open_cells``: what the run's adaptive repeats measure again) and about how many repeats a cell would close it
 (``repeats_needed``), and what it points to stands until they do. When nothing scales, its
 ``tips`` say what to try. ``launch_bound`` marks decisions of a workload whose step measures
 launches more than the strategy. Each is a :class:`bench.decide.decision.Decision`, its evidence
@@ -45,6 +46,7 @@ from bench.decide.decision import (
 )
 from bench.decide.fits import nowhere, used_fit
 from bench.decide.rules import (
+    EQUIVALENT,
     GROSS_APART,
     GROSS_SPEEDUP,
     PairVerdict,
@@ -132,6 +134,15 @@ def _pair(against: Against, a: pd.Series, b: pd.Series, v: PairVerdict | None = 
                 b_strategy=text(b.get("strategy")), verdict=v.state,
                 lead=sb / sa - 1 if sa and sb is not None else None, need=v.need, repeated=repeated,
                 apart=None if ov is None or not repeated else not ov)
+
+
+def inseparable(a: pd.Series, b: pd.Series, v: PairVerdict) -> bool:
+    """An open pair that more repeats here would not close (past MAX_REPEATS, both already from
+    repeats) and whose medians lie within EQUIVALENT: a lead no practitioner would switch for,
+    which this machine's noise could not show even if it were real."""
+    ta, tb = num(a.get("throughput_samples_s")), num(b.get("throughput_samples_s"))
+    return (v.state == Verdict.OPEN and v.need is None and from_repeats(a) and from_repeats(b)
+            and bool(ta) and bool(tb) and max(ta, tb) / min(ta, tb) - 1 <= EQUIVALENT)
 
 
 def _with_open(out: dict, rows: list[pd.Series], v: PairVerdict) -> dict:
@@ -293,6 +304,8 @@ class Group:
             why = tuple(lead_reasons(best, rival)) if v.state == Verdict.OPEN else ()
             out = dict(use=str(rival["strategy"]), kind=DecisionKind.LIBRARY, ground=Ground.DEFAULT_STANDS,
                        resolved=True, pairs=pairs, reasons=why)
+            if v.state == Verdict.OPEN and inseparable(best, rival, v):
+                return out  # the default stands: nothing here could show it beaten by a margin that matters
         return _with_open(out, [best, rival], v) if v.state == Verdict.OPEN else out
 
     def excluded(self, why: pd.Series) -> tuple[Excluded, ...]:

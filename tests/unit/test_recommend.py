@@ -135,6 +135,23 @@ def test_the_library_default_stays_when_the_leader_is_within_the_noise():
     assert same.use == "ddp" and same.resolved and verdict(same) == Verdict.SAME and same.reasons == ()
 
 
+def test_the_library_default_stands_decided_where_no_repeats_would_separate_a_small_lead():
+    """On 2 noisy cores (cv 20%) allreduce-bucketed led ddp by 1.4% and the pair needed more than
+    30 repeats a cell: a lead under 3% that this machine cannot show is no reason to switch, so
+    the default stands, decided; over 3%, or from one run, it stays open."""
+    rows = [cell("single", 1, 0.200, spread=0.02), cell("ddp", 2, 0.1014, spread=0.15),
+            cell("allreduce-bucketed", 2, 0.100, spread=0.15)]
+    p = pick(rows)
+    rival = p.pair(Against.RIVAL)
+    assert p.use == "ddp" and p.ground == Ground.DEFAULT_STANDS and p.resolved
+    assert (rival.verdict, rival.need) == (Verdict.OPEN, None)
+    assert "it stands: the lead is under 3% and more repeats here would not separate them" in words.because_text(p)
+    wider = pick([rows[0], {**rows[1], "step_time_median_s": 0.104, "throughput_samples_s": GB / 0.104}, rows[2]])
+    assert wider.use == "ddp" and not wider.resolved
+    once = pick([rows[0], {**rows[1], "ci_basis": "steps (BCa)"}, rows[2]])
+    assert not once.resolved
+
+
 def test_a_strategy_faster_beyond_the_noise_wins_with_the_reason():
     rows = [cell("single", 1, 0.150),
             cell("ddp", 2, 0.100, exposed_comm_s=0.030, compute_time_s=0.060, idle_frac=0.1,
