@@ -182,7 +182,10 @@ def _one_device(p: Decision) -> str:
         return f"every candidate is slower than one device: the best, {best}, reaches {s:.2f}x"
     if p.ground == Ground.SAME_AS_ONE:
         return f"no candidate is faster than one device: the best, {best}, reaches {s:.2f}x, within {EQUIVALENT:.0%}"
-    return f"no candidate is faster than one device beyond the noise: the best, {best}, reaches {s:.2f}x"
+    out = f"no candidate is faster than one device beyond the noise: the best, {best}, reaches {s:.2f}x"
+    ref = p.pair(Against.ONE_DEVICE)
+    return out + (f", under {EQUIVALENT:.0%} ahead, which more repeats here would not separate"
+                  if p.resolved and ref is not None and ref.verdict == Verdict.OPEN else "")
 
 
 def _strategy(p: Decision) -> str:

@@ -20,8 +20,9 @@ default or the runner-up), judged from throughput intervals by :func:`bench.deci
 one is faster beyond the noise, the two are the same speed (both intervals within ``EQUIVALENT``, or
 separated with medians within it), or the pair is
 open (the intervals overlap more than that, or one comes from a single run). A decision is
-``resolved`` when none of its pairs is open (or, for the library default against a faster
-challenger, when the pair is :func:`inseparable`: the default stands); an open one names its
+``resolved`` when none of its pairs is open (or when the open pair is :func:`inseparable`: a
+lead under ``EQUIVALENT`` that repeats here would not show keeps one device, or the library
+default, as rules 2 and 3 say); an open one names its
 cells (``open_cells``: what the run's adaptive repeats measure again) and about how many repeats a cell would close it
 (``repeats_needed``), and what it points to stands until they do. When nothing scales, its
 ``tips`` say what to try. ``launch_bound`` marks decisions of a workload whose step measures
@@ -248,7 +249,8 @@ class Group:
         s = self.speedup(self.best)  # None without a reference
         vs_ref = judge_pair(self.best, self.ref) if self.ref is not None else None
         # one device unless a candidate is faster (an open pair with a faster median leads, unresolved)
-        if s is not None and vs_ref is not None and (s < 1 or vs_ref.state in (Verdict.B, Verdict.SAME)):
+        if s is not None and vs_ref is not None and (s < 1 or vs_ref.state in (Verdict.B, Verdict.SAME)
+                                                     or inseparable(self.best, self.ref, vs_ref)):
             return self._one_device(s, vs_ref)
         out = self._strategy(rival)
         if vs_ref is not None:
@@ -280,12 +282,14 @@ class Group:
 
     def _one_device(self, s: float, v: PairVerdict) -> dict:
         """One device: every candidate is slower, or none is faster beyond the noise by more than
-        EQUIVALENT."""
+        EQUIVALENT (decided where the pair is open but :func:`inseparable`)."""
         ground = Ground.SLOWER if s < 1 else Ground.SAME_AS_ONE if v.state == Verdict.SAME else \
             Ground.NOT_BEYOND_NOISE
         out = dict(kind=DecisionKind.ONE_DEVICE, ground=ground, use=text(self.ref.get("strategy")), resolved=True,
                    pairs=(_pair(Against.ONE_DEVICE, self.best, self.ref, v),))
-        return _with_open(out, [self.ref, self.best], v) if v.state == Verdict.OPEN else out
+        if v.state == Verdict.OPEN and not inseparable(self.best, self.ref, v):
+            return _with_open(out, [self.ref, self.best], v)
+        return out
 
     def _strategy(self, rival: pd.Series | None) -> dict:
         best, name = self.best, str(self.best["strategy"])
@@ -297,6 +301,8 @@ class Group:
         pairs = (_pair(Against.RIVAL, best, rival, v),)
         if self.default is None or self.default.name == best.name:
             out = dict(use=name, kind=library, ground=Ground.AHEAD, resolved=True, pairs=pairs)
+            if library == DecisionKind.LIBRARY and from_repeats(best):
+                return out  # rule 3: the default unless another is faster beyond the noise, and it leads them all
         elif v.state == Verdict.A:
             return dict(use=name, kind=DecisionKind.FASTER, ground=Ground.FASTER, resolved=True, pairs=pairs,
                         reasons=tuple(lead_reasons(best, rival)))

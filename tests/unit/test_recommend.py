@@ -112,10 +112,15 @@ def test_an_open_pair_names_its_cells_and_the_repeats_that_would_close_it():
     priced = [{**r, "cell_wall_s": 90.0, "profile_s": 15.0} for r in rows]
     p = pick(priced)
     assert p.minutes_needed == pytest.approx(2 * (p.repeats_needed - 3) * 25.0 / 60)
-    # 2% apart with +-5% intervals: more repeats than it is worth
+    # 2% apart with +-5% intervals: more repeats than it is worth, for a lead under 3%: one device
+    # (rule 2: no candidate faster beyond the noise by more than that), decided
     wide = pick([cell("single", 1, 0.100, spread=0.05), cell("ddp", 2, 0.098, spread=0.05)])
-    assert wide.use == "ddp" and not wide.resolved and wide.repeats_needed is None and len(wide.open_cells) == 2
-    assert wide.pair(Against.ONE_DEVICE).need is None
+    assert wide.use == "single" and wide.kind == DecisionKind.ONE_DEVICE and wide.resolved
+    assert wide.ground == Ground.NOT_BEYOND_NOISE and wide.pair(Against.ONE_DEVICE).need is None
+    assert "under 3% ahead, which more repeats here would not separate" in words.because_text(wide)
+    # 5% apart: a lead that would matter, so it stays open however many repeats it needs
+    wider = pick([cell("single", 1, 0.100, spread=0.15), cell("ddp", 2, 0.095, spread=0.15)])
+    assert wider.use == "ddp" and not wider.resolved and wider.repeats_needed is None
 
 
 # -- rule 2: the library default unless another is faster beyond the noise ----------------------------
@@ -150,6 +155,18 @@ def test_the_library_default_stands_decided_where_no_repeats_would_separate_a_sm
     assert wider.use == "ddp" and not wider.resolved
     once = pick([rows[0], {**rows[1], "ci_basis": "steps (BCa)"}, rows[2]])
     assert not once.resolved
+
+
+def test_the_library_default_leading_an_open_runner_up_is_decided():
+    """On 2 cores ddp led ddp-zero1 by 11% within the noise: rule 3 keeps the library default
+    unless another is faster beyond the noise, and none is ahead of it, so it is decided; from one
+    run it is not."""
+    rows = [cell("single", 1, 0.200, spread=0.02), cell("ddp", 2, 0.100, spread=0.10),
+            cell("ddp-zero1", 2, 0.111, spread=0.10)]
+    p = pick(rows)
+    assert p.use == "ddp" and p.ground == Ground.AHEAD and p.resolved and verdict(p) == Verdict.OPEN
+    once = pick([rows[0], {**rows[1], "ci_basis": "steps (BCa)"}, rows[2]])
+    assert once.use == "ddp" and not once.resolved
 
 
 def test_a_strategy_faster_beyond_the_noise_wins_with_the_reason():
