@@ -41,3 +41,24 @@ def test_an_aa_pair_counts_the_same_and_the_decided_answers(tmp_path, capsys, mo
            "differently" in capsys.readouterr().out
     answers = json.dumps(list(t["answer"].unique()))
     assert answers == '["single, compile off, checkpointing none, 16 samples per device"]'
+
+
+def test_the_decisions_of_an_aa_pair_are_counted_alike(tmp_path, capsys, monkeypatch):
+    """tools/decisions_table.py: one row per run and decision, and how many named the same answer."""
+    from tests.unit.test_recommend import cell
+    from tools import decisions_table
+
+    def run(step):
+        return Run(pd.DataFrame([cell("single", 1, 0.100, backend="gloo"), cell("ddp", 2, step, backend="gloo")]),
+                   meta={"run_id": "r", "created_utc": "2026-12-03T19:18:18+00:00", "invoked_unix": 1796325497.0,
+                         "updated_utc": "2026-12-03T19:22:07+00:00"})
+
+    monkeypatch.setattr(decisions_table, "load_run", {"A": run(0.200), "B": run(0.210), "C": run(0.060)}.__getitem__)
+    out = tmp_path / "d.csv"
+    assert decisions_table.main(["A", "B", "--csv", str(out)]) == 0
+    t = pd.read_csv(out)
+    assert list(t["use"]) == ["one device", "one device"] and list(t["decided"]) == ["decided", "decided"]
+    assert t["wall_s"].iloc[0] == 230.0 and t["speedup"].iloc[0] == 0.5
+    assert "1 of 1 decisions named the same answer in both runs, 1 of them decided in both" in capsys.readouterr().out
+    assert decisions_table.main(["A", "C"]) == 0
+    assert "0 of 1 decisions named the same answer" in capsys.readouterr().out
