@@ -40,9 +40,11 @@ def answer_lines(b: found_best.Best) -> list[str]:
         judged = _VERDICT.get(Verdict(b.runner_up.verdict), "") if b.repeats >= 3 else "one run: not judged"
         mine = set(b.config.split(", "))
         differs = [p for p in b.runner_up.config.split(", ") if p not in mine]
-        amount = f"{behind:.1%} fewer samples/s" if not ratio or ratio >= 1 else \
-            f"{-behind:.1%} more samples/s, {judged}: the answer changes fewer knobs"
-        out.append(f"runner-up: {b.runner_up.config}: {amount}" + ("" if ratio and ratio < 1 else f", {judged}")
+        if ratio and ratio < 1:  # faster, but the same speed: the answer changes fewer knobs
+            amount = f"{-behind:.1%} more samples/s, {judged}: the answer changes fewer knobs"
+        else:
+            amount = f"{behind:.1%} fewer samples/s, {judged}"
+        out.append(f"runner-up: {b.runner_up.config}: {amount}"
                    + (f" (it differs in: {', '.join(differs)})" if differs else ""))
     return out
 

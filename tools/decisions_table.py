@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import datetime
 
 import pandas as pd
 
@@ -21,19 +20,12 @@ from bench.results.run import load_run
 from reports import words
 
 
-def took_s(meta) -> float | None:
-    """Seconds from the command's start to the folder's last update (the run's wall time)."""
-    try:
-        end = datetime.fromisoformat(meta["updated_utc"]).timestamp()
-        start = meta.get("invoked_unix") or datetime.fromisoformat(meta["created_utc"]).timestamp()
-    except (KeyError, TypeError, ValueError):
-        return None
-    return round(end - float(start), 2)
-
-
 def rows(path: str, run_no: int) -> list[dict]:
     run = load_run(path)
-    wall = took_s(run.meta)
+    try:
+        wall = round(run.meta.took_s, 2)
+    except (KeyError, TypeError, ValueError):
+        wall = None
     return [{"run": run_no, "run_id": run.meta.get("run_id"), "wall_s": wall, "workload": p.workload,
              "backend": p.backend, "world_size": p.world_size, "launch_bound": p.launch_bound,
              "use": words.use_text(p), "decided": words.decided_text(p), "fastest": p.winner,

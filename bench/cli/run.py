@@ -206,8 +206,6 @@ def print_budget_use(run: Run | Path) -> None:
     """One line after a budgeted run: this invocation's time against the budget (a resumed run got
     the budget afresh), what the deadline cut, and what the process groups' start-ups cost
     (meta.json ``group_starts``). Best effort: a meta.json it cannot read gives no line."""
-    from datetime import datetime
-
     import pandas as pd
 
     from bench.core.values import parse_duration
@@ -219,9 +217,7 @@ def print_budget_use(run: Run | Path) -> None:
         if not budget:
             return
         budget_s = parse_duration(budget)
-        end = datetime.fromisoformat(meta["updated_utc"]).timestamp()
-        start = meta.get("invoked_unix") or datetime.fromisoformat(meta["created_utc"]).timestamp()
-        took = end - float(start)
+        start, took = meta.started_unix, meta.took_s
         starts = [g for g in meta.group_starts if g.get("launched_unix", start) >= start]
         start_s = sum(float(g.get("start_s") or 0.0) for g in starts)
         cells = run.cells

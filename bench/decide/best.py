@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from bench.core.knobs import Training
 from bench.decide.decision import Verdict
 from bench.decide.recommend import candidates
 from bench.decide.rules import is_reference, judge_pair, num
@@ -118,23 +119,25 @@ def ranked(cells: pd.DataFrame, slot: tuple[str, str, int]) -> pd.DataFrame:
     return g.sort_values("throughput_samples_s", ascending=False)
 
 
+def _given(v: Any, default: Any) -> Any:
+    """``v``, or ``default`` where the row holds nothing (None, NaN)."""
+    return default if v is None or (not isinstance(v, str) and pd.isna(v)) else v
+
+
 def changes(r: pd.Series, base: pd.Series | None, opts: tuple[tuple[str, Any], ...]) -> int:
     """How many knobs configuration ``r`` sets otherwise than ``base`` (the leading strategy at its
     defaults; without one, the knobs' defaults): strategy, compile, checkpointing, samples per
     device and the searched options."""
+    knobs = {k: getattr(Training(), k) for k in ("compile", "ac")}
+    if base is None:
+        return sum(str(_given(r.get(k), d)) != d for k, d in knobs.items())
+
     def per(x):
         gb = num(x.get("global_batch"))
         return gb / int(x["world_size"]) if gb else None
 
-    if base is None:
-        return int(str(r.get("compile")) == "on") + int(str(r.get("ac")) not in ("none", "nan", "None"))
-    n = sum(str(r.get(k)) != str(base.get(k)) for k in ("strategy", "compile", "ac")) + int(per(r) != per(base))
-    for name, default in opts:
-        a, b = r.get(f"option_{name}"), base.get(f"option_{name}")
-        a = default if a is None or (not isinstance(a, str) and pd.isna(a)) else a
-        b = default if b is None or (not isinstance(b, str) and pd.isna(b)) else b
-        n += int(a != b)
-    return n
+    n = sum(str(r.get(k)) != str(base.get(k)) for k in ("strategy", *knobs)) + int(per(r) != per(base))
+    return n + sum(_given(r.get(f"option_{name}"), d) != _given(base.get(f"option_{name}"), d) for name, d in opts)
 
 
 def simplest(g: pd.DataFrame, base: pd.Series | None, opts: tuple[tuple[str, Any], ...]) -> pd.Series:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping
+from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,17 @@ class Meta(Mapping[str, Any]):
     @property
     def group_starts(self) -> list[dict[str, Any]]:
         return [g for g in self._raw.get("group_starts") or [] if isinstance(g, dict)]
+
+    @property
+    def started_unix(self) -> float:
+        """When this invocation started (``invoked_unix``; a folder without it: its creation)."""
+        return float(self._raw.get("invoked_unix") or datetime.fromisoformat(self._raw["created_utc"]).timestamp())
+
+    @property
+    def took_s(self) -> float:
+        """Seconds from this invocation's start to the folder's last update: the run's wall time
+        (KeyError or ValueError where meta.json lacks the times)."""
+        return datetime.fromisoformat(self._raw["updated_utc"]).timestamp() - self.started_unix
 
     @property
     def adaptive(self) -> list[dict[str, Any]] | None:
