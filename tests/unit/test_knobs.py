@@ -152,6 +152,35 @@ def test_compiled_checkpointed_blocks_compile_once_and_are_counted(ac):
     assert traced >= 1
 
 
+#: a module global read inside a compiled function: dynamo guards on its value (as it did on the
+#: checkpointing wrapper's counter), so every change recompiles
+_CALLS = {"n": 0}
+
+
+def test_recompiles_and_the_recompile_limit_are_read_from_dynamo():
+    """bench.train.timed.recompile_counts on dynamo's own counters: a guard on a global that every
+    call changes builds graphs after the first, and past the limit dynamo gives the frame up."""
+    from bench.core.spec import RankMeasurement
+    from bench.train.timed import compile_counts, recompile_counts
+
+    def f(x):
+        _CALLS["n"] += 1
+        return x * _CALLS["n"]
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    g = torch.compile(f, backend="eager")
+    out = RankMeasurement(rank=0)
+    with torch._dynamo.config.patch(recompile_limit=3):
+        g(torch.ones(2))
+        compile_counts(out)
+        for _ in range(5):
+            g(torch.ones(2))
+        recompile_counts(out)
+    torch._dynamo.reset()
+    assert out.compiled_graphs == 1 and out.timed_graphs >= 1 and out.recompile_limit
+
+
 def test_the_optimizer_knob_picks_the_torch_optimizer_fused_only_on_cuda():
     p = [torch.nn.Parameter(torch.ones(3))]
     assert type(make_optimizer(p, _ctx(optimizer="sgd"))) is torch.optim.SGD
