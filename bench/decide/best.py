@@ -19,7 +19,7 @@ import pandas as pd
 from bench.core.knobs import Training
 from bench.decide.decision import Verdict
 from bench.decide.recommend import candidates
-from bench.decide.rules import is_reference, judge_pair, num
+from bench.decide.rules import EQUIVALENT, is_reference, judge_pair, num
 from bench.results.run import Run
 
 FILE = "best.toml"
@@ -140,13 +140,24 @@ def changes(r: pd.Series, base: pd.Series | None, opts: tuple[tuple[str, Any], .
     return n + sum(_given(r.get(f"option_{name}"), d) != _given(base.get(f"option_{name}"), d) for name, d in opts)
 
 
+def level(fastest: pd.Series, r: pd.Series) -> bool:
+    """Whether ``r`` stands level with ``fastest`` for the answer: the same speed (:func:`judge_pair`
+    SAME: within EQUIVALENT), or not apart beyond the noise with its median under EQUIVALENT behind.
+    A lead this run cannot show and that would be under 3% if real is no reason to change a knob."""
+    state = judge_pair(fastest, r).state
+    if state == Verdict.SAME:
+        return True
+    a, b = num(fastest.get("throughput_samples_s")), num(r.get("throughput_samples_s"))
+    return state == Verdict.OPEN and bool(a and b) and a / b - 1 <= EQUIVALENT
+
+
 def simplest(g: pd.DataFrame, base: pd.Series | None, opts: tuple[tuple[str, Any], ...]) -> pd.Series:
-    """The answer among ``g`` (fastest first): of the configurations the same speed as the fastest
-    (:func:`judge_pair` SAME: within EQUIVALENT), the one that changes the fewest knobs from
-    ``base``; the fastest where none ties it. A practitioner changes no knob for less than the
-    noise, and an A/A re-run that reorders configurations within it names the same answer."""
+    """The answer among ``g`` (fastest first): of the configurations level with the fastest
+    (:func:`level`), the one that changes the fewest knobs from ``base``; the fastest where none is.
+    A practitioner changes no knob for less than the noise, and an A/A re-run that reorders
+    configurations within it names the same answer."""
     fastest = g.iloc[0]
-    tied = [fastest] + [r for _, r in g.iloc[1:].iterrows() if judge_pair(fastest, r).state == Verdict.SAME]
+    tied = [fastest] + [r for _, r in g.iloc[1:].iterrows() if level(fastest, r)]
     return min(tied, key=lambda r: changes(r, base, opts))  # min keeps the faster of equals
 
 

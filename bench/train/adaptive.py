@@ -44,6 +44,10 @@ RESERVE = 0.35
 MAX_ROUNDS = 6
 #: the shortest timed-step cap a round gives a repeat (seconds)
 MIN_CAP_S = 0.5
+#: a further repeat's compile seconds as a share of a compiled cell's first, before it has a second:
+#: a new process compiles again, from the on-disk caches (on one H200, gpt-200m compiled in 21 s with
+#: cold caches and in 0.6-1.5 s with warm ones: docs/evidence/search-run-h200.csv)
+CACHED_COMPILE_SHARE = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,13 +65,21 @@ class Ask:
         return sum(k * (fixed + (timed if cap_s is None else min(timed, cap_s))) for k, fixed, timed in self.slots)
 
 
-def repeat_parts(p: Pending) -> tuple[float, float]:
+def repeat_parts(p: Pending, again: bool = False) -> tuple[float, float]:
     """(seconds outside the timed steps, seconds of timed steps) of a typical repeat of ``p``: the
-    median repeat's wall time, and its slowest rank's timed steps."""
+    median repeat's wall time, and its slowest rank's timed steps. ``again``: of a further repeat of
+    this same cell, whose compilation mostly hits the graphs its first repeat left in inductor's and
+    AOTAutograd's on-disk caches: its later repeats' compile seconds where it has them, else
+    CACHED_COMPILE_SHARE of its first's."""
     walls = p.repeat_wall_s or [p.wall_s / max(len(p.repeats), 1)]
     timed = [max((sum(r.times) for r in rep), default=0.0) for rep in p.repeats] or [0.0]
     wall, t = statistics.median(walls), statistics.median(timed)
-    return max(wall - t, 0.0), t
+    fixed = max(wall - t, 0.0)
+    compiles = [max((r.compile_s or 0.0 for r in rep), default=0.0) for rep in p.repeats]
+    if again and any(compiles):
+        expect = statistics.median(compiles[1:]) if len(compiles) > 1 else compiles[0] * CACHED_COMPILE_SHARE
+        fixed = max(fixed - statistics.median(compiles) + expect, 0.0)
+    return fixed, t
 
 
 def asks(picks: list[Decision], kept: dict[int, Pending]) -> list[Ask]:
@@ -90,7 +102,7 @@ def ask_for(pick: Any, cells, kept: dict[int, Pending]) -> Ask | None:
         target = min(max(n + ROUND_REPEATS, 3), MAX_REPEATS)
         if target > n:
             targets[cid] = target
-            slots.append((target - n, *repeat_parts(have)))
+            slots.append((target - n, *repeat_parts(have, again=True)))
     return Ask(pick=pick, targets=targets, slots=tuple(slots)) if targets else None
 
 

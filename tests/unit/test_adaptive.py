@@ -13,7 +13,17 @@ from bench.core.spec import CellSpec, Measure, RankMeasurement, WorkloadFacts
 from bench.decide.decision import Decision, DecisionKind
 from bench.plan.budget import GROUP_START_S
 from bench.results.store import RunWriter, latest_rows, read_table
-from bench.train.adaptive import MIN_CAP_S, ROUND_REPEATS, Ask, asks, fit, launch_cost, round_cap
+from bench.train.adaptive import (
+    CACHED_COMPILE_SHARE,
+    MIN_CAP_S,
+    ROUND_REPEATS,
+    Ask,
+    asks,
+    fit,
+    launch_cost,
+    repeat_parts,
+    round_cap,
+)
 from bench.train.launcher import adaptive
 from bench.train.pending import Pending
 
@@ -141,3 +151,21 @@ def test_a_cell_measured_again_is_profiled_again_only_when_its_median_moved():
     loop.timed[1] += [np.array([0.47]), np.array([0.48]), np.array([0.49]), np.array([0.50])]
     assert loop.wants_pass(one)  # to 0.47: -14.9%, profiled again
     assert loop.wants_pass(SimpleNamespace(cell_id=2))  # nothing held: its first pass
+
+
+def test_a_compiled_cell_asked_again_is_charged_its_cached_compile_not_its_first():
+    # one repeat of 30 s wall, 3 s of timed steps, 21 s of which compiled: a new process finds its
+    # graphs in the on-disk caches, so a further repeat costs its 6 s plus a share of the compile
+    first = [RankMeasurement(rank=0, times=[1.0, 1.0, 1.0], compile_s=21.0)]
+    p = Pending(spec=spec(1, "single", 1), repeats=[first], repeat_wall_s=[30.0])
+    assert repeat_parts(p) == (27.0, 3.0)  # what a like cell compiles anew: its whole wall
+    fixed, timed = repeat_parts(p, again=True)
+    assert timed == 3.0 and fixed == pytest.approx(6.0 + 21.0 * CACHED_COMPILE_SHARE)
+    # with later repeats, their own compile seconds
+    later = [RankMeasurement(rank=0, times=[1.0, 1.0, 1.0], compile_s=1.0)]
+    p2 = Pending(spec=spec(1, "single", 1), repeats=[first, later, later], repeat_wall_s=[30.0, 10.0, 10.0])
+    assert repeat_parts(p2, again=True) == (pytest.approx(7.0), 3.0)  # 10 s a later repeat, 1 s compiling
+    # an eager cell is charged as before
+    eager = Pending(spec=spec(1, "single", 1), repeats=[[RankMeasurement(rank=0, times=[1.0, 1.0])]],
+                    repeat_wall_s=[8.0])
+    assert repeat_parts(eager, again=True) == repeat_parts(eager) == (6.0, 2.0)

@@ -203,6 +203,21 @@ def test_of_configurations_the_same_speed_the_answer_changes_the_fewest_knobs():
     assert b.cell_id == 4 and b.runner_up.cell_id == 3
 
 
+def test_a_lead_under_3_percent_the_noise_leaves_open_keeps_the_defaults():
+    """An A/A pair of the CPU default named the defaults and then 128 samples per device at 1.00x
+    them, the pair open: a lead under 3% that the run cannot separate changes no knob."""
+    base = row("ddp", 2, 100.0, cell_id=1, spread=0.05)
+    near = row("ddp", 2, 102.0, cell_id=2, gb=16, spread=0.05)  # 2% ahead, intervals overlapping
+    (b,) = best.answers(searched_run([base, near], [2]))
+    assert b.cell_id == 1 and b.baseline is None and b.runner_up.cell_id == 2
+    assert b.runner_up.verdict == Verdict.OPEN
+    assert "2.0% more samples/s, not separated from the noise: the answer changes fewer knobs" in \
+        words.answer_lines(b)[1]
+    ahead = row("ddp", 2, 106.0, cell_id=3, gb=16, spread=0.05)  # open too, but 6% ahead: it stands
+    (b,) = best.answers(searched_run([base, ahead], [3]))
+    assert b.cell_id == 3 and b.baseline.verdict == Verdict.OPEN
+
+
 def test_answer_from_one_run_is_not_judged():
     rows = [row("ddp", 2, 100.0, cell_id=1, repeats=False), row("ddp", 2, 150.0, cell_id=2, gb=16, repeats=False)]
     (b,) = best.answers(searched_run(rows, [2]))
