@@ -100,7 +100,7 @@ def config_from_args(args: argparse.Namespace, gpus: int) -> Any:
         max_requests=args.requests, batch_max=args.batch_max, batch_wait_ms=args.batch_wait_ms,
         slo_ms=args.slo_ms, sweep_rates=_floats(args.sweep_rates, "--sweep-rates"), noisy=args.noisy,
         noisy_rates=tuple(_floats(args.noisy_rates, "--noisy-rates") or [5.0, 50.0]),  # type: ignore[arg-type]
-        slow=_slow(args.slow), parity=not args.no_parity, sample_hz=args.sample_hz,
+        slow=_slow(args.slow), parity=not args.no_parity, graphs=args.graphs, sample_hz=args.sample_hz,
         cell_timeout_s=args.cell_timeout, workload_timeout_s=args.workload_timeout, out=args.out)
     if len(cfg.noisy_rates) != 2:
         raise UserError(f"--noisy-rates {args.noisy_rates!r} must be VICTIM,FLOOD requests per second, e.g. 5,50")
@@ -213,6 +213,9 @@ def register(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--noisy-rates", help="VICTIM,FLOOD requests/s (default 5,50)")
     p.add_argument("--slow", help="make processes slow on purpose: 'PROCESS=MS,...' added per batch")
     p.add_argument("--no-parity", action="store_true", help="skip the parity probe")
+    p.add_argument("--graphs", default="auto",
+                   help="auto: CUDA replicas that score or classify replay their forward from CUDA graphs, "
+                        "one per request shape (the host's kernel launches off the path); off: eager")
     p.add_argument("--sample-hz", type=float, default=10.0, help="telemetry rate, 0 = off")
     p.add_argument("--cell-timeout", type=float, default=600.0, help="seconds before a cell fails")
     p.add_argument("--workload-timeout", type=float, default=120.0,

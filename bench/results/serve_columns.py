@@ -17,6 +17,8 @@ SERVE_METRICS: tuple[Metric, ...] = (
     Metric(name="serve_scenario", dtype="string", kind="label",
            doc="levels (a load level), sweep (the rate sweep), noisy-alone / noisy-flood (noisy neighbour)"),
     Metric(name="serve_task", dtype="string", kind="fact", doc="score, generate or classify"),
+    Metric(name="serve_graphs", dtype="boolean", kind="fact",
+           doc="the processes replayed their forward from CUDA graphs (--graphs auto), not eagerly"),
     Metric(name="serve_offered_rps", dtype="float64", unit="requests/s", doc="scheduled arrivals per second"),
     Metric(name="serve_achieved_rps", dtype="float64", unit="requests/s", header="req/s", fmt=".1f", shown=S,
            higher_is_better=True, compared=True, doc="answered requests / (last answer - first arrival)"),

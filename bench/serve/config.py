@@ -42,6 +42,12 @@ def cpu_processes_max() -> int:
 MAX_CELL_REQUESTS = 1_000_000
 
 
+#: --graphs values: auto (CUDA graphs where a replica can replay them), off (eager)
+GRAPHS = ("auto", "off")
+#: the placements whose processes are single-GPU replicas, which replay graphs under --graphs auto
+GRAPHED_PLACEMENTS = ("replicas", "pinned-tenants")
+
+
 @dataclass(kw_only=True)
 class ServeConfig:
     workload: str = "gpt-tiny"
@@ -67,10 +73,19 @@ class ServeConfig:
     noisy_rates: tuple[float, float] = (5.0, 50.0)  # victim, flood
     slow: dict[int, float] = field(default_factory=dict)  # process -> seconds added per batch
     parity: bool = True
+    graphs: str = "auto"  # auto: a CUDA replica replays its forward from CUDA graphs; off: eager
     sample_hz: float = 10.0
     cell_timeout_s: float = 600.0
     workload_timeout_s: float = 120.0  # a package.module:factory workload's import, factory and build
     out: str = "results"
+
+    def graphs_for(self, placement: str, task: str) -> bool:
+        """Whether ``placement``'s processes replay their forward from CUDA graphs: under --graphs
+        auto on CUDA, single-GPU replicas that score or classify (a generating request's KV cache
+        grows each step, nn.DataParallel scatters over devices, and a pipeline's stages hand
+        activations over the host: those run eagerly)."""
+        return (self.graphs == "auto" and self.device == "cuda" and placement in GRAPHED_PLACEMENTS
+                and task != "generate")
 
     def sweep_ladder(self) -> list[float]:
         """The rates the sweep tries: given, or doubling from the lowest load level's rate."""
@@ -100,6 +115,8 @@ class ServeConfig:
             raise UserError(f"--device {self.device!r} must be cpu or cuda")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise UserError(f"--precision {self.precision!r} must be auto, fp32 or bf16")
+        if self.graphs not in GRAPHS:
+            raise UserError(f"--graphs {self.graphs!r} must be {' or '.join(GRAPHS)}")
         if self.task not in ("auto", "score", "generate", "classify"):
             raise UserError(f"--task {self.task!r} must be auto, score, generate or classify")
 

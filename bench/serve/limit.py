@@ -91,10 +91,12 @@ def processes(rows: list[dict[str, Any]], batch_max: int = 1) -> list[Process]:
 
 
 def limit(rows: list[dict[str, Any]], wall_s: float, *, achieved_rps: float | None, batch_max: int = 1,
-          gpu_util_pct: float | None = None, slowed: bool = False, pipeline: bool = False) -> dict[str, Any]:
+          gpu_util_pct: float | None = None, slowed: bool = False, pipeline: bool = False,
+          graphs: bool = False) -> dict[str, Any]:
     """The cell's ``serve_gap_mean_s`` (harness time between batches), ``serve_capacity_rps`` (what
     its processes would serve if never idle) and ``serve_limit`` (what limits it, in words).
-    ``slowed``: a process sleeps on purpose inside its forward (``--slow``)."""
+    ``slowed``: a process sleeps on purpose inside its forward (``--slow``); ``graphs``: its forward
+    is replayed from CUDA graphs, so few kernel launches are left on the host's side of it."""
     if pipeline or not rows or not wall_s > 0:
         return {}
     procs = processes(rows, batch_max)
@@ -122,6 +124,10 @@ def limit(rows: list[dict[str, Any]], wall_s: float, *, achieved_rps: float | No
                                  f"({share:.0%}), capacity about {capacity:.0f} req/s")
         if slowed:
             text += "; the forward holds the delay --slow adds"
+        elif gpu_util_pct is not None and gpu_util_pct < LAUNCH_BOUND_PCT and graphs:
+            text += (f"; the GPU ran kernels {gpu_util_pct:.0f}% of the time (NVML): the rest of a forward is the "
+                     "host's work around its graph replay (the input copied in, the answer copied back and "
+                     "waited for): dynamic batching (--policy batch) serves more")
         elif gpu_util_pct is not None and gpu_util_pct < LAUNCH_BOUND_PCT:
             text += (f"; the GPU ran kernels {gpu_util_pct:.0f}% of the time (NVML), so the host's kernel launches "
                      "set the pace: dynamic batching (--policy batch) serves more")

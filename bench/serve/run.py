@@ -238,7 +238,8 @@ class ServeRun:
             spec, status=status, reason=reason, role=spec.role, precision=spec.precision, params=spec.params,
             gpu_name=gpu, serve_policy=spec.policy, serve_load=spec.load, serve_scenario=spec.scenario,
             serve_task=spec.task, serve_offered_rps=spec.offered_rps, serve_batch_max=spec.batch_max,
-            serve_batch_wait_s=spec.batch_wait_s, global_batch=spec.batch_max, slo_s=spec.slo_s)
+            serve_batch_wait_s=spec.batch_wait_s, global_batch=spec.batch_max, slo_s=spec.slo_s,
+            serve_graphs=self.cfg.graphs_for(spec.strategy, spec.task))
 
     def cell(self, pool: Pool | None, placement: str, world: int, policy: str, load: Load,
              parity: float | None, failure: str | None = None, skip: str | None = None) -> dict[str, Any]:
@@ -299,7 +300,7 @@ class ServeRun:
         self._telemetry(row, res, pool)
         row.update(limit(reqs, res.wall_s, achieved_rps=row.get("serve_achieved_rps"), batch_max=res.batch_max,
                          gpu_util_pct=row.get("gpu_util_mean"), slowed=bool(self.cfg.slow),
-                         pipeline=pool.placement == "pipeline"))
+                         pipeline=pool.placement == "pipeline", graphs=bool(row.get("serve_graphs"))))
 
     def _telemetry(self, row: dict[str, Any], res, pool: Pool) -> None:
         """The sampler's rows to the samples table; GPU utilisation and power of the cell's GPUs."""
@@ -367,7 +368,8 @@ def warm_up(pool: Pool, sr: ServeRun, loads: list) -> None:
 def _placement(sr: ServeRun, placement: str, world: int, policies: list[str], summary: dict[str, Any]) -> None:
     cfg = sr.cfg
     base = {"workload": cfg.workload, "dims": cfg.dims, "seed": cfg.seed, "task": sr.sm.task,
-            "gen_tokens": cfg.gen_tokens, "precision": cfg.precision}
+            "gen_tokens": cfg.gen_tokens, "precision": cfg.precision,
+            "graphs": cfg.graphs_for(placement, sr.sm.task)}
     loads = cfg.levels() + (cfg.noisy_loads() if cfg.noisy else [])
     why = skip = None
     if cfg.device == "cuda" and world > torch.cuda.device_count():

@@ -34,7 +34,16 @@ from typing import Any
 import torch
 
 from bench.measure.nvml import EnergyMeter
-from bench.serve.models import ServeModel, kv_run, next_token, padded_length, resolve_precision, run_grouped, run_padded
+from bench.serve.models import (
+    Graphed,
+    ServeModel,
+    kv_run,
+    next_token,
+    padded_length,
+    resolve_precision,
+    run_grouped,
+    run_padded,
+)
 from bench.serve.wire import pack, unpack
 from bench.workloads import resolve
 
@@ -59,6 +68,7 @@ class WorkerSpec:
     precision: str
     stage: int = 0
     n_stages: int = 1
+    graphs: bool = False  # a replica replays its forward from CUDA graphs (bench.serve.models.Graphed)
 
 
 #: Exit status of a serving process whose launcher is gone.
@@ -126,6 +136,8 @@ class _Worker:
             self.inflight = self.inflight_max = 0  # stage 0: micro-batches begun and not at their last pass
         else:
             self.fn = self.sm.runner(model)
+            if spec.graphs and spec.role == "replica" and self.device.type == "cuda":
+                self.fn = Graphed(self.fn, self.device)
             if spec.role == "dp" and self.device.type == "cuda":
                 ids = [torch.device(d).index for d in spec.devices]
                 self.fn = torch.nn.DataParallel(self.fn, device_ids=ids, output_device=ids[0])

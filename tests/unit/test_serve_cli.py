@@ -43,7 +43,7 @@ def test_defaults_and_parsing():
     ["--size-min", "9", "--size-max", "3"], ["--size-min", "0"], ["--arrival", "gamma", "--cv", "0"],
     # empty or meaningless values, which would otherwise run as if the flag were not given
     ["--rates", ""], ["--rates", ","], ["--clients", ""], ["--slo-ms", "-5"], ["--slo-ms", "nan"],
-    ["--sample-hz", "-1"],
+    ["--sample-hz", "-1"], ["--graphs", "fast"], ["--graphs", ""],
 ])
 def test_bad_input_is_a_user_error(argv):
     with pytest.raises(UserError):
@@ -63,6 +63,16 @@ def test_policies_stand_beside_replicas_and_default_when_not_given():
     assert config_from_args(_args("--placements", "pipeline"), gpus=0).policies == ["round-robin", "jsq"]
     cfg = config_from_args(_args("--placements", "replicas,pipeline", "--policies", "batch"), gpus=0)
     assert cfg.policies == ["batch"]
+
+
+def test_graphs_go_to_cuda_replicas_that_score_or_classify():
+    cuda = ServeConfig(device="cuda")
+    assert cuda.graphs_for("replicas", "score") and cuda.graphs_for("pinned-tenants", "classify")
+    # a KV cache that grows each step, nn.DataParallel's scatter and a pipeline's host hand-over stay eager
+    assert not cuda.graphs_for("replicas", "generate")
+    assert not cuda.graphs_for("dataparallel-infer", "score") and not cuda.graphs_for("pipeline", "score")
+    assert not ServeConfig(device="cpu").graphs_for("replicas", "score")
+    assert not ServeConfig(device="cuda", graphs="off").graphs_for("replicas", "score")
 
 
 def test_main_exits_2_with_one_line(capsys):

@@ -40,6 +40,10 @@ def test_a_gpu_that_idles_while_the_forward_limits_names_the_kernel_launches():
     out = limit(r, r[-1]["end_s"], achieved_rps=None, gpu_util_pct=35.0)
     assert out["serve_limit_kind"] == "forward" and "kernels 35% of the time" in out["serve_limit"]
     assert "--policy batch" in out["serve_limit"]
+    # from CUDA graphs few launches are left: what idles the GPU is the host's work around each replay
+    graphed = limit(r, r[-1]["end_s"], achieved_rps=None, gpu_util_pct=48.0, graphs=True)["serve_limit"]
+    assert "kernels 48% of the time" in graphed and "around its graph replay" in graphed
+    assert "kernel launches" not in graphed
     # a GPU busy most of the time is the limit itself: no such advice
     assert "NVML" not in limit(r, r[-1]["end_s"], achieved_rps=None, gpu_util_pct=95.0)["serve_limit"]
 

@@ -70,7 +70,9 @@ def test_serving_cells_use_the_status_vocabulary_of_every_mode():
 
     appended = []
     sr = object.__new__(ServeRun)
-    sr.cfg = NS(device="cpu", batch_max=4, batch_wait_ms=2.0, slo_ms=0)
+    from bench.serve.config import ServeConfig
+
+    sr.cfg = ServeConfig(device="cpu", batch_max=4, batch_wait_ms=2.0)
     sr.wl, sr.sm, sr.precision, sr.cell_id = NS(name="mlp", params=10), NS(task="classify"), "fp32", 0
     sr.writer, sr.rows, sr.on_cell = NS(append=lambda table, rows: appended.extend(rows)), [], lambda row: None
     load = NS(label="poisson@5/s", scenario="levels", rate=5.0)
@@ -80,6 +82,7 @@ def test_serving_cells_use_the_status_vocabulary_of_every_mode():
     assert (skipped["status"], skipped["reason"]) == ("skipped", "needs 4 devices")
     assert {r["status"] for r in appended} <= set(STATUSES) and {r["mode"] for r in appended} == {"serve"}
     assert [r["cell_id"] for r in appended] == [1, 2] and failed["strategy"] == "replicas"
+    assert failed["serve_graphs"] is False  # a CPU replica runs its forward eagerly, and the row says so
 
 
 def test_a_serving_error_row_of_an_older_run_reads_as_failed(tmp_path):
