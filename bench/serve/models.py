@@ -262,8 +262,13 @@ class Graphed:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            sy = self.fn(*args)
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                sy = self.fn(*args)
+        except RuntimeError as e:  # a forward that syncs with the host, or whose work depends on values
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise RuntimeError(f"CUDA graph capture of the forward at input shape {tuple(x.shape)} failed "
+                               f"({first}); --graphs off serves it eagerly") from e
         return graph, sx, sl, sy
 
 

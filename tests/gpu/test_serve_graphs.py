@@ -43,3 +43,13 @@ def test_a_replica_serves_from_graphs_and_says_so(tmp_path):
     cells = load_run(run_dir)[0]
     assert cells["serve_graphs"].all() and (cells["status"] == "ok").all()
     assert cells["parity_rel_err"].notna().all()  # the parity probe ran, through the graphs
+
+
+def test_a_forward_that_cannot_be_captured_names_the_shape_and_the_way_out():
+    dev = torch.device("cuda:0")
+
+    def syncs(x):  # reads a value on the host mid-forward: no graph can hold that
+        return x * float(x.sum().item())
+
+    with pytest.raises(RuntimeError, match=r"CUDA graph capture .* input shape \(1, 4\) failed .*--graphs off"):
+        Graphed(syncs, dev)(torch.ones(1, 4, device=dev))
