@@ -6,8 +6,9 @@ replica under round-robin does, and times each request's wall (input to device, 
 to the host) and its GPU time (CUDA events around the forward). Modes:
 
 * ``eager``: the serving path as it is (``run_grouped`` on one request);
-* ``graphs``: the same forward replayed from a CUDA graph per request length, captured once before
-  the timed requests (what a serving stack does to take the host's kernel launches off the path).
+* ``graphs``: the same path with the forward replayed from a CUDA graph per request length
+  (:class:`bench.serve.models.Graphed`, as a replica under ``--graphs auto`` runs it), captured before
+  the timed requests.
 
 A request's wall far above its GPU time says the host's launches pace it; the capacity of one
 replica is then 1 / wall, and whatever slows the host (its cores, their sharing) moves it. Prints
@@ -27,33 +28,8 @@ import time
 
 import torch
 
-from bench.serve.models import ServeModel, run_grouped
+from bench.serve.models import Graphed, ServeModel, run_grouped
 from bench.workloads import resolve
-
-
-def _graphs(fn, sm: ServeModel, device: torch.device, lengths: list[int]):
-    """A request -> answer function that replays one CUDA graph per prompt length."""
-    graphs = {}
-    for n in lengths:
-        static_x = sm.make_input(0, n).to(device)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                fn(static_x)
-        torch.cuda.current_stream().wait_stream(stream)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            static_y = fn(static_x)
-        graphs[n] = (g, static_x, static_y)
-
-    def answer(x: torch.Tensor) -> torch.Tensor:
-        g, static_x, static_y = graphs[x.shape[1]]
-        static_x.copy_(x, non_blocking=True)
-        g.replay()
-        return static_y.float().cpu()
-
-    return answer
 
 
 def measure(mode: str, args: argparse.Namespace) -> dict:
@@ -66,12 +42,12 @@ def measure(mode: str, args: argparse.Namespace) -> dict:
     sizes = [rng.choice(lengths) for _ in range(args.requests)]
     inputs = {n: sm.make_input(n, n) for n in lengths}
     with torch.no_grad():
-        if mode == "graphs":
-            answer = _graphs(fn, sm, device, lengths)
-        else:
-            def answer(x):
-                return run_grouped(fn, [x], device, torch.bfloat16)[0]
-        for n in lengths:  # every shape's first-call costs before the timed requests
+        run = Graphed(fn, device) if mode == "graphs" else fn
+
+        def answer(x):
+            return run_grouped(run, [x], device, torch.bfloat16)[0]
+
+        for n in lengths:  # every shape's first-call costs (and graph capture) before the timed requests
             answer(inputs[n])
         torch.cuda.synchronize()
         walls, gpus = [], []

@@ -124,13 +124,11 @@ def limit(rows: list[dict[str, Any]], wall_s: float, *, achieved_rps: float | No
                                  f"({share:.0%}), capacity about {capacity:.0f} req/s")
         if slowed:
             text += "; the forward holds the delay --slow adds"
-        elif gpu_util_pct is not None and gpu_util_pct < LAUNCH_BOUND_PCT and graphs:
-            text += (f"; the GPU ran kernels {gpu_util_pct:.0f}% of the time (NVML): the rest of a forward is the "
-                     "host's work around its graph replay (the input copied in, the answer copied back and "
-                     "waited for): dynamic batching (--policy batch) serves more")
         elif gpu_util_pct is not None and gpu_util_pct < LAUNCH_BOUND_PCT:
-            text += (f"; the GPU ran kernels {gpu_util_pct:.0f}% of the time (NVML), so the host's kernel launches "
-                     "set the pace: dynamic batching (--policy batch) serves more")
+            why = (": the rest of a forward is the host's work around its graph replay (the input copied in, the "
+                   "answer copied back and waited for)" if graphs else ", so the host's kernel launches set the pace")
+            text += (f"; the GPU ran kernels {gpu_util_pct:.0f}% of the time (NVML){why}: dynamic batching "
+                     "(--policy batch) serves more")
     else:
         kind, text = "harness", (f"{where}the harness: {cyc_ms - fwd_ms:.2f} ms a request between batches (queue "
                                  f"hop, inputs, answers) against {fwd_ms:.2f} ms of forward, capacity about "

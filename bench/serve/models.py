@@ -227,7 +227,7 @@ class Graphed:
     time the shape comes: a replica's forward without the host's kernel launches on its path.
 
     One H200 served gpt-small's single scoring requests of 16-96 tokens in 1.24-2.15 ms each eager,
-    in five fresh processes, its GPU waiting on the launches; in 0.19-0.20 ms from graphs
+    over four fresh processes, its GPU waiting on the launches; in 0.19-0.20 ms from graphs
     (docs/evidence/serve-forward-h200.csv). The graphs share one memory pool: they replay one at a
     time and each answer is copied off the device before the next replay (:func:`run_grouped`,
     :func:`run_padded`), so a graph's output that a later capture's temporaries overlap is never
@@ -267,8 +267,9 @@ class Graphed:
                 sy = self.fn(*args)
         except RuntimeError as e:  # a forward that syncs with the host, or whose work depends on values
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise RuntimeError(f"CUDA graph capture of the forward at input shape {tuple(x.shape)} failed "
-                               f"({first}); --graphs off serves it eagerly") from e
+            # the way out first: the serving process's one line keeps the start of a long message
+            raise RuntimeError(f"CUDA graph capture failed at input shape {tuple(x.shape)}; --graphs off serves "
+                               f"it eagerly: {first}") from e
         return graph, sx, sl, sy
 
 

@@ -136,7 +136,7 @@ class _Worker:
             self.inflight = self.inflight_max = 0  # stage 0: micro-batches begun and not at their last pass
         else:
             self.fn = self.sm.runner(model)
-            if spec.graphs and spec.role == "replica" and self.device.type == "cuda":
+            if spec.graphs:  # set where it applies (ServeConfig.graphs_for): CUDA replicas that score or classify
                 self.fn = Graphed(self.fn, self.device)
             if spec.role == "dp" and self.device.type == "cuda":
                 ids = [torch.device(d).index for d in spec.devices]
