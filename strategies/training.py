@@ -23,7 +23,6 @@ import functools
 
 import torch
 from torch import nn
-from torch._dynamo.comptime import comptime
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from bench.workloads import Workload
@@ -101,7 +100,10 @@ def checkpointed_forwards() -> int:
 def _checkpointed(forward, ac: str, *args, **kwargs):
     # Counted when traced under compile (comptime runs at trace time, out of the graph): a count
     # dynamo read would be a guard on its value, failed by every call, so every step recompiled
-    # until dynamo's recompile limit sent the block back to eager.
+    # until dynamo's recompile limit sent the block back to eager. Imported here: dynamo costs a rank
+    # that never compiles or checkpoints most of a second of its start-up.
+    from torch._dynamo.comptime import comptime
+
     comptime(lambda _ctx: _count(), fallback_fn=_count)
     if ac == "selective":
         context_fn = functools.partial(create_selective_checkpoint_contexts, _selective_policy)

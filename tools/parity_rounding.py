@@ -19,8 +19,8 @@ import sys
 import pandas as pd
 
 from bench.core.config import build_config
-from bench.results.derived import PARITY_STEPS
 from bench.results.run import load_run
+from bench.stats.parity import PARITY_STEPS
 from bench.train import launcher
 
 WORKLOADS = "gpt-tiny,mlp,convnet,tests.foreign_models:groupnorm_cnn,tests.foreign_models:batchnorm_cnn"

@@ -153,8 +153,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _report(run_dir: Any, rows: list[dict[str, Any]]) -> int:
     """The run folder and the sweep's findings on stdout; one line on stderr when a cell failed or
     parity broke (exit 1), else exit 0."""
-    from bench.results.derived import PARITY_TOL
     from bench.results.run import load_meta
+    from bench.stats.parity import PARITY_TOL
 
     print(f"run folder: {run_dir}")
     sweep = load_meta(run_dir).get("serve_sweep") or {}

@@ -9,7 +9,9 @@ that turn them into verdicts and row fields live with their callers):
   Mann-Whitney interval, the run-to-run t test) and the sample sizes that resolve a threshold;
 * :mod:`bench.stats.changepoints` - change points of a series (optimal L1 partition), quartiles;
 * :mod:`bench.stats.serving` - latency percentiles that refuse too few samples, Little's law,
-  imbalance.
+  imbalance;
+* :mod:`bench.stats.parity` - the parity check's tolerances and its loss distance (numpy only: the
+  ranks import it).
 
 This package imports nothing itself, so importing one topic loads only that topic.
 """

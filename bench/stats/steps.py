@@ -6,6 +6,8 @@ interval bootstrapped from steps is too narrow. With repeats (the cell measured 
 interleaved with the other cells of its group) the interval comes from the per-repeat medians,
 which are closer to independent. The library does the resampling (``scipy.stats.bootstrap``, BCa
 where there are enough values); the rules here only decide what to resample and what to flag.
+scipy is imported where it is used: the ranks import this module for :func:`timed_median` and
+:func:`slowest_steps`, and a rank's start-up should not pay a second for scipy.stats.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 #: a cell is ``stable`` when all of these hold
 CV_MAX, SPREAD_MAX, OUTLIER_FRAC_MAX, BIMODAL_BC = 0.05, 0.05, 0.10, 0.555
@@ -34,6 +35,8 @@ def median_ci(x: np.ndarray, *, level: float = 0.95, seed: int = 0) -> tuple[flo
         return math.nan, math.nan, "none"
     if x.size < 3 or np.ptp(x) == 0:
         return float(x.min()), float(x.max()), "range"
+    from scipy import stats
+
     method = "BCa" if x.size >= 10 else "percentile"
     with warnings.catch_warnings():  # BCa on tied data warns and returns NaN: handled below
         warnings.simplefilter("ignore")
@@ -52,6 +55,8 @@ def bimodality_coefficient(x: np.ndarray) -> float:
     n = x.size
     if n < 4 or np.ptp(x) == 0:
         return math.nan
+    from scipy import stats
+
     g = stats.skew(x, bias=False)
     k = stats.kurtosis(x, bias=False)  # excess kurtosis
     return float((g * g + 1) / (k + 3 * (n - 1) ** 2 / ((n - 2) * (n - 3))))

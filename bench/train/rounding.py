@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from bench.core.spec import CellSpec, RankMeasurement
-from bench.results.derived import PARITY_STEPS, relative_difference
+from bench.stats.parity import PARITY_STEPS, relative_difference
 from bench.train.cell import PLACE, build, release
 
 

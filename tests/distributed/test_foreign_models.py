@@ -16,8 +16,8 @@ import pytest
 
 import strategies
 from bench.core.config import build_config
-from bench.results.derived import PARITY_TOL
 from bench.results.run import load_run
+from bench.stats.parity import PARITY_TOL
 from bench.train import launcher as launch
 
 # Every strategy on two foreign models at world sizes 2 and 4: about 6 minutes on 2 cores, so it is
