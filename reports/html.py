@@ -77,7 +77,7 @@ least three repeats, and nothing blocks it (a contended cell, an unstable one me
 not physical); leading, not decided: the answer stands until the repeats it names separate the pair.
 Candidates: cells that ran (status ok, which includes the check that the work was really distributed) and
 matched one device (parity ok); independent models (ensemble) are left out.</p>
-{% elif search and search.answers and not multi %}<p>One device measured: the search's fastest configuration below is the answer.</p>
+{% elif search and search.answers and not multi %}<p>One device measured: the search's configuration to use below is the answer.</p>
 {% else %}<p>No strategy on more than one device passed; see the failed and skipped cells below.</p>{% endif %}{% endif %}
 {% if search %}<h2>Fastest configuration (knob search)</h2>
 {% for lines in search.answers %}<p>{% for l in lines %}{% if loop.first %}<b>{{ l }}</b>{% else %}<br>{{ l }}{% endif %}{% endfor %}</p>{% endfor %}

@@ -30,7 +30,7 @@ def margin(r: found_best.Rival | None, repeats: int) -> str:
 
 def answer_lines(b: found_best.Best) -> list[str]:
     """A slot's answer: its configuration and margin first, then the runner-up."""
-    head = f"fastest configuration, {b.title}: {b.config}: {b.step_ms:.1f} ms/step, {b.throughput:.1f} samples/s"
+    head = f"configuration to use, {b.title}: {b.config}: {b.step_ms:.1f} ms/step, {b.throughput:.1f} samples/s"
     vs = margin(b.baseline, b.repeats)
     out = [head + (f"; {vs}" if vs else "; the strategy's defaults themselves") +
            f" ({b.repeats} repeat{'s' if b.repeats != 1 else ''}; {b.measured} configurations compared)"]

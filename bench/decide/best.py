@@ -1,11 +1,15 @@
-"""The answer of a run that searched: per workload, backend and world size, the fastest whole
-configuration (strategy, compile, checkpointing, batch per device, the strategy's searched options),
-its margin over the leading strategy at its defaults and over the runner-up, judged beyond the noise
-or not (:func:`bench.decide.rules.judge_pair`), and a TOML file that measures exactly it again.
+"""The answer of a run that searched: per workload, backend and world size, the whole configuration
+to use (strategy, compile, checkpointing, batch per device, the strategy's searched options), its
+margin over what the answer starts from (:func:`incumbent`: the library default unless a strategy
+beats it beyond the noise) and over the runner-up, judged beyond the noise or not
+(:func:`bench.decide.rules.judge_pair`), and a TOML file that measures exactly it again.
 
 Configurations are ranked by throughput (samples a second), since the batch differs between them;
-only cells that qualify as the recommendation's candidates count (ok, parity not failed). What the
-search did, pruned and left untried is its record in meta.json (``search``), read here as it is.
+only cells that qualify as the recommendation's candidates count (ok, parity not failed). The answer
+is the fastest where the run shows it ahead beyond the noise; where it does not, the one that
+changes the fewest knobs among those the fastest has not beaten (:func:`simplest`), and the faster
+one stands as the runner-up with its lead. What the search did, pruned and left untried is its
+record in meta.json (``search``), read here as it is.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import pandas as pd
 from bench.core.knobs import Training
 from bench.decide.decision import Verdict
 from bench.decide.recommend import candidates
-from bench.decide.rules import EQUIVALENT, is_reference, judge_pair, num
+from bench.decide.rules import is_reference, judge_pair, library_default, num
 from bench.results.run import Run
 
 FILE = "best.toml"
@@ -38,7 +42,7 @@ class Rival:
 
 @dataclass(frozen=True)
 class Best:
-    """One slot's fastest configuration and how it stands against its rivals."""
+    """One slot's answer (its configuration to use) and how it stands against its rivals."""
 
     workload: str
     backend: str
@@ -49,7 +53,7 @@ class Best:
     step_ms: float
     repeats: int
     measured: int  # configurations of this slot that qualified
-    baseline: Rival | None = None  # the leading strategy at its defaults
+    baseline: Rival | None = None  # what the answer starts from (incumbent): a strategy at its defaults
     runner_up: Rival | None = None
     recipe: dict[str, Any] = field(default_factory=dict)
 
@@ -141,21 +145,32 @@ def changes(r: pd.Series, base: pd.Series | None, opts: tuple[tuple[str, Any], .
 
 
 def level(fastest: pd.Series, r: pd.Series) -> bool:
-    """Whether ``r`` stands level with ``fastest`` for the answer: the same speed (:func:`judge_pair`
-    SAME: within EQUIVALENT), or not apart beyond the noise with its median under EQUIVALENT behind.
-    A lead this run cannot show and that would be under 3% if real is no reason to change a knob."""
-    state = judge_pair(fastest, r).state
-    if state == Verdict.SAME:
-        return True
-    a, b = num(fastest.get("throughput_samples_s")), num(r.get("throughput_samples_s"))
-    return state == Verdict.OPEN and bool(a and b) and a / b - 1 <= EQUIVALENT
+    """Whether ``r`` stands level with ``fastest`` for the answer: the run does not show ``fastest``
+    ahead of it beyond the noise (:func:`judge_pair` SAME or OPEN, from repeats or from one run). A
+    lead the run has not shown is no reason to change a knob: it stands as the runner-up, with its
+    size, until repeats separate it (the recommendation's rule for strategies, applied to knobs)."""
+    return judge_pair(fastest, r).state in (Verdict.SAME, Verdict.OPEN)
+
+
+def incumbent(screened: pd.DataFrame) -> pd.Series | None:
+    """What a slot's answer starts from (``screened``: its screening-pass configurations, fastest
+    first): the library default (:func:`bench.decide.rules.library_default`) unless the fastest
+    beats it beyond the noise, then the fastest; None without any. A strategy that leads by less
+    than the noise in one run does not move the answer, so an A/A re-run starts from the same one."""
+    if screened.empty:
+        return None
+    fastest, default = screened.iloc[0], library_default(screened, sharding=False)
+    if default is None or judge_pair(fastest, default).state == Verdict.A:
+        return fastest
+    return default
 
 
 def simplest(g: pd.DataFrame, base: pd.Series | None, opts: tuple[tuple[str, Any], ...]) -> pd.Series:
     """The answer among ``g`` (fastest first): of the configurations level with the fastest
     (:func:`level`), the one that changes the fewest knobs from ``base``; the fastest where none is.
     A practitioner changes no knob for less than the noise, and an A/A re-run that reorders
-    configurations within it names the same answer."""
+    configurations within it names the same answer: ``base`` itself unless a configuration beats it
+    beyond the noise."""
     fastest = g.iloc[0]
     tied = [fastest] + [r for _, r in g.iloc[1:].iterrows() if level(fastest, r)]
     return min(tied, key=lambda r: changes(r, base, opts))  # min keeps the faster of equals
@@ -183,8 +198,7 @@ def answers(run: Run) -> list[Best]:
         if g.empty:
             continue
         g = g.sort_values("throughput_samples_s", ascending=False)
-        screened = g[~g["cell_id"].isin(ids)]
-        base = screened.iloc[0] if len(screened) else None
+        base = incumbent(g[~g["cell_id"].isin(ids)])
         best = simplest(g, base, opts)
         label = f"{base['strategy']} at its defaults" if base is not None else ""
         others = g[g["cell_id"] != best["cell_id"]]
@@ -234,7 +248,7 @@ def _toml_value(v: Any) -> str:
 def toml_text(best: Best, run_path: str) -> str:
     """``best``'s recipe as a TOML file for ``parbench run --config``."""
     r = best.recipe
-    lines = [f"# The fastest configuration the search of {run_path} found for {best.title}:",
+    lines = [f"# The configuration to use that the search of {run_path} found for {best.title}:",
              f"# {best.config}, {best.step_ms:.1f} ms/step, {best.throughput:.1f} samples/s over {best.repeats} "
              "repeat(s).", "# parbench run --config this-file measures exactly it again (3 repeats, no search)."]
     lines += [f"{k} = {_toml_value(v)}" for k, v in r.items() if not isinstance(v, dict)]

@@ -145,6 +145,24 @@ def fit(wanted: list[Ask], kept: dict[int, Pending], left_s: float, start_s: flo
     return chosen
 
 
+def covered(wanted: list[Ask], chosen: dict[int, int]) -> int:
+    """How many of ``wanted`` the cells ``chosen`` (:func:`fit`) measure whole."""
+    return sum(all(chosen.get(c, 0) >= t for c, t in a.targets.items()) for a in wanted)
+
+
+def fit_every(wide: list[Ask], narrow: list[Ask], kept: dict[int, Pending], left_s: float, start_s: float,
+              cap_s: float | None = None) -> dict[int, int]:
+    """A round's cells: every ask of ``wide`` (each slot's last three) where they all fit, else
+    whichever of ``wide`` and ``narrow`` (each slot's last two) :func:`fit` covers more of. A slot a
+    round leaves out is left to the noise, in a run and in its re-run alike, so every slot's fastest
+    two come before some slots' three."""
+    chosen = fit(wide, kept, left_s, start_s, cap_s)
+    if covered(wide, chosen) == len(wide) or not narrow:
+        return chosen
+    other = fit(narrow, kept, left_s, start_s, cap_s)
+    return other if covered(narrow, other) > covered(wide, chosen) else chosen
+
+
 def decide(ctx: GroupContext, searched: set[int] | None = None) -> list[dict[str, Any]]:
     """Rounds of repeats for the open decisions until none is left that repeats can close, the
     time left fits none, or MAX_ROUNDS (``ctx.deadline``: the run's, never None here); returns what

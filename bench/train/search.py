@@ -6,9 +6,11 @@
 2. Stage 1: the compiled twins of each slot's ``keep`` fastest configurations, and those
    configurations once more beside them (the twins and what they are compared with measured in the
    same process groups, interleaved).
-3. Final: the ``final`` fastest configurations of each slot measured again, ``ROUND_REPEATS`` more
-   at a time (3 at least, the fewest an interval from repeats needs), until the fastest and the
-   runner-up are apart beyond the noise or the same speed, or the time is up.
+3. Final: the ``final`` fastest configurations of each slot and what its answer starts from
+   (:func:`bench.decide.best.incumbent`) measured again, ``ROUND_REPEATS`` more at a time (3 at
+   least, the fewest an interval from repeats needs), until the fastest and the runner-up are apart
+   beyond the noise or the same speed, or the time is up; a round that cannot fit every slot's
+   three measures every slot's fastest two first.
 
 A candidate that does not fit the time left is never started: the search's record in meta.json
 (``search``) names it, with every candidate the memory model or a strategy rejected, the knobs
@@ -32,7 +34,7 @@ from bench.plan.budget import COMPILE_S, _overhead
 from bench.plan.matrix import Planned, group
 from bench.plan.search import Candidate, Slot, Space
 from bench.results.run import load_run
-from bench.train.adaptive import Ask, ask_for, fit, launch_cost, repeat_parts, round_cap
+from bench.train.adaptive import Ask, ask_for, fit_every, launch_cost, repeat_parts, round_cap
 from bench.train.context import GroupContext, Progress, RunPlan
 from bench.train.group import run_group
 
@@ -159,10 +161,9 @@ class Search:
                 return
             left, start_s = self.end - time.time(), launch_cost(ctx.starts, self.cfg.matrix.device)
             cap = round_cap(wanted, left, start_s, self.measure.time_cap_s or MAX_CAP_S)
-            chosen = fit(wanted, ctx.kept, left, start_s, cap)
-            if not chosen:  # the fastest two alone, where the last two or three do not fit
-                wanted = [a for a in (self.ask(cells, s, 2) for s in slots) if a is not None]
-                chosen = fit(wanted, ctx.kept, left, start_s, cap)
+            two = sorted((a for a in (self.ask(cells, s, 2) for s in slots) if a is not None),
+                         key=lambda a: a.pick.launch_bound)
+            chosen = fit_every(wanted, two, ctx.kept, left, start_s, cap)
             if not chosen:
                 return
             t0 = time.time()
@@ -176,8 +177,9 @@ class Search:
         space's by default) still needs, or None when it is decided (or cannot be)."""
         ranked = best.ranked(cells, slot)
         top = ranked.head(final or self.space.final)
-        # the slot's leading strategy at its defaults too: the answer's margin is read against it
-        base = ranked[ranked["cell_id"].isin({p.spec.cell_id for p in self.screened})].head(1)
+        # what the answer starts from too (best.incumbent): the answer's margin is read against it
+        start = best.incumbent(ranked[ranked["cell_id"].isin({p.spec.cell_id for p in self.screened})])
+        base = ranked.head(0) if start is None else ranked[ranked["cell_id"] == start["cell_id"]]
         rivals = [r for r in (top.iloc[1] if len(top) > 1 else None, base.iloc[0] if len(base) else None)
                   if r is not None and r["cell_id"] != top.iloc[0]["cell_id"]] if len(top) else []
         if not any(judge_pair(top.iloc[0], r).state == Verdict.OPEN for r in rivals):

@@ -76,7 +76,7 @@ def test_the_strategy_decision_leaves_the_search_out(searched):
 def test_answer_and_best_toml_plan_it_again(searched, capsys):
     assert after_run(searched, report=False) == 0
     printed = capsys.readouterr().out
-    assert "fastest configuration, gpt-tiny gloo x2: ddp, compile off, checkpointing" in printed
+    assert "configuration to use, gpt-tiny gloo x2: ddp, compile off, checkpointing" in printed
     assert "measure it again: parbench run --config" in printed and "search (auto):" in printed
     run = load_run(searched)
     found = {b.world_size: b for b in best.answers(run)}

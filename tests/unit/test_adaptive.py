@@ -20,6 +20,7 @@ from bench.train.adaptive import (
     Ask,
     asks,
     fit,
+    fit_every,
     launch_cost,
     repeat_parts,
     round_cap,
@@ -79,6 +80,24 @@ def test_fit_counts_repeats_and_process_starts():
     assert fit(wanted, kept, first + 1, start) == {1: 3, 0: 3}
     both = 1.25 * (32 + 3 * start)
     assert fit(wanted, kept, both + 1, start) == {1: 3, 0: 3, 2: 3, 3: 3}
+
+
+def test_a_round_that_cannot_fit_every_slots_three_measures_every_slots_two():
+    """Three slots, each asking for its last three cells (or its last two): when the time left fits
+    two slots' three but all three slots' two, every slot gets its two; when it fits them all, or
+    the narrow asks cover no more slots, the wide ones stand."""
+    kept = {i: pending(i, "single", 1, wall=2.0) for i in range(9)}
+    wide = asks([open_pick((0, 1, 2), ws=1), open_pick((3, 4, 5), ws=1), open_pick((6, 7, 8), ws=1)], kept)
+    narrow = asks([open_pick((0, 1), ws=1), open_pick((3, 4), ws=1), open_pick((6, 7), ws=1)], kept)
+    start = 5.0
+    # a slot's three: 3 cells x 2 repeats x 2 s = 12 s; its two: 8 s; one process group for all
+    two_of_three = 1.25 * (24 + start) + 1
+    assert set(fit(wide, kept, two_of_three, start)) == {0, 1, 2, 3, 4, 5}  # the third slot left out
+    assert set(fit_every(wide, narrow, kept, two_of_three, start)) == {0, 1, 3, 4, 6, 7}
+    every = 1.25 * (36 + start) + 1
+    assert set(fit_every(wide, narrow, kept, every, start)) == set(range(9))
+    assert set(fit_every(wide, narrow[:1], kept, two_of_three, start)) == {0, 1, 2, 3, 4, 5}
+    assert fit_every(wide, [], kept, 1.0, start) == {}
 
 
 def test_again_keeps_the_repeats_and_a_profile_pass_only_behind_a_breakdown():
