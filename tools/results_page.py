@@ -810,7 +810,7 @@ def search_aa_view(ev: Evidence) -> View:
     rows = [[cell(r.pair), str(int(r.run)), cell(r.slot), cell(r.answer), f"{r.samples_s:.1f}", str(int(r.repeats)),
              f"{r.vs_defaults:.2f}x" if present(r.vs_defaults) else "–", cell(r.vs_defaults_verdict),
              cell(r.runner_up_verdict), "yes" if r.decided else "no"] for r in ev.table.itertuples()]
-    header = ["pair", "run", "slot", "fastest configuration", "samples/s", "repeats", "vs defaults", "verdict",
+    header = ["pair", "run", "slot", "answer", "samples/s", "repeats", "vs defaults", "verdict",
               "runner-up verdict", "decided"]
     return View("two runs of the default CPU matrix in a row per pair; repeats as the search gave them", None,
                 md_table(header, rows, fold=True))

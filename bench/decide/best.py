@@ -99,8 +99,9 @@ def _rival(best: pd.Series, other: pd.Series | None, opts: tuple[str, ...], labe
 
 
 def leaders(cells: pd.DataFrame, k: int) -> dict[tuple[str, str, int], list[int]]:
-    """Per slot, the cell ids of the ``k`` fastest qualifying strategies (ok, parity not failed, one
-    row each, by throughput); at one device the single-device reference."""
+    """Per slot, the cell ids of the ``k`` leading qualifying strategies (ok, parity not failed, one
+    row each): what the slot's answer starts from (:func:`incumbent`) first, then the fastest of
+    the others by throughput; at one device the single-device reference."""
     good, _ = candidates(cells)
     if good.empty:
         return {}
@@ -108,9 +109,12 @@ def leaders(cells: pd.DataFrame, k: int) -> dict[tuple[str, str, int], list[int]
     out: dict[tuple[str, str, int], list[int]] = {}
     for (wl, be, ws), g in good.groupby(["workload", "backend", "world_size"], sort=True):
         g = g[is_reference(g)] if ws == 1 else g
-        first = g.drop_duplicates("strategy").head(1 if ws == 1 else k)
-        if len(first):
-            out[(str(wl), str(be), int(ws))] = [int(c) for c in first["cell_id"]]
+        first = g.drop_duplicates("strategy")
+        start = incumbent(first)
+        if start is None:
+            continue
+        rest = [int(c) for c in first["cell_id"] if int(c) != int(start["cell_id"])]
+        out[(str(wl), str(be), int(ws))] = [int(start["cell_id"]), *rest][:1 if ws == 1 else k]
     return out
 
 

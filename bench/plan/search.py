@@ -130,19 +130,23 @@ def plan(cfg: RunConfig, gpus: int, screened: list[Planned], leads: dict[Slot, l
     specs = {p.spec.cell_id: p.spec for p in screened}
     planner = Planner(cfg, gpus, first_id)
     planner.seen = {_key(s) for s in specs.values()}
-    per_base: list[list[Candidate]] = []
+    per_rank: dict[int, list[list[Candidate]]] = {}
     for slot, ids in leads.items():
-        for cid in ids:
+        for rank, cid in enumerate(ids):
             base = specs.get(cid)
             if base is None:
                 continue  # a row the plan has no cell for (another run's, resumed): nothing to vary
-            per_base.append(_slot_candidates(planner, slot, base, space))
-    # round-robin over the slots' leaders: a budget that cuts the brief pass cuts every slot's least
-    # promising variants, not one slot whole
-    out = [c for k in range(max(map(len, per_base), default=0)) for group in per_base if k < len(group)
-           for c in [group[k]]]
+            per_rank.setdefault(rank, []).append(_slot_candidates(planner, slot, base, space))
+    # round-robin over the slots, first leaders (what each answer starts from) before second ones: a
+    # budget that cuts the brief pass cuts every slot's least promising variants, not one slot whole
+    out = [c for rank in sorted(per_rank) for c in _round_robin(per_rank[rank])]
     refs = _references(planner, cfg, out)
     return _with_memory(cfg, out + refs)
+
+
+def _round_robin(lists: list[list[Candidate]]) -> list[Candidate]:
+    """Every list's first item, then every list's second, and so on."""
+    return [x[k] for k in range(max(map(len, lists), default=0)) for x in lists if k < len(x)]
 
 
 def _key(spec: CellSpec) -> tuple:

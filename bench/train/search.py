@@ -153,16 +153,15 @@ class Search:
         ctx = self.ctx
         for k in range(1, MAX_ROUNDS + 1):
             cells = load_run(ctx.writer.dir).training
-            # in the slots' own order (real workloads before launch-bound ones), not by cost: a time that
-            # fits only some of them decides the same ones in a run and in its re-run
-            wanted = sorted((a for a in (self.ask(cells, s) for s in slots) if a is not None),
-                            key=lambda a: a.pick.launch_bound)
+            # in the slots' own order (every slot's first judgement before any slot's second, real
+            # workloads before launch-bound ones), not by cost: a time that fits only some of them
+            # decides the same ones in a run and in its re-run
+            wanted = sorted((a for a in (self.ask(cells, s) for s in slots) if a is not None), key=_order)
             if not wanted:
                 return
             left, start_s = self.end - time.time(), launch_cost(ctx.starts, self.cfg.matrix.device)
             cap = round_cap(wanted, left, start_s, self.measure.time_cap_s or MAX_CAP_S)
-            two = sorted((a for a in (self.ask(cells, s, 2) for s in slots) if a is not None),
-                         key=lambda a: a.pick.launch_bound)
+            two = sorted((a for a in (self.ask(cells, s, 2) for s in slots) if a is not None), key=_order)
             chosen = fit_every(wanted, two, ctx.kept, left, start_s, cap)
             if not chosen:
                 return
@@ -218,6 +217,12 @@ class Search:
                 "measured": sorted({c for st in self.stages for c in st["cells"]}),
                 "wider_minutes": plan_search.wider_minutes(cands, lambda c: self.cost(c, MAX_CAP_S, compile_s) * 3),
                 "recipes": {str(i): recipe(ran[i]) for i in sorted(measured) if i in ran}}
+
+
+def _order(a: Ask) -> tuple[bool, bool]:
+    """A final round's order: asks whose cells reach their first 3 repeats (a first judgement)
+    before those that add to 3 or more, real workloads before launch-bound ones."""
+    return min(a.targets.values()) > 3, a.pick.launch_bound
 
 
 def search(ctx: GroupContext, todo: RunPlan, end: float) -> dict[str, Any]:
