@@ -154,15 +154,16 @@ def adaptive(cfg: RunConfig) -> bool:
 
 def reserve(cfg: RunConfig) -> float:
     """The share of the budget the screening pass leaves for what follows it: the knob search's
-    (:data:`SEARCH_SHARE`) and the adaptive repeats' (:data:`AFTER_SEARCH` after a search,
-    :data:`bench.train.adaptive.RESERVE` without one)."""
+    with the adaptive repeats it runs in its final rounds (:data:`SEARCH_SHARE`, and
+    :data:`AFTER_SEARCH` more in an adaptive run), or the adaptive repeats' alone
+    (:data:`bench.train.adaptive.RESERVE`)."""
     if search_on(cfg):
         return SEARCH_SHARE + (AFTER_SEARCH if adaptive(cfg) else 0.0)
     return RESERVE if adaptive(cfg) else 0.0
 
 
-#: the shares of a budget the knob search may spend after the screening pass, and the adaptive
-#: repeats after the search (on one GPU the screening pass is one cell: the search takes its time too)
+#: the shares of a budget the knob search may spend after the screening pass, and what an adaptive
+#: run adds for its repeats (on one GPU the screening pass is one cell: the search takes its time too)
 SEARCH_SHARE, AFTER_SEARCH = 0.4, 0.15
 
 
@@ -230,10 +231,8 @@ def _run_groups(todo: RunPlan, ctx: GroupContext, meta: dict[str, Any]) -> None:
             meta["search"] = {"mode": cfg.budget.search, "skipped": "the run was resumed after its search began: "
                                                                    "its candidates' rows are kept as measured"}
         else:
-            # the adaptive rounds decide between strategies at several devices: without any, the search
-            # has their share too
-            several = any(p.reason is None and p.spec.n_devices > 1 for p in cells)
-            meta["search"] = search(ctx, todo, deadline - (AFTER_SEARCH * budget_s if adaptive(cfg) and several
-                                                           else 0.0))
+            # the search's final rounds repeat the open strategy decisions' cells too, in the same
+            # process groups; the adaptive rounds after it take what they leave
+            meta["search"] = search(ctx, todo, deadline, decisions=adaptive(cfg))
     if deadline is not None and adaptive(cfg):
         meta["adaptive"] = decide(ctx, searched=best.searched(meta))

@@ -26,6 +26,7 @@ from typing import Any
 from bench.core.settings import RunConfig
 from bench.core.spec import CellSpec
 from bench.decide import best
+from bench.decide import picks as run_picks
 from bench.decide.best import recipe
 from bench.decide.decision import Verdict
 from bench.decide.rules import judge_pair, launch_bound
@@ -35,6 +36,7 @@ from bench.plan.matrix import Planned, group
 from bench.plan.search import Candidate, Slot, Space
 from bench.results.run import load_run
 from bench.train.adaptive import Ask, ask_for, fit_every, launch_cost, repeat_parts, round_cap
+from bench.train.adaptive import asks as adaptive_asks
 from bench.train.context import GroupContext, Progress, RunPlan
 from bench.train.group import run_group
 
@@ -63,8 +65,8 @@ class _Open:
 class Search:
     """One run's search: its candidates, what it measured, what it pruned and why."""
 
-    def __init__(self, ctx: GroupContext, todo: RunPlan, end: float):
-        self.ctx, self.cfg, self.end = ctx, ctx.cfg, end
+    def __init__(self, ctx: GroupContext, todo: RunPlan, end: float, decisions: bool = False):
+        self.ctx, self.cfg, self.end, self.decisions = ctx, ctx.cfg, end, decisions
         self.space: Space = plan_search.SPACES["wide" if self.cfg.budget.search == "wide" else "auto"]
         self.screened = [p for p in todo.cells if p.reason is None]
         self.measure = self.screened[0].spec.measure if self.screened else None
@@ -149,20 +151,21 @@ class Search:
                             "cap_s": round(cap, 2), "seconds": round(time.time() - t0, 1)})
 
     def final(self, slots: list[Slot]) -> None:
-        """Rounds of repeats for each slot's fastest configurations until their order is decided."""
+        """Rounds of repeats for each slot's fastest configurations until their order is decided,
+        and, in the same process groups, for the strategy decisions still open (``self.decisions``):
+        a round of each kind would pay every launch twice."""
         ctx = self.ctx
         for k in range(1, MAX_ROUNDS + 1):
-            cells = load_run(ctx.writer.dir).training
+            run = load_run(ctx.writer.dir)
             # in the slots' own order (every slot's first judgement before any slot's second, real
             # workloads before launch-bound ones), not by cost: a time that fits only some of them
             # decides the same ones in a run and in its re-run
-            wanted = sorted((a for a in (self.ask(cells, s) for s in slots) if a is not None), key=_order)
+            wanted = self.asks(run, slots)
             if not wanted:
                 return
             left, start_s = self.end - time.time(), launch_cost(ctx.starts, self.cfg.matrix.device)
             cap = round_cap(wanted, left, start_s, self.measure.time_cap_s or MAX_CAP_S)
-            two = sorted((a for a in (self.ask(cells, s, 2) for s in slots) if a is not None), key=_order)
-            chosen = fit_every(wanted, two, ctx.kept, left, start_s, cap)
+            chosen = fit_every(wanted, self.asks(run, slots, 2), ctx.kept, left, start_s, cap)
             if not chosen:
                 return
             t0 = time.time()
@@ -170,6 +173,16 @@ class Search:
             self.measure_cells(f"f{k}", [], again)
             self.stages.append({"stage": f"final {k}", "cells": [], "again": sorted(again), "cap_s": cap,
                                 "seconds": round(time.time() - t0, 1)})
+
+    def asks(self, run, slots: list[Slot], final: int | None = None) -> list[Ask]:
+        """A final round's asks: each slot's (:meth:`ask`, between its ``final`` fastest) and the open
+        strategy decisions' (:func:`bench.train.adaptive.asks`, the search's cells aside), in
+        :func:`_order`."""
+        out = [a for a in (self.ask(run.training, s, final) for s in slots) if a is not None]
+        if self.decisions:
+            ids = {c for st in self.stages for c in st["cells"]}
+            out += adaptive_asks(run_picks.decide(run, searched_ids=ids), self.ctx.kept)
+        return sorted(out, key=_order)
 
     def ask(self, cells, slot: Slot, final: int | None = None) -> Ask | None:
         """The repeats the slot's final decision between its ``final`` fastest configurations (the
@@ -225,8 +238,9 @@ def _order(a: Ask) -> tuple[bool, bool]:
     return min(a.targets.values()) > 3, a.pick.launch_bound
 
 
-def search(ctx: GroupContext, todo: RunPlan, end: float) -> dict[str, Any]:
-    """Run the search until ``end`` (unix seconds); what it did, for meta.json."""
+def search(ctx: GroupContext, todo: RunPlan, end: float, decisions: bool = False) -> dict[str, Any]:
+    """Run the search until ``end`` (unix seconds); what it did, for meta.json. ``decisions``: its
+    final rounds repeat the open strategy decisions' cells too (an adaptive run)."""
     if not any(p.reason is None for p in todo.cells):
         return {"mode": ctx.cfg.budget.search, "skipped": "nothing was screened"}
-    return Search(ctx, todo, end).run()
+    return Search(ctx, todo, end, decisions).run()
