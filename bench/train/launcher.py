@@ -231,8 +231,11 @@ def _run_groups(todo: RunPlan, ctx: GroupContext, meta: dict[str, Any]) -> None:
             meta["search"] = {"mode": cfg.budget.search, "skipped": "the run was resumed after its search began: "
                                                                    "its candidates' rows are kept as measured"}
         else:
-            # the search's final rounds repeat the open strategy decisions' cells too, in the same
-            # process groups; the adaptive rounds after it take what they leave
-            meta["search"] = search(ctx, todo, deadline, decisions=adaptive(cfg))
+            # the search's stages leave the adaptive repeats their share at several devices; its final
+            # rounds repeat the open strategy decisions' cells too, in the same process groups, until
+            # the deadline, and the adaptive rounds after it take what they leave
+            several = any(p.reason is None and p.spec.n_devices > 1 for p in cells)
+            share = AFTER_SEARCH * budget_s if adaptive(cfg) and several else 0.0
+            meta["search"] = search(ctx, todo, deadline - share, decisions=adaptive(cfg), until=deadline)
     if deadline is not None and adaptive(cfg):
         meta["adaptive"] = decide(ctx, searched=best.searched(meta))

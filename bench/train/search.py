@@ -65,8 +65,10 @@ class _Open:
 class Search:
     """One run's search: its candidates, what it measured, what it pruned and why."""
 
-    def __init__(self, ctx: GroupContext, todo: RunPlan, end: float, decisions: bool = False):
+    def __init__(self, ctx: GroupContext, todo: RunPlan, end: float, decisions: bool = False,
+                 until: float | None = None):
         self.ctx, self.cfg, self.end, self.decisions = ctx, ctx.cfg, end, decisions
+        self.until = max(until or end, end)  # the final rounds' end
         self.space: Space = plan_search.SPACES["wide" if self.cfg.budget.search == "wide" else "auto"]
         self.screened = [p for p in todo.cells if p.reason is None]
         self.measure = self.screened[0].spec.measure if self.screened else None
@@ -101,16 +103,17 @@ class Search:
         m = dataclasses.replace(self.measure, repeats=1, time_cap_s=cap, profile_steps=0)
         return [dataclasses.replace(c.spec, measure=m) for c in cands]
 
-    def measure_cells(self, tag: str, new: list[CellSpec], again: dict[int, Any]) -> set[int]:
-        """Run ``new`` cells and measure ``again`` ones once more, grouped by process group; the ids
-        of the new cells a group the time left could not start held."""
+    def measure_cells(self, tag: str, new: list[CellSpec], again: dict[int, Any], end: float | None = None) -> set[int]:
+        """Run ``new`` cells and measure ``again`` ones once more, grouped by process group, each
+        group started only before ``end`` (the stages' end by default); the ids of the new cells a
+        group the time left could not start held."""
         ctx = self.ctx
         start_s = launch_cost(ctx.starts, self.cfg.matrix.device)
         planned = [Planned(spec=s, reason=None) for s in new] + [Planned(spec=p.spec, reason=None)
                                                                   for p in again.values()]
         cut: set[int] = set()
         for i, g in enumerate(group(planned)):
-            if time.time() + start_s > self.end:
+            if time.time() + start_s > (self.end if end is None else end):
                 left = [c for c in g.cells if c.cell_id not in again]
                 self.prune(left, "time: the search's time ran out before its process group")
                 cut |= {c.cell_id for c in left}
@@ -163,14 +166,14 @@ class Search:
             wanted = self.asks(run, slots)
             if not wanted:
                 return
-            left, start_s = self.end - time.time(), launch_cost(ctx.starts, self.cfg.matrix.device)
+            left, start_s = self.until - time.time(), launch_cost(ctx.starts, self.cfg.matrix.device)
             cap = round_cap(wanted, left, start_s, self.measure.time_cap_s or MAX_CAP_S)
             chosen = fit_every(wanted, self.asks(run, slots, 2), ctx.kept, left, start_s, cap)
             if not chosen:
                 return
             t0 = time.time()
             again = {cid: ctx.kept[cid].again(t, time_cap_s=cap) for cid, t in chosen.items()}
-            self.measure_cells(f"f{k}", [], again)
+            self.measure_cells(f"f{k}", [], again, self.until)
             self.stages.append({"stage": f"final {k}", "cells": [], "again": sorted(again), "cap_s": cap,
                                 "seconds": round(time.time() - t0, 1)})
 
@@ -238,9 +241,11 @@ def _order(a: Ask) -> tuple[bool, bool]:
     return min(a.targets.values()) > 3, a.pick.launch_bound
 
 
-def search(ctx: GroupContext, todo: RunPlan, end: float, decisions: bool = False) -> dict[str, Any]:
-    """Run the search until ``end`` (unix seconds); what it did, for meta.json. ``decisions``: its
-    final rounds repeat the open strategy decisions' cells too (an adaptive run)."""
+def search(ctx: GroupContext, todo: RunPlan, end: float, decisions: bool = False,
+           until: float | None = None) -> dict[str, Any]:
+    """Run the search's stages until ``end`` and its final rounds until ``until`` (unix seconds;
+    ``end`` without it); what it did, for meta.json. ``decisions``: the final rounds repeat the open
+    strategy decisions' cells too (an adaptive run)."""
     if not any(p.reason is None for p in todo.cells):
         return {"mode": ctx.cfg.budget.search, "skipped": "nothing was screened"}
-    return Search(ctx, todo, end, decisions).run()
+    return Search(ctx, todo, end, decisions, until).run()
