@@ -20,11 +20,18 @@ _VERDICT = {Verdict.A: "beyond the noise", Verdict.SAME: "the same speed (within
             Verdict.OPEN: "not separated from the noise", Verdict.B: "slower, beyond the noise"}
 
 
+def _unjudged(repeats: int, r: found_best.Rival) -> str:
+    """Why a pair with fewer than 3 repeats on a side is not judged, in words."""
+    if repeats == 1 and r.repeats == 1:
+        return "one run each: not judged"
+    return "one run: not judged" if 1 in (repeats, r.repeats) else "not judged (under 3 repeats)"
+
+
 def margin(r: found_best.Rival | None, repeats: int) -> str:
     """'1.32x ddp at its defaults, beyond the noise' ('' without a rival)."""
     if r is None:
         return ""
-    judged = _VERDICT.get(Verdict(r.verdict), r.verdict) if repeats >= 3 else "one run each: not judged"
+    judged = _VERDICT.get(Verdict(r.verdict), r.verdict) if min(repeats, r.repeats) >= 3 else _unjudged(repeats, r)
     return f"{r.ratio:.2f}x {r.config}, {judged}"
 
 
@@ -37,7 +44,8 @@ def answer_lines(b: found_best.Best) -> list[str]:
     if b.runner_up is not None:
         ratio = b.runner_up.ratio
         behind = 1 - 1 / ratio if ratio else float("nan")
-        judged = _VERDICT.get(Verdict(b.runner_up.verdict), "") if b.repeats >= 3 else "one run: not judged"
+        judged = _VERDICT.get(Verdict(b.runner_up.verdict), "") if min(b.repeats, b.runner_up.repeats) >= 3 \
+            else _unjudged(b.repeats, b.runner_up)
         mine = set(b.config.split(", "))
         differs = [p for p in b.runner_up.config.split(", ") if p not in mine]
         if ratio and ratio < 1:  # faster, but the same speed: the answer changes fewer knobs

@@ -32,12 +32,13 @@ FILE = "best.toml"
 @dataclass(frozen=True)
 class Rival:
     """What the best configuration is weighed against: its configuration in words, its cell, the
-    best's throughput over its, and the pair's verdict (:class:`Verdict` value)."""
+    best's throughput over its, the pair's verdict (:class:`Verdict` value) and the rival's repeats."""
 
     config: str
     cell_id: int
     ratio: float
     verdict: str
+    repeats: int = 1
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ def _rival(best: pd.Series, other: pd.Series | None, opts: tuple[str, ...], labe
         return None
     a, b = num(best.get("throughput_samples_s")), num(other.get("throughput_samples_s"))
     return Rival(config=label or configuration(other, opts), cell_id=int(other["cell_id"]),
-                 ratio=a / b if a and b else float("nan"), verdict=str(judge_pair(best, other).state))
+                 ratio=a / b if a and b else float("nan"), verdict=str(judge_pair(best, other).state),
+                 repeats=int(num(other.get("repeats_done")) or 1))
 
 
 def leaders(cells: pd.DataFrame, k: int) -> dict[tuple[str, str, int], list[int]]:
@@ -171,12 +173,17 @@ def incumbent(screened: pd.DataFrame) -> pd.Series | None:
 
 def simplest(g: pd.DataFrame, base: pd.Series | None, opts: tuple[tuple[str, Any], ...]) -> pd.Series:
     """The answer among ``g`` (fastest first): of the configurations level with the fastest
-    (:func:`level`), the one that changes the fewest knobs from ``base``; the fastest where none is.
-    A practitioner changes no knob for less than the noise, and an A/A re-run that reorders
-    configurations within it names the same answer: ``base`` itself unless a configuration beats it
-    beyond the noise."""
+    (:func:`level`), down to the first one the fastest beats beyond the noise (one measured slower
+    than a configuration already ruled out is no candidate either), the one that changes the fewest
+    knobs from ``base``; the fastest where none is. A practitioner changes no knob for less than
+    the noise, and an A/A re-run that reorders configurations within it names the same answer:
+    ``base`` itself unless a configuration beats it beyond the noise."""
     fastest = g.iloc[0]
-    tied = [fastest] + [r for _, r in g.iloc[1:].iterrows() if level(fastest, r)]
+    tied = [fastest]
+    for _, r in g.iloc[1:].iterrows():
+        if not level(fastest, r):
+            break
+        tied.append(r)
     return min(tied, key=lambda r: changes(r, base, opts))  # min keeps the faster of equals
 
 

@@ -76,6 +76,7 @@ class Candidate:
     stage: int
     twin: int | None = None
     reference: bool = False
+    column: int | None = None  # its place in the round-robin: every slot's k-th variant shares one
 
     @property
     def spec(self) -> CellSpec:
@@ -139,14 +140,17 @@ def plan(cfg: RunConfig, gpus: int, screened: list[Planned], leads: dict[Slot, l
             per_rank.setdefault(rank, []).append(_slot_candidates(planner, slot, base, space))
     # round-robin over the slots, first leaders (what each answer starts from) before second ones: a
     # budget that cuts the brief pass cuts every slot's least promising variants, not one slot whole
-    out = [c for rank in sorted(per_rank) for c in _round_robin(per_rank[rank])]
+    out: list[Candidate] = []
+    for rank in sorted(per_rank):
+        first = max((c.column for c in out), default=-1) + 1
+        out += [dataclasses.replace(c, column=first + k) for k, c in _round_robin(per_rank[rank])]
     refs = _references(planner, cfg, out)
     return _with_memory(cfg, out + refs)
 
 
-def _round_robin(lists: list[list[Candidate]]) -> list[Candidate]:
-    """Every list's first item, then every list's second, and so on."""
-    return [x[k] for k in range(max(map(len, lists), default=0)) for x in lists if k < len(x)]
+def _round_robin(lists: list[list[Candidate]]) -> list[tuple[int, Candidate]]:
+    """Every list's first item, then every list's second, and so on, each with its column (k)."""
+    return [(k, x[k]) for k in range(max(map(len, lists), default=0)) for x in lists if k < len(x)]
 
 
 def _key(spec: CellSpec) -> tuple:
@@ -241,22 +245,37 @@ def _reads(ref: CellSpec, cell: CellSpec) -> bool:
 
 def afford(cands: list[Candidate], left_s: float, cost) -> tuple[list[Candidate], list[Candidate]]:
     """(the candidates that fit ``left_s`` in order, with 25% to spare; the rest), ``cost`` giving a
-    candidate's seconds. A candidate at several devices goes with its reference: neither runs alone."""
-    run, rest, spent = [], [], 0.0
+    candidate's seconds. A candidate at several devices goes with its reference: neither runs alone.
+    Candidates of one column (:attr:`Candidate.column`: every slot's k-th variant) fit whole or not
+    at all, and the columns after one that does not fit are left out too: a run and its re-run on a
+    machine a few percent faster or slower measure the same candidates, not one slot's more."""
+    run: list[Candidate] = []
+    spent = 0.0
     by_ref = {c.spec.cell_id: c for c in cands if c.reference}
     taken: set[int] = set()
-    for c in cands:
-        if c.reference:
-            continue
-        refs = [r for r in by_ref.values() if r.spec.cell_id not in taken and _reads(r.spec, c.spec)] \
-            if c.spec.n_devices > 1 else []
-        need = cost(c) + sum(cost(r) for r in refs)
-        if 1.25 * (spent + need) > left_s:
-            rest.append(c)
+    columns: dict[Any, list[Candidate]] = {}
+    for i, c in enumerate(cands):
+        if not c.reference:
+            columns.setdefault(("col", c.column) if c.column is not None else ("own", i), []).append(c)
+    rest: list[Candidate] = []
+    closed = False  # a column did not fit: none after it is started
+    for members in columns.values():
+        need, refs = 0.0, []
+        for c in members:
+            mine = [r for r in by_ref.values() if r.spec.cell_id not in taken and _reads(r.spec, c.spec)
+                    and r not in refs] if c.spec.n_devices > 1 else []
+            need += cost(c) + sum(cost(r) for r in mine)
+            refs += mine
+        if closed or 1.25 * (spent + need) > left_s:
+            rest += members  # a candidate of no column leaves the next free to fit
+            closed = closed or members[0].column is not None
             continue
         spent += need
-        run += [c, *refs]
-        taken |= {r.spec.cell_id for r in refs}
+        for c in members:
+            mine = [r for r in refs if _reads(r.spec, c.spec) and r.spec.cell_id not in taken] \
+                if c.spec.n_devices > 1 else []
+            run += [c, *mine]
+            taken |= {r.spec.cell_id for r in mine}
     return run, rest
 
 

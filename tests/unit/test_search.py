@@ -152,6 +152,23 @@ def test_afford_keeps_a_candidate_with_its_reference_and_a_margin(screened):
     assert len(everything) == len(first) and not none
 
 
+def test_afford_takes_every_slots_kth_variant_or_none(screened):
+    """A CPU A/A pair's brief passes had 37 and 41 s: one measured every slot's 4x batch but mlp's,
+    the other all of them. Candidates of a column fit whole or not at all, and no later column
+    starts after one that did not fit."""
+    cfg, cells = screened
+    first = search.first_pass(search.plan(cfg, 0, cells, leads(cells, {}), search.SPACES["auto"], 1000))
+    col = {c.spec.cell_id: c.column for c in first if not c.reference}
+    assert list(col.values())[:2] == [0, 0]  # the first column: single's and ddp's first variant
+    whole = 1.25 * sum(1.0 for c in first if c.column in (0, None) and (not c.reference or any(
+        search._reads(c.spec, o.spec) for o in first if o.column == 0)))
+    run, rest = search.afford(first, whole + 0.5, lambda c: 1.0)
+    got = {c.column for c in run if not c.reference}
+    assert got == {0} and {c.column for c in rest} == set(col.values()) - {0}
+    run, _ = search.afford(first, whole - 0.5, lambda c: 1.0)
+    assert run == []  # not even the first column whole: nothing, rather than one slot's
+
+
 def test_promoted_are_the_compiled_twins_of_the_fastest(screened):
     cfg, cells = screened
     got = search.plan(cfg, 0, cells, leads(cells, {}), search.SPACES["auto"], 1000)
@@ -230,13 +247,30 @@ def test_a_lead_the_run_has_not_shown_changes_no_knob():
     assert b.cell_id == 4 and b.baseline.verdict == Verdict.A and b.decided
 
 
+def test_a_configuration_measured_below_one_ruled_out_is_no_answer():
+    """An A/A run of the CPU default: ddp at twice the batch beat chain (what the answer starts
+    from) beyond the noise; encoder-head, one run and slower than chain, was not judged against
+    anything. The answer is the one that beat chain, not the one nearest it."""
+    chain = row("chain", 2, 3417.0, cell_id=1, spread=0.03)
+    big = row("ddp", 2, 4180.0, cell_id=2, gb=16, spread=0.03)
+    head = row("encoder-head", 2, 3198.0, cell_id=3, repeats=False)
+    ddp = row("ddp", 2, 2596.0, cell_id=4, spread=0.03)
+    (b,) = best.answers(searched_run([chain, big, head, ddp], [2]))
+    assert b.cell_id == 2 and b.baseline.cell_id == 1 and b.baseline.verdict == Verdict.A
+
+
 def test_answer_from_one_run_is_not_judged():
     rows = [row("ddp", 2, 100.0, cell_id=1, repeats=False), row("ddp", 2, 150.0, cell_id=2, gb=16, repeats=False)]
     (b,) = best.answers(searched_run(rows, [2]))
     assert b.cell_id == 1 and not b.decided  # 50% ahead in one run each: not shown, so no knob changes
     first, second = words.answer_lines(b)
     assert "the strategy's defaults themselves (1 repeat; 2 configurations compared)" in first
-    assert "50.0% more samples/s, one run: not judged: the answer changes fewer knobs" in second
+    assert "50.0% more samples/s, one run each: not judged: the answer changes fewer knobs" in second
+    # the answer from repeats, the runner-up from one run: the pair is not judged either
+    rows[0].update(repeats_done=3, ci_basis="repeats (percentile)")
+    (b,) = best.answers(searched_run(rows, [2]))
+    assert b.cell_id == 1 and b.runner_up.repeats == 1
+    assert "50.0% more samples/s, one run: not judged: the answer changes fewer knobs" in words.answer_lines(b)[1]
 
 
 def test_the_answer_starts_from_the_library_default_unless_a_strategy_beats_it():
