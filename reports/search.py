@@ -48,7 +48,9 @@ def answer_lines(b: found_best.Best) -> list[str]:
             else _unjudged(b.repeats, b.runner_up)
         mine = set(b.config.split(", "))
         differs = [p for p in b.runner_up.config.split(", ") if p not in mine]
-        if ratio and ratio < 1:  # faster, but the same speed: the answer changes fewer knobs
+        if ratio and ratio < 1:  # faster, but not by more than the noise and 3%: the answer changes fewer knobs
+            if b.runner_up.verdict == Verdict.B:
+                judged = "beyond the noise, but not by 3% beyond it"
             amount = f"{-behind:.1%} more samples/s, {judged}: the answer changes fewer knobs"
         else:
             amount = f"{behind:.1%} fewer samples/s, {judged}"

@@ -23,7 +23,7 @@ import pandas as pd
 from bench.core.knobs import Training
 from bench.decide.decision import Verdict
 from bench.decide.recommend import candidates
-from bench.decide.rules import is_reference, judge_pair, library_default, num
+from bench.decide.rules import clears, is_reference, judge_pair, library_default, num
 from bench.results.run import Run
 
 FILE = "best.toml"
@@ -152,21 +152,26 @@ def changes(r: pd.Series, base: pd.Series | None, opts: tuple[tuple[str, Any], .
 
 def level(fastest: pd.Series, r: pd.Series) -> bool:
     """Whether ``r`` stands level with ``fastest`` for the answer: the run does not show ``fastest``
-    ahead of it beyond the noise (:func:`judge_pair` SAME or OPEN, from repeats or from one run). A
-    lead the run has not shown is no reason to change a knob: it stands as the runner-up, with its
-    size, until repeats separate it (the recommendation's rule for strategies, applied to knobs)."""
-    return judge_pair(fastest, r).state in (Verdict.SAME, Verdict.OPEN)
+    ahead of it by more than EQUIVALENT beyond the noise (:func:`judge_pair` SAME or OPEN, from
+    repeats or from one run, or apart with a lead that does not clear the band at the intervals'
+    edges: :func:`clears`). A lead the run has not shown is no reason to change a knob: it stands
+    as the runner-up, with its size, until repeats separate it (the recommendation's rule for
+    strategies, applied to knobs). A lead of 3.4% at the medians, 0.5% at the edges, named another
+    batch in one run of an A/A pair on 2 CPU cores and the defaults in the other."""
+    state = judge_pair(fastest, r).state
+    return state in (Verdict.SAME, Verdict.OPEN) or (state == Verdict.A and not clears(fastest, r))
 
 
 def incumbent(screened: pd.DataFrame) -> pd.Series | None:
     """What a slot's answer starts from (``screened``: its screening-pass configurations, fastest
     first): the library default (:func:`bench.decide.rules.library_default`) unless the fastest
-    beats it beyond the noise, then the fastest; None without any. A strategy that leads by less
-    than the noise in one run does not move the answer, so an A/A re-run starts from the same one."""
+    beats it by more than EQUIVALENT beyond the noise (:func:`level`), then the fastest; None
+    without any. A strategy that leads by less than that does not move the answer, so an A/A re-run
+    starts from the same one."""
     if screened.empty:
         return None
     fastest, default = screened.iloc[0], library_default(screened, sharding=False)
-    if default is None or judge_pair(fastest, default).state == Verdict.A:
+    if default is None or not level(fastest, default):
         return fastest
     return default
 

@@ -115,6 +115,14 @@ def _tput_interval(r: pd.Series) -> tuple[float, float] | None:
     return t * med / hi, t * med / lo
 
 
+def clears(a: pd.Series, b: pd.Series, band: float = EQUIVALENT) -> bool:
+    """Whether ``a``'s throughput leads ``b``'s by more than ``band`` at their intervals' edges (the
+    slow end of ``a``'s over the fast end of ``b``'s): a lead beyond the noise that is also larger
+    than the band whatever the noise."""
+    ia, ib = _tput_interval(a), _tput_interval(b)
+    return ia is not None and ib is not None and ia[0] / ib[1] - 1 > band
+
+
 def repeats_of(r: pd.Series) -> int:
     """The repeats a cell's interval rests on (3 when the table does not say and the basis is repeats)."""
     n = num(r.get("repeats_done"))

@@ -259,6 +259,21 @@ def test_a_configuration_measured_below_one_ruled_out_is_no_answer():
     assert b.cell_id == 2 and b.baseline.cell_id == 1 and b.baseline.verdict == Verdict.A
 
 
+def test_a_knob_changes_for_a_lead_that_clears_3_percent_beyond_the_noise():
+    """A CPU A/A pair named 64 samples per device in one run (3.4% ahead of the defaults at the
+    medians, beyond the noise, but 0.5% at the intervals' edges) and the defaults in the other: a
+    lead that does not clear the 3% band whatever the noise changes no knob."""
+    base = row("ddp", 2, 100.0, cell_id=1, spread=0.01)
+    edge = row("ddp", 2, 103.4, cell_id=2, gb=16, spread=0.01)  # apart, but 1.4% at the edges
+    (b,) = best.answers(searched_run([base, edge], [2]))
+    assert b.cell_id == 1 and b.runner_up.verdict == Verdict.B and not b.decided
+    assert "3.4% more samples/s, beyond the noise, but not by 3% beyond it: the answer changes fewer knobs" in \
+        words.answer_lines(b)[1]
+    clear = row("ddp", 2, 110.0, cell_id=3, gb=16, spread=0.01)  # 7.8% at the edges: the knob changes
+    (b,) = best.answers(searched_run([base, clear], [3]))
+    assert b.cell_id == 3 and b.decided
+
+
 def test_answer_from_one_run_is_not_judged():
     rows = [row("ddp", 2, 100.0, cell_id=1, repeats=False), row("ddp", 2, 150.0, cell_id=2, gb=16, repeats=False)]
     (b,) = best.answers(searched_run(rows, [2]))
