@@ -79,7 +79,7 @@ Candidates: cells that ran (status ok, which includes the check that the work wa
 matched one device (parity ok); independent models (ensemble) are left out.</p>
 {% elif search and search.answers and not multi %}<p>One device measured: the search's configuration to use below is the answer.</p>
 {% else %}<p>No strategy on more than one device passed; see the failed and skipped cells below.</p>{% endif %}{% endif %}
-{% if search %}<h2>Fastest configuration (knob search)</h2>
+{% if search %}<h2>Configuration to use (knob search)</h2>
 {% for lines in search.answers %}<p>{% for l in lines %}{% if loop.first %}<b>{{ l }}</b>{% else %}<br>{{ l }}{% endif %}{% endfor %}</p>{% endfor %}
 <p class="muted">{{ search.summary }}. Searched: {{ search.knobs|join("; ") }}. Configurations are ranked by samples a second
 (their batches differ); a margin is judged beyond the noise only on intervals from at least three repeats.

@@ -1,4 +1,4 @@
-"""The knob search in words and tables: each slot's fastest configuration with its margins
+"""The knob search in words and tables: each slot's configuration to use with its margins
 (:mod:`bench.decide.best`), what was searched, pruned and left untried (meta.json ``search``), and,
 for a run of one GPU, the estimates at 2, 4 and 8 GPUs (:mod:`bench.decide.scaleout`). The terminal
 prints :func:`lines`; the report renders :func:`section`.

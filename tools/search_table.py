@@ -3,10 +3,10 @@
     python -m tools.search_table RUN [RUN...] [--csv OUT.csv]
 
 One row per run and slot: the configuration to use, its samples a second and repeats, its margin
-over what the answer starts from (the library default at its defaults: bench.decide.best) and the
-verdict, the runner-up's verdict, and whether the answer is decided (every margin judged beyond the
-noise or the same speed). With two runs it ends with how many slots named the same configuration,
-and how many of those were decided in both.
+over what the answer starts from (the library default at its defaults unless a strategy beats it:
+bench.decide.best) and the verdict, the runner-up's verdict, and whether the answer is decided
+(every margin judged beyond the noise or the same speed). With two runs it ends with how many slots
+named the same configuration, and how many of those were decided in both.
 """
 
 from __future__ import annotations

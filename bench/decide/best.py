@@ -23,7 +23,7 @@ import pandas as pd
 from bench.core.knobs import Training
 from bench.decide.decision import Verdict
 from bench.decide.recommend import candidates
-from bench.decide.rules import clears, is_reference, judge_pair, library_default, num
+from bench.decide.rules import clears, from_repeats, is_reference, judge_pair, library_default, num
 from bench.results.run import Run
 
 FILE = "best.toml"
@@ -64,7 +64,8 @@ class Best:
 
     @property
     def decided(self) -> bool:
-        """The best beats (or matches) its runner-up and its baseline beyond the noise."""
+        """The answer beats (or matches) its runner-up and what it starts from beyond the noise: a
+        faster runner-up whose lead does not clear the band (verdict B) leaves it undecided."""
         return all(r is None or r.verdict in (Verdict.A, Verdict.SAME) for r in (self.baseline, self.runner_up))
 
 
@@ -135,9 +136,9 @@ def _given(v: Any, default: Any) -> Any:
 
 
 def changes(r: pd.Series, base: pd.Series | None, opts: tuple[tuple[str, Any], ...]) -> int:
-    """How many knobs configuration ``r`` sets otherwise than ``base`` (the leading strategy at its
-    defaults; without one, the knobs' defaults): strategy, compile, checkpointing, samples per
-    device and the searched options."""
+    """How many knobs configuration ``r`` sets otherwise than ``base`` (what the answer starts from:
+    :func:`incumbent`; without one, the knobs' defaults): strategy, compile, checkpointing, samples
+    per device and the searched options."""
     knobs = {k: getattr(Training(), k) for k in ("compile", "ac")}
     if base is None:
         return sum(str(_given(r.get(k), d)) != d for k, d in knobs.items())
@@ -150,16 +151,22 @@ def changes(r: pd.Series, base: pd.Series | None, opts: tuple[tuple[str, Any], .
     return n + sum(_given(r.get(f"option_{name}"), d) != _given(base.get(f"option_{name}"), d) for name, d in opts)
 
 
-def level(fastest: pd.Series, r: pd.Series) -> bool:
-    """Whether ``r`` stands level with ``fastest`` for the answer: the run does not show ``fastest``
-    ahead of it by more than EQUIVALENT beyond the noise (:func:`judge_pair` SAME or OPEN, from
-    repeats or from one run, or apart with a lead that does not clear the band at the intervals'
-    edges: :func:`clears`). A lead the run has not shown is no reason to change a knob: it stands
-    as the runner-up, with its size, until repeats separate it (the recommendation's rule for
-    strategies, applied to knobs). A lead of 3.4% at the medians, 0.5% at the edges, named another
-    batch in one run of an A/A pair on 2 CPU cores and the defaults in the other."""
+def unsettled(fastest: pd.Series, r: pd.Series) -> bool:
+    """Whether the run has not yet shown ``fastest`` ahead of ``r`` by more than EQUIVALENT beyond
+    the noise, nor the two the same speed: :func:`judge_pair` OPEN (from repeats or from one run),
+    or apart with a lead that does not clear the band at the intervals' edges (:func:`clears`).
+    More repeats can settle it; the search's final rounds ask for them."""
     state = judge_pair(fastest, r).state
-    return state in (Verdict.SAME, Verdict.OPEN) or (state == Verdict.A and not clears(fastest, r))
+    return state == Verdict.OPEN or (state == Verdict.A and not clears(fastest, r))
+
+
+def level(fastest: pd.Series, r: pd.Series) -> bool:
+    """Whether ``r`` stands level with ``fastest`` for the answer: the same speed, or the lead not
+    settled (:func:`unsettled`). A lead the run has not shown is no reason to change a knob: it
+    stands as the runner-up, with its size, until repeats separate it (the recommendation's rule
+    for strategies, applied to knobs). A lead of 3.4% at the medians, 0.5% at the edges, named
+    another batch in one run of an A/A pair on 2 CPU cores and the defaults in the other."""
+    return judge_pair(fastest, r).state == Verdict.SAME or unsettled(fastest, r)
 
 
 def incumbent(screened: pd.DataFrame) -> pd.Series | None:
@@ -178,18 +185,23 @@ def incumbent(screened: pd.DataFrame) -> pd.Series | None:
 
 def simplest(g: pd.DataFrame, base: pd.Series | None, opts: tuple[tuple[str, Any], ...]) -> pd.Series:
     """The answer among ``g`` (fastest first): of the configurations level with the fastest
-    (:func:`level`), down to the first one the fastest beats beyond the noise (one measured slower
-    than a configuration already ruled out is no candidate either), the one that changes the fewest
-    knobs from ``base``; the fastest where none is. A practitioner changes no knob for less than
-    the noise, and an A/A re-run that reorders configurations within it names the same answer:
-    ``base`` itself unless a configuration beats it beyond the noise."""
+    (:func:`level`), down to the first one the fastest beats (one measured slower than a
+    configuration already ruled out is no candidate either), ``base`` itself, else one measured in
+    repeats before one measured once, then the one that changes the fewest knobs from ``base``; the
+    fastest where none is level. A practitioner changes no knob for less than the noise, and an A/A re-run that
+    reorders configurations within it names the same answer: ``base`` itself unless the fastest
+    beats it, and where it does, a configuration whose speed rests on repeats."""
     fastest = g.iloc[0]
     tied = [fastest]
     for _, r in g.iloc[1:].iterrows():
         if not level(fastest, r):
             break
         tied.append(r)
-    return min(tied, key=lambda r: changes(r, base, opts))  # min keeps the faster of equals
+    def order(r: pd.Series) -> tuple[bool, int]:
+        n = changes(r, base, opts)
+        return n > 0 and not from_repeats(r), n
+
+    return min(tied, key=order)  # min keeps the faster of equals
 
 
 def searched(meta: dict) -> set[int]:

@@ -143,14 +143,24 @@ def plan(cfg: RunConfig, gpus: int, screened: list[Planned], leads: dict[Slot, l
     out: list[Candidate] = []
     for rank in sorted(per_rank):
         first = max((c.column for c in out), default=-1) + 1
-        out += [dataclasses.replace(c, column=first + k) for k, c in _round_robin(per_rank[rank])]
+        out += [dataclasses.replace(c, column=first + c.column) for c in _round_robin(per_rank[rank])]
     refs = _references(planner, cfg, out)
     return _with_memory(cfg, out + refs)
 
 
-def _round_robin(lists: list[list[Candidate]]) -> list[tuple[int, Candidate]]:
-    """Every list's first item, then every list's second, and so on, each with its column (k)."""
-    return [(k, x[k]) for k in range(max(map(len, lists), default=0)) for x in lists if k < len(x)]
+def _round_robin(lists: list[list[Candidate]]) -> list[Candidate]:
+    """Every list's first item, then every list's second, and so on, each with its column: its
+    place among its own list's candidates of its stage (a base's k-th stage-0 variant, or its k-th
+    compiled twin), so that a column is every slot's k-th candidate of one stage."""
+    staged = []
+    for x in lists:
+        count: dict[int, int] = {}
+        mine = []
+        for c in x:
+            mine.append(dataclasses.replace(c, column=count.get(c.stage, 0)))
+            count[c.stage] = count.get(c.stage, 0) + 1
+        staged.append(mine)
+    return [x[k] for k in range(max(map(len, staged), default=0)) for x in staged if k < len(x)]
 
 
 def _key(spec: CellSpec) -> tuple:

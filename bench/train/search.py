@@ -28,8 +28,7 @@ from bench.core.spec import CellSpec
 from bench.decide import best
 from bench.decide import picks as run_picks
 from bench.decide.best import recipe
-from bench.decide.decision import Verdict
-from bench.decide.rules import judge_pair, launch_bound
+from bench.decide.rules import launch_bound
 from bench.plan import search as plan_search
 from bench.plan.budget import COMPILE_S, _overhead
 from bench.plan.matrix import Planned, group
@@ -141,8 +140,9 @@ class Search:
         fixed = sum(self.cost(c, 0.0, compile_s) for c in cands)
         cap = min(max((left / 1.25 - fixed) / n, MIN_CAP_S), self.measure.time_cap_s or MAX_CAP_S, MAX_CAP_S)
         run, rest = plan_search.afford(cands, left, lambda c: self.cost(c, cap, compile_s))
-        self.prune([c.spec for c in rest], f"time: {self.cost(rest[0], cap, compile_s):.0f} s a candidate did not "
-                                           f"fit the {left:.0f} s stage {k} had" if rest else "")
+        self.prune([c.spec for c in rest], f"time: its column of candidates (every slot's variant of its rank, "
+                                           f"{self.cost(rest[0], cap, compile_s):.0f} s this one) or an earlier "
+                                           f"one did not fit the {left:.0f} s stage {k} had" if rest else "")
         if not run:
             targets = {}  # nothing new to measure them beside: the final rounds spend the time better
         again = {cid: self.ctx.kept[cid].again(t, time_cap_s=cap) for cid, t in (targets or {}).items()}
@@ -165,12 +165,13 @@ class Search:
             # in the slots' own order (every slot's first judgement before any slot's second, real
             # workloads before launch-bound ones), not by cost: a time that fits only some of them
             # decides the same ones in a run and in its re-run
-            wanted = self.asks(run, slots)
+            decisions = self.decision_asks(run)
+            wanted = self.asks(run, slots, decisions)
             if not wanted:
                 return
             left, start_s = self.until - time.time(), launch_cost(ctx.starts, self.cfg.matrix.device)
             cap = round_cap(wanted, left, start_s, self.measure.time_cap_s or MAX_CAP_S)
-            chosen = fit_every(wanted, self.asks(run, slots, 2), ctx.kept, left, start_s, cap)
+            chosen = fit_every(wanted, self.asks(run, slots, decisions, 2), ctx.kept, left, start_s, cap)
             if not chosen:
                 return
             t0 = time.time()
@@ -179,15 +180,22 @@ class Search:
             self.stages.append({"stage": f"final {k}", "cells": [], "again": sorted(again), "cap_s": cap,
                                 "seconds": round(time.time() - t0, 1)})
 
-    def asks(self, run, slots: list[Slot], final: int | None = None) -> list[Ask]:
+    def decision_asks(self, run) -> list[Ask]:
+        """The open strategy decisions' asks (:func:`bench.train.adaptive.asks`, the search's cells
+        aside), when the final rounds take them (``self.decisions``)."""
+        if not self.decisions:
+            return []
+        return adaptive_asks(run_picks.decide(run, searched_ids=self.measured()), self.ctx.kept)
+
+    def asks(self, run, slots: list[Slot], decisions: list[Ask], final: int | None = None) -> list[Ask]:
         """A final round's asks: each slot's (:meth:`ask`, between its ``final`` fastest) and the open
-        strategy decisions' (:func:`bench.train.adaptive.asks`, the search's cells aside), in
-        :func:`_order`."""
+        strategy decisions' (``decisions``), in :func:`_order`."""
         out = [a for a in (self.ask(run.training, s, final) for s in slots) if a is not None]
-        if self.decisions:
-            ids = {c for st in self.stages for c in st["cells"]}
-            out += adaptive_asks(run_picks.decide(run, searched_ids=ids), self.ctx.kept)
-        return sorted(out, key=_order)
+        return sorted(out + decisions, key=_order)
+
+    def measured(self) -> set[int]:
+        """The ids of the cells the search's stages measured (its candidates and their references)."""
+        return {c for st in self.stages for c in st["cells"]}
 
     def ask(self, cells, slot: Slot, final: int | None = None) -> Ask | None:
         """The repeats the slot's final decision between its ``final`` fastest configurations (the
@@ -199,7 +207,7 @@ class Search:
         base = ranked.head(0) if start is None else ranked[ranked["cell_id"] == start["cell_id"]]
         rivals = [r for r in (top.iloc[1] if len(top) > 1 else None, base.iloc[0] if len(base) else None)
                   if r is not None and r["cell_id"] != top.iloc[0]["cell_id"]] if len(top) else []
-        if not any(judge_pair(top.iloc[0], r).state == Verdict.OPEN for r in rivals):
+        if not any(best.unsettled(top.iloc[0], r) for r in rivals):
             return None
         ids = list(dict.fromkeys([int(c) for c in top["cell_id"]] + [int(c) for c in base["cell_id"]]))
         return ask_for(_Open(f"{slot[0]} {slot[1]} x{slot[2]}", launch_bound(top.iloc[0])), ids, self.ctx.kept)
@@ -229,10 +237,10 @@ class Search:
         self.final(slots)
         compile_s = self.compile_s()
         ran = {c.spec.cell_id: c.spec for c in cands} | {p.spec.cell_id: p.spec for p in self.screened}
-        measured = {c for st in self.stages for c in st["cells"]} | {p.spec.cell_id for p in self.screened}
+        measured = self.measured() | {p.spec.cell_id for p in self.screened}
         return {"mode": self.cfg.budget.search, "knobs": self.space.knobs(), "candidates": len(cands),
                 "slots": [f"{s[0]} {s[1]} x{s[2]}" for s in slots], "stages": self.stages, "pruned": self.pruned,
-                "measured": sorted({c for st in self.stages for c in st["cells"]}),
+                "measured": sorted(self.measured()),
                 "wider_minutes": plan_search.wider_minutes(cands, lambda c: self.cost(c, MAX_CAP_S, compile_s) * 3),
                 "recipes": {str(i): recipe(ran[i]) for i in sorted(measured) if i in ran}}
 

@@ -167,6 +167,13 @@ def test_afford_takes_every_slots_kth_variant_or_none(screened):
     assert got == {0} and {c.column for c in rest} == set(col.values()) - {0}
     run, _ = search.afford(first, whole - 0.5, lambda c: 1.0)
     assert run == []  # not even the first column whole: nothing, rather than one slot's
+    # stage 1 has columns of its own: every first leader's first compiled twin shares one
+    got = search.plan(cfg, 0, cells, leads(cells, {}), search.SPACES["auto"], 1000)
+    twins = [c for c in got if c.stage == 1 and not c.reference and c.spec.strategy in ("single", "ddp")]
+    firsts = {}
+    for c in twins:
+        firsts.setdefault(c.slot, c.column)
+    assert len(firsts) == 2 and len(set(firsts.values())) == 1
 
 
 def test_promoted_are_the_compiled_twins_of_the_fastest(screened):
@@ -257,6 +264,14 @@ def test_a_configuration_measured_below_one_ruled_out_is_no_answer():
     ddp = row("ddp", 2, 2596.0, cell_id=4, spread=0.03)
     (b,) = best.answers(searched_run([chain, big, head, ddp], [2]))
     assert b.cell_id == 2 and b.baseline.cell_id == 1 and b.baseline.verdict == Verdict.A
+    # encoder-head above chain, still one run: nearer chain, but ddp's speed rests on repeats
+    head["throughput_samples_s"] = 3500.0
+    (b,) = best.answers(searched_run([chain, big, head, ddp], [2]))
+    assert b.cell_id == 2
+    # what the answer starts from stands, measured once or not, unless beaten
+    one = row("ddp", 2, 100.0, cell_id=5, repeats=False)
+    (b,) = best.answers(searched_run([one, row("ddp", 2, 120.0, cell_id=6, gb=16)], [6]))
+    assert b.cell_id == 5
 
 
 def test_a_knob_changes_for_a_lead_that_clears_3_percent_beyond_the_noise():
