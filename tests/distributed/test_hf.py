@@ -17,7 +17,7 @@ from bench.results.run import load_run
 from bench.runtime.process import free_port
 from tests.distributed.runs import QUICK, run
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.long]  # a run of its own: 26 s on 2 cores
 pytest.importorskip("transformers")
 
 LAYERS = 2

@@ -14,7 +14,7 @@ from bench.results.run import load_run
 from bench.results.store import read_table
 from tests.procs import saved
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.long]  # a run of its own: 34 s on 2 cores
 
 
 @pytest.fixture(scope="module")
