@@ -147,26 +147,20 @@ def fit(wanted: list[Ask], kept: dict[int, Pending], left_s: float, start_s: flo
 
 def covered(wanted: list[Ask], chosen: dict[int, int]) -> int:
     """How many of ``wanted`` the cells ``chosen`` (:func:`fit`) measure whole."""
-    return sum(_whole(a, chosen) for a in wanted)
-
-
-def _whole(a: Ask, chosen: dict[int, int]) -> bool:
-    return all(chosen.get(c, 0) >= t for c, t in a.targets.items())
+    return sum(all(chosen.get(c, 0) >= t for c, t in a.targets.items()) for a in wanted)
 
 
 def fit_every(wide: list[Ask], narrow: list[Ask], kept: dict[int, Pending], left_s: float, start_s: float,
               cap_s: float | None = None) -> dict[int, int]:
-    """A round's cells: every ask of ``wide`` (each slot's last three) where they all fit, else the
-    asks of ``narrow`` (each slot's last two; a slot whose last two need nothing more has none)
-    where :func:`fit` of them leaves fewer slots' last two unserved than that of ``wide`` does. A
-    slot a round leaves out is left to the noise, in a run and in its re-run alike, so every slot's
-    fastest two come before some slots' three."""
+    """A round's cells: every ask of ``wide`` (each slot's last three) where they all fit, else
+    whichever of ``wide`` and ``narrow`` (each slot's last two) :func:`fit` covers more of. A slot a
+    round leaves out is left to the noise, in a run and in its re-run alike, so every slot's fastest
+    two come before some slots' three."""
     chosen = fit(wide, kept, left_s, start_s, cap_s)
-    if covered(wide, chosen) == len(wide):
+    if covered(wide, chosen) == len(wide) or not narrow:
         return chosen
     other = fit(narrow, kept, left_s, start_s, cap_s)
-    unserved = sum(not _whole(a, chosen) for a in narrow)
-    return other if sum(not _whole(a, other) for a in narrow) < unserved else chosen
+    return other if covered(narrow, other) > covered(wide, chosen) else chosen
 
 
 def decide(ctx: GroupContext, searched: set[int] | None = None) -> list[dict[str, Any]]:
