@@ -14,7 +14,7 @@ from bench.results.run import load_run
 from bench.train import launcher as launch
 from tests.procs import saved
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.long]  # a run of its own: 10 s of setup on 2 cores
 
 
 def run(tmp_path, **flags):

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from strategies.catalog import DECLARED, Declaration
 
 BLOCK_TORCH = """
@@ -58,6 +60,7 @@ print(*codes, "torch" in sys.modules)
 """
 
 
+@pytest.mark.long  # a fresh interpreter reading a run folder: 10 s on 2 cores
 def test_reading_a_run_folder_imports_no_torch():
     """The summary, the recommendation, the report, compare and export read a run folder with torch
     unimportable: opening results is a pandas job, on any machine."""
