@@ -270,22 +270,20 @@ def afford(cands: list[Candidate], left_s: float, cost) -> tuple[list[Candidate]
     rest: list[Candidate] = []
     closed = False  # a column did not fit: none after it is started
     for members in columns.values():
-        need, refs = 0.0, []
+        need, placed, mine = 0.0, [], set()  # each member with the references it brings
         for c in members:
-            mine = [r for r in by_ref.values() if r.spec.cell_id not in taken and _reads(r.spec, c.spec)
-                    and r not in refs] if c.spec.n_devices > 1 else []
-            need += cost(c) + sum(cost(r) for r in mine)
-            refs += mine
+            refs = [r for r in by_ref.values() if r.spec.cell_id not in taken | mine
+                    and _reads(r.spec, c.spec)] if c.spec.n_devices > 1 else []
+            need += cost(c) + sum(cost(r) for r in refs)
+            placed += [c, *refs]
+            mine |= {r.spec.cell_id for r in refs}
         if closed or 1.25 * (spent + need) > left_s:
             rest += members  # a candidate of no column leaves the next free to fit
             closed = closed or members[0].column is not None
             continue
         spent += need
-        for c in members:
-            mine = [r for r in refs if _reads(r.spec, c.spec) and r.spec.cell_id not in taken] \
-                if c.spec.n_devices > 1 else []
-            run += [c, *mine]
-            taken |= {r.spec.cell_id for r in mine}
+        run += placed
+        taken |= mine
     return run, rest
 
 
