@@ -7,43 +7,51 @@ A user's own strategy enters as ``package.module:Class`` (a :class:`strategies.b
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator, Mapping
 
 from bench.core.errors import UserError
-from strategies.allreduce import AllReduce, AllReduceBucketed
 from strategies.base import Context, Option, Step, Strategy
-from strategies.chain import Chain, EncoderHead, LayerSplit
-from strategies.dataparallel import DataParallel
-from strategies.ddp import DDPStrategy, DDPZero1
-from strategies.ensemble import Ensemble
-from strategies.fsdp import FSDP, FSDPNoReshard
-from strategies.hybrid import FSDPxTP
-from strategies.pipeline import DPxPipeline, Pipeline, Pipeline1F1B, PipelineInterleaved
-from strategies.single import Single
-from strategies.tensor import TensorParallel
 
-REGISTRY: dict[str, type[Strategy]] = {
-    cls.name: cls
-    for cls in (
-        Single,
-        DataParallel,
-        DDPStrategy,
-        DDPZero1,
-        AllReduce,
-        AllReduceBucketed,
-        FSDP,
-        FSDPNoReshard,
-        LayerSplit,
-        Chain,
-        Pipeline,
-        Pipeline1F1B,
-        PipelineInterleaved,
-        TensorParallel,
-        DPxPipeline,
-        FSDPxTP,
-        Ensemble,
-        EncoderHead,
-    )
+#: each built-in strategy's class, as ``module:Class``; a module is imported when its strategy is
+#: first asked for (FSDP's and the pipelines' pull in DTensor and dynamo: 3-4 s of a CPU rank's
+#: start-up that a group of DDP cells has no use for)
+_WHERE: dict[str, str] = {
+    "single": "strategies.single:Single",
+    "dataparallel": "strategies.dataparallel:DataParallel",
+    "ddp": "strategies.ddp:DDPStrategy",
+    "ddp-zero1": "strategies.ddp:DDPZero1",
+    "allreduce": "strategies.allreduce:AllReduce",
+    "allreduce-bucketed": "strategies.allreduce:AllReduceBucketed",
+    "fsdp": "strategies.fsdp:FSDP",
+    "fsdp-noreshard": "strategies.fsdp:FSDPNoReshard",
+    "layersplit": "strategies.chain:LayerSplit",
+    "chain": "strategies.chain:Chain",
+    "pipeline-gpipe": "strategies.pipeline:Pipeline",
+    "pipeline-1f1b": "strategies.pipeline:Pipeline1F1B",
+    "pipeline-interleaved": "strategies.pipeline:PipelineInterleaved",
+    "tensor": "strategies.tensor:TensorParallel",
+    "dp-pp": "strategies.pipeline:DPxPipeline",
+    "fsdp-tp": "strategies.hybrid:FSDPxTP",
+    "ensemble": "strategies.ensemble:Ensemble",
+    "encoder-head": "strategies.chain:EncoderHead",
 }
+
+
+class _Registry(Mapping[str, type[Strategy]]):
+    """Built-in strategy classes by name, in :data:`_WHERE`'s order, each imported on first use."""
+
+    def __getitem__(self, name: str) -> type[Strategy]:
+        mod, _, attr = _WHERE[name].partition(":")
+        return getattr(importlib.import_module(mod), attr)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_WHERE)
+
+    def __len__(self) -> int:
+        return len(_WHERE)
+
+
+REGISTRY: Mapping[str, type[Strategy]] = _Registry()
 
 __all__ = ["REGISTRY", "Context", "Option", "Step", "Strategy", "get", "names"]
 

@@ -23,6 +23,8 @@ import functools
 
 import torch
 from torch import nn
+from torch._dynamo.comptime import comptime
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from bench.workloads import Workload
@@ -42,8 +44,6 @@ def make_optimizer(params, ctx: Context) -> torch.optim.Optimizer:
     DTensor and plain parameters go in separate groups: the multi-tensor (foreach) and fused
     updates refuse a list that mixes them (tensor parallel leaves norms and embeddings as plain
     tensors)."""
-    from torch.distributed.tensor import DTensor
-
     params = list(params)
     groups = [{"params": g} for g in ([p for p in params if isinstance(p, DTensor)],
                                       [p for p in params if not isinstance(p, DTensor)]) if g]
@@ -100,10 +100,7 @@ def checkpointed_forwards() -> int:
 def _checkpointed(forward, ac: str, *args, **kwargs):
     # Counted when traced under compile (comptime runs at trace time, out of the graph): a count
     # dynamo read would be a guard on its value, failed by every call, so every step recompiled
-    # until dynamo's recompile limit sent the block back to eager. Imported here: dynamo costs a rank
-    # that never compiles or checkpoints most of a second of its start-up.
-    from torch._dynamo.comptime import comptime
-
+    # until dynamo's recompile limit sent the block back to eager.
     comptime(lambda _ctx: _count(), fallback_fn=_count)
     if ac == "selective":
         context_fn = functools.partial(create_selective_checkpoint_contexts, _selective_policy)

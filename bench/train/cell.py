@@ -5,11 +5,11 @@ release of what it left before the next cell is built. Shared by the timed repea
 from __future__ import annotations
 
 import gc
-import sys
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 import strategies
 from bench.core.spec import CellSpec, RankMeasurement
@@ -92,11 +92,7 @@ def release(cell: CellSpec) -> None:
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard, any other tensor itself. A DTensor exists only where a strategy
-    imported ``torch.distributed.tensor``, so a rank that never needs it does not import it (a
-    second of every start-up on a small CPU)."""
-    dtensor = sys.modules.get("torch.distributed.tensor")
-    return t.to_local() if dtensor is not None and isinstance(t, dtensor.DTensor) else t
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _bytes(tensors) -> float:
@@ -144,5 +140,5 @@ def local_numel(opt: torch.optim.Optimizer | None) -> int | None:
         for p in g["params"]:
             if id(p) not in seen:
                 seen.add(id(p))
-                n += _local(p).numel()
+                n += (p.to_local() if isinstance(p, DTensor) else p).numel()
     return n

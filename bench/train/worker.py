@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+import strategies
 from bench.core import backends, spec
 from bench.core.metrics import BREAKDOWN_GAP_MAX
 from bench.core.spec import CellSpec, GroupPlan, RankMeasurement, deferred
@@ -43,8 +44,6 @@ from bench.train.rounding import probes, rounding
 from bench.train.rounds import rounds
 from bench.train.timed import Steps, agreed, measure, past_deadline
 from bench.train.watchdog import start_watchdog
-
-_T_IMPORTED = time.time()
 
 
 def run_cell(cell: CellSpec, plan: GroupPlan, local_rank: int, *, first: bool = True) -> RankMeasurement:
@@ -276,9 +275,22 @@ def _warm(plan: GroupPlan, device: torch.device) -> None:
     warm_group(device, "bf16" if "bf16" in precisions else "fp32", tuple(extra))
 
 
+def import_for_cells(plan: GroupPlan) -> None:
+    """Imports the modules of the plan's strategies, so that their imports count as start-up (which
+    startup_timeout_s bounds) and not as the first cell's time (which cell_timeout_s bounds). A
+    strategy that cannot load is left for its cell to report in its own row."""
+    for name in dict.fromkeys(c.strategy_spec for c in plan.cells):
+        try:
+            strategies.get(name)
+        except Exception:  # noqa: BLE001, S112
+            continue
+
+
 def _main(plan: GroupPlan) -> int:
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    marks: dict[str, float | None] = {"process": process_start(), "imported": _T_IMPORTED}
+    marks: dict[str, float | None] = {"process": process_start()}
+    import_for_cells(plan)
+    marks["imported"] = time.time()
     backend = backends.get(plan.backend)
     device = _set_device(plan, local_rank)
     marks["device"] = time.time()

@@ -50,10 +50,10 @@ def test_open_decision_is_measured_again(adaptive_run):
     cells, steps, _ = load_run(adaptive_run)
     ok = cells[cells["status"] == "ok"]
     assert len(cells) == 3 and len(ok) == 3, cells[["strategy", "status", "reason"]]
-    # the cells the open decision rests on: the leader and the candidates not yet separated from it
-    # (which of the three depends on this machine's noise), at least a pair
+    # the cells the open decision rests on, which depend on this machine's noise: the leader and the
+    # candidates not yet separated from it, or where a cell measured once was unstable, that cell
     again = {int(c) for c in rounds[0]["cells"]}
-    assert len(again) >= 2 and again <= set(ok["cell_id"]), (again, ok[["cell_id", "strategy"]])
+    assert again and again <= set(ok["cell_id"]), (again, ok[["cell_id", "strategy"]])
     # every cell measured again has its repeats in its row, and an interval from them
     redone = ok[ok["cell_id"].isin(again)]
     assert redone["repeats_done"].ge(3).all(), redone[["strategy", "repeats_done"]]
@@ -95,4 +95,5 @@ def test_a_cell_measured_again_is_profiled_again_exactly_when_its_median_moved(a
             profiled = any(isinstance(e, spec.Profiled) and e.cell_id == c.cell_id for e in events)
             assert profiled == moved, (path.name, cid, plan.held[cid], timed_median(mine))
             checked += 1
-    assert checked >= 2
+    rounds = json.loads((adaptive_run / "meta.json").read_text())["adaptive"]
+    assert checked == len(rounds[0]["cells"]) >= 1
