@@ -207,7 +207,12 @@ def simplest(g: pd.DataFrame, base: pd.Series | None, opts: tuple[tuple[str, Any
 def searched(meta: dict) -> set[int]:
     """The cell ids the run's search measured (its candidates and their references)."""
     record = meta.get("search") if isinstance(meta.get("search"), dict) else None
-    return {int(c) for st in (record or {}).get("stages", []) for c in st.get("cells", [])}
+    return stage_cells((record or {}).get("stages", []))
+
+
+def stage_cells(stages: list[dict]) -> set[int]:
+    """The cell ids the search's ``stages`` (as meta.json records them) measured."""
+    return {int(c) for st in stages for c in st.get("cells", [])}
 
 
 def answers(run: Run) -> list[Best]:

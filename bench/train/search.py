@@ -196,7 +196,7 @@ class Search:
 
     def measured(self) -> set[int]:
         """The ids of the cells the search's stages measured (its candidates and their references)."""
-        return {c for st in self.stages for c in st["cells"]}
+        return best.stage_cells(self.stages)
 
     def ask(self, cells, slot: Slot, final: int | None = None) -> Ask | None:
         """The repeats the slot's final decision between its ``final`` fastest configurations (the
