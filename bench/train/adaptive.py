@@ -153,14 +153,16 @@ def covered(wanted: list[Ask], chosen: dict[int, int]) -> int:
 def fit_every(wide: list[Ask], narrow: list[Ask], kept: dict[int, Pending], left_s: float, start_s: float,
               cap_s: float | None = None) -> dict[int, int]:
     """A round's cells: every ask of ``wide`` (each slot's last three) where they all fit, else
-    whichever of ``wide`` and ``narrow`` (each slot's last two) :func:`fit` covers more of. A slot a
-    round leaves out is left to the noise, in a run and in its re-run alike, so every slot's fastest
-    two come before some slots' three."""
+    whichever of ``wide`` and ``narrow`` (each slot's last two) :func:`fit` measures more of
+    ``narrow``'s asks whole with, ``wide`` on a tie. A slot a round leaves out is left to the noise,
+    in a run and in its re-run alike, so every slot's fastest two come before some slots' three.
+    Both choices are counted against ``narrow``: a slot whose fastest two have all their repeats
+    asks in ``wide`` only, so the two lists need not be as long."""
     chosen = fit(wide, kept, left_s, start_s, cap_s)
     if covered(wide, chosen) == len(wide) or not narrow:
         return chosen
     other = fit(narrow, kept, left_s, start_s, cap_s)
-    return other if covered(narrow, other) > covered(wide, chosen) else chosen
+    return other if covered(narrow, other) > covered(narrow, chosen) else chosen
 
 
 def decide(ctx: GroupContext, searched: set[int] | None = None) -> list[dict[str, Any]]:

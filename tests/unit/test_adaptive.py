@@ -11,6 +11,7 @@ import pytest
 from bench.core.config import build_config
 from bench.core.spec import CellSpec, Measure, RankMeasurement, WorkloadFacts
 from bench.decide.decision import Decision, DecisionKind
+from bench.decide.rules import MAX_REPEATS
 from bench.plan.budget import GROUP_START_S
 from bench.results.store import RunWriter, latest_rows, read_table
 from bench.train.adaptive import (
@@ -98,6 +99,24 @@ def test_a_round_that_cannot_fit_every_slots_three_measures_every_slots_two():
     assert set(fit_every(wide, narrow, kept, every, start)) == set(range(9))
     assert set(fit_every(wide, narrow[:1], kept, two_of_three, start)) == {0, 1, 2, 3, 4, 5}
     assert fit_every(wide, [], kept, 1.0, start) == {}
+
+
+def test_a_slot_whose_two_need_nothing_does_not_tip_the_choice_to_its_three():
+    """The third slot's fastest two have every repeat (MAX_REPEATS) and only its third cell asks, so
+    the wide list has three asks and the narrow one two. The wide round that fits measures the
+    first and third slots' three and leaves the second slot's two to the noise; the narrow round
+    measures both slots' two, and is the one taken (counting each list's own asks ties at two)."""
+    kept = {i: pending(i, "single", 1, wall=2.0) for i in range(9)}
+    kept |= {i: pending(i, "single", 1, repeats=MAX_REPEATS, wall=2.0) for i in (6, 7)}
+    wide = [asks([open_pick(cells, ws=1)], kept)[0] for cells in ((0, 1, 2), (3, 4, 5), (6, 7, 8))]
+    narrow = [asks([open_pick(cells, ws=1)], kept)[0] for cells in ((0, 1), (3, 4))]
+    assert not asks([open_pick((6, 7), ws=1)], kept)
+    # one slot's three: 12 s; the third slot's one cell: 4 s; a slot's two: 8 s; one process group.
+    # In order the wide asks fit the first slot and (past the second's 12 s) the third's 4 s.
+    start = 5.0
+    left = 1.25 * (16 + start) + 1
+    assert set(fit(wide, kept, left, start)) == {0, 1, 2, 8}
+    assert set(fit_every(wide, narrow, kept, left, start)) == {0, 1, 3, 4}
 
 
 def test_again_keeps_the_repeats_and_a_profile_pass_only_behind_a_breakdown():
