@@ -156,8 +156,9 @@ def fit_every(wide: list[Ask], narrow: list[Ask], kept: dict[int, Pending], left
     whichever of ``wide`` and ``narrow`` (each slot's last two) :func:`fit` measures more of
     ``narrow``'s asks whole with, ``wide`` on a tie. A slot a round leaves out is left to the noise,
     in a run and in its re-run alike, so every slot's fastest two come before some slots' three.
-    Both choices are counted against ``narrow``: a slot whose fastest two have all their repeats
-    asks in ``wide`` only, so the two lists need not be as long."""
+    Both choices are counted against ``narrow``, not each against its own list: a slot whose fastest
+    two already have all their repeats asks only for its third, in ``wide``, so the lists' lengths
+    differ and their own counts do not compare."""
     chosen = fit(wide, kept, left_s, start_s, cap_s)
     if covered(wide, chosen) == len(wide) or not narrow:
         return chosen
